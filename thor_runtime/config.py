@@ -1,0 +1,54 @@
+"""Frozen, validated configuration for the target model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ThorError
+
+# Architectures the reference model implements; the value says whether q/k get an RMSNorm.
+ARCHITECTURES = {"llama": False, "qwen3": True}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # HF-style rope_scaling dict ("llama3", "linear", "dynamic" not supported) or None.
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 2048
+    name: str = "model"
+
+    def __post_init__(self):
+        if self.arch not in ARCHITECTURES:
+            raise ThorError(f"unknown architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}")
+        for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                  "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if int(getattr(self, k)) <= 0:
+                raise ThorError(f"model config: {k} must be positive, got {getattr(self, k)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ThorError(f"model config: num_heads {self.num_heads} is not a multiple of "
+                            f"num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ThorError(f"model config: head_dim {self.head_dim} must be even for RoPE")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            if kind not in ("default", "linear", "llama3"):
+                raise ThorError(f"model config: rope_scaling type {kind!r} is not supported "
+                                "(supported: linear, llama3)")
+
+    @property
+    def qk_norm(self) -> bool:
+        return ARCHITECTURES[self.arch]
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim

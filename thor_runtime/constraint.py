@@ -1,0 +1,35 @@
+"""The grammar-constraint contract the generation cycle relies on.
+
+An implementation (``agent/grammar.py`` wraps llguidance) tracks the grammar state
+after every *committed* token. Within one cycle the runtime calls, in order:
+
+1. ``forced()``      tokens the grammar allows as the only continuation; they ride at
+                     the front of the draft and are certain to be accepted.
+2. ``valid_prefix``  how many of the drafts the grammar accepts from the current state
+                     (drafts are cut there). Must leave the state unchanged.
+3. ``mask_rows``     logits [K+1, V] with illegal tokens set to -inf, row j masked by the
+                     state after drafts[:j]; so the recovered / bonus token is legal.
+                     Must leave the state unchanged.
+4. ``advance(t)``    once per committed token.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Constraint:
+    def forced(self) -> list[int]:
+        return []
+
+    def valid_prefix(self, drafts: list[int]) -> int:
+        raise NotImplementedError
+
+    def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def advance(self, token: int) -> None:
+        raise NotImplementedError
+
+    def is_accepting(self) -> bool:
+        """True when the grammar is complete (EOS is legal)."""
+        raise NotImplementedError

@@ -1,0 +1,170 @@
+"""The generation loop: prefill, then cycles of propose -> verify -> accept -> commit.
+
+Plain decoding is the same cycle with no drafts (K = 0), so speculative and plain
+decoding share every line that decides which token is committed and when to stop.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import ThorError
+from .kv_cache import KVCache, KVScales
+from .model import TargetModel
+from .sampling import SamplingParams, make_generator, target_probs
+from .spec.accept import RelaxedConfig, accept_relaxed, accept_sampling, accept_strict, in_thinking
+from .spec.base import Proposer
+from .stats import Stats
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    text: str
+    finish_reason: str               # "eos" | "stop" | "length"
+    prompt_tokens: int
+    stats: Stats = field(default_factory=Stats)
+
+
+class _Stopper:
+    """Decides, token by token, where plain decoding would have stopped."""
+
+    def __init__(self, tokenizer, params: SamplingParams, eos_ids: tuple[int, ...]):
+        self.tok, self.p, self.eos = tokenizer, params, set(() if params.ignore_eos else eos_ids)
+        self.out: list[int] = []
+        self.reason: str | None = None
+        self.text_end: int | None = None  # char index where a stop string starts
+
+    def push(self, t: int) -> bool:
+        """Commit one token; True when generation must end after it."""
+        self.out.append(t)
+        if t in self.eos:
+            self.reason = "eos"
+        elif self.p.stop:
+            text = self.tok.decode(self.out)
+            hits = [i for i in (text.find(s) for s in self.p.stop) if i >= 0]
+            if hits:
+                self.reason, self.text_end = "stop", min(hits)
+        if self.reason is None and len(self.out) >= self.p.max_tokens:
+            self.reason = "length"
+        return self.reason is not None
+
+    def text(self) -> str:
+        ids = self.out[:-1] if self.reason == "eos" else self.out
+        text = self.tok.decode(ids)
+        return text[:self.text_end] if self.text_end is not None else text
+
+
+class Runtime:
+    """Holds the target (and tokenizer); one ``generate`` call per sequence."""
+
+    def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
+                 kv_scales: KVScales | None = None):
+        self.model, self.tok = model, tokenizer
+        self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.model.cfg, capacity, self.kv_dtype, self.model.dtype, self.kv_scales,
+                       self.model.device)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
+                 proposer: Proposer | None = None, k: int = 0, relaxed: RelaxedConfig | None = None,
+                 constraint=None, on_token: Callable[[int], None] | None = None) -> Result:
+        cfg = self.model.cfg
+        if not prompt_ids:
+            raise ThorError("the prompt is empty")
+        if len(prompt_ids) >= cfg.max_position_embeddings:
+            raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
+                            f"of {cfg.max_position_embeddings} tokens")
+        k = k if proposer is not None else 0
+        capacity = min(cfg.max_position_embeddings, len(prompt_ids) + params.max_tokens + k + 1)
+        cache = self.new_cache(capacity)
+        gen = None if params.greedy else make_generator(params.seed)
+        stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids))
+        taps = proposer.tap_layers if proposer is not None else ()
+        stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
+
+        # ---- prefill: fills the cache, seeds the drafter window from the prompt tail
+        t0 = time.perf_counter()
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
+        out = self.model.prefill(ids, cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+        if proposer is not None:
+            proposer.start(list(prompt_ids), out.taps or None)
+        first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
+                             constraint)[1]
+        stats.ttft_s = time.perf_counter() - t0
+        stats.prefill_s = stats.ttft_s
+        seq = list(prompt_ids)
+        done = self._commit(first, seq, stop, constraint, on_token)
+
+        # ---- decode: one cycle per iteration
+        t_dec = time.perf_counter()
+        while not done:
+            t_a = time.perf_counter()
+            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint)
+            t_b = time.perf_counter()
+            rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
+            vout = self.model.forward(rows, cache, taps=taps)                      # logits [K+1, V]
+            t_c = time.perf_counter()
+            n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
+                                            constraint)
+            # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
+            # token becomes the next anchor.
+            cache.crop(len(seq) + n_acc)
+            if proposer is not None:
+                proposer.commit(n_acc + 1, vout.taps or None)
+            done = self._commit(committed, seq, stop, constraint, on_token)
+            stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
+                               time.perf_counter() - t_c)
+        stats.decode_s = time.perf_counter() - t_dec
+        stats.generated = len(stop.out)
+        return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
+
+    # ---- the three verbs' helpers
+    def propose(self, proposer, seq, k, stop, params, constraint):
+        """Forced grammar tokens first (they ride in the draft for free), then the proposer's
+        drafts, cut at the first token the grammar rejects and at the token budget."""
+        budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
+        forced = list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
+        drafts, probs = list(forced), None
+        room = min(k, budget) - len(drafts)
+        if proposer is not None and room > 0:
+            extra, probs = proposer.propose(seq + drafts, room)
+            extra = list(extra)[:room]
+            if probs is not None:
+                probs = probs[:len(extra)]
+                if forced:  # forced rows are certain: one-hot proposal probabilities
+                    one = torch.zeros(len(forced), probs.shape[-1])
+                    one[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
+                    probs = torch.cat([one, probs])
+            drafts += extra
+        if constraint is not None and len(drafts) > len(forced):
+            ok = constraint.valid_prefix(drafts)
+            drafts = drafts[:ok]
+        if probs is not None:
+            probs = probs[:len(drafts)]
+        return drafts, probs, len(forced)
+
+    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint):
+        if constraint is not None:
+            logits = constraint.mask_rows(logits, drafts.tolist())            # [K+1, V], -inf where illegal
+        if params.greedy:
+            if relaxed is not None:
+                return accept_relaxed(logits, drafts, in_thinking(seq, relaxed), relaxed)
+            return accept_strict(logits, drafts)
+        return accept_sampling(target_probs(logits, params), drafts, gen, draft_probs)
+
+    def _commit(self, tokens, seq, stop, constraint, on_token) -> bool:
+        for t in tokens:
+            seq.append(t)
+            if constraint is not None:
+                constraint.advance(t)
+            if on_token is not None:
+                on_token(t)
+            if stop.push(t):
+                return True
+        return False

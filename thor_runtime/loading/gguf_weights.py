@@ -1,0 +1,117 @@
+"""GGUF (llama.cpp) checkpoints -> ModelConfig + HF-named fp32 tensors.
+
+Dequantization is the ``gguf`` package's; what is ours is the name mapping and
+undoing llama.cpp's Q/K row permutation (its converter interleaves the two RoPE
+halves; our model, like HF, rotates halves).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from ..errors import ThorError
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3"}
+
+
+def open_reader(path: str | Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except FileNotFoundError:
+        raise ThorError(f"model file not found: {path}") from None
+    except Exception as e:  # the reader raises ValueError/struct errors on damaged files
+        raise ThorError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def field_value(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_config(reader, path: str | Path) -> ModelConfig:
+    arch = field_value(reader, "general.architecture")
+    if arch not in _GGUF_ARCH:
+        raise ThorError(f"{path}: unknown architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
+
+    def get(key, default=None, required=True):
+        v = field_value(reader, f"{arch}.{key}", default)
+        if v is None and required:
+            raise ThorError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        return v
+
+    n_heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    head_dim = int(get("attention.key_length", hidden // n_heads))
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise ThorError(f"{path}: GGUF has no token_embd.weight")
+    vocab = int(get("vocab_size", int(emb.shape[-1]), required=False))
+    scaling = None
+    if field_value(reader, f"{arch}.rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    return ModelConfig(
+        arch=_GGUF_ARCH[arch], vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")), num_layers=int(get("block_count")),
+        num_heads=n_heads, num_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
+        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0, required=False)), rope_scaling=scaling,
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        max_position_embeddings=int(get("context_length", 2048, required=False)),
+        name=str(field_value(reader, "general.name", Path(path).stem)),
+    )
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's convert permutation for q/k rows: [n_head*Dh, D]."""
+    rows = w.shape[0]
+    # convert did reshape(n_head, 2, Dh/2, D).swapaxes(1, 2); this reverses it.
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(name: str) -> str | None:
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    m = re.fullmatch(r"(\w+)\.weight", name)
+    if m and m.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[m.group(1)]}.weight"
+    return None
+
+
+def gguf_weights(reader, cfg: ModelConfig, path: str | Path) -> dict[str, torch.Tensor]:
+    from gguf import GGMLQuantizationType, quants
+
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        hf = _hf_name(t.name)
+        if hf is None:
+            continue  # e.g. rope_freqs: recomputed from the config
+        qtype = GGMLQuantizationType(t.tensor_type)
+        try:
+            arr = quants.dequantize(t.data, qtype)
+        except NotImplementedError:
+            raise ThorError(f"{path}: tensor {t.name} has unsupported GGUF type {qtype.name}") from None
+        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
+        arr = np.array(arr, dtype=np.float32).reshape(shape)  # own, writable copy
+        # llama.cpp permutes q/k only for the llama family; qwen converters keep HF order.
+        if cfg.arch == "llama" and hf.endswith("q_proj.weight"):
+            arr = _unpermute(arr, cfg.num_heads)
+        elif cfg.arch == "llama" and hf.endswith("k_proj.weight"):
+            arr = _unpermute(arr, cfg.num_kv_heads)
+        out[hf] = torch.from_numpy(np.ascontiguousarray(arr))
+    return out

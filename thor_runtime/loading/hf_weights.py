@@ -1,0 +1,84 @@
+"""HF checkpoint directories: config.json + safetensors (single or sharded).
+
+Pickle-based weights (.bin, .pt, .pth, .ckpt) are refused and never opened:
+unpickling runs arbitrary code.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import ThorError
+
+_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ThorError(f"{what} not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ThorError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ThorError(f"{what} {path} must be a JSON object")
+    return doc
+
+
+def hf_config(d: Path) -> ModelConfig:
+    c = read_json(d / "config.json", "model config")
+    archs = c.get("architectures") or []
+    arch = next((_HF_ARCH[a] for a in archs if a in _HF_ARCH), None)
+    if arch is None:
+        raise ThorError(f"{d}/config.json: unknown architecture {archs or c.get('model_type')!r} "
+                        f"(supported: {', '.join(_HF_ARCH)})")
+    try:
+        heads = int(c["num_attention_heads"])
+        hidden = int(c["hidden_size"])
+        return ModelConfig(
+            arch=arch, vocab_size=int(c["vocab_size"]), hidden_size=hidden,
+            intermediate_size=int(c["intermediate_size"]), num_layers=int(c["num_hidden_layers"]),
+            num_heads=heads, num_kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or hidden // heads), rms_eps=float(c.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=c.get("rope_scaling"), tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            name=str(c.get("_name_or_path") or d.name),
+        )
+    except KeyError as e:
+        raise ThorError(f"{d}/config.json lacks required key {e.args[0]!r}") from None
+
+
+def refuse_pickle(d: Path) -> None:
+    pickled = sorted(p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled and not list(d.glob("*.safetensors")):
+        raise ThorError(f"{d}: only pickle weights found ({', '.join(pickled)}); they are refused because "
+                        "unpickling runs code. Convert them to safetensors.")
+
+
+def hf_weights(d: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file
+
+    refuse_pickle(d)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(read_json(index, "safetensors index").get("weight_map", {}).values()))
+    else:
+        files = sorted(p.name for p in d.glob("*.safetensors"))
+    if not files:
+        raise ThorError(f"{d}: no *.safetensors weights found")
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        p = d / name
+        if not p.exists():
+            raise ThorError(f"{d}: shard {name} named in the index is missing")
+        try:
+            out.update(load_file(str(p)))
+        except (SafetensorsError, OSError, ValueError) as e:
+            raise ThorError(f"{p}: cannot read safetensors file (truncated or damaged?): {e}") from None
+    return {k: v.float() for k, v in out.items()}

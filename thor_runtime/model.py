@@ -1,0 +1,230 @@
+"""Reference target model in torch, split into named segments.
+
+embed -> per layer [pre_attn -> attention -> post_attn] -> head
+
+``pre_attn`` and ``post_attn`` are dense, shape-stable work that a backend (ONNX
+Runtime, TensorRT) can replace; ``attention`` stays in torch because it owns the KV
+cache. Weights use HF names (``model.layers.N.self_attn.q_proj.weight`` ...) so both
+loaders feed the same constructor; q/k/v and gate/up are fused here for fewer kernels.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .errors import ThorError
+from .kv_cache import KVCache
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # fp32 statistics as in HF, so bf16 weights don't drift on the variance.
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype) if x.dtype != torch.float32 else y * w
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(rs["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [H, T, Dh]; cos/sin: [T, Dh]. Rotate-half layout (HF convention)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor          # [D]
+    wqkv: torch.Tensor               # [(H + 2 Hkv) Dh, D]
+    wo: torch.Tensor                 # [D, H Dh]
+    mlp_norm: torch.Tensor           # [D]
+    w_gate_up: torch.Tensor          # [2 I, D]
+    w_down: torch.Tensor             # [D, I]
+    q_norm: torch.Tensor | None = None  # [Dh] (qwen3)
+    k_norm: torch.Tensor | None = None  # [Dh]
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor | None                      # [R, V] fp32 for the requested rows
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [T, D] (output of that layer)
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    D, I, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    H, Hk = cfg.num_heads, cfg.num_kv_heads
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
+            p + "self_attn.q_proj.weight": (H * Dh, D), p + "self_attn.k_proj.weight": (Hk * Dh, D),
+            p + "self_attn.v_proj.weight": (Hk * Dh, D), p + "self_attn.o_proj.weight": (D, H * Dh),
+            p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
+            p + "mlp.down_proj.weight": (D, I),
+        })
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (Dh,)
+            shapes[p + "self_attn.k_norm.weight"] = (Dh,)
+    return shapes
+
+
+def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
+    for name, shape in _expected_shapes(cfg).items():
+        if name not in weights:
+            raise ThorError(f"{source}: missing tensor {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ThorError(f"{source}: tensor {name} has shape {list(weights[name].shape)}, "
+                            f"expected {list(shape)}")
+
+
+class TargetModel:
+    """Batch-1 decoder. Every forward takes the next T token ids of one sequence."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+                 source: str = "weights", device: str | torch.device = "cpu"):
+        check_weights(cfg, weights, source)
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+
+        def w(name):
+            return weights[name].to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed_w = w("model.embed_tokens.weight")             # [V, D]
+        self.lm_head = self.embed_w if cfg.tie_word_embeddings else w("lm_head.weight")
+        self.final_norm = w("model.norm.weight")
+        self.layers: list[Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(Layer(
+                attn_norm=w(p + "input_layernorm.weight"),
+                wqkv=torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
+                wo=w(p + "self_attn.o_proj.weight"),
+                mlp_norm=w(p + "post_attention_layernorm.weight"),
+                w_gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
+                w_down=w(p + "mlp.down_proj.weight"),
+                q_norm=w(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
+                k_norm=w(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
+            ))
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
+        self._rope_len = 0
+        self._ensure_rope(min(cfg.max_position_embeddings, 4096))
+
+    # ---- rope table (grown on demand; positions beyond the config are refused upstream)
+    def _ensure_rope(self, n: int) -> None:
+        if n <= self._rope_len:
+            return
+        t = torch.arange(n, dtype=torch.float32, device=self.device)
+        freqs = torch.outer(t, self.inv_freq)                   # [S, Dh/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                 # [S, Dh]
+        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self._rope_len = n
+
+    # ---- segments
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_w)                   # [T, D]
+
+    def pre_attn(self, i: int, h: torch.Tensor, start: int):
+        """h [T, D] -> q [H, T, Dh], k [Hkv, T, Dh], v [Hkv, T, Dh] with norms and RoPE applied."""
+        cfg, L = self.cfg, self.layers[i]
+        T, Dh = h.shape[0], cfg.head_dim
+        x = rms_norm(h, L.attn_norm, cfg.rms_eps)
+        qkv = F.linear(x, L.wqkv)                               # [T, (H + 2Hkv) Dh]
+        q, k, v = qkv.split([cfg.num_heads * Dh, cfg.kv_dim, cfg.kv_dim], dim=-1)
+        q = q.view(T, cfg.num_heads, Dh).transpose(0, 1)        # [H, T, Dh]
+        k = k.view(T, cfg.num_kv_heads, Dh).transpose(0, 1)     # [Hkv, T, Dh]
+        v = v.view(T, cfg.num_kv_heads, Dh).transpose(0, 1)     # [Hkv, T, Dh]
+        if L.q_norm is not None:
+            q, k = rms_norm(q, L.q_norm, cfg.rms_eps), rms_norm(k, L.k_norm, cfg.rms_eps)
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Append k/v to the cache, attend causally over everything cached. -> [T, H Dh]."""
+        start = cache.lengths[i]
+        cache.append(i, k, v)
+        K, V = cache.view(i)                                    # [Hkv, n, Dh]
+        T, n = q.shape[1], K.shape[1]
+        if T == 1:
+            mask, causal = None, False
+        elif start == 0:
+            mask, causal = None, True
+        else:
+            # Query t sits at absolute position start + t and may see keys 0..start + t.
+            rows = torch.arange(T, device=q.device)[:, None] + start
+            mask, causal = torch.arange(n, device=q.device)[None, :] <= rows, False  # [T, n]
+        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        return o.transpose(0, 1).reshape(T, -1)                 # [T, H Dh]
+
+    def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        L = self.layers[i]
+        h = h + F.linear(o, L.wo)
+        x = rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
+        gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)    # [T, I] each
+        return h + F.linear(F.silu(gate) * up, L.w_down)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.lm_head).float()  # [R, V]
+
+    # ---- whole forward
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
+                logits_rows: str | slice = "all") -> ForwardOut:
+        """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a slice."""
+        start, T = cache.length, ids.shape[0]
+        if start + T > self.cfg.max_position_embeddings:
+            raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
+                            f"{self.cfg.max_position_embeddings}")
+        self._ensure_rope(start + T)
+        h = self.embed(ids.to(self.device))
+        out = ForwardOut(None)
+        for i in range(self.cfg.num_layers):
+            q, k, v = self.pre_attn(i, h, start)
+            h = self.post_attn(i, h, self.attention(i, q, k, v, cache))
+            if i in taps:
+                out.taps[i] = h
+        if logits_rows != "none":
+            rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
+            out.logits = self.head(h[rows])
+        return out
+
+    def prefill(self, ids: torch.Tensor, cache: KVCache, chunk: int = 0, taps: tuple[int, ...] = (),
+                tap_rows: int = 0) -> ForwardOut:
+        """Run the prompt in chunks of ``chunk`` tokens (0 = one pass). Returns last-row logits and
+        the taps of the last ``tap_rows`` prompt tokens (drafter window seeding)."""
+        T = ids.shape[0]
+        step = chunk if chunk and chunk > 0 else T
+        tap_parts: dict[int, list[torch.Tensor]] = {i: [] for i in taps}
+        out = ForwardOut(None)
+        for s in range(0, T, step):
+            e = min(T, s + step)
+            want_taps = taps if tap_rows and e > T - tap_rows else ()
+            o = self.forward(ids[s:e], cache, taps=want_taps, logits_rows="last" if e == T else "none")
+            for i, t in o.taps.items():
+                tap_parts[i].append(t[max(0, T - tap_rows - s):])
+            out.logits = o.logits
+        if tap_rows:
+            out.taps = {i: torch.cat(p) for i, p in tap_parts.items()}
+        return out

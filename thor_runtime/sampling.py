@@ -1,0 +1,60 @@
+"""Sampling parameters and the target distribution they define."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ThorError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ThorError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ThorError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ThorError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ThorError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ThorError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits [R, V] -> probabilities [R, V] after temperature, top-k and top-p.
+
+    Speculative sampling compares against exactly this distribution, so plain and
+    speculative sampling share it.
+    """
+    x = logits.float() / p.temperature
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]          # [R, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sx, si = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(sx, dim=-1).cumsum(-1)
+        drop = cum - torch.softmax(sx, dim=-1) >= p.top_p              # keep the token that crosses top_p
+        sx = sx.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, si, sx)
+    return torch.softmax(x, dim=-1)
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+    return g
