@@ -61,7 +61,7 @@ def refuse_pickle(d: Path) -> None:
 
 
 def hf_weights(d: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorsError
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     refuse_pickle(d)
@@ -79,6 +79,6 @@ def hf_weights(d: Path) -> dict[str, torch.Tensor]:
             raise ThorError(f"{d}: shard {name} named in the index is missing")
         try:
             out.update(load_file(str(p)))
-        except (SafetensorsError, OSError, ValueError) as e:
+        except (SafetensorError, OSError, ValueError) as e:
             raise ThorError(f"{p}: cannot read safetensors file (truncated or damaged?): {e}") from None
     return {k: v.float() for k, v in out.items()}

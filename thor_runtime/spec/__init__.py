@@ -1,0 +1,60 @@
+"""Speculative decoding: proposers (one per file), acceptance policies, and a registry."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ThorError
+
+SPEC_METHODS = ("none", "ngram", "dflash")
+# Drafter shipped for the embedded default target (distilled by `thor calib distill`).
+DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-dflash"
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    method: str = "none"
+    drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one for the default target
+    block_size: int | None = None     # DFlash block B (K = B - 1); None = the drafter's own
+    window: int = 128                 # DFlash per-token context window W
+    seed_window: bool = True          # fill the window from the prompt tail at prefill
+    ngram_k: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self):
+        if self.method not in SPEC_METHODS:
+            raise ThorError(f"unknown --spec {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
+        if self.block_size is not None and self.block_size < 2:
+            raise ThorError(f"block size must be >= 2, got {self.block_size}")
+        if self.window < 1:
+            raise ThorError(f"window must be >= 1, got {self.window}")
+
+
+def _ngram(opts: SpecOptions, model):
+    from .ngram import NgramConfig, NgramProposer
+
+    p = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
+    return p, opts.ngram_k
+
+
+def _dflash(opts: SpecOptions, model):
+    from .dflash import DFlashProposer
+    from .dflash_io import load_drafter
+
+    path = Path(opts.drafter) if opts.drafter else DEFAULT_DRAFTER
+    if not path.exists():
+        raise ThorError(f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
+                        "`thor calib distill`)")
+    drafter = load_drafter(path, model.cfg)
+    block = opts.block_size or drafter.cfg.block_size
+    p = DFlashProposer(drafter, model, window=opts.window, seed_window=opts.seed_window, block_size=block)
+    return p, block - 1
+
+
+_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash}
+
+
+def build_proposer(opts: SpecOptions, model):
+    """-> (proposer or None, K drafts per cycle)."""
+    return _BUILDERS[opts.method](opts, model)

@@ -1,0 +1,38 @@
+"""Session-scoped fixtures: each model is built or loaded once per test run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """{"llama": Path, "qwen3": Path} of random-weight HF checkpoints."""
+    from tiny import make_tiny_dir
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: make_tiny_dir(root / arch, arch, seed=i) for i, arch in enumerate(("llama", "qwen3"))}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dirs):
+    from thor_runtime.loading import load
+
+    return load(str(tiny_dirs["llama"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_dirs):
+    from thor_runtime.loading import load
+
+    return load(str(tiny_dirs["qwen3"]))
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2-135M-Instruct (fp32)."""
+    from thor_runtime.loading import load
+
+    return load("default")

@@ -1,0 +1,73 @@
+"""Tiny random-weight checkpoints the tests build themselves (no model hub).
+
+Each is a real HF directory (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json with a ChatML template), so it goes through the same loader
+as a user's checkpoint, and transformers can read it as the oracle.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CORPUS = [
+    "pick up the red cup and place it on the table",
+    "move the gripper to the shelf, then open the drawer",
+    '{"steps": [{"id": "s1", "skill": "pick", "args": {"object": "cup"}}]}',
+    "The robot arm has a workspace of 0.8 m and a payload of 3 kg.",
+    "0123456789 + - * / = ( ) [ ] { } : ; , . ! ?",
+] * 20
+
+ARCH_CONFIGS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+                  intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  rope_theta=10000.0, tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
+                  intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False),
+}
+
+
+def make_tokenizer(path: Path, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None,
+                                   pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def make_tiny_dir(path: Path, arch: str = "llama", seed: int = 0, std: float = 0.08) -> Path:
+    """Write a random-weight checkpoint of ``arch`` into ``path`` and return it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    fast = make_tokenizer(path)
+    kw = dict(ARCH_CONFIGS[arch])
+    kw.pop("architectures")
+    cfg = AutoConfig.for_model(vocab_size=len(fast), max_position_embeddings=1024, rms_norm_eps=1e-6,
+                               eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"), **kw)
+    cfg.architectures = ARCH_CONFIGS[arch]["architectures"]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    # Larger than HF's init so the logits are well separated and greedy ties are rare.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, std)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path

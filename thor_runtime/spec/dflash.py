@@ -1,0 +1,138 @@
+"""DFlash proposer: a block drafter over a per-token window of target features.
+
+The window holds at most W context entries, ONE PER COMMITTED TOKEN (FlashRT's
+per-token window, not one per cycle): each entry is the fc-projected target taps of
+that token, its absolute position, and — cached so nothing is recomputed per cycle —
+every drafter layer's K/V of it. Entries live in a ring buffer; the drafter's attention
+over the context is non-causal and positions are baked into K by RoPE, so the ring's
+slot order never matters and the oldest entry is dropped by overwriting it.
+
+Lifecycle (driven by ``generate.py``):
+
+* ``start``: the window is seeded from the prefill taps of the last min(W, prompt_len)
+  prompt tokens (``seed_window=False`` starts empty: the first block then attends to
+  itself only).
+* ``propose(seq, k)``: anchor = seq[-1] at position len(seq)-1, which has no feature
+  yet (it is verified in this cycle); the block [anchor, MASK x (B-1)] gives k drafts.
+* ``commit(n_rows, taps)``: verify rows 0..n_rows-1 (row 0 = the anchor just verified,
+  then the accepted drafts) enter the window in row order, at positions next_pos.. —
+  so the first new entry is the first newly committed token, never a repeat of the
+  previous cycle's last row (the FlashRT review bug).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ThorError
+from .base import Proposer
+from .dflash_io import check_fits
+from .dflash_model import DFlashDrafter
+
+
+class DFlashProposer(Proposer):
+    name = "dflash"
+
+    def __init__(self, drafter: DFlashDrafter, target=None, window: int | None = None,
+                 seed_window: bool = True, block_size: int | None = None, sample_probs: bool = False,
+                 draft_temperature: float = 1.0, seed: int | None = None):
+        """target: the TargetModel whose embedding / lm_head the drafter shares (may be None if
+        the drafter is already bound). sample_probs: draw drafts from softmax(logits /
+        draft_temperature) and return those probabilities, for speculative sampling (drafts
+        must be samples of the q handed to the acceptor); otherwise greedy drafts, no probs."""
+        cfg = drafter.cfg
+        if target is not None:
+            check_fits(cfg, target.cfg, "dflash drafter")
+            drafter.bind_target(target.embed_w, target.lm_head)
+        elif drafter.embed_w is None:
+            raise ThorError("dflash: pass the target model (its embedding and lm_head are shared)")
+        self.window = cfg.window if window is None else int(window)
+        self.block_size = cfg.block_size if block_size is None else int(block_size)
+        if self.window < 0:
+            raise ThorError(f"dflash: window must be >= 0, got {self.window}")
+        if self.block_size < 2:
+            raise ThorError(f"dflash: block size must be >= 2, got {self.block_size}")
+        if sample_probs and not draft_temperature > 0:
+            raise ThorError(f"dflash: draft temperature must be > 0, got {draft_temperature}")
+        self.drafter = drafter.eval()
+        self.tap_layers = cfg.tap_layers
+        self.seed_window, self.sample_probs, self.temp = seed_window, sample_probs, float(draft_temperature)
+        self.gen = torch.Generator(device=drafter.embed_w.device)
+        self.gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        self._alloc()
+
+    # ---- window storage
+    def _alloc(self) -> None:
+        c, W = self.drafter.cfg, self.window
+        dev, dt = self.drafter.embed_w.device, self.drafter.dtype
+        with torch.inference_mode():
+            self._feats = torch.zeros(W, c.hidden_size, dtype=dt, device=dev)                  # [W, D]
+            self._pos = torch.zeros(W, dtype=torch.long, device=dev)                          # [W]
+            self._kv = torch.zeros(c.num_layers, 2, c.num_kv_heads, W, c.head_dim, dtype=dt,
+                                   device=dev)                                                # [L, 2, Hkv, W, Dh]
+        self._count = 0       # entries ever appended (ring write cursor = count % W)
+        self._next_pos = 0    # absolute position of the next token to commit
+
+    def _append(self, raw: torch.Tensor, first_pos: int) -> None:
+        """raw [n, n_taps*D]: taps of consecutive tokens at positions first_pos.. in order."""
+        n, W = raw.shape[0], self.window
+        if W == 0 or n == 0:
+            return
+        if n > W:                     # only the newest W can survive anyway
+            raw, first_pos, n = raw[n - W:], first_pos + n - W, W
+        d = self.drafter
+        pos = torch.arange(first_pos, first_pos + n, device=self._pos.device)                 # [n]
+        feats = d.project(raw)                                                                # [n, D]
+        kv = d.context_kv(feats, pos)                                                         # [L, 2, Hkv, n, Dh]
+        slots = (torch.arange(n, device=self._pos.device) + self._count) % W                  # [n]
+        self._feats.index_copy_(0, slots, feats)
+        self._pos.index_copy_(0, slots, pos)
+        self._kv.index_copy_(3, slots, kv)
+        self._count += n
+
+    @property
+    def window_len(self) -> int:
+        return min(self._count, self.window)
+
+    def window_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Oldest first: positions [n] and projected features [n, D] (inspection, tests)."""
+        n, W = self.window_len, self.window
+        order = torch.arange(n) if self._count <= W else (torch.arange(W) + self._count) % W
+        order = order.to(self._pos.device)
+        return self._pos[order].clone(), self._feats[order].clone()
+
+    # ---- Proposer contract
+    @torch.inference_mode()
+    def start(self, prompt_ids, prompt_taps):
+        self._count = 0
+        self._next_pos = len(prompt_ids)
+        if self.seed_window and prompt_taps:
+            raw = self.drafter.concat_taps(prompt_taps)                                       # [T, n_taps*D]
+            T = raw.shape[0]
+            if T > len(prompt_ids):
+                raise ThorError(f"dflash: {T} prompt tap rows for a {len(prompt_ids)}-token prompt")
+            self._append(raw, len(prompt_ids) - T)
+
+    @torch.inference_mode()
+    def propose(self, seq, k):
+        k = min(k, self.block_size - 1)
+        if k <= 0:
+            return [], None
+        anchor_pos = len(seq) - 1
+        if anchor_pos != self._next_pos:
+            raise ThorError(f"dflash: proposer is out of step with the sequence (anchor at position "
+                            f"{anchor_pos}, window expects {self._next_pos}); call start() per sequence")
+        n = self.window_len
+        ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
+        logits = self.drafter.draft_block(ctx, seq[-1], anchor_pos, k, self.block_size)      # [k, V]
+        if not self.sample_probs:
+            return logits.argmax(-1).tolist(), None
+        q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V]
+        drafts = torch.multinomial(q, 1, generator=self.gen).squeeze(-1)                      # [k]
+        return drafts.tolist(), q
+
+    @torch.inference_mode()
+    def commit(self, n_rows, taps):
+        if taps and self.window:
+            raw = self.drafter.concat_taps(taps)[:n_rows]                                     # [n_rows, n_taps*D]
+            self._append(raw, self._next_pos)
+        self._next_pos += n_rows

@@ -1,0 +1,226 @@
+"""DFlash drafter checkpoints: our layout, z-lab's published layout, and random drafters.
+
+Our layout (``format: thor-dflash/1``), a directory with
+  config.json        every DFlashConfig field + {"format": "thor-dflash/1"}
+  model.safetensors  fc.weight [D, n_taps*D], hidden_norm.weight [D], norm.weight [D],
+                     layers.N.self_attn.{q,k,v,o}_proj.weight, layers.N.self_attn.{q,k}_norm.weight,
+                     layers.N.{input_layernorm,post_attention_layernorm}.weight,
+                     layers.N.mlp.{gate,up,down}_proj.weight
+No embedding or lm_head: the drafter shares the target's.
+
+z-lab layout (their HF drafters for Qwen3 targets): an HF-style config.json with
+``dflash_config`` {target_layer_ids, mask_token_id[, block_size]} and Qwen3 fields
+(hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+intermediate_size, rms_norm_eps, rope_theta or rope_parameters.rope_theta, block_size),
+weights with the same names as ours (optionally sharded via model.safetensors.index.json).
+
+Pickle weights (.bin/.pt/...) are never opened: unpickling runs code.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import ThorError
+from .dflash_model import DFlashConfig, DFlashDrafter
+
+FORMAT = "thor-dflash/1"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Tensors a z-lab export may carry that we do not use (the target's own are shared).
+_IGNORED = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
+
+
+def check_fits(cfg: DFlashConfig, target: ModelConfig, source: str = "dflash drafter") -> None:
+    """Refuse a drafter that cannot read this target's taps or share its embedding."""
+    if cfg.hidden_size != target.hidden_size:
+        raise ThorError(f"{source}: hidden size {cfg.hidden_size} does not match the target's "
+                        f"{target.hidden_size}")
+    bad = [t for t in cfg.tap_layers if t >= target.num_layers]
+    if bad:
+        raise ThorError(f"{source}: tap layers {bad} are beyond the target's {target.num_layers} layers")
+    if cfg.mask_token_id >= target.vocab_size:
+        raise ThorError(f"{source}: mask_token_id {cfg.mask_token_id} is outside the target vocabulary "
+                        f"of {target.vocab_size}")
+
+
+def default_tap_layers(num_target_layers: int, n: int) -> tuple[int, ...]:
+    """n layers spread from the second to the third-from-last (shallow + deep features)."""
+    lo, hi = min(1, num_target_layers - 1), max(num_target_layers - 3, 0)
+    if n == 1:
+        return (lo + (hi - lo) // 2,)
+    ids = sorted({round(lo + i * (hi - lo) / (n - 1)) for i in range(n)})
+    if len(ids) < n:   # a target too shallow for n distinct spread taps: take the first n
+        ids = list(range(min(n, num_target_layers)))
+    return tuple(ids)
+
+
+def random_drafter(target_cfg: ModelConfig, *, num_layers: int = 1, block_size: int = 16,
+                   tap_layers: tuple[int, ...] | None = None, num_taps: int = 3,
+                   mask_token_id: int | None = None, window: int = 128, seed: int = 0,
+                   std: float = 0.02, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu") -> DFlashDrafter:
+    """Randomly initialised drafter shaped for ``target_cfg`` (tests, benchmarks). Seeded."""
+    taps = tuple(tap_layers) if tap_layers is not None else default_tap_layers(
+        target_cfg.num_layers, min(num_taps, target_cfg.num_layers))
+    cfg = DFlashConfig(
+        tap_layers=taps, mask_token_id=target_cfg.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
+        num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim,
+        intermediate_size=target_cfg.intermediate_size, block_size=block_size, rms_eps=target_cfg.rms_eps,
+        rope_theta=target_cfg.rope_theta, target_id=target_cfg.name, window=window)
+    check_fits(cfg, target_cfg, "random drafter")
+    d = DFlashDrafter(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return d.to(device=device, dtype=dtype).eval()
+
+
+def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
+    """Write our layout; files are replaced atomically."""
+    from safetensors.torch import save_file
+
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, **asdict(drafter.cfg)}
+    doc["tap_layers"] = list(drafter.cfg.tap_layers)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+    tmp = d / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": FORMAT})
+    tmp.replace(d / "model.safetensors")
+    tmp = d / "config.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(d / "config.json")
+    return d
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ThorError(f"drafter config not found: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ThorError(f"drafter config {p} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ThorError(f"drafter config {p} must be a JSON object")
+    return doc
+
+
+def _ours(doc: dict, p: Path) -> DFlashConfig:
+    names = {f.name for f in fields(DFlashConfig)}
+    unknown = sorted(set(doc) - names - {"format"})
+    if unknown:
+        raise ThorError(f"{p}: unknown drafter config keys {unknown}")
+    try:
+        return DFlashConfig(**{k: v for k, v in doc.items() if k in names})
+    except TypeError as e:
+        raise ThorError(f"{p}: incomplete drafter config ({e})") from None
+
+
+def _zlab(doc: dict, p: Path) -> DFlashConfig:
+    archs = doc.get("architectures") or ["DFlashDraftModel"]
+    if any(a != "DFlashDraftModel" for a in archs):
+        raise ThorError(f"{p}: unsupported drafter architecture {archs} (supported: DFlashDraftModel)")
+    if doc.get("attention_bias"):
+        raise ThorError(f"{p}: attention_bias drafters are not supported")
+    rs = doc.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type", "default")) != "default":
+        raise ThorError(f"{p}: rope_scaling {rs} is not supported for drafters")
+    dc = doc["dflash_config"]
+    if not isinstance(dc, dict):
+        raise ThorError(f"{p}: dflash_config must be a JSON object")
+
+    def need(d, key):
+        if key not in d:
+            raise ThorError(f"{p}: missing key {key!r}")
+        return d[key]
+
+    heads = int(need(doc, "num_attention_heads"))
+    hidden = int(need(doc, "hidden_size"))
+    theta = doc.get("rope_theta") or (doc.get("rope_parameters") or {}).get("rope_theta") or 1e6
+    return DFlashConfig(
+        tap_layers=tuple(need(dc, "target_layer_ids")), mask_token_id=int(need(dc, "mask_token_id")),
+        hidden_size=hidden, num_layers=int(need(doc, "num_hidden_layers")), num_heads=heads,
+        num_kv_heads=int(doc.get("num_key_value_heads") or heads),
+        head_dim=int(doc.get("head_dim") or hidden // heads),
+        intermediate_size=int(need(doc, "intermediate_size")),
+        block_size=int(dc.get("block_size") or doc.get("block_size") or 16),
+        rms_eps=float(doc.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        target_id=str(doc.get("_name_or_path") or p.parent.name))
+
+
+def _read_weights(d: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set((_read_json(index).get("weight_map") or {}).values()))
+    else:
+        files = ["model.safetensors"]
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        f = d / name
+        if not f.exists():
+            pickled = sorted(q.name for q in d.iterdir() if q.suffix in PICKLE_SUFFIXES)
+            if pickled:
+                raise ThorError(f"{d}: only pickle weights found ({', '.join(pickled)}); they are refused "
+                                "because unpickling runs code. Convert them to safetensors.")
+            raise ThorError(f"{d}: drafter weights {name} not found")
+        try:
+            out.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ThorError(f"{f}: cannot read safetensors file (truncated or damaged?): {e}") from None
+    return out
+
+
+def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DFlashDrafter:
+    """Load either layout; with ``target_cfg`` also check that the drafter fits the target.
+    The result still needs the target's embedding / lm_head (DFlashProposer binds them)."""
+    d = Path(path)
+    if d.is_file() and d.suffix in PICKLE_SUFFIXES:
+        raise ThorError(f"{d}: pickle weights are refused (unpickling runs code); use safetensors")
+    if not d.exists():
+        raise ThorError(f"drafter not found: {d}")
+    if not d.is_dir():
+        raise ThorError(f"{d}: expected a drafter directory (config.json + model.safetensors)")
+    doc = _read_json(d / "config.json")
+    if doc.get("format") == FORMAT:
+        cfg = _ours(doc, d / "config.json")
+    elif "dflash_config" in doc:
+        cfg = _zlab(doc, d / "config.json")
+        n = doc.get("num_target_layers")
+        if target_cfg is not None and n is not None and int(n) != target_cfg.num_layers:
+            raise ThorError(f"{d}: drafter was trained for a {n}-layer target, this one has "
+                            f"{target_cfg.num_layers}")
+    else:
+        raise ThorError(f"{d}/config.json: neither a thor-dflash/1 nor a z-lab DFlash config")
+    if target_cfg is not None:
+        check_fits(cfg, target_cfg, str(d))
+
+    weights = _read_weights(d)
+    if weights and all(k.startswith("model.") for k in weights):
+        weights = {k[len("model."):]: v for k, v in weights.items()}
+    with torch.device("meta"):
+        drafter = DFlashDrafter(cfg)
+    expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    for name, shape in expected.items():
+        if name not in weights:
+            raise ThorError(f"{d}: missing tensor {name}")
+        if tuple(weights[name].shape) != shape:
+            raise ThorError(f"{d}: tensor {name} has shape {list(weights[name].shape)}, expected {list(shape)}")
+    extra = sorted(k for k in weights if k not in expected and not k.endswith(_IGNORED))
+    if extra:
+        raise ThorError(f"{d}: unexpected tensors {extra[:4]} (not a DFlash drafter of this layout?)")
+    sd = {k: weights[k].to(device=device, dtype=dtype) for k in expected}
+    drafter.load_state_dict(sd, strict=True, assign=True)
+    return drafter.eval()
