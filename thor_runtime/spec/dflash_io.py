@@ -48,14 +48,15 @@ def check_fits(cfg: DFlashConfig, target: ModelConfig, source: str = "dflash dra
 
 
 def default_tap_layers(num_target_layers: int, n: int) -> tuple[int, ...]:
-    """n layers spread from the second to the third-from-last (shallow + deep features)."""
-    lo, hi = min(1, num_target_layers - 1), max(num_target_layers - 3, 0)
+    """n layers spread from the second to the third-from-last (shallow + deep features, as
+    z-lab picks them); a target too shallow for that spreads over all its layers."""
+    L = num_target_layers
+    if not 1 <= n <= L:
+        raise ThorError(f"cannot pick {n} tap layers from a {L}-layer target")
+    lo, hi = (1, L - 3) if L - 3 - 1 >= n - 1 else (0, L - 1)
     if n == 1:
-        return (lo + (hi - lo) // 2,)
-    ids = sorted({round(lo + i * (hi - lo) / (n - 1)) for i in range(n)})
-    if len(ids) < n:   # a target too shallow for n distinct spread taps: take the first n
-        ids = list(range(min(n, num_target_layers)))
-    return tuple(ids)
+        return ((lo + hi) // 2,)
+    return tuple(lo + (i * (hi - lo)) // (n - 1) for i in range(n))
 
 
 def random_drafter(target_cfg: ModelConfig, *, num_layers: int = 1, block_size: int = 16,

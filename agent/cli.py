@@ -1,0 +1,103 @@
+"""`thor plan TASK --world FILE` — a schema-valid, safety-gated plan, or exit 3 with a report.
+
+Exit codes: 0 a plan that passed schema + gate; 2 bad input (files, schema, arguments);
+3 no valid plan after the repair attempts. Every input file is checked, and the request's
+schema compiled to a grammar, before the model is loaded: bad input fails in milliseconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from thor_runtime.commands.common import (add_model_args, add_spec_args, build_runtime, positive_int,
+                                          relaxed_config, spec_options)
+from thor_runtime.errors import NoValidPlan, ThorError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="plan a robot task as schema-valid, safety-gated JSON")
+    p.add_argument("task", help="what the robot should do, in words")
+    p.add_argument("--world", required=True, help="world file (JSON: objects, places, robot)")
+    p.add_argument("--skills", default=None,
+                   help="skills file (default: the world's `skills` entry, else agent/skills/manipulation.json)")
+    p.add_argument("--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)")
+    p.add_argument("--out", default=None, help="write the plan here (atomically) instead of stdout")
+    p.add_argument("--json", action="store_true", help='print one object {"plan","valid","report","stats"}')
+    p.add_argument("--max-tokens", type=positive_int, default=512, help="token budget per attempt")
+    p.add_argument("--attempts", type=int, default=2, help="repair attempts after the first (default 2)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="cap on plan steps")
+    p.add_argument("--no-thinking", action="store_true", help="no <think> span even if the model has one")
+    add_model_args(p)
+    add_spec_args(p, default="ngram")
+    p.set_defaults(func=run)
+
+
+def _log(msg: str) -> None:
+    print(f"thor plan: {msg}", file=sys.stderr, flush=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """tmp file in the same directory + os.replace: readers see the old file or the new, never half."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ThorError(f"--out: directory does not exist: {path.parent}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_inputs(args):
+    from .files import base_plan_schema, load_schema, load_skills, load_world, resolve_skills_path
+    from .grammar import check_schema
+    from .specialize import specialize
+
+    if args.attempts < 0:
+        raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
+    world = load_world(args.world)
+    skills = load_skills(resolve_skills_path(world, args.skills))
+    schema = load_schema(args.schema) if args.schema else None
+    # Specialize and compile once without the model, so an unsupported keyword or an unusable
+    # skill set is reported before minutes of model loading on a small board.
+    check_schema(specialize(schema if schema is not None else base_plan_schema(), world, skills, args.max_steps))
+    return world, skills, schema
+
+
+def run(args) -> int:
+    from .planner import Planner
+
+    world, skills, schema = _load_inputs(args)
+    _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
+         f"{len(skills.skills)} skills from {skills.source}")
+    _log(f"loading model {args.model} ...")
+    loaded, rt = build_runtime(args)
+    planner = Planner(rt, loaded.tokenizer, spec=spec_options(args), max_tokens=args.max_tokens,
+                      attempts=args.attempts, thinking=False if args.no_thinking else None,
+                      relaxed=relaxed_config(args, loaded.tokenizer), max_steps=args.max_steps, on_progress=_log)
+    res = planner.plan(args.task, world, skills, schema)
+    plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
+    if res.valid and args.out:
+        write_atomic(Path(args.out), plan_text)
+        _log(f"plan written to {args.out}")
+    if args.json:
+        print(json.dumps({"plan": res.plan, "valid": res.valid, "report": res.report, "stats": res.stats}))
+    elif res.valid and not args.out:
+        sys.stdout.write(plan_text)
+    s = res.stats
+    _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
+         f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")
+    if not res.valid:
+        for f in res.report:
+            where = f"step {f['step']}: " if f["step"] else ""
+            print(f"  {where}[{f['check']}] {f['message']}", file=sys.stderr)
+        raise NoValidPlan(f"no valid plan after {res.attempts} attempt(s); see the report above")
+    return 0

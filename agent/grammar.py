@@ -1,0 +1,261 @@
+"""JSON-schema grammar constraint over llguidance.
+
+Why llguidance (and not xgrammar): its matcher rolls back any number of committed tokens
+(``rollback(n)``), which is exactly what checking K drafts and masking K+1 verify rows needs;
+masks come from an Earley parser over a lazily built lexer, so a per-request schema compiles in
+milliseconds and a mask costs tens of microseconds on CPU; forced tokens are computed for us
+(``compute_ff_tokens``); it names unsupported JSON-schema keywords instead of silently ignoring
+them; and it is one self-contained wheel with no torch / CUDA build dependency, which matters
+on a Jetson.
+
+The grammar always works on the *tokenizer's* vocabulary; the model's logits may be wider
+(padded embedding rows), and those ids are never legal.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import llguidance as llg
+import numpy as np
+import torch
+
+from thor_runtime.constraint import Constraint
+from thor_runtime.errors import ThorError
+
+# Compact JSON: no free whitespace means fewer tokens to decode and more of them forced.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+THINK_TOKENS = ("<think>", "</think>")
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
+
+
+# ---- schema checks (no tokenizer needed: run before any model is loaded) ----------------------
+def _find_keyword(node, key: str, path: str = "") -> str | None:
+    """JSON pointer of the first place ``key`` is used as a keyword (not as a property name)."""
+    if isinstance(node, dict):
+        if key in node:
+            return path or "/"
+        for k, v in node.items():
+            if k in ("properties", "$defs", "definitions", "patternProperties") and isinstance(v, dict):
+                for name, sub in v.items():
+                    hit = _find_keyword(sub, key, f"{path}/{k}/{name}")
+                    if hit:
+                        return hit
+            elif k not in ("enum", "const", "default", "examples"):
+                hit = _find_keyword(v, key, f"{path}/{k}")
+                if hit:
+                    return hit
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            hit = _find_keyword(v, key, f"{path}/{i}")
+            if hit:
+                return hit
+    return None
+
+
+def _engine_error(message: str, schema: dict) -> ThorError:
+    m = _UNIMPLEMENTED.search(message)
+    if m:
+        keys = [k.strip().strip('"') for k in m.group(1).split(",") if k.strip()]
+        where = ", ".join(f"'{k}' (at {_find_keyword(schema, k) or '?'})" for k in keys)
+        return ThorError(f"unsupported schema keyword {where}: the grammar engine (llguidance) cannot "
+                         "enforce it; remove it or express it with supported keywords")
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    if "oneOf" in message:
+        first = "oneOf whose branches may overlap is not supported; use anyOf"
+    return ThorError(f"schema cannot be compiled to a grammar: {first}")
+
+
+def _with_options(schema: dict) -> dict:
+    if schema.get("x-guidance") is not None:
+        return schema
+    return {**schema, "x-guidance": dict(_JSON_OPTIONS)}
+
+
+def check_schema(schema) -> None:
+    """Raise ThorError unless ``schema`` is valid JSON Schema 2020-12 the engine fully supports."""
+    if not isinstance(schema, dict):
+        raise ThorError(f"a schema must be a JSON object, got {type(schema).__name__}")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(x) for x in e.absolute_path) or "top level"
+        raise ThorError(f"not a valid JSON Schema (2020-12): {e.message} (at {where})") from None
+    grammar = llg.LLMatcher.grammar_from_json_schema(_with_options(schema))
+    is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_err:
+        raise _engine_error(msgs[0] if msgs else "", schema)
+
+
+# ---- tokenizer view ---------------------------------------------------------------------------
+class _TokenSource:
+    """The duck type llguidance.TokenizerWrapper reads: raw token bytes, eos/bos, specials, encode."""
+
+    def __init__(self, tokenizer, token_bytes: list[bytes], special_ids: list[int]):
+        self._tok = tokenizer
+        self.tokens = token_bytes
+        self.eos_token_id = tokenizer.eos_token_ids[0]
+        self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
+        self.special_token_ids = special_ids
+
+    def __call__(self, text):
+        if isinstance(text, bytes):
+            raise TypeError("str only")  # TokenizerWrapper probes with bytes, then falls back to str
+        return self._tok.encode(text, add_special=False)
+
+
+def _special_ids(tokenizer, n: int) -> list[int]:
+    """Ids the grammar must treat as atomic markers rather than text: every added token.
+
+    Our Tokenizer has no public accessor for added tokens yet; fall back to the wrapped
+    `tokenizers` object (read-only use)."""
+    ids = getattr(tokenizer, "special_token_ids", None)
+    if ids is None:
+        inner = getattr(tokenizer, "_tok", None)
+        ids = list(inner.get_added_tokens_decoder()) if inner is not None else []
+    ids = set(int(i) for i in ids) | set(tokenizer.eos_token_ids)
+    for name in THINK_TOKENS:
+        tid = tokenizer.token_to_id(name)
+        if tid is not None:
+            ids.add(tid)
+    return sorted(i for i in ids if 0 <= i < n)
+
+
+class GrammarTokenizer:
+    """llguidance's tokenizer for one of ours. Walks the whole vocabulary (0.1-1 s): build once
+    per tokenizer and share it across requests."""
+
+    def __init__(self, tokenizer):
+        if not tokenizer.eos_token_ids:
+            raise ThorError("the tokenizer has no end-of-sequence token; constrained decoding needs one")
+        tb = tokenizer.token_bytes()
+        self.n_vocab = len(tb)
+        self.eos_ids = tuple(int(i) for i in tokenizer.eos_token_ids)
+        src = _TokenSource(tokenizer, tb, _special_ids(tokenizer, len(tb)))
+        self.ll = llg.LLTokenizer(llg.TokenizerWrapper(src), eos_token=list(self.eos_ids))
+        b, e = (tokenizer.token_to_id(t) for t in THINK_TOKENS)
+        self.think_ids = (b, e) if b is not None and e is not None else None
+
+
+class Grammar:
+    """A compiled grammar for one request: the schema's JSON, optionally preceded by a
+    ``<think>...</think>`` span (thinking models only). ``constraint()`` hands out a fresh
+    matcher per generation."""
+
+    def __init__(self, gtok: GrammarTokenizer, schema: dict, thinking: bool = False, think_max_chars: int = 2000):
+        check_schema(schema)
+        self.gtok, self.schema = gtok, schema
+        self.thinking = bool(thinking and gtok.think_ids)
+        if self.thinking:
+            # Thinking text is free (bounded so it terminates); special tokens can't occur in it,
+            # so </think> is the only way out, and the JSON after it is fully constrained.
+            lark = (f'start: thinking? plan\n'
+                    f'thinking: <think> THINK </think> "\\n"?\n'
+                    f'THINK: /(?s:.){{0,{int(think_max_chars)}}}/\n'
+                    f'plan: %json {json.dumps(_with_options(schema))}\n')
+            self.text = llg.LLMatcher.grammar_from_lark(lark)
+        else:
+            self.text = llg.LLMatcher.grammar_from_json_schema(_with_options(schema))
+        self._pristine = llg.LLMatcher(gtok.ll, self.text, log_level=0)
+        if self._pristine.is_error():
+            raise _engine_error(self._pristine.get_error(), schema)
+
+    def constraint(self) -> "GrammarConstraint":
+        return GrammarConstraint(self._pristine.deep_copy(), self.gtok)
+
+
+class GrammarConstraint(Constraint):
+    """The runtime's Constraint over one llguidance matcher. The matcher always sits at the state
+    after the committed tokens; draft checks and row masks advance it and roll back exactly.
+
+    EOS never reaches the matcher: llguidance keeps no history entry for an EOS taken in a stopped
+    state, so consuming it would make rollback counts ambiguous. EOS is legal exactly where the
+    matcher reports an accepting state, and ends the walk over drafts.
+    """
+
+    def __init__(self, matcher, gtok: GrammarTokenizer):
+        self.m, self.gtok = matcher, gtok
+        self.eos = frozenset(gtok.eos_ids)
+        self.committed: list[int] = []
+        self.finished = False
+
+    # -- queries that leave the state unchanged ------------------------------------------------
+    def forced(self) -> list[int]:
+        if self.finished or self.m.is_stopped():
+            return []
+        return list(self.m.compute_ff_tokens())
+
+    def valid_prefix(self, drafts: list[int]) -> int:
+        return self._walk(drafts, lambda j: None)
+
+    def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        """logits [R, V] -> [R, V] with -inf where illegal; row j is masked by the state after
+        drafts[:j]. Rows past a draft the grammar refuses (or past EOS) repeat the last mask: the
+        accept step never reads them, but they must not be all -inf either (NaN probabilities)."""
+        rows, width = logits.shape
+        allowed = torch.zeros(rows, width, dtype=torch.bool)                    # [R, V]
+        filled = []
+
+        def fill(j: int) -> None:
+            if j < rows:
+                allowed[j] = self._allowed(width)
+                filled.append(j)
+
+        self._walk(list(drafts)[:rows - 1], fill)
+        for j in range(len(filled), rows):
+            allowed[j] = allowed[j - 1] if j else self._allowed(width)
+        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+    def is_accepting(self) -> bool:
+        return not self.finished and bool(self.m.is_accepting())
+
+    # -- the only state change: a committed token ------------------------------------------------
+    def advance(self, token: int) -> None:
+        t = int(token)
+        if self.finished:
+            raise RuntimeError(f"token {t} committed after end-of-sequence")
+        if t in self.eos:
+            if not self.m.is_accepting():
+                raise RuntimeError("end-of-sequence committed where the grammar is incomplete")
+            self.finished = True
+        elif not self.m.consume_token(t):
+            raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
+        self.committed.append(t)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _walk(self, drafts: list[int], at_row) -> int:
+        """Advance over the legal prefix of ``drafts``, calling ``at_row(j)`` at each state j
+        (before draft j, and after the last legal one), then roll back to where we started.
+        Returns the legal prefix length."""
+        if self.finished:
+            return 0
+        consumed = n = 0
+        try:
+            for j, t in enumerate(drafts):
+                at_row(j)
+                t = int(t)
+                if t in self.eos:
+                    n += bool(self.m.is_accepting())
+                    return n  # nothing follows EOS; no row after it is ever read
+                if not (0 <= t < self.gtok.n_vocab) or self.m.try_consume_tokens([t]) != 1:
+                    return n
+                consumed += 1
+                n += 1
+            at_row(len(drafts))
+            return n
+        finally:
+            if consumed and not self.m.rollback(consumed):
+                raise RuntimeError(f"grammar rollback of {consumed} tokens failed: {self.m.get_error()}")
+
+    def _allowed(self, width: int) -> torch.Tensor:
+        """[width] bool of legal next ids: the matcher's mask, EOS exactly where it accepts."""
+        out = torch.zeros(width, dtype=torch.bool)
+        n = min(width, self.gtok.n_vocab)
+        bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        out[:n] = torch.from_numpy(bits[:n].astype(np.bool_))
+        eos = [i for i in self.gtok.eos_ids if i < width]
+        out[eos] = bool(self.m.is_accepting())
+        if not bool(out.any()):
+            out[eos] = True  # a dead state cannot be reached through masks; never leave a row empty
+        return out

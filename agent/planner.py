@@ -1,0 +1,128 @@
+"""Planner: task + world + skills -> a plan that passed schema and safety gate, or a report.
+
+One attempt is: build the prompt, decode under the specialized schema's grammar (speculative or
+plain, same cycle), parse, validate, gate. A rejected attempt is re-prompted with its findings,
+up to ``attempts`` repairs. Greedy decoding is deterministic, so a repair only helps because its
+prompt differs: it carries the rejected plan and what was wrong with it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from thor_runtime.errors import ThorError
+from thor_runtime.sampling import SamplingParams
+from thor_runtime.spec import SpecOptions, build_proposer
+from thor_runtime.stats import Stats
+
+from .files import SkillSet, World, base_plan_schema
+from .gate import Finding, GateResult, check_plan
+from .grammar import Grammar, GrammarTokenizer
+from .prompt import build_messages
+from .specialize import specialize
+
+_ADDITIVE = ("prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
+             "committed", "jump_forward", "draft_s", "verify_s", "rest_s")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: dict | None          # the last attempt's parsed plan (None when it was not JSON)
+    valid: bool                # passed schema + gate
+    report: list               # [{step, check, message}]; empty when valid
+    stats: dict                # generate's stats summed over attempts, plus attempts / latency
+    attempts: int              # generations run (1 + repairs used)
+    text: str = ""             # the last attempt's JSON text
+    history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason"}
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Everything checked before any generation: the specialized schema and its grammar."""
+    schema: dict
+    grammar: Grammar
+    compile_s: float
+
+
+def merge_stats(parts: list[Stats]) -> Stats:
+    """Sum the additive counters of several generations; ttft is the first one's (latency to
+    the first planned token the user sees)."""
+    total = Stats(kv_dtype=parts[0].kv_dtype if parts else "fp32")
+    if not parts:
+        return total
+    for name in _ADDITIVE:
+        setattr(total, name, sum(getattr(p, name) for p in parts))
+    total.kv_bytes = max(p.kv_bytes for p in parts)
+    total.ttft_s = parts[0].ttft_s
+    width = max(len(p.pos_offered) for p in parts)
+    total.pos_offered = [sum(p.pos_offered[j] for p in parts if j < len(p.pos_offered)) for j in range(width)]
+    total.pos_accepted = [sum(p.pos_accepted[j] for p in parts if j < len(p.pos_accepted)) for j in range(width)]
+    return total
+
+
+class Planner:
+    def __init__(self, runtime, tokenizer, spec: SpecOptions = SpecOptions(method="ngram"),
+                 max_tokens: int = 512, attempts: int = 2, thinking: bool | None = None,
+                 relaxed=None, max_steps: int | None = None, on_progress=None,
+                 grammar_tokenizer: GrammarTokenizer | None = None):
+        if max_tokens < 16:
+            raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
+        if attempts < 0:
+            raise ThorError(f"attempts (repairs) must be >= 0, got {attempts}")
+        self.rt, self.tok, self.spec = runtime, tokenizer, spec
+        self.max_tokens, self.attempts, self.max_steps = max_tokens, attempts, max_steps
+        self.relaxed = relaxed
+        self.progress = on_progress or (lambda msg: None)
+        self.gtok = grammar_tokenizer or GrammarTokenizer(tokenizer)
+        # None = think when the tokenizer can; the span is optional in the grammar either way.
+        self.thinking = self.gtok.think_ids is not None if thinking is None else bool(thinking)
+        if self.thinking and self.gtok.think_ids is None:
+            raise ThorError("thinking requested but the tokenizer has no <think> / </think> tokens")
+        self.proposer, self.k = build_proposer(spec, runtime.model)
+
+    def prepare(self, world: World, skills: SkillSet, schema: dict | None = None) -> PreparedRequest:
+        t0 = time.perf_counter()
+        spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills,
+                                 self.max_steps)
+        grammar = Grammar(self.gtok, spec_schema, thinking=self.thinking)
+        return PreparedRequest(spec_schema, grammar, time.perf_counter() - t0)
+
+    def plan(self, task: str, world: World, skills: SkillSet, schema: dict | None = None) -> PlanResult:
+        if not isinstance(task, str) or not task.strip():
+            raise ThorError("the task is empty")
+        t0 = time.perf_counter()
+        req = self.prepare(world, skills, schema)      # raises before any generation
+        params = SamplingParams(max_tokens=self.max_tokens)
+        stats: list[Stats] = []
+        history = []
+        errors, previous, gate = None, None, None
+        for attempt in range(1 + self.attempts):
+            ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
+            res = self.rt.generate(ids, params, proposer=self.proposer, k=self.k, relaxed=self.relaxed,
+                                   constraint=req.grammar.constraint())
+            stats.append(res.stats)
+            text = self._json_text(res.token_ids)
+            gate = check_plan(text, req.schema, world, skills)
+            if res.finish_reason == "length" and not gate.valid:
+                gate = GateResult(gate.plan, gate.findings + (Finding(
+                    None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
+            history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason})
+            self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
+                          + ("valid" if gate.valid else f"rejected ({len(gate.findings)} problems)"))
+            if gate.valid:
+                break
+            errors, previous = gate.report(), text
+        merged = merge_stats(stats).to_dict()
+        merged.update(attempts=len(stats), spec=self.spec.method, k=self.k,
+                      grammar_compile_s=round(req.compile_s, 6),
+                      plan_latency_s=round(time.perf_counter() - t0, 6))
+        return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
+                          tuple(history))
+
+    def _json_text(self, token_ids: list[int]) -> str:
+        """The JSON part of the output: after the thinking span, without the EOS token."""
+        ids = [t for t in token_ids if t not in self.gtok.eos_ids]
+        if self.gtok.think_ids is not None and self.gtok.think_ids[1] in ids:
+            last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
+            ids = ids[last + 1:]
+        return self.tok.decode(ids).strip()

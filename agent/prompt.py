@@ -1,0 +1,95 @@
+"""Chat messages for one planning request. Pure functions: same inputs, same messages.
+
+Short prompts matter twice on a robot: prefill time is latency before the first step, and the
+prompt is where the n-gram drafter finds its continuations (world names, skill names, keys).
+So the world and skills are written as one line per entry, names first, and the JSON layout is
+given once as a template rather than explained. The calibration data generator reuses this.
+"""
+from __future__ import annotations
+
+from .files import ArgSpec, Skill, SkillSet, World
+
+_FORMAT = ('{"plan_id":"p1","task":"...","steps":[{"id":"s1","skill":"...","args":{...},'
+           '"preconditions":["..."],"expected_effects":["..."],"timeout_s":10,"on_failure":"abort"}]}')
+
+
+def _num(v: float) -> str:
+    return f"{v:g}"
+
+
+def _xyz(p) -> str:
+    return "[" + ",".join(_num(v) for v in p) + "]"
+
+
+def describe_arg(a: ArgSpec) -> str:
+    if a.type == "enum":
+        kind = "|".join(a.values)
+    elif a.type in ("number", "integer"):
+        lo = _num(a.min) if a.min is not None else ""
+        hi = _num(a.max) if a.max is not None else ""
+        kind = f"{'int ' if a.type == 'integer' else ''}{lo}..{hi}{' ' + a.unit if a.unit else ''}"
+    elif a.type == "object" and a.object_types:
+        kind = "object:" + "|".join(a.object_types)
+    elif a.type == "position":
+        kind = "[x,y,z] m"
+    else:
+        kind = a.type
+    return f"{a.name}: {kind}"
+
+
+def describe_skill(s: Skill) -> str:
+    args = ", ".join(describe_arg(a) for a in s.args)
+    limit = f" (max {_num(s.timeout_s)} s)" if s.timeout_s else ""
+    return f"- {s.name}({args}): {s.description}{limit}"
+
+
+def describe_world(world: World) -> str:
+    r = world.robot
+    lines = [f"World: {world.name}",
+             f"Robot workspace: x {_num(r.workspace_min[0])}..{_num(r.workspace_max[0])}, "
+             f"y {_num(r.workspace_min[1])}..{_num(r.workspace_max[1])}, "
+             f"z {_num(r.workspace_min[2])}..{_num(r.workspace_max[2])} m; max payload {_num(r.max_payload_kg)} kg"]
+    if world.objects:
+        lines.append("Objects: " + "; ".join(
+            f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, at {_xyz(o.position)}{', fixed' if not o.graspable else ''})"
+            for o in world.objects))
+    if world.places:
+        lines.append("Places: " + "; ".join(f"{p.name} {_xyz(p.position)}" for p in world.places))
+    return "\n".join(lines)
+
+
+def system_prompt(world: World, skills: SkillSet) -> str:
+    return "\n".join([
+        "You are a robot task planner. Reply with one JSON plan and nothing else:",
+        _FORMAT,
+        "Use only these skills, objects and places. on_failure is abort, retry, or a step id.",
+        "Skills:",
+        *(describe_skill(s) for s in skills.skills),
+        describe_world(world),
+    ])
+
+
+def format_errors(errors) -> str:
+    """errors: gate findings as dicts {step, check, message} (or plain strings)."""
+    lines = []
+    for e in errors:
+        if isinstance(e, dict):
+            where = f"step {e['step']}: " if e.get("step") else ""
+            lines.append(f"- {where}{e['message']} [{e['check']}]")
+        else:
+            lines.append(f"- {e}")
+    return "\n".join(lines)
+
+
+def build_messages(task: str, world: World, skills: SkillSet, errors=None, previous: str | None = None) -> list[dict]:
+    """-> chat messages. With ``errors`` (from a rejected attempt) the rejected plan is shown as
+    the assistant's turn and the problems as the next user turn, so the model repairs rather
+    than starts over."""
+    msgs = [{"role": "system", "content": system_prompt(world, skills)},
+            {"role": "user", "content": f"Task: {task}"}]
+    if errors:
+        if previous:
+            msgs.append({"role": "assistant", "content": previous})
+        msgs.append({"role": "user", "content": "That plan was rejected:\n" + format_errors(errors)
+                     + "\nWrite a corrected plan for the same task."})
+    return msgs

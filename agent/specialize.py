@@ -1,0 +1,143 @@
+"""Per-request plan schema: the base schema narrowed to this world and this skill library.
+
+What goes into the schema is *vocabulary*: which skills exist, each skill's argument names and
+types, numeric ranges, and which world names an object / place argument may take. Limits that
+depend on which object was chosen (its mass against the payload, whether it lies inside the
+workspace, whether it can be grasped) are left to the safety gate on purpose: if the schema
+removed the heavy pan from `pick`, a request to pick the pan would be silently rewritten into
+picking something else; instead it is refused with a report (exit 3).
+
+Shape choices that keep decoding fast and finite: one `anyOf` branch per skill, each fixing
+`skill` to a const so the branch is decided a few tokens into a step; `additionalProperties:
+false` and all-required properties in a fixed order (nothing for the model to choose); bounded
+strings, arrays and step counts; numbers with `multipleOf` so their digits are bounded too.
+"""
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+
+import jsonschema
+
+from thor_runtime.errors import ThorError
+
+from .files import ArgSpec, Skill, SkillSet, World
+
+NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
+TIMEOUT_STEP = 0.1
+MAX_TIMEOUT_S = 600.0
+
+
+def _resolve(schema: dict, node: dict) -> dict:
+    """Follow a local ``#/$defs/...`` reference (one level is all the base schema uses)."""
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if not ref:
+        return node
+    if not ref.startswith("#/"):
+        raise ThorError(f"only local $ref is supported in a plan schema, got {ref!r}")
+    target = schema
+    for part in ref[2:].split("/"):
+        if not isinstance(target, dict) or part not in target:
+            raise ThorError(f"$ref {ref!r} does not resolve")
+        target = target[part]
+    return target
+
+
+def _number(lo: float | None, hi: float | None, integer: bool) -> dict:
+    out: dict = {"type": "integer" if integer else "number"}
+    if lo is not None:
+        out["minimum"] = int(lo) if integer else lo
+    if hi is not None:
+        out["maximum"] = int(hi) if integer else hi
+    if not integer:
+        out["multipleOf"] = NUMBER_STEP
+    return out
+
+
+def arg_schema(arg: ArgSpec, world: World) -> dict | None:
+    """JSON schema for one argument, or None when no value can satisfy it in this world."""
+    t = arg.type
+    if t in ("number", "integer"):
+        hi = arg.max
+        if arg.unit == "kg":   # a mass argument can never exceed what the robot can lift
+            hi = world.robot.max_payload_kg if hi is None else min(hi, world.robot.max_payload_kg)
+        return _number(arg.min, hi, t == "integer")
+    if t == "string":
+        return {"type": "string", "minLength": 1, "maxLength": arg.max_length}
+    if t == "enum":
+        return {"enum": list(arg.values)}
+    if t == "object":
+        names = [o.name for o in world.objects if not arg.object_types or o.type in arg.object_types]
+        return {"enum": names} if names else None
+    if t == "place":
+        names = [p.name for p in world.places]
+        return {"enum": names} if names else None
+    if t == "position":
+        lo, hi = world.robot.workspace_min, world.robot.workspace_max
+        return {"type": "array", "prefixItems": [_number(a, b, False) for a, b in zip(lo, hi)],
+                "items": False, "minItems": 3, "maxItems": 3}
+    raise ThorError(f"arg {arg.name!r}: unknown type {t!r}")
+
+
+def args_schema(skill: Skill, world: World) -> dict | None:
+    props = {}
+    for a in skill.args:
+        s = arg_schema(a, world)
+        if s is None:
+            return None
+        props[a.name] = s
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def step_schema(step_base: dict, skill: Skill, world: World) -> dict | None:
+    args = args_schema(skill, world)
+    if args is None:
+        return None
+    out = copy.deepcopy(step_base)
+    props = dict(out.get("properties", {}))
+    props["skill"] = {"const": skill.name}
+    props["args"] = args
+    limit = min(skill.timeout_s or MAX_TIMEOUT_S, MAX_TIMEOUT_S)
+    props["timeout_s"] = {"type": "number", "minimum": TIMEOUT_STEP, "maximum": limit, "multipleOf": TIMEOUT_STEP}
+    # Key order is the generation order: keep the base's, append anything new at the end.
+    out["properties"] = {k: props[k] for k in [*step_base.get("properties", {}), *props] if k in props}
+    out["additionalProperties"] = False
+    return out
+
+
+def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None) -> dict:
+    """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
+    schema for something else) comes back unchanged."""
+    schema = copy.deepcopy(base)
+    steps = schema.get("properties", {}).get("steps") if isinstance(schema.get("properties"), dict) else None
+    if not isinstance(steps, dict) or "items" not in steps:
+        return schema
+    step_base = _resolve(schema, steps["items"])
+    defs = schema.setdefault("$defs", {})
+    branches = []
+    for skill in skills.skills:
+        s = step_schema(step_base, skill, world)
+        if s is not None:   # e.g. `open` in a world with nothing openable
+            defs[f"step_{skill.name}"] = s
+            branches.append({"$ref": f"#/$defs/step_{skill.name}"})
+    if not branches:
+        raise ThorError(f"no skill from {skills.source} can be used in world {world.name!r} "
+                        "(every skill needs an object or place the world lacks)")
+    steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    if max_steps is not None:
+        steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
+    return schema
+
+
+# ---- validation with exact decimal multipleOf -------------------------------------------------
+def _multiple_of(validator, m, instance, schema):
+    """jsonschema's float multipleOf says 1.001 is not a multiple of 0.001 (binary rounding);
+    the grammar counts decimal digits. Compare as decimals so both agree."""
+    if not validator.is_type(instance, "number"):
+        return
+    q = Decimal(str(instance)) / Decimal(str(m))
+    if q != q.to_integral_value():
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {m}")
+
+
+PlanValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _multiple_of})

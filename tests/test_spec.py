@@ -1,0 +1,145 @@
+"""Speculative cycle: greedy output token-identical to plain decoding; stops inside spans."""
+from __future__ import annotations
+
+import pytest
+
+from thor_runtime.generate import Runtime
+from thor_runtime.sampling import SamplingParams
+from thor_runtime.spec.base import Proposer
+from thor_runtime.spec.ngram import NgramConfig, NgramProposer
+
+PROMPTS = [
+    "pick up the red cup and place it on the table. pick up the red cup and place it on the",
+    '{"steps": [{"id": "s1", "skill": "pick", "args": {"object": "cup"}}, {"id": "s2", "skill": "',
+    "move",
+]
+
+
+class Scripted(Proposer):
+    """Drafts from a script: the true greedy continuation (all accepted), or garbage."""
+
+    name = "scripted"
+
+    def __init__(self, truth: list[int], prompt_len: int, garbage: int | None = None, cut: int | None = None):
+        self.truth, self.plen, self.garbage, self.cut = truth, prompt_len, garbage, cut
+
+    def propose(self, seq, k):
+        done = len(seq) - self.plen                      # tokens generated so far
+        if self.garbage is not None:
+            return [self.garbage] * k, None
+        drafts = self.truth[done:done + k]
+        if self.cut is not None and len(drafts) > self.cut:  # wrong from position `cut` on
+            drafts = drafts[:self.cut] + [(drafts[self.cut] + 1) % 50] + drafts[self.cut + 1:]
+        return drafts, None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_ngram_greedy_identical_tiny(arch, kv, request):
+    loaded = request.getfixturevalue(f"tiny_{arch}")
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+    for prompt in PROMPTS:
+        ids = loaded.tokenizer.encode(prompt)
+        params = SamplingParams(max_tokens=128, ignore_eos=True)
+        plain = rt.generate(ids, params)
+        spec = rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6)
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.cycles < plain.stats.cycles or spec.stats.accepted == 0
+
+
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_ngram_greedy_identical_default(default_model, kv):
+    tok = default_model.tokenizer
+    rt = Runtime(default_model.model, tok, kv_dtype=kv)
+    for prompt in ["List the steps to pick up a cup, then repeat the list exactly.",
+                   'Return JSON {"skill": "pick", "object": "cup"} three times.']:
+        ids = tok.encode_chat([{"role": "user", "content": prompt}])
+        params = SamplingParams(max_tokens=128, ignore_eos=True)
+        plain = rt.generate(ids, params)
+        spec = rt.generate(ids, params, proposer=NgramProposer(), k=8)
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.accepted > 0
+
+
+def _truth(rt, ids, n=40):
+    return rt.generate(ids, SamplingParams(max_tokens=n, ignore_eos=True)).token_ids
+
+
+def test_all_accepted_and_all_rejected(tiny_llama):
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    ids = tiny_llama.tokenizer.encode(PROMPTS[0])
+    truth = _truth(rt, ids)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    good = rt.generate(ids, params, proposer=Scripted(truth, len(ids)), k=4)
+    assert good.token_ids == truth
+    assert good.stats.accepted == good.stats.drafted            # every draft kept
+    assert good.stats.to_dict()["accept_length_mean"] > 4.5    # K + 1 per cycle, bar the tail
+    bad_token = next(t for t in range(50) if t not in truth)
+    bad = rt.generate(ids, params, proposer=Scripted(truth, len(ids), garbage=bad_token), k=4)
+    assert bad.token_ids == truth and bad.stats.accepted == 0
+    assert bad.stats.cycles == len(truth) - 1
+    mid = rt.generate(ids, params, proposer=Scripted(truth, len(ids), cut=2), k=4)
+    assert mid.token_ids == truth
+    assert mid.stats.to_dict()["accept_per_position"][:3] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("eos_pos", [0, 2, 3])  # first, a middle and the last of K = 4 drafts
+def test_eos_inside_an_accepted_span(tiny_llama, eos_pos):
+    tok = tiny_llama.tokenizer
+    rt = Runtime(tiny_llama.model, tok)
+    # The first cycle drafts truth[1:5]; make the token at that draft position the EOS
+    # (a prompt whose greedy output does not use that token earlier).
+    for text in PROMPTS + ["the gripper", "open the drawer", "0123"]:
+        ids = tok.encode(text)
+        truth = _truth(rt, ids)
+        eos = truth[1 + eos_pos]
+        if eos not in truth[:1 + eos_pos]:
+            break
+    else:
+        raise AssertionError("no prompt gives a fresh token at that position")
+    saved = tok.eos_token_ids
+    try:
+        tok.eos_token_ids = (eos,)
+        plain = rt.generate(ids, SamplingParams(max_tokens=40))
+        spec = rt.generate(ids, SamplingParams(max_tokens=40), proposer=Scripted(truth, len(ids)), k=4)
+    finally:
+        tok.eos_token_ids = saved
+    assert plain.finish_reason == spec.finish_reason == "eos"
+    assert spec.token_ids == plain.token_ids == truth[:2 + eos_pos]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 7])
+def test_max_tokens_mid_span(tiny_llama, max_tokens):
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    ids = tiny_llama.tokenizer.encode(PROMPTS[0])
+    truth = _truth(rt, ids)
+    spec = rt.generate(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                       proposer=Scripted(truth, len(ids)), k=5)
+    assert spec.token_ids == truth[:max_tokens] and spec.finish_reason == "length"
+
+
+def test_stop_string_inside_span(tiny_llama):
+    tok = tiny_llama.tokenizer
+    rt = Runtime(tiny_llama.model, tok)
+    ids = tok.encode(PROMPTS[1])
+    truth = _truth(rt, ids)
+    stop = tok.decode(truth)[6:9]
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,))
+    plain = rt.generate(ids, params)
+    spec = rt.generate(ids, params, proposer=Scripted(truth, len(ids)), k=6)
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text and plain.finish_reason == "stop"
+
+
+def test_one_token_prompt(tiny_llama):
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    ids = tiny_llama.tokenizer.encode("move")[:1]
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    assert rt.generate(ids, params, proposer=NgramProposer(), k=8).token_ids == rt.generate(ids, params).token_ids
+
+
+def test_ngram_proposer_finds_latest_longest_match():
+    p = NgramProposer(NgramConfig(1, 3, 4))
+    seq = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert p.propose(seq, 4)[0] == [7, 8, 5, 1]
+    assert p.propose([4, 5, 6], 4)[0] == []
+    assert p.propose(seq, 2)[0] == [7, 8]
