@@ -194,7 +194,8 @@ class GrammarConstraint(Constraint):
         drafts[:j]. Rows past a draft the grammar refuses (or past EOS) repeat the last mask: the
         accept step never reads them, but they must not be all -inf either (NaN probabilities)."""
         rows, width = logits.shape
-        allowed = torch.zeros(rows, width, dtype=torch.bool)                    # [R, V]
+        # numpy for the per-row work: many tiny torch ops cost more than the masks themselves.
+        allowed = np.zeros((rows, width), dtype=np.bool_)                       # [R, V]
         filled = []
 
         def fill(j: int) -> None:
@@ -205,7 +206,7 @@ class GrammarConstraint(Constraint):
         self._walk(list(drafts)[:rows - 1], fill)
         for j in range(len(filled), rows):
             allowed[j] = allowed[j - 1] if j else self._allowed(width)
-        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
     def is_accepting(self) -> bool:
         return not self.finished and bool(self.m.is_accepting())
@@ -248,14 +249,14 @@ class GrammarConstraint(Constraint):
             if consumed and not self.m.rollback(consumed):
                 raise RuntimeError(f"grammar rollback of {consumed} tokens failed: {self.m.get_error()}")
 
-    def _allowed(self, width: int) -> torch.Tensor:
+    def _allowed(self, width: int) -> np.ndarray:
         """[width] bool of legal next ids: the matcher's mask, EOS exactly where it accepts."""
-        out = torch.zeros(width, dtype=torch.bool)
+        out = np.zeros(width, dtype=np.bool_)
         n = min(width, self.gtok.n_vocab)
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        out[:n] = torch.from_numpy(bits[:n].astype(np.bool_))
+        out[:n] = bits[:n]
         eos = [i for i in self.gtok.eos_ids if i < width]
         out[eos] = bool(self.m.is_accepting())
-        if not bool(out.any()):
+        if not out.any():
             out[eos] = True  # a dead state cannot be reached through masks; never leave a row empty
         return out
