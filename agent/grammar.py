@@ -206,6 +206,9 @@ class GrammarConstraint(Constraint):
         self._walk(list(drafts)[:rows - 1], fill)
         for j in range(len(filled), rows):
             allowed[j] = allowed[j - 1] if j else self._allowed(width)
+        if logits.device.type == "cpu" and logits.dtype == torch.float32:
+            # one single-threaded numpy pass; torch's threaded masked_fill stalls on a busy CPU
+            return torch.from_numpy(np.where(allowed, logits.detach().numpy(), np.float32(-np.inf)))
         return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
     def is_accepting(self) -> bool:

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from .files import ArgSpec, Skill, SkillSet, World
 
-_FORMAT = ('{"plan_id":"p1","task":"...","steps":[{"id":"s1","skill":"...","args":{...},'
-           '"preconditions":["..."],"expected_effects":["..."],"timeout_s":10,"on_failure":"abort"}]}')
+# A worked example teaches small models more than a description of the format does; it is
+# deliberately from no sample world, so its names are never copied into a valid plan.
+_EXAMPLE = ('{"plan_id":"p1","task":"put the cup in the box","steps":['
+            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":["cup is reachable"],'
+            '"expected_effects":["cup is held"],"timeout_s":10,"on_failure":"retry"},'
+            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":["cup is held"],'
+            '"expected_effects":["cup is in the box"],"timeout_s":10,"on_failure":"abort"}]}')
 
 
 def _num(v: float) -> str:
@@ -60,9 +65,10 @@ def describe_world(world: World) -> str:
 
 def system_prompt(world: World, skills: SkillSet) -> str:
     return "\n".join([
-        "You are a robot task planner. Reply with one JSON plan and nothing else:",
-        _FORMAT,
-        "Use only these skills, objects and places. on_failure is abort, retry, or a step id.",
+        "You are a robot task planner. Reply with one JSON plan and nothing else.",
+        "Example: " + _EXAMPLE,
+        "Use only the skills, objects and places below, with all of a skill's args. "
+        "on_failure is abort, retry, or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),
         describe_world(world),

@@ -56,21 +56,25 @@ def expected_feats(drafter, model, ids, positions):
 
 
 # ---------------------------------------------------------------- exactness: spec == plain
-@pytest.mark.parametrize("kv", ["fp32", "fp8"])
-@pytest.mark.parametrize("window,seed_window,block", [(8, True, 16), (128, True, 16), (16, False, 4)])
-def test_greedy_dflash_equals_plain(tiny_llama, kv, window, seed_window, block):
+# (kv dtype, prompt: 0 = one token / 1 = short / 2 = long, window W, seed the window, block B):
+# per KV dtype every prompt once, W both shorter and longer than the prompt, seeding on and off.
+EXACT_CASES = [("fp32", 0, 8, True, 16), ("fp32", 1, 128, True, 16), ("fp32", 2, 8, False, 4),
+               ("fp8", 0, 16, False, 4), ("fp8", 1, 4, True, 16), ("fp8", 2, 128, True, 16)]
+
+
+@pytest.mark.parametrize("kv,which,window,seed_window,block", EXACT_CASES)
+def test_greedy_dflash_equals_plain(tiny_llama, kv, which, window, seed_window, block):
+    ids = prompts(tiny_llama.tokenizer)[which]
     drafter = random_drafter(tiny_llama.cfg, num_layers=1, block_size=block, seed=window)
-    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv)
-    for ids in prompts(tiny_llama.tokenizer):
-        p = DFlashProposer(drafter, tiny_llama.model, window=window, seed_window=seed_window)
-        out = rt.generate(ids, sp(), proposer=p, k=block - 1)
-        assert out.token_ids == plain(tiny_llama, ids, kv), (len(ids), window)
-        assert len(out.token_ids) == N_TOKENS
-        # The window is exactly the last W committed-and-verified tokens (the final token
-        # is the next anchor, not verified yet).
-        pos, _ = p.window_entries()
-        last = len(ids) + N_TOKENS - 2
-        assert pos.tolist() == list(range(max(0, last - window + 1), last + 1))
+    p = DFlashProposer(drafter, tiny_llama.model, window=window, seed_window=seed_window)
+    out = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv).generate(ids, sp(), proposer=p, k=block - 1)
+    assert out.token_ids == plain(tiny_llama, ids, kv)
+    assert len(out.token_ids) == N_TOKENS
+    # The window is exactly the last W committed-and-verified tokens (the final token is
+    # the next anchor, not verified yet).
+    pos, _ = p.window_entries()
+    last = len(ids) + N_TOKENS - 2
+    assert pos.tolist() == list(range(max(0, last - window + 1), last + 1))
 
 
 class Steered(DFlashProposer):

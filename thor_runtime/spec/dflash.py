@@ -42,6 +42,9 @@ class DFlashProposer(Proposer):
         cfg = drafter.cfg
         if target is not None:
             check_fits(cfg, target.cfg, "dflash drafter")
+            # The drafter runs in the target's dtype and device: the shared lm_head is then
+            # used as is (a dtype mismatch would copy [V, D] on every propose).
+            drafter.to(device=target.device, dtype=target.dtype)
             drafter.bind_target(target.embed_w, target.lm_head)
         elif drafter.embed_w is None:
             raise ThorError("dflash: pass the target model (its embedding and lm_head are shared)")

