@@ -63,6 +63,14 @@ def _load_inputs(args):
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
+    if args.spec == "dflash":
+        from thor_runtime.spec import DEFAULT_DRAFTER
+
+        drafter = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
+        if not drafter.exists():
+            raise ThorError(f"DFlash drafter not found: {drafter} (pass --drafter DIR, or --spec ngram)")
+    if args.out and not Path(args.out).parent.is_dir():
+        raise ThorError(f"--out: directory does not exist: {Path(args.out).parent}")
     world = load_world(args.world)
     skills = load_skills(resolve_skills_path(world, args.skills))
     schema = load_schema(args.schema) if args.schema else None

@@ -1,12 +1,12 @@
 """JSON-schema grammar constraint over llguidance.
 
-Why llguidance (and not xgrammar): its matcher rolls back any number of committed tokens
-(``rollback(n)``), which is exactly what checking K drafts and masking K+1 verify rows needs;
-masks come from an Earley parser over a lazily built lexer, so a per-request schema compiles in
-milliseconds and a mask costs tens of microseconds on CPU; forced tokens are computed for us
-(``compute_ff_tokens``); it names unsupported JSON-schema keywords instead of silently ignoring
-them; and it is one self-contained wheel with no torch / CUDA build dependency, which matters
-on a Jetson.
+Why llguidance: its matcher rolls back consumed tokens exactly (``rollback(n)``), which is
+exactly what checking K drafts and masking K+1 verify rows needs; it hands out forced tokens
+already tokenized canonically (``compute_ff_tokens``) and its masks allow only those, so forced
+drafts are certain to be accepted; a per-request schema compiles in tens of milliseconds and a
+mask costs ~0.03 ms on CPU (49k vocab); it names unsupported JSON-schema keywords instead of
+silently ignoring them; and it is one 7.6 MB Rust wheel with no Python dependencies (nothing
+to build on a Jetson), already a runtime dependency.
 
 The grammar always works on the *tokenizer's* vocabulary; the model's logits may be wider
 (padded embedding rows), and those ids are never legal.
@@ -177,8 +177,7 @@ class GrammarConstraint(Constraint):
     def __init__(self, matcher, gtok: GrammarTokenizer):
         self.m, self.gtok = matcher, gtok
         self.eos = frozenset(gtok.eos_ids)
-        self.committed: list[int] = []
-        self.finished = False
+        self.finished = False          # EOS committed
 
     # -- queries that leave the state unchanged ------------------------------------------------
     def forced(self) -> list[int]:
@@ -225,7 +224,6 @@ class GrammarConstraint(Constraint):
             self.finished = True
         elif not self.m.consume_token(t):
             raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
-        self.committed.append(t)
 
     # -- helpers -------------------------------------------------------------------------------
     def _walk(self, drafts: list[int], at_row) -> int:

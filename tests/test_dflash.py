@@ -140,11 +140,16 @@ def test_window_append_order(tiny_llama):
     # The next anchor (the recovered token) sits at position 13 = len(seq) - 1.
     seq = prompt + rows[:3] + [5]
     assert len(p.propose(seq, 3)[0]) == 3
+    # Grammar-forced tokens after the anchor: the block anchors on the last one, at its position.
+    forced = seq + [1, 2]
+    want = drafter.draft_block(p._kv, 2, len(forced) - 1, 3).argmax(-1).tolist()
+    assert p.propose(forced, 3)[0] == want
     with pytest.raises(ThorError, match="out of step"):
-        p.propose(seq + [1], 3)
+        p.propose(seq[:-1], 3)
 
 
-@pytest.mark.parametrize("W,plen,seed_window", [(8, 20, True), (64, 20, True), (8, 1, True), (8, 20, False)])
+@pytest.mark.parametrize("W,plen,seed_window", [(8, 20, True), (64, 20, True), (8, 1, True), (8, 20, False),
+                                               (0, 20, True)])
 def test_window_seeding(tiny_llama, W, plen, seed_window):
     model = tiny_llama.model
     drafter = random_drafter(tiny_llama.cfg, seed=6)
@@ -305,8 +310,14 @@ def test_refusals(tiny_llama, tiny_qwen3, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ThorError, match="config not found"):
         load_drafter(tmp_path / "empty")
+    zm = zlab_dir(tmp_path / "zm", zq, tiny_qwen3.cfg)
+    doc = json.loads((zm / "config.json").read_text())
+    del doc["dflash_config"]["target_layer_ids"]
+    (zm / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(ThorError, match="target_layer_ids"):
+        load_drafter(zm, tiny_qwen3.cfg)
     for bad in ({"block_size": 1}, {"tap_layers": ()}, {"tap_layers": (1, 1)}, {"num_kv_heads": 3},
-                {"window": -1}):
+                {"window": -1}, {"block_size": "16"}, {"tap_layers": ("1",)}):
         with pytest.raises(ThorError):
             DFlashConfig(**{**d.cfg.__dict__, **bad})
 

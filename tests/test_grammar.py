@@ -263,6 +263,24 @@ def test_constrained_ngram_equals_constrained_plain(arch, request, gtok):
                 json.loads(plain.text)
 
 
+def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path):
+    """A random drafter proposes mostly illegal (and padding) ids: the grammar cuts them and the
+    output stays token-identical to plain constrained decoding."""
+    io = pytest.importorskip("thor_runtime.spec.dflash_io")
+    from thor_runtime.spec import SpecOptions, build_proposer
+
+    path = io.save_drafter(io.random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")
+    proposer, k = build_proposer(SpecOptions(method="dflash", drafter=str(path)), tiny_llama.model)
+    tok = tiny_llama.tokenizer
+    rt = Runtime(tiny_llama.model, tok)
+    g = Grammar(gtok, PLAN_LIKE)
+    ids = tok.encode("pick up the red cup")
+    params = SamplingParams(max_tokens=90)
+    plain = rt.generate(ids, params, constraint=g.constraint())
+    spec = rt.generate(ids, params, proposer=proposer, k=k, constraint=g.constraint())
+    assert spec.token_ids == plain.token_ids
+
+
 def test_thinking_span_is_optional_and_free(tiny_qwen3):
     tok = tiny_qwen3.tokenizer
     gt = GrammarTokenizer(tok)

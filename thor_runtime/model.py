@@ -132,6 +132,9 @@ class TargetModel:
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
+    def ensure_positions(self, n: int) -> None:
+        self._ensure_rope(n)
+
     def _ensure_rope(self, n: int) -> None:
         if n <= self._rope_len:
             return
@@ -145,19 +148,21 @@ class TargetModel:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_w)                   # [T, D]
 
-    def pre_attn(self, i: int, h: torch.Tensor, start: int):
-        """h [T, D] -> q [H, T, Dh], k [Hkv, T, Dh], v [Hkv, T, Dh] with norms and RoPE applied."""
+    def pre_attn(self, i: int, h: torch.Tensor, pos: torch.Tensor):
+        """h [..., T, D], pos [..., T] absolute positions -> q [..., H, T, Dh], k/v [..., Hkv, T, Dh]
+        with norms and RoPE applied. Leading dims are free, so a batched caller can reuse it."""
         cfg, L = self.cfg, self.layers[i]
-        T, Dh = h.shape[0], cfg.head_dim
+        T, Dh = h.shape[-2], cfg.head_dim
+        lead = h.shape[:-2]
         x = rms_norm(h, L.attn_norm, cfg.rms_eps)
-        qkv = F.linear(x, L.wqkv)                               # [T, (H + 2Hkv) Dh]
+        qkv = F.linear(x, L.wqkv)                               # [..., T, (H + 2Hkv) Dh]
         q, k, v = qkv.split([cfg.num_heads * Dh, cfg.kv_dim, cfg.kv_dim], dim=-1)
-        q = q.view(T, cfg.num_heads, Dh).transpose(0, 1)        # [H, T, Dh]
-        k = k.view(T, cfg.num_kv_heads, Dh).transpose(0, 1)     # [Hkv, T, Dh]
-        v = v.view(T, cfg.num_kv_heads, Dh).transpose(0, 1)     # [Hkv, T, Dh]
+        q = q.view(*lead, T, cfg.num_heads, Dh).transpose(-3, -2)     # [..., H, T, Dh]
+        k = k.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]
+        v = v.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]
         if L.q_norm is not None:
             q, k = rms_norm(q, L.q_norm, cfg.rms_eps), rms_norm(k, L.k_norm, cfg.rms_eps)
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+        cos, sin = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)  # [..., 1, T, Dh]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -179,6 +184,7 @@ class TargetModel:
         return o.transpose(0, 1).reshape(T, -1)                 # [T, H Dh]
 
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """h [..., T, D] residual stream, o [..., T, H Dh] attention output -> next h."""
         L = self.layers[i]
         h = h + F.linear(o, L.wo)
         x = rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
@@ -199,9 +205,10 @@ class TargetModel:
                             f"{self.cfg.max_position_embeddings}")
         self._ensure_rope(start + T)
         h = self.embed(ids.to(self.device))
+        pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
         for i in range(self.cfg.num_layers):
-            q, k, v = self.pre_attn(i, h, start)
+            q, k, v = self.pre_attn(i, h, pos)
             h = self.post_attn(i, h, self.attention(i, q, k, v, cache))
             if i in taps:
                 out.taps[i] = h

@@ -13,7 +13,8 @@ Lifecycle (driven by ``generate.py``):
   prompt tokens (``seed_window=False`` starts empty: the first block then attends to
   itself only).
 * ``propose(seq, k)``: anchor = seq[-1] at position len(seq)-1, which has no feature
-  yet (it is verified in this cycle); the block [anchor, MASK x (B-1)] gives k drafts.
+  yet (it is verified in this cycle); the block [anchor, MASK x (B-1)] gives k <= B-1
+  drafts (greedy argmax, probs None; or sampled from q with q returned if sample_probs).
 * ``commit(n_rows, taps)``: verify rows 0..n_rows-1 (row 0 = the anchor just verified,
   then the accepted drafts) enter the window in row order, at positions next_pos.. —
   so the first new entry is the first newly committed token, never a repeat of the
@@ -121,7 +122,10 @@ class DFlashProposer(Proposer):
         if k <= 0:
             return [], None
         anchor_pos = len(seq) - 1
-        if anchor_pos != self._next_pos:
+        # anchor_pos > next_pos: grammar-forced tokens ride ahead of the committed anchor; they
+        # have no features yet, so the block anchors on the last of them at its true position
+        # and the context simply has a gap (RoPE keeps every position honest).
+        if anchor_pos < self._next_pos:
             raise ThorError(f"dflash: proposer is out of step with the sequence (anchor at position "
                             f"{anchor_pos}, window expects {self._next_pos}); call start() per sequence")
         n = self.window_len

@@ -122,8 +122,8 @@ def _ours(doc: dict, p: Path) -> DFlashConfig:
         raise ThorError(f"{p}: unknown drafter config keys {unknown}")
     try:
         return DFlashConfig(**{k: v for k, v in doc.items() if k in names})
-    except TypeError as e:
-        raise ThorError(f"{p}: incomplete drafter config ({e})") from None
+    except (TypeError, ValueError) as e:
+        raise ThorError(f"{p}: bad drafter config ({e})") from None
 
 
 def _zlab(doc: dict, p: Path) -> DFlashConfig:
@@ -139,20 +139,28 @@ def _zlab(doc: dict, p: Path) -> DFlashConfig:
     if not isinstance(dc, dict):
         raise ThorError(f"{p}: dflash_config must be a JSON object")
 
-    def need(d, key):
-        if key not in d:
-            raise ThorError(f"{p}: missing key {key!r}")
-        return d[key]
+    try:
+        return _zlab_fields(doc, dc, p)
+    except (TypeError, ValueError) as e:
+        raise ThorError(f"{p}: bad drafter config ({e})") from None
 
-    heads = int(need(doc, "num_attention_heads"))
-    hidden = int(need(doc, "hidden_size"))
+
+def _need(d: dict, key: str, p: Path):
+    if key not in d:
+        raise ThorError(f"{p}: missing key {key!r}")
+    return d[key]
+
+
+def _zlab_fields(doc: dict, dc: dict, p: Path) -> DFlashConfig:
+    heads = int(_need(doc, "num_attention_heads", p))
+    hidden = int(_need(doc, "hidden_size", p))
     theta = doc.get("rope_theta") or (doc.get("rope_parameters") or {}).get("rope_theta") or 1e6
     return DFlashConfig(
-        tap_layers=tuple(need(dc, "target_layer_ids")), mask_token_id=int(need(dc, "mask_token_id")),
-        hidden_size=hidden, num_layers=int(need(doc, "num_hidden_layers")), num_heads=heads,
+        tap_layers=tuple(_need(dc, "target_layer_ids", p)), mask_token_id=int(_need(dc, "mask_token_id", p)),
+        hidden_size=hidden, num_layers=int(_need(doc, "num_hidden_layers", p)), num_heads=heads,
         num_kv_heads=int(doc.get("num_key_value_heads") or heads),
         head_dim=int(doc.get("head_dim") or hidden // heads),
-        intermediate_size=int(need(doc, "intermediate_size")),
+        intermediate_size=int(_need(doc, "intermediate_size", p)),
         block_size=int(dc.get("block_size") or doc.get("block_size") or 16),
         rms_eps=float(doc.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
         target_id=str(doc.get("_name_or_path") or p.parent.name))

@@ -74,17 +74,25 @@ class DFlashConfig:
 
     def __post_init__(self):
         taps = self.tap_layers
-        if isinstance(taps, (list, tuple)):
-            object.__setattr__(self, "tap_layers", tuple(int(t) for t in taps))
-        else:
+        if not isinstance(taps, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                          for t in taps):
             raise ThorError(f"dflash config: tap_layers must be a list of layer ids, got {taps!r}")
+        object.__setattr__(self, "tap_layers", tuple(taps))   # JSON gives a list; keep it hashable
+        for k in ("mask_token_id", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "block_size", "window"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ThorError(f"dflash config: {k} must be an integer, got {v!r}")
+        for k in ("rms_eps", "rope_theta"):
+            if not isinstance(getattr(self, k), (int, float)):
+                raise ThorError(f"dflash config: {k} must be a number, got {getattr(self, k)!r}")
         if not self.tap_layers:
             raise ThorError("dflash config: tap_layers is empty")
         if min(self.tap_layers) < 0 or len(set(self.tap_layers)) != len(self.tap_layers):
             raise ThorError(f"dflash config: tap_layers must be distinct non-negative ids, got "
                             f"{list(self.tap_layers)}")
         for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
-            if int(getattr(self, k)) <= 0:
+            if getattr(self, k) <= 0:
                 raise ThorError(f"dflash config: {k} must be positive, got {getattr(self, k)}")
         if self.num_heads % self.num_kv_heads:
             raise ThorError(f"dflash config: num_heads {self.num_heads} is not a multiple of "
@@ -277,8 +285,9 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, ctx_kv[i, 0][None], ctx_kv[i, 1][None], cos, sin, None)
         hn = self.norm(h[0, 1:n + 1])                                                # [n, D]
-        # W @ h^T rather than h @ W^T: on CPU (MKL) the latter streams the [V, D] head once
-        # per row group for row counts that are not a multiple of 16 (15 rows: ~2x slower).
+        # W @ h^T rather than h @ W^T: on CPU (MKL) h @ W^T re-streams the [V, D] head for
+        # row counts that are not a multiple of 16 (15 rows measured ~2x slower); W @ h^T
+        # reads it once whatever n is, and the head read is most of a propose.
         return torch.mm(self.lm_head_w, hn.t()).t().float()                          # [n, V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

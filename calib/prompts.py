@@ -1,0 +1,231 @@
+"""Calibration / distillation prompts: randomized robot-planning requests plus general instructions.
+
+Why synthetic: the drafter and the FP8 scales should see what the robot actually asks the
+target — the planner's system prompt (agent.prompt.build_messages) with a world, a skill list
+and a task — but with far more variety than the three sample worlds. Each prompt is built from
+its own ``random.Random`` seeded by (split, seed, index), so a prompt never depends on how many
+came before it and any subset can be regenerated exactly.
+
+Splits are disjoint by construction, not by luck: a candidate belongs to ``heldout`` iff the
+sha256 of its rendered messages falls in the held-out bucket (1 in ``HELDOUT_MOD``); the
+generator for a split simply skips candidates that hash into the other split. Two different
+seed streams plus this content rule mean heldout text is never trained on, even when the
+random choices happen to coincide.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.files import AGENT_DIR, skills_from_dict, world_from_dict
+from agent.prompt import build_messages
+from thor_runtime.errors import ThorError
+
+SPLITS = ("train", "heldout")
+HELDOUT_MOD = 8                      # 1 in 8 candidate prompts is held out
+GENERAL_FILE = Path(__file__).resolve().parent / "general_instructions.json"
+# Separate seed streams per split (the content hash is what guarantees disjointness).
+_STREAM = {"train": 0x7A11, "heldout": 0x4E1D}
+
+# Renames per object type: the model must copy names from the world, so varying them keeps the
+# drafter from memorizing the three sample worlds' vocabulary.
+NAME_VOCAB = {
+    "cup": ["red_cup", "green_cup", "blue_mug", "white_mug", "paper_cup", "tea_cup"],
+    "plate": ["plate", "dinner_plate", "blue_plate", "saucer"],
+    "fruit": ["apple", "orange", "banana", "pear", "lemon"],
+    "kettle": ["kettle", "steel_kettle", "teapot"],
+    "pan": ["cast_iron_pan", "frying_pan", "sauce_pan", "wok"],
+    "drawer": ["drawer", "top_drawer", "cutlery_drawer"],
+    "jar": ["spice_jar", "honey_jar", "salt_jar", "jam_jar"],
+    "tube": ["test_tube", "sample_tube", "vial"],
+    "beaker": ["beaker", "flask", "glass_beaker"],
+    "pipette": ["pipette", "dropper"],
+    "rack": ["sample_rack", "tube_rack"],
+    "bottle": ["reagent_bottle", "water_bottle", "buffer_bottle"],
+    "lid": ["centrifuge_lid", "incubator_lid"],
+    "box": ["box_a", "box_b", "box_c", "crate", "carton"],
+    "tote": ["tote_small", "tote_large", "blue_tote"],
+    "pallet": ["pallet_1", "pallet_2", "pallet_3"],
+    "barrel": ["barrel", "oil_drum", "water_barrel"],
+}
+PLACE_VOCAB = {
+    "kitchen": ["counter", "sink", "dish_rack", "table", "top_shelf", "stove", "fridge_shelf", "island"],
+    "lab_bench": ["tray", "rack_slot_1", "rack_slot_2", "centrifuge", "scale", "waste_bin", "fume_hood"],
+    "warehouse": ["dock_1", "dock_2", "aisle_3", "aisle_7", "shelf_b2", "staging_area", "charging_station",
+                  "mezzanine", "packing_zone"],
+}
+WORLD_NAMES = {"kitchen": ["kitchen", "home_kitchen", "cafe_counter"],
+               "lab_bench": ["lab_bench", "wet_lab", "qc_bench"],
+               "warehouse": ["warehouse", "hall_b", "depot"]}
+
+# {o}, {o2}: objects; {p}, {p2}: places; {n}: a number. Arm and mobile worlds share most verbs.
+TASK_TEMPLATES = [
+    "pick up the {o} and place it on the {p}", "put the {o} on the {p}", "move the {o} to the {p}",
+    "take the {o} to the {p}", "grab the {o} and drop it at the {p}", "bring the {o} over to the {p}",
+    "place the {o} at the {p}, then the {o2} at the {p2}", "swap the places of the {o} and the {o2}",
+    "stack the {o} next to the {o2} on the {p}", "sort the {o} and the {o2}: light one to the {p}, heavy "
+    "one to the {p2}", "clear the {p}: move everything you can to the {p2}", "hand the {o} over at the {p}",
+    "open the {o}", "close the {o}", "open the {o}, put the {o2} away at the {p}, then close it",
+    "pour the {o} into the {o2}", "wait {n} seconds, then move the {o} to the {p}",
+    "tidy up: return the {o} to the {p}", "collect the {o} and the {o2} at the {p}",
+    "inspect the {p} and then pick up the {o}", "carry the {o} to the {p} and come back",
+    "move the gripper above the {o}", "lift the {o} and hold it", "put the {o} back where it was",
+    "deliver the {o} to the {p} as fast as possible", "first the {o2}, then the {o}: both to the {p}",
+    "Please move the {o} from where it is to the {p}.", "Can you put the {o} onto the {p}?",
+    "I need the {o} at the {p}.", "Relocate {o} -> {p}.",
+]
+CONSTRAINTS = [
+    "", "", "", "", " and avoid the {p2}", ", do it gently", " in under {n} s", ", keep it upright",
+    " without touching the {o2}", ", slowly", " and then wait", ", grasp it from the side",
+    ", use a top grasp", " and report when done", ", carefully", " while staying clear of the {p2}",
+]
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Validated request for a prompt set (what `thor calib` commands pass around)."""
+    split: str
+    n: int
+    seed: int = 0
+    general_frac: float = 0.1        # share of general instructions mixed into a calibration set
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            raise ThorError(f"unknown split {self.split!r}; choose one of {', '.join(SPLITS)}")
+        if self.n < 0:
+            raise ThorError(f"number of prompts must be >= 0, got {self.n}")
+        if not 0.0 <= self.general_frac <= 1.0:
+            raise ThorError(f"general_frac must be in [0, 1], got {self.general_frac}")
+
+
+def _base_worlds() -> list[tuple[dict, dict]]:
+    """[(world dict, skills dict)] of the sample worlds, read once per call (they are tiny)."""
+    out = []
+    for wp in sorted((AGENT_DIR / "worlds").glob("*.json")):
+        w = json.loads(wp.read_text(encoding="utf-8"))
+        sp = (wp.parent / w.get("skills", "../skills/manipulation.json")).resolve()
+        out.append((w, json.loads(sp.read_text(encoding="utf-8"))))
+    if not out:
+        raise ThorError(f"no sample worlds under {AGENT_DIR / 'worlds'}")
+    return out
+
+
+def _r2(x: float) -> float:
+    return round(x, 2)
+
+
+def _random_world(rng: random.Random, base: dict) -> dict:
+    """Object subset (>= 2), renamed from NAME_VOCAB, positions jittered inside the workspace,
+    masses scaled 0.5x..1.5x; place subset (>= 2) with some renamed and jittered."""
+    w = copy.deepcopy(base)
+    lo, hi = w["robot"]["workspace"]["min"], w["robot"]["workspace"]["max"]
+    span = [h - l for l, h in zip(lo, hi)]
+    used: set[str] = set()
+
+    def fresh(cands: list[str], default: str, pool: list[str] = ()) -> str:
+        free = ([c for c in cands if c not in used] or [c for c in pool if c not in used]
+                or [f"{default}_{len(used)}"])
+        name = rng.choice(free)
+        used.add(name)
+        return name
+
+    objs = rng.sample(w["objects"], rng.randint(min(2, len(w["objects"])), len(w["objects"])))
+    for o in objs:
+        o["name"] = fresh(NAME_VOCAB.get(o["type"], [o["name"]]), o["name"])
+        # jitter by up to 15% of the workspace span, clamped inside it (z kept for shelves etc.)
+        o["position"] = [_r2(min(h, max(l, p + rng.uniform(-0.15, 0.15) * s)))
+                         for p, l, h, s in zip(o["position"], lo, hi, span)]
+        o["mass_kg"] = _r2(max(0.01, o["mass_kg"] * rng.uniform(0.5, 1.5)))
+    w["objects"] = objs
+    vocab = PLACE_VOCAB.get(base["name"], [p["name"] for p in w["places"]])
+    places = rng.sample(w["places"], rng.randint(min(2, len(w["places"])), len(w["places"])))
+    for p in places:
+        p["name"] = fresh(vocab if rng.random() < 0.5 else [p["name"]], p["name"], vocab)
+        p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
+                         for v, l, h, s in zip(p["position"], lo, hi, span)]
+    w["places"] = places
+    w["name"] = rng.choice(WORLD_NAMES.get(base["name"], [base["name"]]))
+    w["robot"]["max_payload_kg"] = _r2(w["robot"]["max_payload_kg"] * rng.uniform(0.8, 1.25))
+    return w
+
+
+def _random_task(rng: random.Random, world: dict) -> str:
+    objs = [o["name"] for o in world["objects"]]
+    places = [p["name"] for p in world["places"]]
+    o, o2 = rng.sample(objs, 2) if len(objs) >= 2 else (objs[0], objs[0])
+    p, p2 = rng.sample(places, 2) if len(places) >= 2 else (places[0], places[0])
+    fill = dict(o=o, o2=o2, p=p, p2=p2, n=rng.choice([5, 10, 15, 20, 30, 45, 60]))
+    task = rng.choice(TASK_TEMPLATES).format(**fill) + rng.choice(CONSTRAINTS).format(**fill)
+    return task[0].upper() + task[1:] if rng.random() < 0.3 else task
+
+
+def _key(messages: list[dict]) -> bytes:
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).digest()
+
+
+def split_of(messages: list[dict]) -> str:
+    """The split a prompt belongs to, from its content alone."""
+    return "heldout" if int.from_bytes(_key(messages)[:8], "big") % HELDOUT_MOD == 0 else "train"
+
+
+def robot_prompts(split: str, n: int, seed: int = 0) -> list[list[dict]]:
+    """n chat-message lists for ``split``; the same (split, n, seed) gives the same list, and
+    robot_prompts(s, n) is a prefix of robot_prompts(s, n + m)."""
+    PromptSpec(split, n, seed)
+    bases = _base_worlds()
+    out: list[list[dict]] = []
+    i = 0
+    while len(out) < n:
+        rng = random.Random(f"{_STREAM[split]}:{seed}:{i}")   # str seeds hash deterministically
+        i += 1
+        base, skills = bases[rng.randrange(len(bases))]
+        wd = _random_world(rng, base)
+        msgs = build_messages(_random_task(rng, wd), world_from_dict(wd), skills_from_dict(skills))
+        if split_of(msgs) == split:
+            out.append(msgs)
+    return out
+
+
+def general_instructions() -> list[str]:
+    try:
+        doc = json.loads(GENERAL_FILE.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ThorError(f"cannot read {GENERAL_FILE}: {e}") from None
+    items = doc.get("instructions") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise ThorError(f"{GENERAL_FILE}: expected {{\"instructions\": [non-empty strings]}}")
+    return items
+
+
+def general_prompts(split: str) -> list[list[dict]]:
+    """The general instruction set's share of ``split`` (content-hash split, as above)."""
+    PromptSpec(split, 0)
+    msgs = [[{"role": "user", "content": s}] for s in general_instructions()]
+    return [m for m in msgs if split_of(m) == split]
+
+
+def calib_prompts(spec: PromptSpec) -> list[list[dict]]:
+    """A calibration set: robot prompts with general instructions interleaved every ~1/frac-th
+    slot (so any prefix of the set has the same mix)."""
+    gen = general_prompts(spec.split)
+    n_gen = min(len(gen), round(spec.n * spec.general_frac))
+    robot = robot_prompts(spec.split, spec.n - n_gen, spec.seed)
+    if n_gen == 0:
+        return robot
+    random.Random(f"general:{spec.seed}").shuffle(gen)
+    out, gi, every = [], 0, max(1, spec.n // n_gen)
+    for r in robot:
+        if gi < n_gen and len(out) % every == every - 1:
+            out.append(gen[gi])
+            gi += 1
+        out.append(r)
+    return out + gen[gi:n_gen]
+
+
+def render_key(messages: list[dict]) -> str:
+    """One string per prompt, for prompt_set_sha256 and resume bookkeeping."""
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False)
