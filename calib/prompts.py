@@ -209,21 +209,15 @@ def general_prompts(split: str) -> list[list[dict]]:
 
 
 def calib_prompts(spec: PromptSpec) -> list[list[dict]]:
-    """A calibration set: robot prompts with general instructions interleaved every ~1/frac-th
-    slot (so any prefix of the set has the same mix)."""
+    """A calibration set: robot prompts with a general instruction in every round(1/frac)-th
+    slot while the general set lasts. Slot i's kind depends on i alone, so the set for n is a
+    prefix of the set for any larger n (gen-data can be extended and resumed by index)."""
     gen = general_prompts(spec.split)
-    n_gen = min(len(gen), round(spec.n * spec.general_frac))
-    robot = robot_prompts(spec.split, spec.n - n_gen, spec.seed)
-    if n_gen == 0:
-        return robot
     random.Random(f"general:{spec.seed}").shuffle(gen)
-    out, gi, every = [], 0, max(1, spec.n // n_gen)
-    for r in robot:
-        if gi < n_gen and len(out) % every == every - 1:
-            out.append(gen[gi])
-            gi += 1
-        out.append(r)
-    return out + gen[gi:n_gen]
+    every = round(1 / spec.general_frac) if spec.general_frac > 0 else 0
+    kinds = [bool(every) and i % every == every - 1 and i // every < len(gen) for i in range(spec.n)]
+    robot = iter(robot_prompts(spec.split, kinds.count(False), spec.seed))
+    return [gen[i // every] if k else next(robot) for i, k in enumerate(kinds)]
 
 
 def render_key(messages: list[dict]) -> str:

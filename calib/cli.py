@@ -1,0 +1,152 @@
+"""`thor calib {gen-data,distill,eval-drafter,kv-scales}` — offline calibration and drafter training.
+
+Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
+Heavy modules are imported inside the handlers so `thor --help` stays fast.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from thor_runtime.commands.common import positive_int
+from thor_runtime.errors import ThorError
+
+
+def _nonneg_int(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise ThorError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _load_target(name: str, threads: int = 1, dtype: str = "fp32"):
+    import torch
+
+    from thor_runtime.loading import load
+
+    # One thread by default: on a shared 2-core box, two OpenMP threads competing with other
+    # jobs were measured 10-20x slower than one (spin-waiting threads starve each other).
+    torch.set_num_threads(threads)
+    return load(name, dtype)
+
+
+def _emit(doc: dict) -> int:
+    print(json.dumps(doc))
+    return 0
+
+
+# ---- gen-data --------------------------------------------------------------------------------
+def _gen_data(args) -> int:
+    from .datagen import GenConfig, generate_dataset
+    from .prompts import PromptSpec
+
+    spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
+    gen = GenConfig(args.max_tokens, args.batch)
+    loaded = _load_target(args.target, args.threads)
+    return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out, target=args.target,
+                                  progress=not args.quiet))
+
+
+# ---- distill ---------------------------------------------------------------------------------
+def _distill(args) -> int:
+    from .distill import DistillConfig, run_distill
+
+    cfg = DistillConfig.from_args(args)
+    loaded = _load_target(args.target, args.threads)
+    return _emit(run_distill(loaded, cfg, command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None
+                             else args.argv, progress=not args.quiet))
+
+
+# ---- eval-drafter ----------------------------------------------------------------------------
+def _eval_drafter(args) -> int:
+    from .eval_drafter import EvalConfig, evaluate
+
+    cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
+                     args.prompts)
+    loaded = _load_target(args.target, args.threads)
+    return _emit(evaluate(loaded, cfg, progress=not args.quiet))
+
+
+# ---- kv-scales -------------------------------------------------------------------------------
+def _kv_scales(args) -> int:
+    from .kv_scales import KVCalibConfig, calibrate_and_report
+
+    cfg = KVCalibConfig(args.n, args.eval_n, args.max_tokens, args.margin, args.seed, args.general_frac)
+    loaded = _load_target(args.target, args.threads)
+    return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calib", help="calibration: training data, DFlash distillation, FP8 KV scales")
+    cs = p.add_subparsers(dest="calib_command", required=True, parser_class=type(p))
+    common = type(p)(add_help=False)
+    common.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+
+    g = cs.add_parser("gen-data", parents=[common],
+                      help="the target's greedy responses to calibration prompts (drafter data)")
+    g.add_argument("--target", default="default")
+    g.add_argument("--split", default="train", choices=["train", "heldout"])
+    g.add_argument("--n", type=positive_int, default=256)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--general-frac", type=float, default=0.1)
+    g.add_argument("--out", required=True)
+    g.add_argument("--max-tokens", type=positive_int, default=256)
+    g.add_argument("--batch", type=positive_int, default=8)
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=_gen_data)
+
+    d = cs.add_parser("distill", parents=[common], help="train a DFlash drafter on gen-data output")
+    d.add_argument("--target", default="default")
+    d.add_argument("--out", required=True)
+    d.add_argument("--data", default=None, help="gen-data dir (default: OUT/data, generated if absent)")
+    d.add_argument("--gen-n", type=positive_int, default=64, help="prompts to generate when --data is absent")
+    d.add_argument("--gen-max-tokens", type=positive_int, default=192)
+    d.add_argument("--layers", type=positive_int, default=1)
+    d.add_argument("--block-size", type=positive_int, default=16)
+    d.add_argument("--taps", default="auto", help="auto or comma-separated target layer ids")
+    d.add_argument("--num-taps", type=positive_int, default=3, help="tap count for --taps auto")
+    d.add_argument("--window", type=positive_int, default=128, help="context window W the drafter sees")
+    d.add_argument("--steps", type=positive_int, default=1000)
+    d.add_argument("--lr", type=float, default=3e-4)
+    d.add_argument("--warmup", type=_nonneg_int, default=50)
+    d.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
+    d.add_argument("--blocks", type=positive_int, default=8, help="blocks (anchors) per sequence per step")
+    d.add_argument("--gamma", type=float, default=7.0, help="position-weight decay: w_k = exp(-(k-1)/gamma)")
+    d.add_argument("--weight-decay", type=float, default=0.01)
+    d.add_argument("--ckpt-every", type=positive_int, default=100)
+    d.add_argument("--resume", action="store_true")
+    d.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter (measure first)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--eval-n", type=_nonneg_int, default=8, help="held-out prompts for the report")
+    d.add_argument("--eval-max-tokens", type=positive_int, default=128)
+    d.add_argument("--vocab", default="data", choices=["data", "full"],
+                   help="softmax over the data's tokens + random negatives (fast on CPU) or the full vocabulary")
+    d.add_argument("--negatives", type=_nonneg_int, default=2048, help="random negatives per step (--vocab data)")
+    d.add_argument("--max-time", type=float, default=0.0, help="stop (and checkpoint) after this many seconds")
+    d.add_argument("--stop-at", type=_nonneg_int, default=0, help="stop (and checkpoint) after this step")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_distill, argv=None)
+
+    e = cs.add_parser("eval-drafter", parents=[common], help="held-out acceptance length and speedup vs plain decoding")
+    e.add_argument("--target", default="default")
+    e.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
+    e.add_argument("--n", type=positive_int, default=8)
+    e.add_argument("--max-tokens", type=positive_int, default=128)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--block-size", type=positive_int, default=None)
+    e.add_argument("--window", type=positive_int, default=128)
+    e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_eval_drafter)
+
+    k = cs.add_parser("kv-scales", parents=[common], help="per-layer, per-KV-head FP8 scales from calibration prompts")
+    k.add_argument("--target", default="default")
+    k.add_argument("--out", required=True)
+    k.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
+    k.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the agreement report")
+    k.add_argument("--max-tokens", type=positive_int, default=64, help="greedy tokens per report prompt")
+    k.add_argument("--margin", type=float, default=1.0, help="scale = amax * margin / 448")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
+    k.add_argument("--quiet", action="store_true")
+    k.set_defaults(func=_kv_scales)

@@ -1,0 +1,92 @@
+"""`thor calib eval-drafter`: held-out acceptance and speedup of a DFlash drafter, in one run.
+
+For each held-out robot prompt (never trained on: see prompts.py) the target decodes greedily
+twice, back to back — plain (K = 0) and with the drafter — so both see the same machine load.
+Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts + the
+bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio, and
+whether the outputs are identical (greedy speculative decoding must not change a token).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from thor_runtime.errors import ThorError
+from thor_runtime.generate import Runtime
+from thor_runtime.sampling import SamplingParams
+
+from .prompts import general_prompts, robot_prompts
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    drafter: str | None = None       # None = the shipped default drafter
+    n: int = 8
+    max_tokens: int = 128
+    seed: int = 0
+    block_size: int | None = None    # None = the drafter's own
+    window: int = 128
+    prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
+
+    def __post_init__(self):
+        if self.prompt_set not in ("robot", "general"):
+            raise ThorError(f"eval-drafter: prompt set must be robot or general, got {self.prompt_set!r}")
+        if self.n < 1 or self.max_tokens < 1 or self.window < 1:
+            raise ThorError("eval-drafter: n, max_tokens and window must be >= 1")
+        if self.block_size is not None and self.block_size < 2:
+            raise ThorError(f"eval-drafter: block size must be >= 2, got {self.block_size}")
+
+
+def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> dict:
+    """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
+    from tqdm import tqdm
+
+    from thor_runtime.spec import DEFAULT_DRAFTER
+    from thor_runtime.spec.dflash import DFlashProposer
+    from thor_runtime.spec.dflash_io import load_drafter
+
+    model, tok = loaded.model, loaded.tokenizer
+    if drafter is None:
+        path = cfg.drafter or str(DEFAULT_DRAFTER)
+        drafter = load_drafter(path, model.cfg)
+    block = cfg.block_size or drafter.cfg.block_size
+    rt = Runtime(model, tok)
+    params = SamplingParams(max_tokens=cfg.max_tokens)
+    msgs = (robot_prompts("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot"
+            else general_prompts("heldout")[:cfg.n])
+    prompts = [tok.encode_chat(m) for m in msgs]
+    agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0}
+    offered, accepted = [0] * (block - 1), [0] * (block - 1)
+    identical, per_prompt = True, []
+    for ids in tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr, disable=not progress):
+        with torch.inference_mode():
+            plain = rt.generate(ids, params)
+            prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
+            spec = rt.generate(ids, params, proposer=prop, k=block - 1)
+        same = plain.token_ids == spec.token_ids
+        identical &= same
+        ps, ss = plain.stats, spec.stats
+        agg["plain_tokens"] += max(ps.generated - 1, 0)    # first token comes from prefill
+        agg["plain_s"] += ps.decode_s
+        agg["spec_tokens"] += max(ss.generated - 1, 0)
+        agg["spec_s"] += ss.decode_s
+        agg["cycles"] += ss.cycles
+        agg["committed"] += ss.committed
+        for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
+            offered[j] += o
+            accepted[j] += a
+        per_prompt.append({"tokens": ss.generated, "identical": same,
+                           "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0})
+    plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
+    spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
+    return {
+        "prompts": len(prompts), "split": "heldout", "max_tokens": cfg.max_tokens, "block_size": block,
+        "window": cfg.window, "identical_output": identical,
+        "accept_length_mean": round(agg["committed"] / agg["cycles"], 4) if agg["cycles"] else 0.0,
+        "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
+        "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),
+        "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
+        "per_prompt": per_prompt,
+    }

@@ -1,0 +1,126 @@
+"""Target tap features for distillation, computed once and cached on disk as safetensors.
+
+The frozen target is run over each training sequence (prompt + response) exactly as at
+inference (``TargetModel.forward`` with an fp32 ``KVCache``), and the tap-layer outputs are
+kept only where a drafter block can look: anchors lie in the response, and a block sees at
+most W features before its anchor, so rows before ``prompt_len - W`` are never read and are
+not stored. Rows are stored in bf16 (half the disk and RAM; the drafter's fc sees the fp32
+value at inference — the difference is below bf16's 3-digit precision and did not matter in
+training), in parts of ``PART`` sequences written atomically, so an interrupted run keeps its
+finished parts.
+
+features/meta.json         {"format": "thor-calib-features/1", key fields}
+features/part-NNNNN.safetensors
+    taps  bf16 [sum rows_i, n_taps * D]   concatenated in tap_layers order
+    first int64 [n]   absolute position of each sequence's first stored row
+    offs  int64 [n+1] row offsets into taps
+    index int64 [n]   the sequence's prompt_index in the data set
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from thor_runtime.errors import ThorError
+from thor_runtime.kv_cache import KVCache
+
+FEAT_FORMAT = "thor-calib-features/1"
+PART = 16
+
+
+def _compute(model, seq: dict, taps: tuple[int, ...], window: int) -> tuple[torch.Tensor, int]:
+    """-> (rows [T - first, n_taps * D] bf16, first)."""
+    ids = torch.tensor(seq["ids"], dtype=torch.long)
+    T = ids.shape[0]
+    first = max(0, seq["prompt_len"] - window)
+    cache = KVCache(model.cfg, T, "fp32", model.dtype, device=model.device)
+    out = model.forward(ids, cache, taps=taps, logits_rows="none")
+    raw = torch.cat([out.taps[t][first:] for t in taps], dim=-1)                  # [T - first, n_taps*D]
+    return raw.to(torch.bfloat16).cpu(), first
+
+
+def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, out_dir: Path,
+                   key: dict, progress: bool = True) -> "Features":
+    """Compute missing parts under out_dir (refusing a cache made for other settings)."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FEAT_FORMAT, **key, "taps": list(taps), "window": window, "part": PART}
+    mf = out_dir / "meta.json"
+    if mf.exists():
+        try:
+            old = json.loads(mf.read_text())
+        except json.JSONDecodeError as e:
+            raise ThorError(f"{mf}: not valid JSON ({e})") from None
+        if old != meta:
+            diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
+            raise ThorError(f"{out_dir}: feature cache was made with other settings ({', '.join(diff)}); "
+                            "delete it or use another --out")
+    else:
+        tmp = out_dir / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, mf)
+    n_parts = (len(seqs) + PART - 1) // PART
+    todo = [p for p in range(n_parts) if not (out_dir / f"part-{p:05d}.safetensors").exists()]
+    bar = tqdm(total=len(seqs), initial=len(seqs) - sum(len(seqs[p * PART:(p + 1) * PART]) for p in todo),
+               desc="target taps", unit="seq", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    with torch.inference_mode():
+        for p in todo:
+            part = seqs[p * PART:(p + 1) * PART]
+            rows, firsts, offs = [], [], [0]
+            for s in part:
+                r, f = _compute(model, s, taps, window)
+                rows.append(r)
+                firsts.append(f)
+                offs.append(offs[-1] + r.shape[0])
+                bar.update(1)
+            f = out_dir / f"part-{p:05d}.safetensors"
+            save_file({"taps": torch.cat(rows), "first": torch.tensor(firsts, dtype=torch.int64),
+                       "offs": torch.tensor(offs, dtype=torch.int64),
+                       "index": torch.tensor([s["index"] for s in part], dtype=torch.int64)},
+                      str(f) + ".tmp", metadata={"format": FEAT_FORMAT})
+            os.replace(str(f) + ".tmp", f)
+    bar.close()
+    return Features.load(out_dir, seqs)
+
+
+class Features:
+    """All sequences' stored tap rows in RAM (bf16): ``rows(i, a, b)`` -> [b - a, n_taps*D]."""
+
+    def __init__(self, taps: torch.Tensor, first: list[int], offs: list[int]):
+        self.taps, self.first, self.offs = taps, first, offs   # taps [R, n_taps*D] bf16
+
+    @classmethod
+    def load(cls, out_dir: Path, seqs: list[dict]) -> "Features":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        chunks, first, offs = [], [], [0]
+        n_parts = (len(seqs) + PART - 1) // PART
+        for p in range(n_parts):
+            f = out_dir / f"part-{p:05d}.safetensors"
+            try:
+                t = load_file(str(f))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ThorError(f"{f}: cannot read feature part (truncated?): {e}") from None
+            want = [s["index"] for s in seqs[p * PART:(p + 1) * PART]]
+            if t["index"].tolist() != want:
+                raise ThorError(f"{f}: feature part does not match the data set; delete {out_dir}")
+            base = offs[-1]
+            chunks.append(t["taps"])
+            first += t["first"].tolist()
+            offs += [base + o for o in t["offs"].tolist()[1:]]
+        taps = torch.cat(chunks) if chunks else torch.zeros(0, 0, dtype=torch.bfloat16)
+        return cls(taps, first, offs)
+
+    def rows(self, i: int, a: int, b: int) -> torch.Tensor:
+        """Tap rows of sequence i for absolute positions a..b-1 (a >= first[i])."""
+        if a < self.first[i]:
+            raise ThorError(f"features: position {a} of sequence {i} was not stored")
+        o = self.offs[i] + a - self.first[i]
+        return self.taps[o:o + (b - a)]
