@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# One intra-op thread for the whole suite: the tiny models gain nothing from a second one,
+# and on a busy 2-core box an oversubscribed OpenMP pool can slow a decode step 100x.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

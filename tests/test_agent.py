@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from agent.files import (AGENT_DIR, base_plan_schema, load_skills, load_world, resolve_skills_path,
                          skills_from_dict, world_from_dict)
@@ -22,15 +21,6 @@ from thor_runtime.spec import SpecOptions
 from thor_runtime.stats import Stats
 
 WORLDS = {n: AGENT_DIR / "worlds" / f"{n}.json" for n in ("kitchen", "warehouse", "lab_bench")}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # One intra-op thread: faster for these small models, and immune to a busy CI box.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def world_and_skills(name):

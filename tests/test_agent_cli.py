@@ -7,7 +7,6 @@ import random
 import shutil
 
 import pytest
-import torch
 
 from agent import cli as agent_cli
 from agent.files import base_plan_schema
@@ -18,14 +17,6 @@ from test_agent import WORLDS, kitchen_dict, world_and_skills
 from thor_runtime.cli import main
 from thor_runtime.generate import Runtime
 from thor_runtime.spec import SpecOptions
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---- CLI ---------------------------------------------------------------------------------------

@@ -205,3 +205,32 @@ def test_cli_kv_scales_and_errors(tiny_dirs, tmp_path, capsys):
     assert main(["calib", "distill", "--out", str(tmp_path / "d"), "--taps", "x"]) == 2
     assert main(["calib", "distill", "--out", str(tmp_path / "d"), "--data", str(tmp_path), "--resume",
                  "--target", str(tiny_dirs["llama"]), "--quiet"]) == 2
+
+
+def test_block_loss_vocab_subset_matches_full(tiny_llama):
+    """With every id in the subset, the subset softmax is the full one (same loss, same grads)."""
+    from calib.distill import block_loss, make_batch, train_vocab
+    from calib.features import Features
+    from thor_runtime.spec.dflash_io import random_drafter
+
+    V, D = tiny_llama.cfg.vocab_size, tiny_llama.cfg.hidden_size
+    g = torch.Generator().manual_seed(0)
+    seqs = [{"ids": torch.randint(0, V, (60,), generator=g).tolist(), "prompt_len": 20, "index": i}
+            for i in range(3)]
+    cfg = DistillConfig(out="x", block_size=4, blocks=3, batch=2, window=8)
+    feats = Features(torch.randn(3 * 48, 2 * D).bfloat16(), [12] * 3, [i * 48 for i in range(4)])
+    b = make_batch(seqs, feats, cfg, 0, g)
+    # context never reaches the anchor, and never further back than the window
+    C = b["ctx"].shape[1]
+    anchor = b["pos"][:, ::4].repeat_interleave(4, dim=1)
+    seen = b["mask"][:, :, :C] & True
+    assert (b["ctx_pos"][:, None, :].expand_as(seen)[seen] < anchor[:, :, None].expand_as(seen)[seen]).all()
+    assert (b["ctx_pos"][:, None, :].expand_as(seen)[seen] >= (anchor - 8)[:, :, None].expand_as(seen)[seen]).all()
+    d = random_drafter(tiny_llama.cfg, block_size=4, tap_layers=(0, 2)).bind_target(
+        tiny_llama.model.embed_w, tiny_llama.model.lm_head)
+    w = position_weights(4, 7.0)
+    full, _, n = block_loss(d, b, w)
+    sub, _, _ = block_loss(d, b, w, vocab=train_vocab(torch.ones(V, dtype=torch.bool), 0, g))
+    assert n > 0 and torch.allclose(full, sub, atol=1e-5)
+    part = train_vocab(torch.zeros(V, dtype=torch.bool).index_fill_(0, b["labels"][b["labels"] >= 0], True), 5, g)
+    assert len(part) < V and torch.isfinite(block_loss(d, b, w, vocab=part)[0])

@@ -32,16 +32,6 @@ PLAN_LIKE = {
 GOOD = '{"skill":"pick","target":{"name":"red_cup","xyz":[0.5,1,0.25]},"notes":["ok"]}'
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: a second intra-op thread only adds sync cost, and on a busy CI box it can
-    # slow a decode step by 100x.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tok(tiny_llama):
     return tiny_llama.tokenizer
