@@ -7,7 +7,6 @@ always sees the dequantized view in the model's compute dtype.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import ThorError
+from .fileio import read_json, write_json_atomic
 
 KV_DTYPES = {
     "fp32": torch.float32,
@@ -46,19 +46,12 @@ class KVScales:
         doc = {"format": "thor-kv-scales/1", "num_layers": int(self.k.shape[0]),
                "num_kv_heads": int(self.k.shape[1]), "k": self.k.tolist(), "v": self.v.tolist(),
                "prompt_set_sha256": self.prompt_set_sha256}
-        tmp = Path(str(path) + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        tmp.replace(path)
+        write_json_atomic(path, doc)
 
     @classmethod
     def load(cls, path: str | Path, cfg: ModelConfig) -> "KVScales":
-        try:
-            doc = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ThorError(f"KV scales file not found: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ThorError(f"KV scales file {path} is not valid JSON: {e}") from None
-        if not isinstance(doc, dict) or doc.get("format") != "thor-kv-scales/1":
+        doc = read_json(path, "KV scales file")
+        if doc.get("format") != "thor-kv-scales/1":
             raise ThorError(f"KV scales file {path}: expected format 'thor-kv-scales/1'")
         want = (cfg.num_layers, cfg.num_kv_heads)
         k, v = torch.tensor(doc.get("k", []), dtype=torch.float32), torch.tensor(doc.get("v", []), dtype=torch.float32)

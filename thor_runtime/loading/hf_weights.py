@@ -5,28 +5,15 @@ unpickling runs arbitrary code.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ..config import ModelConfig
 from ..errors import ThorError
+from ..fileio import PICKLE_SUFFIXES, read_json
 
 _HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def read_json(path: Path, what: str) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ThorError(f"{what} not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ThorError(f"{what} {path} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ThorError(f"{what} {path} must be a JSON object")
-    return doc
 
 
 def hf_config(d: Path) -> ModelConfig:

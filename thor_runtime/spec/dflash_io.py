@@ -18,7 +18,6 @@ Pickle weights (.bin/.pt/...) are never opened: unpickling runs code.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -26,10 +25,10 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ThorError
+from ..fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
 from .dflash_model import DFlashConfig, DFlashDrafter
 
 FORMAT = "thor-dflash/1"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Tensors a z-lab export may carry that we do not use (the target's own are shared).
 _IGNORED = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
 
@@ -97,22 +96,8 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     tmp = d / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": FORMAT})
     tmp.replace(d / "model.safetensors")
-    tmp = d / "config.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(d / "config.json")
+    write_json_atomic(d / "config.json", doc)
     return d
-
-
-def _read_json(p: Path) -> dict:
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ThorError(f"drafter config not found: {p}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ThorError(f"drafter config {p} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ThorError(f"drafter config {p} must be a JSON object")
-    return doc
 
 
 def _ours(doc: dict, p: Path) -> DFlashConfig:
@@ -172,7 +157,7 @@ def _read_weights(d: Path) -> dict[str, torch.Tensor]:
 
     index = d / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set((_read_json(index).get("weight_map") or {}).values()))
+        files = sorted(set((read_json(index, 'safetensors index').get("weight_map") or {}).values()))
     else:
         files = ["model.safetensors"]
     out: dict[str, torch.Tensor] = {}
@@ -202,7 +187,7 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
         raise ThorError(f"drafter not found: {d}")
     if not d.is_dir():
         raise ThorError(f"{d}: expected a drafter directory (config.json + model.safetensors)")
-    doc = _read_json(d / "config.json")
+    doc = read_json(d / "config.json", "drafter config")
     if doc.get("format") == FORMAT:
         cfg = _ours(doc, d / "config.json")
     elif "dflash_config" in doc:
