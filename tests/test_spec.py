@@ -144,3 +144,23 @@ def test_ngram_proposer_finds_latest_longest_match():
     assert p.propose(seq, 4)[0] == [7, 8, 5, 1]
     assert p.propose([4, 5, 6], 4)[0] == []
     assert p.propose(seq, 2)[0] == [7, 8]
+
+
+def test_int8_weights_close_to_fp32_and_spec_identical(tiny_dirs):
+    """int8 weight-only mode: logits near fp32's, and greedy ngram speculation still equals
+    plain decoding in that mode (the verify rows use the same int8 kernel as decode)."""
+    import torch
+
+    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.loading import load
+
+    a, b = load(str(tiny_dirs["llama"])), load(str(tiny_dirs["llama"]), "int8")
+    assert b.model.dtype == torch.bfloat16 and b.model.layers[0].wqkv.q.dtype == torch.int8
+    ids = a.tokenizer.encode(PROMPTS[0])
+    la = a.model.forward(torch.tensor(ids), KVCache(a.cfg, 64)).logits
+    lb = b.model.forward(torch.tensor(ids), KVCache(b.cfg, 64, compute_dtype=torch.bfloat16)).logits
+    assert float((la - lb).norm() / la.norm()) < 0.05
+    rt = Runtime(b.model, b.tokenizer, kv_dtype="bf16")
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    plain = rt.generate(ids, params)
+    assert rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6).token_ids == plain.token_ids

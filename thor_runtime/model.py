@@ -23,8 +23,8 @@ from .kv_cache import KVCache
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # fp32 statistics as in HF, so bf16 weights don't drift on the variance.
     xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.float()).to(x.dtype) if x.dtype != torch.float32 else y * w
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w     # w is kept in fp32
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -52,14 +52,54 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rot * sin
 
 
+# Up to this many rows the int8 kernel wins (decode and verify); beyond it (prefill) the
+# dense fp32 matmul does — measured on AVX-512 CPUs, see the README.
+INT8_MAX_ROWS = 16
+
+
+class Int8Weight:
+    """Weight-only int8, one bf16 scale per output channel, for the weight-bound small-M
+    matmuls of decode and verify (a quarter of fp32's bytes to read per token). Large-M
+    work (prefill) runs on a dense fp32 copy when ``keep_dense`` — compute-bound there,
+    and int8 unpacking would only slow it."""
+
+    def __init__(self, w: torch.Tensor, keep_dense: bool = True):
+        w = w.float()
+        s = w.abs().amax(1).clamp_min(1e-8) / 127.0                 # [out]
+        self.q = torch.round(w / s[:, None]).to(torch.int8).contiguous()  # [out, in]
+        self.s = s.to(torch.bfloat16)
+        self.dense = w.contiguous() if keep_dense else None
+        self.shape = w.shape
+        try:
+            torch._weight_int8pack_mm(torch.zeros(1, w.shape[1], dtype=torch.bfloat16, device=w.device),
+                                      self.q, self.s)
+            self.kernel = True
+        except (RuntimeError, NotImplementedError, AttributeError):
+            self.kernel = False  # no int8 kernel on this device: dequantize instead
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead, d = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, d)                                        # [M, in]
+        if self.kernel and x2.shape[0] <= INT8_MAX_ROWS:
+            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self.q, self.s)
+        else:
+            w = self.dense if self.dense is not None else self.q.float() * self.s.float()[:, None]
+            y = F.linear(x2.float(), w)
+        return y.to(x.dtype).view(*lead, -1)
+
+
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    return w(x) if isinstance(w, Int8Weight) else F.linear(x, w)
+
+
 @dataclass
 class Layer:
     attn_norm: torch.Tensor          # [D]
-    wqkv: torch.Tensor               # [(H + 2 Hkv) Dh, D]
-    wo: torch.Tensor                 # [D, H Dh]
+    wqkv: torch.Tensor | Int8Weight  # [(H + 2 Hkv) Dh, D]
+    wo: torch.Tensor | Int8Weight    # [D, H Dh]
     mlp_norm: torch.Tensor           # [D]
-    w_gate_up: torch.Tensor          # [2 I, D]
-    w_down: torch.Tensor             # [D, I]
+    w_gate_up: torch.Tensor | Int8Weight  # [2 I, D]
+    w_down: torch.Tensor | Int8Weight     # [D, I]
     q_norm: torch.Tensor | None = None  # [Dh] (qwen3)
     k_norm: torch.Tensor | None = None  # [Dh]
 
@@ -101,31 +141,46 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
 
 
 class TargetModel:
-    """Batch-1 decoder. Every forward takes the next T token ids of one sequence."""
+    """Batch-1 decoder. Every forward takes the next T token ids of one sequence.
+
+    ``quant="int8"``: projection weights (and the head) as Int8Weight, activations bf16."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
-                 source: str = "weights", device: str | torch.device = "cpu"):
+                 source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None):
         check_weights(cfg, weights, source)
-        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        if quant not in (None, "int8"):
+            raise ThorError(f"unknown weight quantization {quant!r} (supported: int8)")
+        if quant:
+            dtype = torch.bfloat16
+        self.cfg, self.dtype, self.device, self.quant = cfg, dtype, torch.device(device), quant
 
         def w(name):
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
+        def norm(name):  # norm weights stay fp32: tiny, and the statistics are fp32 anyway
+            return weights[name].to(device=self.device, dtype=torch.float32).contiguous()
+
+        def proj(*names):
+            t = torch.cat([weights[n].to(self.device) for n in names]).contiguous()
+            return Int8Weight(t) if quant else t.to(dtype)
+
         self.embed_w = w("model.embed_tokens.weight")             # [V, D]
         self.lm_head = self.embed_w if cfg.tie_word_embeddings else w("lm_head.weight")
-        self.final_norm = w("model.norm.weight")
+        # The drafter shares lm_head as a plain tensor; the target's own head may be int8.
+        self.head_w = Int8Weight(self.lm_head, keep_dense=False) if quant else self.lm_head
+        self.final_norm = norm("model.norm.weight")
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             self.layers.append(Layer(
-                attn_norm=w(p + "input_layernorm.weight"),
-                wqkv=torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous(),
-                wo=w(p + "self_attn.o_proj.weight"),
-                mlp_norm=w(p + "post_attention_layernorm.weight"),
-                w_gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous(),
-                w_down=w(p + "mlp.down_proj.weight"),
-                q_norm=w(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
-                k_norm=w(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
+                attn_norm=norm(p + "input_layernorm.weight"),
+                wqkv=proj(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                wo=proj(p + "self_attn.o_proj.weight"),
+                mlp_norm=norm(p + "post_attention_layernorm.weight"),
+                w_gate_up=proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                w_down=proj(p + "mlp.down_proj.weight"),
+                q_norm=norm(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
+                k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
             ))
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         self._rope_len = 0
@@ -155,7 +210,7 @@ class TargetModel:
         T, Dh = h.shape[-2], cfg.head_dim
         lead = h.shape[:-2]
         x = rms_norm(h, L.attn_norm, cfg.rms_eps)
-        qkv = F.linear(x, L.wqkv)                               # [..., T, (H + 2Hkv) Dh]
+        qkv = linear(x, L.wqkv)                                # [..., T, (H + 2Hkv) Dh]
         q, k, v = qkv.split([cfg.num_heads * Dh, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.view(*lead, T, cfg.num_heads, Dh).transpose(-3, -2)     # [..., H, T, Dh]
         k = k.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]
@@ -186,13 +241,13 @@ class TargetModel:
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """h [..., T, D] residual stream, o [..., T, H Dh] attention output -> next h."""
         L = self.layers[i]
-        h = h + F.linear(o, L.wo)
+        h = h + linear(o, L.wo)
         x = rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
-        gate, up = F.linear(x, L.w_gate_up).chunk(2, dim=-1)    # [T, I] each
-        return h + F.linear(F.silu(gate) * up, L.w_down)
+        gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)      # [T, I] each
+        return h + linear(F.silu(gate) * up, L.w_down)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.lm_head).float()  # [R, V]
+        return linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.head_w).float()  # [R, V]
 
     # ---- whole forward
     @torch.inference_mode()

@@ -37,7 +37,7 @@ LONG_PROMPT = ("World: objects red_mug (0.3 kg) at [0.4, 0.1, 0.9], blue_box (1.
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark prefill/decode against transformers (JSON + table)")
     p.add_argument("--model", default="default")
-    p.add_argument("--configs", default="fp32/fp32,bf16/fp32,fp32/fp8,bf16/fp8",
+    p.add_argument("--configs", default="fp32/fp32,fp32/fp8,bf16/fp32,bf16/fp8,int8/bf16,int8/fp8",
                    help="comma list of WEIGHTS/KV dtype pairs")
     p.add_argument("--spec", default="none", help=f"comma list of {'|'.join(SPEC_METHODS)}")
     p.add_argument("--drafter", default=None)
@@ -144,7 +144,7 @@ def run(args) -> int:
 
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if len(c) != 2 or c[0] not in ("fp32", "bf16") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
+        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
             raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
     specs = [s.strip() for s in args.spec.split(",") if s.strip()]
     for s in specs:
@@ -172,7 +172,7 @@ def run(args) -> int:
                     elif plain_fp32kv is not None:
                         row["greedy_agreement_vs_fp32_kv"] = _agreement(outs, plain_fp32kv)
                 rows.append({"engine": "thor", "weights": wdt, "kv": kv, "spec": spec, **row})
-        if not args.no_baseline:
+        if not args.no_baseline and wdt in DTYPES:  # transformers has no int8 weight-only CPU path
             print(f"bench: transformers generate, {wdt} weights ...", file=sys.stderr)
             hf = bench_transformers(path, DTYPES[wdt], args, prompts, _long_ids(loaded.tokenizer, args.prefill_tokens))
             if hf is not None:

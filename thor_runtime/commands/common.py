@@ -20,7 +20,8 @@ def positive_int(s: str) -> int:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), an HF dir, or a .gguf file")
-    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="weight / compute dtype")
+    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "int8"],
+                   help="weights: fp32, bf16, or int8 (weight-only int8, bf16 activations)")
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")

