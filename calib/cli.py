@@ -115,7 +115,8 @@ def register(sub) -> None:
     d.add_argument("--weight-decay", type=float, default=0.01)
     d.add_argument("--ckpt-every", type=positive_int, default=100)
     d.add_argument("--resume", action="store_true")
-    d.add_argument("--bf16", action="store_true", help="bf16 autocast for the drafter (measure first)")
+    d.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast (slower than fp32 with --vocab data on CPU; see distill.py)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--eval-n", type=_nonneg_int, default=8, help="held-out prompts for the report")
     d.add_argument("--eval-max-tokens", type=positive_int, default=128)

@@ -82,8 +82,7 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
 
     def step(tok: torch.Tensor, c0: int) -> torch.Tensor:
         """tok [b, T] at columns c0..c0+T-1 -> last-column logits [b, V]."""
-        nonlocal kbuf, vbuf
-        T, c1 = tok.shape[1], c0 + tok.shape[1]
+        c1 = c0 + tok.shape[1]           # kbuf/vbuf are read at call time (re-bound on compaction)
         h = model.embed(tok.to(dev))                                                 # [b, T, D]
         p = pos[rows, c0:c1].to(dev)                                                 # [b, T]
         # key j visible to query column c iff j is a real token and j <= c

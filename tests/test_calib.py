@@ -13,23 +13,13 @@ import torch
 
 from calib.datagen import GenConfig, batched_greedy, generate_dataset, read_shards
 from calib.distill import DistillConfig, lr_at, position_weights, run_distill
-from calib.kv_scales import KVCalibConfig, kv_amax, scales_from_amax
+from calib.kv_scales import kv_amax, scales_from_amax
 from calib.prompts import (PromptSpec, calib_prompts, general_prompts, render_key, robot_prompts,
                            split_of)
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache, KVScales
 from thor_runtime.sampling import SamplingParams
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread for this module: on the shared 2-core box two OpenMP threads next to
-    other jobs ran 10-20x slower (measured); restored afterwards for the other modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _general_ids(tok, n):
@@ -234,3 +224,18 @@ def test_block_loss_vocab_subset_matches_full(tiny_llama):
     assert n > 0 and torch.allclose(full, sub, atol=1e-5)
     part = train_vocab(torch.zeros(V, dtype=torch.bool).index_fill_(0, b["labels"][b["labels"] >= 0], True), 5, g)
     assert len(part) < V and torch.isfinite(block_loss(d, b, w, vocab=part)[0])
+
+
+def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
+    from thor_runtime.cli import main
+    from thor_runtime.loading import load_config
+    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+
+    save_drafter(random_drafter(load_config(str(tiny_dirs["qwen3"])), block_size=4, num_taps=2), tmp_path / "d")
+    rc = main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter", str(tmp_path / "d"),
+               "--n", "1", "--max-tokens", "8", "--prompts", "general", "--quiet"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["identical_output"] is True and "speedup" in doc
+    assert main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter",
+                 str(tmp_path / "missing"), "--quiet"]) == 2
