@@ -47,6 +47,8 @@ def register(sub) -> None:
     p.add_argument("--prefill-tokens", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    p.add_argument("--plan", action="store_true",
+                   help="benchmark constrained planning (thor plan) on the sample worlds instead")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
 
@@ -139,6 +141,24 @@ def bench_transformers(path, dtype, args, prompts, long_ids):
     return {"prefill_tok_s": _median(prefill), "decode_tok_s": _median(decode)}
 
 
+def run_plan(args, specs) -> int:
+    from agent.bench import plan_bench
+
+    from ..generate import Runtime
+    from ..loading import load
+
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    loaded = load(args.model, wdt)
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
+    doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "kv": kv,
+           "repeats": args.repeats, "plan_rows": rows}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
+                       "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
+    return 0
+
+
 def run(args) -> int:
     from ..loading import DTYPES, load, resolve
 
@@ -150,6 +170,8 @@ def run(args) -> int:
     for s in specs:
         if s not in SPEC_METHODS:
             raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
+    if args.plan:
+        return run_plan(args, specs)
     if "dflash" in specs:  # the window seeding is measured both ways
         specs.insert(specs.index("dflash") + 1, "dflash-noseed")
     path = resolve(args.model)
@@ -209,9 +231,11 @@ def _ratios(rows) -> None:
             r["decode_vs_plain"] = round(r["decode_tok_s"] / p["decode_tok_s"], 2)
 
 
-def print_table(rows) -> None:
-    cols = ["engine", "weights", "kv", "spec", "prefill_tok_s", "decode_tok_s", "decode_vs_transformers",
-            "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain"]
+TABLE_COLUMNS = ["engine", "weights", "kv", "spec", "prefill_tok_s", "decode_tok_s", "decode_vs_transformers",
+                 "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain"]
+
+
+def print_table(rows, cols=TABLE_COLUMNS) -> None:
     table = [[("" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))

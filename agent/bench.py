@@ -1,0 +1,66 @@
+"""Plan benchmark: constrained planning latency per speculation method, side by side.
+
+Used by ``thor bench --plan``. Every method plans the same tasks on the same worlds in
+one run; greedy constrained speculation must produce the same plans as plain decoding,
+and the rows say whether it did.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from thor_runtime.spec import SpecOptions
+
+from .files import load_skills, load_world, resolve_skills_path
+from .planner import Planner
+
+AGENT_DIR = Path(__file__).resolve().parent
+TASKS = {
+    "kitchen": ["put the red cup in the sink", "move the apple to the table"],
+    "warehouse": ["bring box_a to dock_1", "move the small tote to the staging area"],
+    "lab_bench": ["put the test tube in rack slot 1", "move the beaker to the tray"],
+}
+
+
+def _p90(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
+
+
+def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None) -> list[dict]:
+    cases = []
+    for name, tasks in TASKS.items():
+        world = load_world(AGENT_DIR / "worlds" / f"{name}.json")
+        skills = load_skills(resolve_skills_path(world, None))
+        cases += [(name, t, world, skills) for t in tasks]
+    rows, reference = [], None
+    for spec in specs:
+        planner = Planner(runtime, tokenizer, spec=SpecOptions(method=spec, drafter=drafter),
+                          max_tokens=max_tokens, attempts=0)
+        lat, dec, acc, jf, valid, plans = [], [], [], 0, 0, []
+        for r in range(repeats):
+            for name, task, world, skills in cases:
+                print(f"bench plan: spec={spec} {name}: {task}", file=sys.stderr)
+                res = planner.plan(task, world, skills)
+                s = res.stats
+                lat.append(s["plan_latency_s"])
+                dec.append(s["decode_tok_s"])
+                acc.append(s["accept_length_mean"])
+                if r == 0:
+                    jf += s["jump_forward_tokens"]
+                    valid += bool(res.valid)
+                    plans.append(res.text)
+        row = {"spec": spec, "plans": len(cases), "valid": valid,
+               "latency_median_s": round(statistics.median(lat), 3), "latency_p90_s": round(_p90(lat), 3),
+               "decode_tok_s": round(statistics.median(dec), 2),
+               "accept_length_mean": round(statistics.mean(acc), 3), "jump_forward_tokens": jf}
+        if reference is None:
+            reference = plans
+        else:
+            row["plans_identical_to_first"] = plans == reference
+        rows.append(row)
+    base = rows[0]["decode_tok_s"] if rows else 0
+    for row in rows[1:]:
+        row["decode_vs_first"] = round(row["decode_tok_s"] / base, 2) if base else None
+    return rows

@@ -1,0 +1,29 @@
+"""`thor bench` runs end to end on a tiny model and reports what it claims."""
+from __future__ import annotations
+
+import json
+
+from thor_runtime.cli import main
+
+
+def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", str(tiny_dirs["llama"]), "--configs", "fp32/fp32,fp32/fp8", "--spec",
+               "none,ngram", "--repeats", "1", "--max-tokens", "16", "--prefill-tokens", "32",
+               "--no-baseline", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert {"cpu", "torch"} <= set(doc["device"])
+    rows = {(r["kv"], r["spec"]): r for r in doc["rows"]}
+    assert set(rows) == {("fp32", "none"), ("fp32", "ngram"), ("fp8", "none"), ("fp8", "ngram")}
+    assert rows[("fp32", "ngram")]["tokens_identical_to_plain"] is True
+    assert rows[("fp8", "ngram")]["tokens_identical_to_plain"] is True
+    assert "greedy_agreement_vs_fp32_kv" in rows[("fp8", "none")]
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in doc["rows"])
+    table = capsys.readouterr().out
+    assert "decode_tok_s" in table and "ngram" in table
+
+
+def test_bench_rejects_bad_configs(capsys):
+    assert main(["bench", "--configs", "fp64/fp32"]) == 2
+    assert "fp64/fp32" in capsys.readouterr().err
