@@ -9,6 +9,17 @@ from .errors import ThorError
 ARCHITECTURES = {"llama": False, "qwen3": True}
 
 
+def check_attention_dims(what: str, cfg, sizes: tuple[str, ...]) -> None:
+    """Shared by the target and drafter configs: positive sizes, GQA grouping, RoPE pairs."""
+    for k in sizes:
+        if int(getattr(cfg, k)) <= 0:
+            raise ThorError(f"{what}: {k} must be positive, got {getattr(cfg, k)}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ThorError(f"{what}: num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+    if cfg.head_dim % 2:
+        raise ThorError(f"{what}: head_dim {cfg.head_dim} must be even for RoPE")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -30,15 +41,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
             raise ThorError(f"unknown architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}")
-        for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                  "num_kv_heads", "head_dim", "max_position_embeddings"):
-            if int(getattr(self, k)) <= 0:
-                raise ThorError(f"model config: {k} must be positive, got {getattr(self, k)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ThorError(f"model config: num_heads {self.num_heads} is not a multiple of "
-                            f"num_kv_heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ThorError(f"model config: head_dim {self.head_dim} must be even for RoPE")
+        check_attention_dims("model config", self, ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                    "num_heads", "num_kv_heads", "head_dim",
+                                                    "max_position_embeddings"))
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if kind not in ("default", "linear", "llama3"):

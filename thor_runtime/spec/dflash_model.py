@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import check_attention_dims
 from ..errors import ThorError
 from ..model import apply_rope, rms_norm
 
@@ -91,14 +92,8 @@ class DFlashConfig:
         if min(self.tap_layers) < 0 or len(set(self.tap_layers)) != len(self.tap_layers):
             raise ThorError(f"dflash config: tap_layers must be distinct non-negative ids, got "
                             f"{list(self.tap_layers)}")
-        for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
-            if getattr(self, k) <= 0:
-                raise ThorError(f"dflash config: {k} must be positive, got {getattr(self, k)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ThorError(f"dflash config: num_heads {self.num_heads} is not a multiple of "
-                            f"num_kv_heads {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise ThorError(f"dflash config: head_dim {self.head_dim} must be even for RoPE")
+        check_attention_dims("dflash config", self, ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                     "head_dim", "intermediate_size"))
         if self.block_size < 2:
             raise ThorError(f"dflash config: block_size must be >= 2, got {self.block_size}")
         if self.mask_token_id < 0:
