@@ -14,22 +14,28 @@ after every *committed* token. Within one cycle the runtime calls, in order:
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 
-class Constraint:
+class Constraint(ABC):
     def forced(self) -> list[int]:
+        """Tokens the grammar allows as the only continuation (none by default)."""
         return []
 
+    @abstractmethod
     def valid_prefix(self, drafts: list[int]) -> int:
-        raise NotImplementedError
+        """How many leading drafts the grammar accepts from the committed state."""
 
+    @abstractmethod
     def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
-        raise NotImplementedError
+        """logits [K+1, V] with illegal ids at -inf; row j by the state after drafts[:j]."""
 
+    @abstractmethod
     def advance(self, token: int) -> None:
-        raise NotImplementedError
+        """Consume one committed token."""
 
+    @abstractmethod
     def is_accepting(self) -> bool:
         """True when the grammar is complete (EOS is legal)."""
-        raise NotImplementedError

@@ -1,10 +1,12 @@
 """The proposer contract. One proposer per file; the cycle in ``generate.py`` drives it."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 
-class Proposer:
+class Proposer(ABC):
     """Drafts K tokens to follow the anchor (the last committed token, not yet in the KV cache).
 
     Lifecycle for one sequence: ``start`` after prefill, then per cycle ``propose`` and
@@ -20,9 +22,9 @@ class Proposer:
     def start(self, prompt_ids: list[int], prompt_taps: dict[int, torch.Tensor] | None) -> None:
         pass
 
+    @abstractmethod
     def propose(self, seq: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """seq: every committed token, the anchor last. -> (drafts [<= k], draft probs [n, V] or None)."""
-        raise NotImplementedError
 
     def commit(self, n_rows: int, taps: dict[int, torch.Tensor] | None) -> None:
         """The first ``n_rows`` verified rows (anchor + accepted drafts) are now in the KV cache;
