@@ -7,14 +7,13 @@ schema compiled to a grammar, before the model is loaded: bad input fails in mil
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from thor_runtime.commands.common import (add_model_args, add_spec_args, build_runtime, positive_int,
                                           relaxed_config, spec_options)
 from thor_runtime.errors import NoValidPlan, ThorError
+from thor_runtime.fileio import write_text_atomic
 
 
 def register(sub) -> None:
@@ -44,16 +43,7 @@ def write_atomic(path: Path, text: str) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise ThorError(f"--out: directory does not exist: {path.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
 
 
 def _load_inputs(args):

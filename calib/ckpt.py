@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from thor_runtime.errors import ThorError
+from thor_runtime.fileio import write_json_atomic
 
 CKPT_FORMAT = "thor-distill-ckpt/1"
 
@@ -54,9 +55,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, drafter, opt: torch.optim.Optimiz
     os.replace(tmp, ckpt_dir / name)
     doc = {"format": CKPT_FORMAT, "step": step, "file": name, "sha256": _sha256(ckpt_dir / name),
            "fingerprint": fingerprint, "losses": losses, "elapsed_s": round(elapsed_s, 3)}
-    tmp = ckpt_dir / "ckpt.json.tmp"
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, ckpt_dir / "ckpt.json")
+    write_json_atomic(ckpt_dir / "ckpt.json", doc, indent=None)
     for old in ckpt_dir.glob("state-*.safetensors"):       # keep only the committed one
         if old.name != name:
             old.unlink(missing_ok=True)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
+from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import prompt_set_hash
 
 from .prompts import PromptSpec, calib_prompts, render_key
@@ -189,9 +190,7 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
         if diff:
             raise ThorError(f"{out}: existing data was made with different settings ({', '.join(diff)}); "
                             "use another --out or delete it")
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(man, indent=1))
-    os.replace(tmp, out / "manifest.json")
+    write_json_atomic(out / "manifest.json", man)
 
     done = {s["index"] for s in read_shards(out)}
     todo = [i for i in range(len(prompts)) if i not in done]

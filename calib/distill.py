@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
+from thor_runtime.fileio import write_json_atomic
 from thor_runtime.spec.dflash_io import default_tap_layers, save_drafter
 from thor_runtime.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask
 
@@ -340,7 +341,5 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
         report["heldout"] = evaluate(loaded, EvalConfig(str(out), cfg.eval_n, cfg.eval_max_tokens,
                                                         prompt_set=cfg.eval_prompts),
                                      progress=progress, drafter=drafter)
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(out / "report.json")
+    write_json_atomic(out / "report.json", report)
     return report

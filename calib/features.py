@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from thor_runtime.errors import ThorError
+from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import KVCache
 
 FEAT_FORMAT = "thor-calib-features/1"
@@ -62,9 +63,7 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
             raise ThorError(f"{out_dir}: feature cache was made with other settings ({', '.join(diff)}); "
                             "delete it or use another --out")
     else:
-        tmp = out_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, mf)
+        write_json_atomic(mf, meta)
     n_parts = (len(seqs) + PART - 1) // PART
     todo = [p for p in range(n_parts) if not (out_dir / f"part-{p:05d}.safetensors").exists()]
     bar = tqdm(total=len(seqs), initial=len(seqs) - sum(len(seqs[p * PART:(p + 1) * PART]) for p in todo),

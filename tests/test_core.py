@@ -39,34 +39,28 @@ def hf_default():
     return _hf(p.parent, p.name)
 
 
+def _assert_matches_oracle(loaded, hf, ids, tol):
+    """Full-prompt logits within ``tol`` of transformers', and 64 greedy tokens identical."""
+    ours = loaded.model.forward(torch.tensor(ids), KVCache(loaded.cfg, 512)).logits
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (ours - ref).abs().max() < tol
+    res = Runtime(loaded.model, loaded.tokenizer).generate(ids, SamplingParams(max_tokens=64, ignore_eos=True))
+    assert res.token_ids == _hf_greedy(hf, ids, 64)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_tiny_logits_and_greedy_match_transformers(arch, tiny_dirs, request):
     loaded = request.getfixturevalue(f"tiny_{arch}")
     hf = _hf(tiny_dirs[arch])
-    rt = Runtime(loaded.model, loaded.tokenizer)
     for prompt in PROMPTS:
-        ids = loaded.tokenizer.encode(prompt)
-        cache = KVCache(loaded.cfg, 256)
-        ours = loaded.model.forward(torch.tensor(ids), cache).logits
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        assert (ours - ref).abs().max() < 1e-4
-        res = rt.generate(ids, SamplingParams(max_tokens=64, ignore_eos=True))
-        assert res.token_ids == _hf_greedy(hf, ids, 64)
+        _assert_matches_oracle(loaded, hf, loaded.tokenizer.encode(prompt), 1e-4)
 
 
 def test_default_model_greedy_matches_transformers(default_model, hf_default):
-    tok = default_model.tokenizer
-    rt = Runtime(default_model.model, tok)
     for prompt in PROMPTS:
-        ids = tok.encode_chat([{"role": "user", "content": prompt}])
-        cache = KVCache(default_model.cfg, 512)
-        ours = default_model.model.forward(torch.tensor(ids), cache).logits
-        with torch.no_grad():
-            ref = hf_default(torch.tensor([ids])).logits[0]
-        assert (ours - ref).abs().max() < 5e-4
-        res = rt.generate(ids, SamplingParams(max_tokens=64, ignore_eos=True))
-        assert res.token_ids == _hf_greedy(hf_default, ids, 64)
+        ids = default_model.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        _assert_matches_oracle(default_model, hf_default, ids, 5e-4)
 
 
 @pytest.mark.parametrize("qtype,tol", [("F32", 1e-5), ("F16", 5e-2), ("Q8_0", 2e-1)])

@@ -256,7 +256,7 @@ def test_constrained_ngram_equals_constrained_plain(arch, request, gtok):
 def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path):
     """A random drafter proposes mostly illegal (and padding) ids: the grammar cuts them and the
     output stays token-identical to plain constrained decoding."""
-    io = pytest.importorskip("thor_runtime.spec.dflash_io")
+    from thor_runtime.spec import dflash_io as io
     from thor_runtime.spec import SpecOptions, build_proposer
 
     path = io.save_drafter(io.random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")

@@ -11,7 +11,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.loading import default_model_path
 from thor_runtime.loading.tokenizer import Tokenizer
 
-transformers = pytest.importorskip("transformers")
+import transformers  # the test-only oracle (in requirements.lock)
 from tokenizers import pre_tokenizers  # noqa: E402
 
 # Strings where every tokenizer below must agree with transformers' GGUF loader.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import ThorError
@@ -26,11 +27,19 @@ def read_json(path: str | Path, what: str, want_object: bool = True):
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write via a temp file in the same directory + rename: readers never see half a file."""
+    """Temp file in the same directory, fsync, then rename: readers see the old file or the
+    new one, never half of one, even across a power cut."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: str | Path, doc, indent: int | None = 1) -> None:
