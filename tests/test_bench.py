@@ -18,6 +18,9 @@ def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):
     assert set(rows) == {("fp32", "none"), ("fp32", "ngram"), ("fp8", "none"), ("fp8", "ngram")}
     assert rows[("fp32", "ngram")]["tokens_identical_to_plain"] is True
     assert rows[("fp8", "ngram")]["tokens_identical_to_plain"] is True
+    # identical tokens pass the losslessness gate with no divergences to explain
+    assert rows[("fp32", "ngram")]["gate"] == "identical" and rows[("fp32", "ngram")]["lossless"] is True
+    assert rows[("fp32", "ngram")]["divergences"] == []
     assert "greedy_agreement_vs_fp32_kv" in rows[("fp8", "none")]
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in doc["rows"])
     table = capsys.readouterr().out

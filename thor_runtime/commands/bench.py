@@ -1,8 +1,10 @@
 """`thor bench` — this runtime side by side with transformers' generate, in one run.
 
 Prefill is timed on a long (~400-token) robot prompt; decode on chat prompts with
-greedy decoding. Every number is a median over repeats; speculative rows also report
-whether their tokens equal the plain rows' (they must).
+greedy decoding. Every number is a median over repeats. Speculative rows also pass the
+losslessness gate (spec/lossless.py) against the plain rows: identical tokens, or a divergence
+that is a numerical tie under a fresh reference forward. Plain rows measure that noise floor:
+the same plain decoding at one thread, judged the same way.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from ..errors import ThorError
 from ..sampling import SamplingParams
 from ..spec import SPEC_METHODS, SpecOptions, build_proposer
+from ..spec.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
 from .common import positive_int
 
 BENCH_PROMPTS = [
@@ -46,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefill-tokens", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--tie-tol", type=float, default=DEFAULT_TIE_TOL,
+                   help="losslessness gate: max logit regret for a divergence to count as a numerical tie")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
@@ -110,7 +115,22 @@ def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
                                       for j in range(width)]
     if reference is not None:
         row["tokens_identical_to_plain"] = outputs == reference
+        row.update(summarize([judge(rt, p, a, b, args.tie_tol) for p, a, b in zip(prompts, reference, outputs)]))
+    elif spec_name == "none" and torch.get_num_threads() > 1:
+        row["plain_1thread"] = _one_thread_gate(rt, prompts, outputs, params, args.tie_tol)
     return row, outputs
+
+
+def _one_thread_gate(rt, prompts, outputs, params, tol) -> dict:
+    """Plain decoding again at one thread, judged against itself: the numerical noise floor a
+    speculative row's divergences are compared with."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        again = [rt.generate(ids, params).token_ids for ids in prompts]
+    finally:
+        torch.set_num_threads(n)
+    return summarize([judge(rt, p, a, b, tol) for p, a, b in zip(prompts, outputs, again)])
 
 
 def bench_transformers(path, dtype, args, prompts, long_ids):
@@ -211,8 +231,8 @@ def _agreement(outs, ref) -> dict:
     agree, first = [], []
     for a, b in zip(outs, ref):
         n = min(len(a), len(b))
-        d = next((i for i in range(n) if a[i] != b[i]), n)
-        first.append(d)
+        d = first_divergence(a, b)
+        first.append(n if d is None else d)
         agree.append(sum(x == y for x, y in zip(a, b)) / max(n, 1))
     return {"token_agreement": round(statistics.mean(agree), 3), "mean_first_divergence": statistics.mean(first)}
 
@@ -232,11 +252,22 @@ def _ratios(rows) -> None:
 
 
 TABLE_COLUMNS = ["engine", "weights", "kv", "spec", "prefill_tok_s", "decode_tok_s", "decode_vs_transformers",
-                 "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain"]
+                 "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain", "gate"]
+
+
+def _cell(r: dict, c: str) -> str:
+    if c == "gate":  # spec rows: their own verdict; plain rows: the one-thread noise floor
+        g = r.get("plain_1thread", r)
+        if "gate" not in g:
+            return ""
+        regret = max((d.get("regret", 0.0) for d in g["divergences"]), default=None)
+        tag = "" if regret is None else f" {regret:.3g}"
+        return ("1-thread: " if g is not r else "") + g["gate"] + tag
+    return "" if r.get(c) is None else str(r.get(c))
 
 
 def print_table(rows, cols=TABLE_COLUMNS) -> None:
-    table = [[("" if r.get(c) is None else str(r.get(c))) for c in cols] for r in rows]
+    table = [[_cell(r, c) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for t in table:
