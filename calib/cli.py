@@ -41,7 +41,7 @@ def _gen_data(args) -> int:
     from .prompts import PromptSpec
 
     spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
-    gen = GenConfig(args.max_tokens, args.batch)
+    gen = GenConfig(args.max_tokens, args.batch, args.constrained)
     loaded = _load_target(args.target, args.threads)
     return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out, target=args.target,
                                   progress=not args.quiet))
@@ -62,7 +62,7 @@ def _eval_drafter(args) -> int:
     from .eval_drafter import EvalConfig, evaluate
 
     cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
-                     args.prompts)
+                     args.prompts, args.constrained)
     loaded = _load_target(args.target, args.threads)
     return _emit(evaluate(loaded, cfg, progress=not args.quiet))
 
@@ -92,6 +92,8 @@ def register(sub) -> None:
     g.add_argument("--out", required=True)
     g.add_argument("--max-tokens", type=positive_int, default=256)
     g.add_argument("--batch", type=positive_int, default=8)
+    g.add_argument("--constrained", action="store_true",
+                   help="answer robot prompts as the planner does (greedy under the plan grammar)")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_gen_data)
 
@@ -137,6 +139,8 @@ def register(sub) -> None:
     e.add_argument("--block-size", type=positive_int, default=None)
     e.add_argument("--window", type=positive_int, default=128)
     e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
+    e.add_argument("--constrained", action="store_true",
+                   help="decode under the plan grammar, as the planner does (robot prompts)")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 

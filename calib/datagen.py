@@ -12,7 +12,7 @@ attention and get position 0; real tokens get positions 0..len-1 as in ``Runtime
 
 Output directory (never pickle):
   manifest.json            {"format": "thor-calib-data/1", split, seed, n, max_tokens, target,
-                            prompt_set_sha256}
+                            constrained, prompt_set_sha256}
   shard-NNNNN.safetensors  tokens int32 [sum T_i] (prompt + response, flat), offsets int64 [N+1],
                            prompt_lens int32 [N], prompt_index int64 [N] (index in the prompt set)
 Resumable: shards are written atomically (tmp + os.replace) after each batch; a restart reads
@@ -33,7 +33,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import prompt_set_hash
 
-from .prompts import PromptSpec, calib_prompts, render_key
+from .prompts import PromptSpec, RobotRequest, calib_items, render_key
 
 DATA_FORMAT = "thor-calib-data/1"
 
@@ -42,6 +42,9 @@ DATA_FORMAT = "thor-calib-data/1"
 class GenConfig:
     max_tokens: int = 256
     batch: int = 8
+    # Robot prompts answered as the planner answers them: greedy under the plan grammar
+    # (what a deployed drafter must predict), one sequence at a time.
+    constrained: bool = False
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -121,6 +124,30 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
     return out
 
 
+class PlanGreedy:
+    """The planner's decode path for data: greedy under the request's plan grammar (general
+    instructions, which have no request, are decoded unconstrained). Prompt lookup drafts
+    make it faster and, being greedy and exact, do not change a token."""
+
+    def __init__(self, model, tok, max_tokens: int):
+        from agent.planner import Planner
+        from thor_runtime.generate import Runtime
+        from thor_runtime.spec import SpecOptions
+
+        self.rt = Runtime(model, tok)
+        self.planner = Planner(self.rt, tok, spec=SpecOptions(method="ngram"), max_tokens=max(max_tokens, 16),
+                               attempts=0)
+        self.max_tokens = max_tokens
+
+    def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
+        from thor_runtime.sampling import SamplingParams
+
+        grammar = None if req is None else self.planner.prepare(req.world, req.skills).grammar.constraint()
+        p = self.planner
+        return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), proposer=p.proposer, k=p.k,
+                                constraint=grammar).token_ids
+
+
 # ---- dataset on disk ----------------------------------------------------------------------------
 def _manifest(out: Path) -> dict | None:
     f = out / "manifest.json"
@@ -179,14 +206,15 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = calib_prompts(spec)
+    items = calib_items(spec)
+    prompts = [m for m, _ in items]
     man = {"format": DATA_FORMAT, "split": spec.split, "seed": spec.seed, "n": spec.n,
            "general_frac": spec.general_frac, "max_tokens": gen.max_tokens, "target": target,
-           "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
+           "constrained": gen.constrained, "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
     old = _manifest(out)
     if old is not None:
-        keys = ("format", "split", "seed", "general_frac", "max_tokens", "target")
-        diff = [k for k in keys if old.get(k) != man[k]]
+        keys = ("format", "split", "seed", "general_frac", "max_tokens", "target", "constrained")
+        diff = [k for k in keys if old.get(k, False if k == "constrained" else None) != man[k]]
         if diff:
             raise ThorError(f"{out}: existing data was made with different settings ({', '.join(diff)}); "
                             "use another --out or delete it")
@@ -201,9 +229,13 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
     bar = tqdm(total=len(prompts), initial=len(done), desc="gen-data", unit="prompt", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
     n_tok = 0
+    plan_greedy = PlanGreedy(model, tok, gen.max_tokens) if gen.constrained else None
     for b in range(0, len(todo), gen.batch):
         idx = todo[b:b + gen.batch]
-        resp = batched_greedy(model, [enc[i] for i in idx], gen.max_tokens, getattr(tok, "eos_token_ids", ()))
+        if plan_greedy is not None:
+            resp = [plan_greedy(enc[i], items[i][1]) for i in idx]
+        else:
+            resp = batched_greedy(model, [enc[i] for i in idx], gen.max_tokens, getattr(tok, "eos_token_ids", ()))
         seqs = [{"ids": enc[i] + r, "prompt_len": len(enc[i]), "index": i} for i, r in zip(idx, resp)]
         write_shard(out / f"shard-{shard_no:05d}.safetensors", seqs)
         shard_no += 1

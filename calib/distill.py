@@ -338,8 +338,10 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
               "position_weight": f"exp(-(k-1)/{cfg.gamma})", "config": asdict(cfg), "command": command}
     if cfg.eval_n and step >= cfg.steps:      # an interrupted run is evaluated when it finishes
         from .eval_drafter import EvalConfig, evaluate
+        # Judged the way the data was made: planner data is evaluated under the plan grammar.
+        constrained = bool(man.get("constrained")) and cfg.eval_prompts == "robot"
         report["heldout"] = evaluate(loaded, EvalConfig(str(out), cfg.eval_n, cfg.eval_max_tokens,
-                                                        prompt_set=cfg.eval_prompts),
+                                                        prompt_set=cfg.eval_prompts, constrained=constrained),
                                      progress=progress, drafter=drafter)
     write_json_atomic(out / "report.json", report)
     return report

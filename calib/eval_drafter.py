@@ -5,6 +5,10 @@ twice, back to back — plain (K = 0) and with the drafter — so both see the s
 Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts + the
 bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio, and
 whether the outputs are identical (greedy speculative decoding must not change a token).
+
+``constrained``: both runs decode as the planner does, greedy under each request's plan
+grammar (forced tokens ride in the draft; plain constrained decoding already commits them
+without a model step, so the speedup is against that, not against free decoding).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
 
-from .prompts import general_prompts, robot_prompts
+from .prompts import general_prompts, robot_requests
 
 
 @dataclass(frozen=True)
@@ -29,8 +33,11 @@ class EvalConfig:
     block_size: int | None = None    # None = the drafter's own
     window: int = 128
     prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
+    constrained: bool = False        # robot prompts under the plan grammar, as the planner decodes
 
     def __post_init__(self):
+        if self.constrained and self.prompt_set != "robot":
+            raise ThorError("eval-drafter: --constrained needs the robot prompt set (general prompts have no plan grammar)")
         if self.prompt_set not in ("robot", "general"):
             raise ThorError(f"eval-drafter: prompt set must be robot or general, got {self.prompt_set!r}")
         if self.n < 1 or self.max_tokens < 1 or self.window < 1:
@@ -54,17 +61,20 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
-    msgs = (robot_prompts("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot"
-            else general_prompts("heldout")[:cfg.n])
+    reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
+    msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
+    grammar = _grammar_for(rt, tok) if cfg.constrained else None
     agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
-    for ids in tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr, disable=not progress):
+    for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
+                                 disable=not progress)):
         with torch.inference_mode():
-            plain = rt.generate(ids, params)
+            plain = rt.generate(ids, params, constraint=grammar(reqs[i]) if grammar else None)
             prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
-            spec = rt.generate(ids, params, proposer=prop, k=block - 1)
+            spec = rt.generate(ids, params, proposer=prop, k=block - 1,
+                               constraint=grammar(reqs[i]) if grammar else None)
         same = plain.token_ids == spec.token_ids
         identical &= same
         ps, ss = plain.stats, spec.stats
@@ -82,7 +92,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
     spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
     return {
-        "prompts": len(prompts), "split": "heldout", "max_tokens": cfg.max_tokens, "block_size": block,
+        "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
+        "block_size": block,
         "window": cfg.window, "identical_output": identical,
         "accept_length_mean": round(agg["committed"] / agg["cycles"], 4) if agg["cycles"] else 0.0,
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
@@ -90,3 +101,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
         "per_prompt": per_prompt,
     }
+
+
+def _grammar_for(rt, tok):
+    """-> request -> a fresh plan-grammar constraint, built exactly as the planner builds it."""
+    from agent.planner import Planner
+
+    planner = Planner(rt, tok, attempts=0)
+    return lambda req: planner.prepare(req.world, req.skills).grammar.constraint()

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.files import AGENT_DIR, skills_from_dict, world_from_dict
+from agent.files import AGENT_DIR, SkillSet, World, skills_from_dict, world_from_dict
 from agent.prompt import build_messages
 from thor_runtime.errors import ThorError
 
@@ -172,22 +172,36 @@ def split_of(messages: list[dict]) -> str:
     return "heldout" if int.from_bytes(_key(messages)[:8], "big") % HELDOUT_MOD == 0 else "train"
 
 
-def robot_prompts(split: str, n: int, seed: int = 0) -> list[list[dict]]:
-    """n chat-message lists for ``split``; the same (split, n, seed) gives the same list, and
-    robot_prompts(s, n) is a prefix of robot_prompts(s, n + m)."""
+@dataclass(frozen=True)
+class RobotRequest:
+    """One planner request: the chat messages plus what the planner's grammar is built from."""
+    messages: list
+    task: str
+    world: World
+    skills: SkillSet
+
+
+def robot_requests(split: str, n: int, seed: int = 0) -> list[RobotRequest]:
+    """n planner requests for ``split``; the same (split, n, seed) gives the same list, and
+    robot_requests(s, n) is a prefix of robot_requests(s, n + m)."""
     PromptSpec(split, n, seed)
     bases = _base_worlds()
-    out: list[list[dict]] = []
+    out: list[RobotRequest] = []
     i = 0
     while len(out) < n:
         rng = random.Random(f"{_STREAM[split]}:{seed}:{i}")   # str seeds hash deterministically
         i += 1
         base, skills = bases[rng.randrange(len(bases))]
         wd = _random_world(rng, base)
-        msgs = build_messages(_random_task(rng, wd), world_from_dict(wd), skills_from_dict(skills))
+        task, world, skill_set = _random_task(rng, wd), world_from_dict(wd), skills_from_dict(skills)
+        msgs = build_messages(task, world, skill_set)
         if split_of(msgs) == split:
-            out.append(msgs)
+            out.append(RobotRequest(msgs, task, world, skill_set))
     return out
+
+
+def robot_prompts(split: str, n: int, seed: int = 0) -> list[list[dict]]:
+    return [r.messages for r in robot_requests(split, n, seed)]
 
 
 def general_instructions() -> list[str]:
@@ -208,16 +222,25 @@ def general_prompts(split: str) -> list[list[dict]]:
     return [m for m in msgs if split_of(m) == split]
 
 
-def calib_prompts(spec: PromptSpec) -> list[list[dict]]:
-    """A calibration set: robot prompts with a general instruction in every round(1/frac)-th
-    slot while the general set lasts. Slot i's kind depends on i alone, so the set for n is a
-    prefix of the set for any larger n (gen-data can be extended and resumed by index)."""
+def calib_items(spec: PromptSpec) -> list[tuple[list[dict], RobotRequest | None]]:
+    """A calibration set: robot requests with a general instruction (no request: nothing to
+    constrain) in every round(1/frac)-th slot while the general set lasts. Slot i's kind
+    depends on i alone, so the set for n is a prefix of the set for any larger n (gen-data can
+    be extended and resumed by index)."""
     gen = general_prompts(spec.split)
     random.Random(f"general:{spec.seed}").shuffle(gen)
     every = round(1 / spec.general_frac) if spec.general_frac > 0 else 0
     kinds = [bool(every) and i % every == every - 1 and i // every < len(gen) for i in range(spec.n)]
-    robot = iter(robot_prompts(spec.split, kinds.count(False), spec.seed))
-    return [gen[i // every] if k else next(robot) for i, k in enumerate(kinds)]
+    robot = iter(robot_requests(spec.split, kinds.count(False), spec.seed))
+    items = []
+    for i, k in enumerate(kinds):
+        req = None if k else next(robot)
+        items.append((gen[i // every] if k else req.messages, req))
+    return items
+
+
+def calib_prompts(spec: PromptSpec) -> list[list[dict]]:
+    return [m for m, _ in calib_items(spec)]
 
 
 def render_key(messages: list[dict]) -> str:

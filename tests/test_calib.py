@@ -83,6 +83,33 @@ def test_gen_data_resumes(tiny_llama, tmp_path):
         generate_dataset(m.model, m.tokenizer, spec(5), GenConfig(8, 2), tmp_path, progress=False)
 
 
+def test_gen_data_constrained_is_the_planners_output(default_model, tmp_path):
+    """--constrained data = greedy under the request's plan grammar, token for token as the
+    planner decodes (drafts only speed it up); general instructions stay unconstrained."""
+    from calib.datagen import PlanGreedy
+    from calib.prompts import calib_items
+
+    m = default_model
+    spec = PromptSpec("train", 3, 0, general_frac=0.34)            # slots: robot, robot, general
+    s = generate_dataset(m.model, m.tokenizer, spec, GenConfig(24, 2, constrained=True), tmp_path, progress=False)
+    assert s["generated_now"] == 3
+    items = calib_items(spec)
+    assert [req is None for _, req in items] == [False, False, True]
+    planner = PlanGreedy(m.model, m.tokenizer, 24).planner
+    rt = Runtime(m.model, m.tokenizer)
+    for seq in read_shards(tmp_path):
+        msgs, req = items[seq["index"]]
+        ids = m.tokenizer.encode_chat(msgs)
+        assert seq["ids"][:seq["prompt_len"]] == ids
+        grammar = None if req is None else planner.prepare(req.world, req.skills).grammar.constraint()
+        want = rt.generate(ids, SamplingParams(max_tokens=24), constraint=grammar).token_ids
+        assert seq["ids"][seq["prompt_len"]:] == want
+        if req is not None:
+            assert m.tokenizer.decode(want).startswith('{"plan_id":')
+    with pytest.raises(ThorError, match="constrained"):           # resuming must not mix the two kinds
+        generate_dataset(m.model, m.tokenizer, spec, GenConfig(24, 2), tmp_path, progress=False)
+
+
 # ---- distillation --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_data(tiny_llama, tmp_path_factory):
@@ -152,6 +179,20 @@ def test_eval_drafter_identical(tiny_llama, tmp_path):
     r = evaluate(tiny_llama, EvalConfig(str(tmp_path), n=2, max_tokens=12, prompt_set="general"), progress=False)
     assert r["identical_output"] and r["prompts"] == 2
     assert len(r["accept_per_position"]) == 3 and r["accept_length_mean"] >= 1.0
+    with pytest.raises(ThorError, match="constrained"):
+        EvalConfig(str(tmp_path), prompt_set="general", constrained=True)
+
+
+def test_eval_drafter_constrained_identical(default_model, tmp_path):
+    from calib.eval_drafter import EvalConfig, evaluate
+    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+
+    save_drafter(random_drafter(default_model.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
+    r = evaluate(default_model, EvalConfig(str(tmp_path), n=1, max_tokens=40, constrained=True), progress=False)
+    assert r["identical_output"] and r["constrained"] is True
+    # plain constrained decoding commits forced tokens without a model step, so even a random
+    # drafter's cycles commit more than one token each here
+    assert r["accept_length_mean"] > 1.0
 
 
 # ---- FP8 KV scales -------------------------------------------------------------------------------

@@ -140,10 +140,12 @@ def test_window_append_order(tiny_llama):
     # The next anchor (the recovered token) sits at position 13 = len(seq) - 1.
     seq = prompt + rows[:3] + [5]
     assert len(p.propose(seq, 3)[0]) == 3
-    # Grammar-forced tokens after the anchor: the block anchors on the last one, at its position.
+    # Grammar-forced tokens after the anchor: the block stays on the committed anchor (5 at
+    # position 13), the forced tokens take rows 1-2 and the drafts are the rows after them.
     forced = seq + [1, 2]
-    want = drafter.draft_block(p._kv, 2, len(forced) - 1, 3).argmax(-1).tolist()
-    assert p.propose(forced, 3)[0] == want
+    full = drafter.draft_block(p._kv, 5, len(seq) - 1, 5).argmax(-1).tolist()
+    assert p.propose(forced, 3)[0] == full[2:]
+    assert p.propose(seq + [1] * (p.block_size - 1), 3)[0] == []   # forced rows fill the block
     with pytest.raises(ThorError, match="out of step"):
         p.propose(seq[:-1], 3)
 

@@ -12,9 +12,10 @@ Lifecycle (driven by ``generate.py``):
 * ``start``: the window is seeded from the prefill taps of the last min(W, prompt_len)
   prompt tokens (``seed_window=False`` starts empty: the first block then attends to
   itself only).
-* ``propose(seq, k)``: anchor = seq[-1] at position len(seq)-1, which has no feature
-  yet (it is verified in this cycle); the block [anchor, MASK x (B-1)] gives k <= B-1
-  drafts (greedy argmax, probs None; or sampled from q with q returned if sample_probs).
+* ``propose(seq, k)``: anchor = the last committed token (seq[-1] unless grammar-forced
+  tokens follow it), which has no feature yet (it is verified in this cycle); the block
+  [anchor, MASK x (B-1)] gives k <= B-1 drafts (greedy argmax, probs None; or sampled from
+  q with q returned if sample_probs); forced tokens occupy the block's first rows.
 * ``commit(n_rows, taps)``: verify rows 0..n_rows-1 (row 0 = the anchor just verified,
   then the accepted drafts) enter the window in row order, at positions next_pos.. —
   so the first new entry is the first newly committed token, never a repeat of the
@@ -121,16 +122,21 @@ class DFlashProposer(Proposer):
         k = min(k, self.block_size - 1)
         if k <= 0:
             return [], None
-        anchor_pos = len(seq) - 1
-        # anchor_pos > next_pos: grammar-forced tokens ride ahead of the committed anchor; they
-        # have no features yet, so the block anchors on the last of them at its true position
-        # and the context simply has a gap (RoPE keeps every position honest).
-        if anchor_pos < self._next_pos:
-            raise ThorError(f"dflash: proposer is out of step with the sequence (anchor at position "
-                            f"{anchor_pos}, window expects {self._next_pos}); call start() per sequence")
+        # Grammar-forced tokens may ride after the committed anchor (seq[-m:]). They have no
+        # features yet, so the block stays anchored on the committed token, exactly as in
+        # training ([anchor, MASK...] right after the context), and the forced tokens take
+        # the block's first m rows: their drafts are certain, only rows after them are used.
+        anchor_pos = self._next_pos
+        m = len(seq) - 1 - anchor_pos
+        if m < 0:
+            raise ThorError(f"dflash: proposer is out of step with the sequence ({len(seq)} tokens, window "
+                            f"expects at least {anchor_pos + 1}); call start() per sequence")
+        k = min(k, self.block_size - 1 - m)
+        if k <= 0:
+            return [], None
         n = self.window_len
         ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
-        logits = self.drafter.draft_block(ctx, seq[-1], anchor_pos, k, self.block_size)      # [k, V]
+        logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size)[m:]  # [k, V]
         if not self.sample_probs:
             return logits.argmax(-1).tolist(), None
         q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V]
