@@ -342,11 +342,26 @@ def test_sample_probs(tiny_llama):
 
 
 # ---------------------------------------------------------------- the real default target
-def test_default_model_greedy_dflash_equals_plain(default_model):
-    tok = default_model.tokenizer
-    ids = tok.encode("The robot picks up the red cup and")
-    drafter = random_drafter(default_model.cfg, num_layers=1, seed=0)
-    rt = Runtime(default_model.model, tok)
-    want = rt.generate(ids, sp(64)).token_ids
-    p = DFlashProposer(drafter, default_model.model, window=128)
-    assert rt.generate(ids, sp(64), proposer=p, k=15).token_ids == want
+DEFAULT_PROMPTS = ["Plan how the robot moves the red mug from the counter to the dish rack, as JSON steps.",
+                   "The robot must pick up the screwdriver and hand it to the technician. List the steps."]
+
+
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_default_model_greedy_dflash_equals_plain(default_model, kv):
+    """The committed drafter and a random one, on the real default target: 128 greedy tokens
+    identical to plain decoding, with fp32 and fp8 KV."""
+    from thor_runtime.spec import DEFAULT_DRAFTER, SpecOptions, build_proposer
+
+    tok, model = default_model.tokenizer, default_model.model
+    shipped = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
+    assert shipped["target_id"] == model.cfg.name and shipped["hidden_size"] == model.cfg.hidden_size
+    rt = Runtime(model, tok, kv_dtype=kv)
+    for i, prompt in enumerate(DEFAULT_PROMPTS):
+        ids = tok.encode_chat([{"role": "user", "content": prompt}])
+        want = rt.generate(ids, sp(128)).token_ids
+        p, k = build_proposer(SpecOptions(method="dflash"), model)          # the committed drafter
+        assert p.block_size == shipped["block_size"] and tuple(p.tap_layers) == tuple(shipped["tap_layers"])
+        assert rt.generate(ids, sp(128), proposer=p, k=k).token_ids == want
+        if i == 0:
+            rnd = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=128)
+            assert rt.generate(ids, sp(128), proposer=rnd, k=15).token_ids == want
