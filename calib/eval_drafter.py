@@ -85,6 +85,9 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         agg["cycles"] += ss.cycles
         agg["committed"] += ss.committed
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
+            if j == len(offered):     # grammar-forced tokens can make a draft longer than B - 1
+                offered.append(0)
+                accepted.append(0)
             offered[j] += o
             accepted[j] += a
         per_prompt.append({"tokens": ss.generated, "identical": same,

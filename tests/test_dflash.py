@@ -348,9 +348,19 @@ DEFAULT_PROMPTS = ["Plan how the robot moves the red mug from the counter to the
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_default_model_greedy_dflash_equals_plain(default_model, kv):
-    """The committed drafter and a random one, on the real default target: 128 greedy tokens
-    identical to plain decoding, with fp32 and fp8 KV."""
+    """The committed drafter and a random one, on the real default target, 128 greedy tokens:
+    identical to plain decoding with fp32 KV; with fp8 KV identical or a numerical tie under
+    the losslessness gate (plain fp8 decoding itself flips such ties when only the thread
+    count changes; see spec/lossless.py)."""
     from thor_runtime.spec import DEFAULT_DRAFTER, SpecOptions, build_proposer
+    from thor_runtime.spec.lossless import judge
+
+    def check(got, want):
+        if kv == "fp32":
+            assert got == want
+        else:
+            v = judge(rt, ids, want, got)
+            assert v.lossless, v
 
     tok, model = default_model.tokenizer, default_model.model
     shipped = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
@@ -361,7 +371,7 @@ def test_default_model_greedy_dflash_equals_plain(default_model, kv):
         want = rt.generate(ids, sp(128)).token_ids
         p, k = build_proposer(SpecOptions(method="dflash"), model)          # the committed drafter
         assert p.block_size == shipped["block_size"] and tuple(p.tap_layers) == tuple(shipped["tap_layers"])
-        assert rt.generate(ids, sp(128), proposer=p, k=k).token_ids == want
+        check(rt.generate(ids, sp(128), proposer=p, k=k).token_ids, want)
         if i == 0:
             rnd = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=128)
-            assert rt.generate(ids, sp(128), proposer=rnd, k=15).token_ids == want
+            check(rt.generate(ids, sp(128), proposer=rnd, k=15).token_ids, want)
