@@ -139,10 +139,14 @@ class PlanGreedy:
                                attempts=0)
         self.max_tokens = max_tokens
 
+    def constraint(self, req: RobotRequest | None):
+        """A fresh plan-grammar constraint for req, built exactly as the planner builds it."""
+        return None if req is None else self.planner.prepare(req.world, req.skills).grammar.constraint()
+
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
         from thor_runtime.sampling import SamplingParams
 
-        grammar = None if req is None else self.planner.prepare(req.world, req.skills).grammar.constraint()
+        grammar = self.constraint(req)
         p = self.planner
         return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), proposer=p.proposer, k=p.k,
                                 constraint=grammar).token_ids

@@ -21,6 +21,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
 
+from .datagen import PlanGreedy
 from .prompts import general_prompts, robot_requests
 
 
@@ -64,17 +65,17 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
     msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
-    grammar = _grammar_for(rt, tok) if cfg.constrained else None
+    grammar = PlanGreedy(model, tok, cfg.max_tokens).constraint if cfg.constrained else (lambda req: None)
     agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
     for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
                                  disable=not progress)):
         with torch.inference_mode():
-            plain = rt.generate(ids, params, constraint=grammar(reqs[i]) if grammar else None)
+            plain = rt.generate(ids, params, constraint=grammar(reqs[i] if reqs else None))
             prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
             spec = rt.generate(ids, params, proposer=prop, k=block - 1,
-                               constraint=grammar(reqs[i]) if grammar else None)
+                               constraint=grammar(reqs[i] if reqs else None))
         same = plain.token_ids == spec.token_ids
         identical &= same
         ps, ss = plain.stats, spec.stats
@@ -105,10 +106,3 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "per_prompt": per_prompt,
     }
 
-
-def _grammar_for(rt, tok):
-    """-> request -> a fresh plan-grammar constraint, built exactly as the planner builds it."""
-    from agent.planner import Planner
-
-    planner = Planner(rt, tok, attempts=0)
-    return lambda req: planner.prepare(req.world, req.skills).grammar.constraint()

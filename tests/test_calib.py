@@ -95,13 +95,13 @@ def test_gen_data_constrained_is_the_planners_output(default_model, tmp_path):
     assert s["generated_now"] == 3
     items = calib_items(spec)
     assert [req is None for _, req in items] == [False, False, True]
-    planner = PlanGreedy(m.model, m.tokenizer, 24).planner
+    plan_greedy = PlanGreedy(m.model, m.tokenizer, 24)
     rt = Runtime(m.model, m.tokenizer)
     for seq in read_shards(tmp_path):
         msgs, req = items[seq["index"]]
         ids = m.tokenizer.encode_chat(msgs)
         assert seq["ids"][:seq["prompt_len"]] == ids
-        grammar = None if req is None else planner.prepare(req.world, req.skills).grammar.constraint()
+        grammar = plan_greedy.constraint(req)
         want = rt.generate(ids, SamplingParams(max_tokens=24), constraint=grammar).token_ids
         assert seq["ids"][seq["prompt_len"]:] == want
         if req is not None:
