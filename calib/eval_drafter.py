@@ -105,4 +105,3 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
         "per_prompt": per_prompt,
     }
-
