@@ -1,4 +1,4 @@
-"""`thor calib {gen-data,distill,eval-drafter,kv-scales}` — offline calibration and drafter training.
+"""`thor calib {gen-data,distill,draft-vocab,eval-drafter,kv-scales}` — offline calibration and drafter training.
 
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
@@ -55,6 +55,15 @@ def _distill(args) -> int:
     loaded = _load_target(args.target, args.threads)
     return _emit(run_distill(loaded, cfg, command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None
                              else args.argv, progress=not args.quiet))
+
+
+# ---- draft-vocab -----------------------------------------------------------------------------
+def _draft_vocab(args) -> int:
+    from thor_runtime.loading import load_config
+
+    from .distill import write_draft_vocab
+
+    return _emit(write_draft_vocab(args.drafter, args.data, args.size, load_config(args.target).vocab_size))
 
 
 # ---- eval-drafter ----------------------------------------------------------------------------
@@ -127,8 +136,17 @@ def register(sub) -> None:
     d.add_argument("--negatives", type=_nonneg_int, default=2048, help="random negatives per step (--vocab data)")
     d.add_argument("--max-time", type=float, default=0.0, help="stop (and checkpoint) after this many seconds")
     d.add_argument("--stop-at", type=_nonneg_int, default=0, help="stop (and checkpoint) after this step")
+    d.add_argument("--draft-vocab", type=_nonneg_int, default=2048,
+                   help="drafter head shortlist: the N most frequent response tokens (0 = full vocabulary)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_distill, argv=None)
+
+    v = cs.add_parser("draft-vocab", help="(re)build a drafter's head shortlist from its training data")
+    v.add_argument("--target", default="default")
+    v.add_argument("--drafter", required=True, help="drafter dir; draft_vocab.json is written there")
+    v.add_argument("--data", required=True, help="gen-data dir of the train split")
+    v.add_argument("--size", type=positive_int, default=2048)
+    v.set_defaults(func=_draft_vocab)
 
     e = cs.add_parser("eval-drafter", parents=[common], help="held-out acceptance length and speedup vs plain decoding")
     e.add_argument("--target", default="default")

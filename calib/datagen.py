@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import prompt_set_hash
+from thor_runtime.model import attend
 
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
 
@@ -79,7 +79,6 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
     pos = (col[None, :] - pad[:, None]).clamp(min=0)                                 # [B, S]
     kshape = (cfg.num_layers, B, cfg.num_kv_heads, S, cfg.head_dim)
     kbuf, vbuf = torch.zeros(kshape, dtype=dt, device=dev), torch.zeros(kshape, dtype=dt, device=dev)
-    gqa = cfg.num_heads != cfg.num_kv_heads
     rows = torch.arange(B)                       # which original prompt each live row is
     out: list[list[int]] = [[] for _ in range(B)]
     eos = set(eos_ids)
@@ -99,8 +98,7 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
         for i in range(cfg.num_layers):
             q, k, v = model.pre_attn(i, h, p)            # q [b, H, T, Dh], k/v [b, Hkv, T, Dh]
             kbuf[i, :, :, c0:c1], vbuf[i, :, :, c0:c1] = k, v
-            o = F.scaled_dot_product_attention(q, kbuf[i, :, :, :c1], vbuf[i, :, :, :c1], attn_mask=m,
-                                               enable_gqa=gqa)                      # [b, H, T, Dh]
+            o = attend(q, kbuf[i, :, :, :c1], vbuf[i, :, :, :c1], m)                    # [b, H, T, Dh]
             h = model.post_attn(i, h, o.transpose(1, 2).reshape(*h.shape[:2], -1))
         return model.head(h[:, -1])                                                  # [b, V]
 

@@ -40,6 +40,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.spec.dflash_io import default_tap_layers, save_drafter
 from thor_runtime.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask
+from thor_runtime.spec.draft_vocab import DraftVocab, response_counts
 
 from .ckpt import load_checkpoint, save_checkpoint
 from .datagen import _manifest, read_shards
@@ -77,6 +78,7 @@ class DistillConfig:
     max_time: float = 0.0            # stop (with a checkpoint) after this much training time
     stop_at: int = 0                 # stop (with a checkpoint) after this step; 0 = run to `steps`
     eval_prompts: str = "robot"      # held-out set for the report: robot | general
+    draft_vocab: int = 2048          # head shortlist: the N most frequent response tokens (0 = full head)
 
     def __post_init__(self):
         for k in ("gen_n", "gen_max_tokens", "layers", "num_taps", "window", "steps", "batch", "blocks",
@@ -87,8 +89,9 @@ class DistillConfig:
             raise ThorError(f"distill: block size must be >= 2, got {self.block_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ThorError(f"distill: lr must be a positive number, got {self.lr}")
-        if min(self.warmup, self.eval_n, self.max_time, self.weight_decay, self.stop_at) < 0:
-            raise ThorError("distill: warmup, eval_n, max_time, weight_decay and stop_at must be >= 0")
+        if min(self.warmup, self.eval_n, self.max_time, self.weight_decay, self.stop_at, self.draft_vocab) < 0:
+            raise ThorError("distill: warmup, eval_n, max_time, weight_decay, stop_at and draft_vocab "
+                            "must be >= 0")
         if not self.gamma > 0:
             raise ThorError(f"distill: gamma must be > 0, got {self.gamma}")
         if self.vocab not in ("data", "full") or self.negatives < 0:
@@ -101,7 +104,7 @@ class DistillConfig:
         return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, a.block_size, a.taps, a.num_taps,
                    a.window, a.steps, a.lr, a.warmup, a.batch, a.blocks, a.gamma, a.weight_decay,
                    a.ckpt_every, a.resume, a.bf16, a.seed, a.eval_n, a.eval_max_tokens, a.vocab, a.negatives,
-                   a.max_time, a.stop_at)
+                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab)
 
     def tap_list(self, num_layers: int) -> tuple[int, ...]:
         if self.taps == "auto":
@@ -327,6 +330,8 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
     bar.close()
     elapsed += time.perf_counter() - t0
     drafter.eval()
+    if cfg.draft_vocab:
+        drafter.draft_vocab = build_draft_vocab(seqs, cfg.draft_vocab, mcfg.vocab_size, data_dir)
     save_drafter(drafter, out)
     _plot(losses, out / "loss.png")
 
@@ -345,3 +350,26 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
                                      progress=progress, drafter=drafter)
     write_json_atomic(out / "report.json", report)
     return report
+
+
+def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_dir: Path) -> DraftVocab:
+    """The drafter head's shortlist from the training responses (see draft_vocab.py)."""
+    counts = response_counts(seqs)
+    return DraftVocab.from_counts(counts, size, vocab_size, source={
+        "data": data_dir.name, "sequences": len(seqs), "response_tokens": sum(counts.values()),
+        "distinct_tokens": len(counts)})
+
+
+def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: int) -> dict:
+    """(Re)build the shortlist of an existing drafter from its training data."""
+    from thor_runtime.spec.dflash_io import load_drafter
+
+    d, data = Path(drafter_dir), Path(data_dir)
+    load_drafter(d)                     # refuses anything that is not a drafter before writing into it
+    man = _manifest(data) or {}
+    if man.get("split") != "train":
+        raise ThorError(f"{data}: the shortlist comes from training data (found split {man.get('split')!r})")
+    vocab = build_draft_vocab(read_shards(data), size, vocab_size, data)
+    path = vocab.save(d)
+    return {"drafter": str(d), "path": str(path), "size": len(vocab.ids), "coverage": vocab.coverage,
+            **vocab.source}

@@ -52,6 +52,39 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rot * sin
 
 
+# Queries per call up to which ``attend`` uses plain batched matmuls. Decode and verify
+# (1..~32 rows) are there: on CPU, torch's SDPA costs ~0.5 ms per call for one query and
+# ~2 ms with a mask, against ~0.05-0.3 ms for the matmuls (SmolLM2-135M, 850 keys).
+# Prefill keeps SDPA, whose fused kernel never materializes [T, n] scores per head.
+SMALL_ATTN_ROWS = 64
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           causal: bool = False) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads.
+
+    q [..., H, T, Dh]; k, v [..., Hkv, n, Dh] with H a multiple of Hkv (query head h reads KV
+    head h // (H / Hkv)); mask None, or bool broadcastable to [..., 1, T, n] (True = attend), or
+    float [T, n] added to the scores; causal: query t sees keys 0..t (T == n). -> [..., H, T, Dh].
+    """
+    H, T, Dh = q.shape[-3:]
+    Hkv, n = k.shape[-3], k.shape[-2]
+    if T > SMALL_ATTN_ROWS or (causal and T > 1):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=H != Hkv)
+    g, lead = H // Hkv, q.shape[:-3]
+    # The g query heads of one KV head share its keys: fold them into the row dim, so one
+    # matmul per KV head replaces a copy of K/V per query head.
+    qg = q.reshape(*lead, Hkv, g * T, Dh)                                      # [..., Hkv, gT, Dh]
+    s = torch.matmul(qg, k.transpose(-1, -2)) * (Dh ** -0.5)                  # [..., Hkv, gT, n]
+    if mask is not None:
+        s = s.view(*lead, Hkv, g, T, n)
+        s = s + mask if mask.is_floating_point() else s.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+        s = s.view(*lead, Hkv, g * T, n)
+    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
+    return torch.matmul(p, v).view(*lead, H, T, Dh)                           # [..., H, T, Dh]
+
+
 # Up to this many rows the int8 kernel wins (decode and verify); beyond it (prefill) the
 # dense fp32 matmul does — measured on AVX-512 CPUs, see the README.
 INT8_MAX_ROWS = 16
@@ -231,11 +264,11 @@ class TargetModel:
         elif start == 0:
             mask, causal = None, True
         else:
-            # Query t sits at absolute position start + t and may see keys 0..start + t.
-            rows = torch.arange(T, device=q.device)[:, None] + start
-            mask, causal = torch.arange(n, device=q.device)[None, :] <= rows, False  # [T, n]
-        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+            # Query t sits at absolute position start + t and may see keys 0..start + t: every
+            # cached key, then a causal [T, T] tail. Additive, so it costs one add per score.
+            tail = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+            mask, causal = F.pad(tail, (n - T, 0)), False                          # [T, n]
+        o = attend(q, K, V, mask, causal)                        # [H, T, Dh]
         return o.transpose(0, 1).reshape(T, -1)                 # [T, H Dh]
 
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

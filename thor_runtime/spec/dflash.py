@@ -15,7 +15,8 @@ Lifecycle (driven by ``generate.py``):
 * ``propose(seq, k)``: anchor = the last committed token (seq[-1] unless grammar-forced
   tokens follow it), which has no feature yet (it is verified in this cycle); the block
   [anchor, MASK x (B-1)] gives k <= B-1 drafts (greedy argmax, probs None; or sampled from
-  q with q returned if sample_probs); forced tokens occupy the block's first rows.
+  q with q returned if sample_probs); forced tokens occupy the block's first rows. With a
+  draft vocabulary (draft_vocab.py) the head scores only its ids plus the prompt's.
 * ``commit(n_rows, taps)``: verify rows 0..n_rows-1 (row 0 = the anchor just verified,
   then the accepted drafts) enter the window in row order, at positions next_pos.. —
   so the first new entry is the first newly committed token, never a repeat of the
@@ -36,11 +37,12 @@ class DFlashProposer(Proposer):
 
     def __init__(self, drafter: DFlashDrafter, target=None, window: int | None = None,
                  seed_window: bool = True, block_size: int | None = None, sample_probs: bool = False,
-                 draft_temperature: float = 1.0, seed: int | None = None):
+                 draft_temperature: float = 1.0, seed: int | None = None, full_vocab: bool = False):
         """target: the TargetModel whose embedding / lm_head the drafter shares (may be None if
         the drafter is already bound). sample_probs: draw drafts from softmax(logits /
         draft_temperature) and return those probabilities, for speculative sampling (drafts
-        must be samples of the q handed to the acceptor); otherwise greedy drafts, no probs."""
+        must be samples of the q handed to the acceptor); otherwise greedy drafts, no probs.
+        full_vocab: score the whole vocabulary even if the drafter has a draft vocabulary."""
         cfg = drafter.cfg
         if target is not None:
             check_fits(cfg, target.cfg, "dflash drafter")
@@ -63,6 +65,9 @@ class DFlashProposer(Proposer):
         self.seed_window, self.sample_probs, self.temp = seed_window, sample_probs, float(draft_temperature)
         self.gen = torch.Generator(device=drafter.embed_w.device)
         self.gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        self.vocab = None if full_vocab else drafter.draft_vocab
+        self._ids: torch.Tensor | None = None      # [V'] token ids the head scores (None = all)
+        self._head: torch.Tensor | None = None     # [V', D] their lm_head rows
         self._alloc()
 
     # ---- window storage
@@ -110,6 +115,10 @@ class DFlashProposer(Proposer):
     def start(self, prompt_ids, prompt_taps):
         self._count = 0
         self._next_pos = len(prompt_ids)
+        if self.vocab is not None:
+            # Per request: the shortlist plus this prompt's tokens, gathered once.
+            self._ids = self.vocab.with_tokens(prompt_ids).to(self._pos.device)                # [V']
+            self._head = self.drafter.lm_head_w.index_select(0, self._ids).to(self.drafter.dtype)  # [V', D]
         if self.seed_window and prompt_taps:
             raw = self.drafter.concat_taps(prompt_taps)                                       # [T, n_taps*D]
             T = raw.shape[0]
@@ -136,12 +145,19 @@ class DFlashProposer(Proposer):
             return [], None
         n = self.window_len
         ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
-        logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size)[m:]  # [k, V]
+        head = self._head if self._ids is not None else None
+        logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size,
+                                          head=head)[m:]                                      # [k, V']
         if not self.sample_probs:
-            return logits.argmax(-1).tolist(), None
-        q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V]
+            best = logits.argmax(-1)                                                          # [k]
+            return (best if self._ids is None else self._ids[best]).tolist(), None
+        q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V']
         drafts = torch.multinomial(q, 1, generator=self.gen).squeeze(-1)                      # [k]
-        return drafts.tolist(), q
+        if self._ids is None:
+            return drafts.tolist(), q
+        full = q.new_zeros(k, self.drafter.lm_head_w.shape[0])                                # [k, V]
+        full.index_copy_(1, self._ids, q)     # q is zero off the shortlist: those are never drafted
+        return self._ids[drafts].tolist(), full
 
     @torch.inference_mode()
     def commit(self, n_rows, taps):

@@ -6,6 +6,7 @@ Our layout (``format: thor-dflash/1``), a directory with
                      layers.N.self_attn.{q,k,v,o}_proj.weight, layers.N.self_attn.{q,k}_norm.weight,
                      layers.N.{input_layernorm,post_attention_layernorm}.weight,
                      layers.N.mlp.{gate,up,down}_proj.weight
+  draft_vocab.json   optional: the head's shortlist of token ids (draft_vocab.py)
 No embedding or lm_head: the drafter shares the target's.
 
 z-lab layout (their HF drafters for Qwen3 targets): an HF-style config.json with
@@ -27,6 +28,7 @@ from ..config import ModelConfig
 from ..errors import ThorError
 from ..fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
 from .dflash_model import DFlashConfig, DFlashDrafter
+from .draft_vocab import FILENAME, load_draft_vocab
 
 FORMAT = "thor-dflash/1"
 # Tensors a z-lab export may carry that we do not use (the target's own are shared).
@@ -97,6 +99,11 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     save_file(tensors, str(tmp), metadata={"format": FORMAT})
     tmp.replace(d / "model.safetensors")
     write_json_atomic(d / "config.json", doc)
+    vocab_file = d / FILENAME
+    if drafter.draft_vocab is not None:
+        drafter.draft_vocab.save(d)
+    elif vocab_file.exists():
+        vocab_file.unlink()  # a stale shortlist would belong to the drafter just replaced
     return d
 
 
@@ -217,4 +224,5 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
         raise ThorError(f"{d}: unexpected tensors {extra[:4]} (not a DFlash drafter of this layout?)")
     sd = {k: weights[k].to(device=device, dtype=dtype) for k in expected}
     drafter.load_state_dict(sd, strict=True, assign=True)
+    drafter.draft_vocab = load_draft_vocab(d, target_cfg.vocab_size if target_cfg is not None else None)
     return drafter.eval()

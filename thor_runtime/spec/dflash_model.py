@@ -31,8 +31,9 @@ window=128)``
   (k_norm and RoPE applied). They depend only on the feature and its position, so a
   caller caches them per committed token. Attention over context is order-free (no
   causal mask, positions are inside K), so a ring buffer needs no reordering.
-  ``draft_block(ctx_kv [L, 2, Hkv, C, Dh] | None, anchor_id, anchor_pos, n, block_size=None)
-  -> logits [n, V]`` (fp32) for block rows 1..n.
+  ``draft_block(ctx_kv [L, 2, Hkv, C, Dh] | None, anchor_id, anchor_pos, n, block_size=None,
+  head=None) -> logits [n, V]`` (fp32) for block rows 1..n; ``head`` [V', D] scores a
+  subset of the vocabulary (see draft_vocab.py).
 * training, batched: ``forward(block_ids [B, N], block_pos [B, N], ctx_feats [B, C, D] or
   ctx_taps [B, C, n_taps*D], ctx_pos [B, C], attn_mask=None) -> hidden [B, N, D]``;
   ``logits(hidden) -> [..., V]``. N = nblk * block_size (several blocks of one sequence
@@ -54,7 +55,7 @@ from torch import nn
 
 from ..config import check_attention_dims
 from ..errors import ThorError
-from ..model import apply_rope, rms_norm
+from ..model import apply_rope, attend, rms_norm
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,7 @@ class Attention(nn.Module):
         bk, bv = self.kv(x, cos, sin)                                                  # [B, Hkv, N, Dh]
         k = torch.cat([ctx_k, bk], dim=2)                                              # [B, Hkv, C+N, Dh]
         v = torch.cat([ctx_v, bv], dim=2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
-                                           enable_gqa=self.H != self.Hk)               # [B, H, N, Dh]
+        o = attend(q, k, v, mask)                                                      # [B, H, N, Dh]
         return self.o_proj(o.transpose(1, 2).reshape(B, N, self.H * self.Dh))
 
 
@@ -210,6 +210,7 @@ class DFlashDrafter(nn.Module):
         self.embed_w: torch.Tensor | None = None               # [V, D] target's, frozen
         self.lm_head_w: torch.Tensor | None = None             # [V, D] target's, frozen
         self._mask_emb: torch.Tensor | None = None             # [D] cached embedding of the mask token
+        self.draft_vocab = None                                # DraftVocab | None: the head's shortlist
 
     # ---- the shared, frozen target pieces
     def bind_target(self, embed_w: torch.Tensor, lm_head_w: torch.Tensor) -> "DFlashDrafter":
@@ -261,9 +262,10 @@ class DFlashDrafter(nn.Module):
         return torch.stack(out)
 
     def draft_block(self, ctx_kv: torch.Tensor | None, anchor_id: int, anchor_pos: int, n: int,
-                    block_size: int | None = None) -> torch.Tensor:
+                    block_size: int | None = None, head: torch.Tensor | None = None) -> torch.Tensor:
         """ctx_kv [L, 2, Hkv, C, Dh] or None (block attends to itself only) -> logits [n, V]
-        (fp32) of block rows 1..n, i.e. the tokens at anchor_pos+1 .. anchor_pos+n."""
+        (fp32) of block rows 1..n, i.e. the tokens at anchor_pos+1 .. anchor_pos+n.
+        head: rows of the lm_head to score, [V', D] (a draft vocabulary) -> logits [n, V']."""
         self._need_target()
         Bk = block_size or self.cfg.block_size
         if not 1 <= n <= Bk - 1:
@@ -283,7 +285,8 @@ class DFlashDrafter(nn.Module):
         # W @ h^T rather than h @ W^T: on CPU (MKL) h @ W^T re-streams the [V, D] head for
         # row counts that are not a multiple of 16 (15 rows measured ~2x slower); W @ h^T
         # reads it once whatever n is, and the head read is most of a propose.
-        return torch.mm(self.lm_head_w, hn.t()).t().float()                          # [n, V]
+        w = self.lm_head_w if head is None else head
+        return torch.mm(w, hn.t()).t().float()                                        # [n, V]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., D] (after the final norm) -> [..., V] fp32 via the target lm_head."""
