@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from thor_runtime.errors import ThorError
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec import SpecOptions, build_proposer
+from thor_runtime.spec import SpecOptions, build_proposer, draft_budget
 from thor_runtime.stats import Stats
 
 from .files import SkillSet, World, base_plan_schema
@@ -99,7 +99,7 @@ class Planner:
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
             res = self.rt.generate(ids, params, proposer=self.proposer, k=self.k, relaxed=self.relaxed,
-                                   constraint=req.grammar.constraint())
+                                   constraint=req.grammar.constraint(), draft_budget=draft_budget(self.spec))
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
             gate = check_plan(text, req.schema, world, skills)

@@ -146,6 +146,10 @@ def test_distill_loss_decreases_and_resume(tiny_llama, tiny_data, tmp_path):
     from thor_runtime.spec.dflash_io import load_drafter
     d = load_drafter(tmp_path / "full", tiny_llama.cfg)
     assert d.cfg.tap_layers == (0, 2) and "embed" not in " ".join(d.state_dict())
+    # the head shortlist: every response token of the training data (fewer than 2048 distinct)
+    responses = {t for s in read_shards(tiny_data) for t in s["ids"][s["prompt_len"]:]}
+    assert d.draft_vocab is not None and set(d.draft_vocab.ids) <= responses
+    assert d.draft_vocab.coverage == 1.0 and len(d.draft_vocab.ids) > 1
 
     # interrupted at step 12, then resumed: same step count, same trajectory
     part = _dcfg(tmp_path / "part", tiny_data, stop_at=12)
@@ -169,6 +173,25 @@ def test_distill_loss_decreases_and_resume(tiny_llama, tiny_data, tmp_path):
     (ck / "ckpt.json").write_text("{not json")
     with pytest.raises(ThorError, match="damaged"):
         run_distill(tiny_llama, replace(part, resume=True), progress=False)
+
+
+def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
+    from collections import Counter
+
+    from thor_runtime.cli import main
+    from thor_runtime.spec.dflash_io import load_drafter, random_drafter, save_drafter
+
+    save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path / "d")
+    args = ["calib", "draft-vocab", "--target", str(tiny_dirs["llama"]), "--drafter", str(tmp_path / "d")]
+    assert main(args + ["--data", str(tiny_data), "--size", "8"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    counts = Counter(t for s in read_shards(tiny_data) for t in s["ids"][s["prompt_len"]:])
+    top = load_drafter(tmp_path / "d", tiny_llama.cfg).draft_vocab
+    assert doc["size"] == 8 and len(top.ids) == 8
+    assert min(counts[t] for t in top.ids) >= max(c for t, c in counts.items() if t not in top.ids)
+    assert main(args + ["--data", str(tmp_path / "d")]) == 2                   # not a data directory
+    assert main(["calib", "draft-vocab", "--drafter", str(tmp_path / "nope"), "--data", str(tiny_data),
+                 "--target", str(tiny_dirs["llama"])]) == 2
 
 
 def test_eval_drafter_identical(tiny_llama, tmp_path):

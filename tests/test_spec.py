@@ -49,6 +49,10 @@ def test_ngram_greedy_identical_tiny(arch, kv, request):
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_ngram_greedy_identical_default(default_model, kv):
+    """Identical with fp32 KV; with fp8 KV identical or a numerical tie under the losslessness
+    gate (fp8 rounding turns last-bit kernel differences into near-tie flips; see lossless.py)."""
+    from thor_runtime.spec.lossless import judge
+
     tok = default_model.tokenizer
     rt = Runtime(default_model.model, tok, kv_dtype=kv)
     for prompt in ["List the steps to pick up a cup, then repeat the list exactly.",
@@ -57,7 +61,11 @@ def test_ngram_greedy_identical_default(default_model, kv):
         params = SamplingParams(max_tokens=128, ignore_eos=True)
         plain = rt.generate(ids, params)
         spec = rt.generate(ids, params, proposer=NgramProposer(), k=8)
-        assert spec.token_ids == plain.token_ids
+        if kv == "fp32":
+            assert spec.token_ids == plain.token_ids
+        else:
+            v = judge(rt, ids, plain.token_ids, spec.token_ids)
+            assert v.lossless, v
         assert spec.stats.accepted > 0
 
 

@@ -17,6 +17,7 @@ from .model import TargetModel
 from .sampling import SamplingParams, make_generator, target_probs
 from .spec.accept import RelaxedConfig, accept_relaxed, accept_sampling, accept_strict, in_thinking
 from .spec.base import Proposer
+from .spec.budget import DraftBudget
 from .stats import Stats
 
 
@@ -72,7 +73,9 @@ class Runtime:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  proposer: Proposer | None = None, k: int = 0, relaxed: RelaxedConfig | None = None,
-                 constraint=None, on_token: Callable[[int], None] | None = None) -> Result:
+                 constraint=None, on_token: Callable[[int], None] | None = None,
+                 draft_budget: DraftBudget | None = DraftBudget()) -> Result:
+        """draft_budget: how many proposer drafts each cycle verifies (None = always k)."""
         cfg = self.model.cfg
         if not prompt_ids:
             raise ThorError("the prompt is empty")
@@ -103,9 +106,12 @@ class Runtime:
 
         # ---- decode: one cycle per iteration
         t_dec = time.perf_counter()
+        db = draft_budget
+        mean_acc = db.start(k) if db is not None else 0.0
         while not done:
             t_a = time.perf_counter()
-            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint)
+            cap = db.cap(k, mean_acc) if db is not None else k
+            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
             vout = self.model.forward(rows, cache, taps=taps)                      # logits [K+1, V]
@@ -118,6 +124,9 @@ class Runtime:
             if proposer is not None:
                 proposer.commit(n_acc + 1, vout.taps or None)
             done = self._commit(committed, seq, stop, constraint, on_token)
+            if db is not None and len(drafts) > forced:   # only cycles that tried the proposer
+                mean_acc = db.update(mean_acc, max(n_acc - forced, 0))
+            stats.capped_cycles += cap < k
             stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
                                time.perf_counter() - t_c)
         stats.decode_s = time.perf_counter() - t_dec
@@ -125,13 +134,14 @@ class Runtime:
         return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
 
     # ---- the three verbs' helpers
-    def propose(self, proposer, seq, k, stop, params, constraint):
-        """Forced grammar tokens first (they ride in the draft for free), then the proposer's
-        drafts, cut at the first token the grammar rejects and at the token budget."""
+    def propose(self, proposer, seq, k, stop, params, constraint, cap=None):
+        """Forced grammar tokens first (they ride in the draft for free), then at most ``cap``
+        of the proposer's drafts, cut at the first token the grammar rejects and at the token
+        budget."""
         budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
         forced = list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
         drafts, probs = list(forced), None
-        room = min(k, budget) - len(drafts)
+        room = min(min(k, budget) - len(drafts), k if cap is None else cap)
         if proposer is not None and room > 0:
             extra, probs = proposer.propose(seq + drafts, room)
             extra = list(extra)[:room]

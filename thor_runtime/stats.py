@@ -18,6 +18,7 @@ class Stats:
     accepted: int = 0
     committed: int = 0
     jump_forward: int = 0
+    capped_cycles: int = 0            # cycles whose drafts the draft budget cut to its low_k
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
@@ -59,6 +60,7 @@ class Stats:
             "accept_per_position": [round(a / o, 4) if o else 0.0
                                     for a, o in zip(self.pos_accepted, self.pos_offered)],
             "jump_forward_tokens": self.jump_forward,
+            "capped_cycles": self.capped_cycles,
             "time_draft_s": round(self.draft_s, 6),
             "time_verify_s": round(self.verify_s, 6),
             "time_rest_s": round(self.rest_s, 6),

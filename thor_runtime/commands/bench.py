@@ -20,7 +20,7 @@ import torch
 
 from ..errors import ThorError
 from ..sampling import SamplingParams
-from ..spec import SPEC_METHODS, SpecOptions, build_proposer
+from ..spec import SPEC_METHODS, SpecOptions, build_proposer, draft_budget
 from ..spec.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
 from .common import positive_int
 
@@ -99,7 +99,7 @@ def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
             opts = SpecOptions(method=spec_name.split("-")[0], drafter=args.drafter, block_size=args.block_size,
                                window=args.window, seed_window=not spec_name.endswith("noseed"))
             proposer, k = build_proposer(opts, loaded.model)
-            res = rt.generate(ids, params, proposer=proposer, k=k)
+            res = rt.generate(ids, params, proposer=proposer, k=k, draft_budget=draft_budget(opts))
             s = res.stats.to_dict()
             decode.append(s["decode_tok_s"])
             if proposer is not None:

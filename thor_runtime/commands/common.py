@@ -35,6 +35,8 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     g.add_argument("--window", type=positive_int, default=128, help="DFlash per-token context window W")
     g.add_argument("--no-window-seed", action="store_true", help="don't seed the window from the prompt tail")
     g.add_argument("--ngram-k", type=positive_int, default=8, help="prompt-lookup drafts per cycle")
+    g.add_argument("--fixed-k", action="store_true",
+                   help="verify all K drafts every cycle (default: only 2 while the proposer is rarely right)")
     g.add_argument("--relaxed-thinking", action="store_true",
                    help="relaxed acceptance inside <think>...</think> (greedy only)")
     g.add_argument("--relaxed-topk", type=positive_int, default=3)
@@ -44,7 +46,7 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
 
 def spec_options(args) -> SpecOptions:
     return SpecOptions(method=args.spec, drafter=args.drafter, block_size=args.block_size, window=args.window,
-                       seed_window=not args.no_window_seed, ngram_k=args.ngram_k)
+                       seed_window=not args.no_window_seed, ngram_k=args.ngram_k, fixed_k=args.fixed_k)
 
 
 def relaxed_config(args, tokenizer):

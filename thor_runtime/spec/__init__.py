@@ -21,6 +21,7 @@ class SpecOptions:
     ngram_k: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
+    fixed_k: bool = False             # verify all K drafts every cycle (no draft budget)
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
@@ -29,6 +30,13 @@ class SpecOptions:
             raise ThorError(f"block size must be >= 2, got {self.block_size}")
         if self.window < 1:
             raise ThorError(f"window must be >= 1, got {self.window}")
+
+
+def draft_budget(opts: SpecOptions):
+    """The cycle's draft budget for these options (None = always K)."""
+    from .budget import DraftBudget
+
+    return None if opts.fixed_k else DraftBudget()
 
 
 def _ngram(opts: SpecOptions, model):
