@@ -25,6 +25,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
+    g.add_argument("--weights-layout", default="auto", choices=["auto", "dense", "packed", "dual"],
+                   help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest, twice the memory); "
+                        "auto = dual where oneDNN can pack")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -68,7 +71,7 @@ def build_runtime(args):
 
     if args.prefill_chunk < 0:
         raise ThorError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
-    loaded = load(args.model, args.dtype)
+    loaded = load(args.model, args.dtype, layout=args.weights_layout)
     scales = KVScales.load(args.kv_scales, loaded.cfg) if args.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,
                  kv_scales=scales)

@@ -58,7 +58,8 @@ def load_config(model: str = "default") -> ModelConfig:
     return gguf_config(open_reader(p), p)
 
 
-def load(model: str = "default", dtype: str = "fp32", device: str = "cpu") -> Loaded:
+def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layout: str = "auto") -> Loaded:
+    """layout: how projection weights are held in memory (TargetModel, WEIGHT_LAYOUTS)."""
     if dtype not in DTYPES and dtype not in QUANT:
         raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANT])}")
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
@@ -76,4 +77,5 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu") -> Lo
         cfg = gguf_config(reader, p)
         weights = gguf_weights(reader, cfg, p)
         tok = Tokenizer.from_gguf_fields(reader)
-    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant), tok, cfg, str(p))
+    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout),
+                  tok, cfg, str(p))
