@@ -249,7 +249,8 @@ class ScriptedRuntime:
     def __init__(self, tok, texts, model=None):
         self.tok, self.texts, self.prompts, self.model = tok, list(texts), [], model
 
-    def generate(self, prompt_ids, params, proposer=None, k=0, relaxed=None, constraint=None, on_token=None):
+    def generate(self, prompt_ids, params, proposer=None, k=0, relaxed=None, constraint=None, on_token=None,
+                 draft_budget=None):
         self.prompts.append(self.tok.decode(prompt_ids))
         ids = self.tok.encode(self.texts.pop(0), add_special=False) + [self.tok.eos_token_ids[0]]
         st = Stats(prompt_tokens=len(prompt_ids), generated=len(ids))
