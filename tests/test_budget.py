@@ -25,18 +25,23 @@ class _Scripted(Proposer):
         return self.answer[done:done + k], None
 
 
-def test_budget_validation():
-    for bad in (dict(low_k=0), dict(threshold=-1.0), dict(decay=0.0), dict(decay=1.5)):
+def test_budget_validation_and_schedule():
+    for bad in (dict(low_k=0), dict(probe_every=0), dict(threshold=-1.0), dict(decay=0.0), dict(decay=1.5)):
         with pytest.raises(ThorError):
             DraftBudget(**bad)
-    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5)
-    m = b.start(8)
-    assert b.cap(8, m) == 8
-    m = b.update(b.update(m, 0), 0)          # 8 -> 4 -> 2: still above the threshold
-    assert b.cap(8, m) == 8
-    m = b.update(b.update(b.update(b.update(m, 0), 0), 0), 0)
-    assert m < 0.5 and b.cap(8, m) == 2 and b.cap(1, m) == 1
-    assert b.cap(8, b.update(m, 2)) == 8     # a probe that is accepted lifts the cap again
+    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5, probe_every=3)
+    s = b.start()
+    assert b.cap(8, s) == 8
+    caps = []
+    for _ in range(9):                       # the proposer is never right
+        caps.append(b.cap(8, s))
+        s = b.update(s, caps[-1], 0)
+    # three full cycles (mean 2 -> 1 -> 0.5 -> 0.25), then a probe of 2 drafts every third cycle
+    assert caps == [8, 8, 8, 0, 0, 2, 0, 0, 2]
+    assert b.cap(1, s) in (0, 1)
+    s = b.update(s, 0, 0)                    # a cycle without drafts leaves the mean alone
+    assert s[0] < 0.5
+    assert b.cap(8, b.update(s, 2, 1)) == 8  # one accepted probe lifts the pause
 
 
 @pytest.mark.parametrize("wrong", [True, False])
@@ -49,7 +54,9 @@ def test_budget_caps_a_wrong_proposer_only(tiny_llama, wrong):
     res = rt.generate(ids, params, proposer=prop, k=8)
     assert res.token_ids == plain                           # drafts never change the output
     if wrong:
-        assert res.stats.capped_cycles > 0 and max(prop.asked[-5:]) <= 2
+        # after the pause starts the proposer is asked on one cycle in four, for 2 drafts
+        assert res.stats.capped_cycles > res.stats.cycles // 2 and max(prop.asked[-3:]) <= 2
+        assert len(prop.asked) < res.stats.cycles // 2
         free = rt.generate(ids, params, proposer=_Scripted(len(ids), plain, True), k=8, draft_budget=None)
         assert free.token_ids == plain and free.stats.capped_cycles == 0
         assert free.stats.drafted > res.stats.drafted

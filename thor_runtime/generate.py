@@ -107,10 +107,10 @@ class Runtime:
         # ---- decode: one cycle per iteration
         t_dec = time.perf_counter()
         db = draft_budget
-        mean_acc = db.start(k) if db is not None else 0.0
+        budget_state = db.start() if db is not None else None
         while not done:
             t_a = time.perf_counter()
-            cap = db.cap(k, mean_acc) if db is not None else k
+            cap = db.cap(k, budget_state) if db is not None else k
             drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
@@ -124,8 +124,8 @@ class Runtime:
             if proposer is not None:
                 proposer.commit(n_acc + 1, vout.taps or None)
             done = self._commit(committed, seq, stop, constraint, on_token)
-            if db is not None and len(drafts) > forced:   # only cycles that tried the proposer
-                mean_acc = db.update(mean_acc, max(n_acc - forced, 0))
+            if db is not None:
+                budget_state = db.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0))
             stats.capped_cycles += cap < k
             stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
                                time.perf_counter() - t_c)

@@ -18,7 +18,7 @@ class Stats:
     accepted: int = 0
     committed: int = 0
     jump_forward: int = 0
-    capped_cycles: int = 0            # cycles whose drafts the draft budget cut to its low_k
+    capped_cycles: int = 0            # cycles whose drafts the draft budget cut (to low_k or none)
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
