@@ -32,6 +32,7 @@ def test_layouts_agree(tiny_llama):
     models = {lay: TargetModel(cfg, w, layout=lay) for lay in ("dense", "packed", "dual")}
     assert {lay: m.layout for lay, m in models.items()} == {"dense": "dense", "packed": "packed", "dual": "dual"}
     assert TargetModel(cfg, w).layout == "dual"                                         # auto on a CPU with oneDNN
+    assert TargetModel(cfg, w, torch.bfloat16).layout == "packed"
     ids = torch.arange(3, 40)
     for rows in (1, DENSE_MAX_ROWS, 8):
         ref = _logits(models["dense"], ids, rows)

@@ -161,8 +161,9 @@ class PackedWeight:
             return False
 
 
-# dense: plain tensors; packed: oneDNN-packed only; dual: both (fastest for every row count,
-# twice the projection memory); auto: dual where oneDNN packing exists, else dense.
+# dense: plain tensors; packed: oneDNN-packed only; dual: both (fastest for every row count
+# with fp32, twice the projection memory); auto: dual for fp32 and packed for bf16 where
+# oneDNN packing exists, else dense.
 WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 Weight = torch.Tensor | Int8Weight | PackedWeight
 
@@ -240,7 +241,10 @@ class TargetModel:
         if layout in ("packed", "dual") and not can_pack:
             raise ThorError(f"weight layout {layout!r} needs a CPU torch with oneDNN and fp32/bf16 weights "
                             f"(got {dtype} on {self.device}{', int8' if quant else ''})")
-        self.layout = ("dual" if can_pack else "dense") if layout == "auto" else layout
+        if layout == "auto":
+            # bf16: MKL has no fast bf16 GEMV, so the packed weight wins at every row count
+            layout = ("dual" if dtype == torch.float32 else "packed") if can_pack else "dense"
+        self.layout = layout
 
         def held(t: torch.Tensor, shared_dense: bool = False):
             if self.layout == "dense":

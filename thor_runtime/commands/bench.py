@@ -171,7 +171,7 @@ def run_plan(args, specs) -> int:
     loaded = load(args.model, wdt)
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
-    doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "kv": kv,
+    doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "layout": loaded.model.layout, "kv": kv,
            "repeats": args.repeats, "plan_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
@@ -213,7 +213,8 @@ def run(args) -> int:
                         plain_fp32kv = outs
                     elif plain_fp32kv is not None:
                         row["greedy_agreement_vs_fp32_kv"] = _agreement(outs, plain_fp32kv)
-                rows.append({"engine": "thor", "weights": wdt, "kv": kv, "spec": spec, **row})
+                rows.append({"engine": "thor", "weights": wdt, "layout": loaded.model.layout, "kv": kv, "spec": spec,
+                             **row})
         if not args.no_baseline and wdt in DTYPES:  # transformers has no int8 weight-only CPU path
             print(f"bench: transformers generate, {wdt} weights ...", file=sys.stderr)
             hf = bench_transformers(path, DTYPES[wdt], args, prompts, _long_ids(loaded.tokenizer, args.prefill_tokens))
