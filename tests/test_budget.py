@@ -26,10 +26,11 @@ class _Scripted(Proposer):
 
 
 def test_budget_validation_and_schedule():
-    for bad in (dict(low_k=0), dict(probe_every=0), dict(threshold=-1.0), dict(decay=0.0), dict(decay=1.5)):
+    for bad in (dict(low_k=0), dict(probe_every=0), dict(threshold=-1.0), dict(decay=0.0), dict(decay=1.5),
+                dict(initial=-1.0)):
         with pytest.raises(ThorError):
             DraftBudget(**bad)
-    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5, probe_every=3)
+    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5, probe_every=3, initial=2.0)
     s = b.start()
     assert b.cap(8, s) == 8
     caps = []
