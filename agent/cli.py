@@ -30,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on plan steps")
     p.add_argument("--no-thinking", action="store_true", help="no <think> span even if the model has one")
     add_model_args(p)
-    add_spec_args(p, default="ngram")
+    add_spec_args(p, default="auto")
     p.set_defaults(func=run)
 
 
@@ -53,7 +53,7 @@ def _load_inputs(args):
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
-    if args.spec == "dflash":
+    if args.spec == "dflash" or (args.spec == "auto" and args.drafter):
         from thor_runtime.spec import DEFAULT_DRAFTER
 
         drafter = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER

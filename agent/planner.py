@@ -61,7 +61,7 @@ def merge_stats(parts: list[Stats]) -> Stats:
 
 
 class Planner:
-    def __init__(self, runtime, tokenizer, spec: SpecOptions = SpecOptions(method="ngram"),
+    def __init__(self, runtime, tokenizer, spec: SpecOptions = SpecOptions(method="auto"),
                  max_tokens: int = 512, attempts: int = 2, thinking: bool | None = None,
                  relaxed=None, max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None):

@@ -172,3 +172,17 @@ def test_int8_weights_close_to_fp32_and_spec_identical(tiny_dirs):
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     plain = rt.generate(ids, params)
     assert rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6).token_ids == plain.token_ids
+
+
+def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, tiny_llama, tmp_path):
+    from thor_runtime.spec import SpecOptions, build_proposer
+    from thor_runtime.spec.dflash import DFlashProposer
+    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+
+    p, k = build_proposer(SpecOptions(method="auto"), default_model.model)
+    assert isinstance(p, DFlashProposer) and k == p.block_size - 1
+    p, _ = build_proposer(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
+    assert isinstance(p, NgramProposer)
+    save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
+    p, k = build_proposer(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
+    assert isinstance(p, DFlashProposer) and k == 3

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import ThorError
 
-SPEC_METHODS = ("none", "ngram", "dflash")
+SPEC_METHODS = ("none", "ngram", "dflash", "auto")
 # Drafter shipped for the embedded default target (distilled by `thor calib distill`).
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-dflash"
 
@@ -60,7 +60,24 @@ def _dflash(opts: SpecOptions, model):
     return p, block - 1
 
 
-_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash}
+def shipped_drafter_fits(model) -> bool:
+    """The shipped drafter was trained for this target (same model id and hidden size)."""
+    import json
+
+    try:
+        doc = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return doc.get("target_id") == model.cfg.name and doc.get("hidden_size") == model.cfg.hidden_size
+
+
+def _auto(opts: SpecOptions, model):
+    """DFlash where a drafter is given or the shipped one was trained for this target, else
+    prompt lookup (a drafter trained for another model would only be paused by the budget)."""
+    return _dflash(opts, model) if opts.drafter or shipped_drafter_fits(model) else _ngram(opts, model)
+
+
+_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash, "auto": _auto}
 
 
 def build_proposer(opts: SpecOptions, model):
