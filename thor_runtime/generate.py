@@ -106,11 +106,10 @@ class Runtime:
 
         # ---- decode: one cycle per iteration
         t_dec = time.perf_counter()
-        db = draft_budget
-        budget_state = db.start() if db is not None else None
+        budget_state = draft_budget.start() if draft_budget is not None else None
         while not done:
             t_a = time.perf_counter()
-            cap = db.cap(k, budget_state) if db is not None else k
+            cap = draft_budget.cap(k, budget_state) if draft_budget is not None else k
             drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
@@ -124,24 +123,23 @@ class Runtime:
             if proposer is not None:
                 proposer.commit(n_acc + 1, vout.taps or None)
             done = self._commit(committed, seq, stop, constraint, on_token)
-            if db is not None:
-                budget_state = db.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0))
-            stats.capped_cycles += cap < k
+            if draft_budget is not None:
+                budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0))
             stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
-                               time.perf_counter() - t_c)
+                               time.perf_counter() - t_c, capped=cap < k)
         stats.decode_s = time.perf_counter() - t_dec
         stats.generated = len(stop.out)
         return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
 
     # ---- the three verbs' helpers
-    def propose(self, proposer, seq, k, stop, params, constraint, cap=None):
+    def propose(self, proposer, seq, k, stop, params, constraint, cap):
         """Forced grammar tokens first (they ride in the draft for free), then at most ``cap``
         of the proposer's drafts, cut at the first token the grammar rejects and at the token
         budget."""
         budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
         forced = list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
         drafts, probs = list(forced), None
-        room = min(min(k, budget) - len(drafts), k if cap is None else cap)
+        room = min(k, budget, len(drafts) + cap) - len(drafts)
         if proposer is not None and room > 0:
             extra, probs = proposer.propose(seq + drafts, room)
             extra = list(extra)[:room]

@@ -27,8 +27,9 @@ class Stats:
     pos_accepted: list[int] = field(default_factory=list)
 
     def record_cycle(self, n_drafts: int, n_acc: int, n_committed: int, forced: int,
-                     draft_s: float, verify_s: float, rest_s: float) -> None:
+                     draft_s: float, verify_s: float, rest_s: float, capped: bool = False) -> None:
         self.cycles += 1
+        self.capped_cycles += capped
         self.drafted += n_drafts
         self.accepted += n_acc
         self.committed += n_committed

@@ -26,8 +26,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
     g.add_argument("--weights-layout", default="auto", choices=["auto", "dense", "packed", "dual"],
-                   help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest, twice the memory); "
-                        "auto = dual where oneDNN can pack")
+                   help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest for fp32, twice the "
+                        "memory); auto = dual for fp32, packed for bf16, where oneDNN can pack")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:

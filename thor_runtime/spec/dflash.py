@@ -145,9 +145,8 @@ class DFlashProposer(Proposer):
             return [], None
         n = self.window_len
         ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
-        head = self._head if self._ids is not None else None
         logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size,
-                                          head=head)[m:]                                      # [k, V']
+                                          head=self._head)[m:]                                # [k, V']
         if not self.sample_probs:
             best = logits.argmax(-1)                                                          # [k]
             return (best if self._ids is None else self._ids[best]).tolist(), None
