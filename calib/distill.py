@@ -277,7 +277,7 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
                         target_id=mcfg.name, window=cfg.window)
     data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
     feats = build_features(model, seqs, taps, cfg.window, out / "features",
-                           {"data": data_hash, "target": mcfg.name}, progress)
+                           {"target": mcfg.name}, progress)
 
     torch.manual_seed(cfg.seed)           # drafter init only; batches use their own generator
     drafter = DFlashDrafter(dcfg)

@@ -9,8 +9,13 @@ value at inference — the difference is below bf16's 3-digit precision and did 
 training), in parts of ``PART`` sequences written atomically, so an interrupted run keeps its
 finished parts.
 
+Each part records a hash of the sequences it holds, and a part is reused only while that
+hash matches. A data set extended by ``gen-data --n`` (a prefix of the larger set, sorted by
+index) therefore keeps every full part of the old set; only the last, partial part and the
+new sequences are computed. Tap rows cost one target forward per sequence (~1 s each here).
+
 features/meta.json         {"format": "thor-calib-features/1", key fields}
-features/part-NNNNN.safetensors
+features/part-NNNNN.safetensors   (metadata: format, seqs_sha256)
     taps  bf16 [sum rows_i, n_taps * D]   concatenated in tap_layers order
     first int64 [n]   absolute position of each sequence's first stored row
     offs  int64 [n+1] row offsets into taps
@@ -18,6 +23,7 @@ features/part-NNNNN.safetensors
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -29,7 +35,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import KVCache
 
-FEAT_FORMAT = "thor-calib-features/1"
+FEAT_FORMAT = "thor-calib-features/2"
 PART = 16
 
 
@@ -42,6 +48,25 @@ def _compute(model, seq: dict, taps: tuple[int, ...], window: int) -> tuple[torc
     out = model.forward(ids, cache, taps=taps, logits_rows="none")
     raw = torch.cat([out.taps[t][first:] for t in taps], dim=-1)                  # [T - first, n_taps*D]
     return raw.to(torch.bfloat16).cpu(), first
+
+
+def seqs_hash(seqs: list[dict]) -> str:
+    """What a part's rows depend on: each sequence's index, prompt length and token ids."""
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(json.dumps([s["index"], s["prompt_len"], s["ids"]]).encode())
+    return h.hexdigest()
+
+
+def _part_hash(f: Path) -> str | None:
+    """The seqs_sha256 a part was written for; None if it is missing or unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(f), "pt") as t:
+            return (t.metadata() or {}).get("seqs_sha256")
+    except (SafetensorError, OSError, ValueError):
+        return None
 
 
 def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, out_dir: Path,
@@ -65,7 +90,8 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
     else:
         write_json_atomic(mf, meta)
     n_parts = (len(seqs) + PART - 1) // PART
-    todo = [p for p in range(n_parts) if not (out_dir / f"part-{p:05d}.safetensors").exists()]
+    todo = [p for p in range(n_parts)
+            if _part_hash(out_dir / f"part-{p:05d}.safetensors") != seqs_hash(seqs[p * PART:(p + 1) * PART])]
     bar = tqdm(total=len(seqs), initial=len(seqs) - sum(len(seqs[p * PART:(p + 1) * PART]) for p in todo),
                desc="target taps", unit="seq", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     with torch.inference_mode():
@@ -82,7 +108,7 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
             save_file({"taps": torch.cat(rows), "first": torch.tensor(firsts, dtype=torch.int64),
                        "offs": torch.tensor(offs, dtype=torch.int64),
                        "index": torch.tensor([s["index"] for s in part], dtype=torch.int64)},
-                      str(f) + ".tmp", metadata={"format": FEAT_FORMAT})
+                      str(f) + ".tmp", metadata={"format": FEAT_FORMAT, "seqs_sha256": seqs_hash(part)})
             os.replace(str(f) + ".tmp", f)
     bar.close()
     return Features.load(out_dir, seqs)
@@ -107,8 +133,7 @@ class Features:
                 t = load_file(str(f))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ThorError(f"{f}: cannot read feature part (truncated?): {e}") from None
-            want = [s["index"] for s in seqs[p * PART:(p + 1) * PART]]
-            if t["index"].tolist() != want:
+            if _part_hash(f) != seqs_hash(seqs[p * PART:(p + 1) * PART]):
                 raise ThorError(f"{f}: feature part does not match the data set; delete {out_dir}")
             base = offs[-1]
             chunks.append(t["taps"])

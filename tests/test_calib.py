@@ -303,3 +303,34 @@ def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
     assert doc["identical_output"] is True and "speedup" in doc
     assert main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter",
                  str(tmp_path / "missing"), "--quiet"]) == 2
+
+
+def test_feature_cache_extends_and_recomputes_changed_parts(tiny_llama, tmp_path, monkeypatch):
+    """A grown data set keeps the old set's full parts; a part whose sequences changed is
+    recomputed, never served stale."""
+    import calib.features as F
+
+    V = tiny_llama.cfg.vocab_size
+    g = torch.Generator().manual_seed(1)
+    seqs = [{"ids": torch.randint(0, V, (12,), generator=g).tolist(), "prompt_len": 6, "index": i}
+            for i in range(F.PART + 4)]
+    computed = []
+    real = F._compute
+    monkeypatch.setattr(F, "_compute", lambda m, s, *a: computed.append(s["index"]) or real(m, s, *a))
+    key, out = {"target": "tiny"}, tmp_path / "feats"
+    small = F.build_features(tiny_llama.model, seqs[:F.PART + 2], (0, 2), 4, out, key, progress=False)
+    assert computed == list(range(F.PART + 2))
+    computed.clear()
+    grown = F.build_features(tiny_llama.model, seqs, (0, 2), 4, out, key, progress=False)
+    assert computed == list(range(F.PART, F.PART + 4))          # only the partial part, redone
+    assert torch.equal(grown.rows(3, 2, 12), small.rows(3, 2, 12))
+    fresh = F.build_features(tiny_llama.model, seqs, (0, 2), 4, tmp_path / "fresh", key, progress=False)
+    assert torch.equal(grown.taps, fresh.taps)
+    computed.clear()
+    seqs[5] = {**seqs[5], "ids": seqs[5]["ids"][:-1] + [(seqs[5]["ids"][-1] + 1) % V]}
+    F.build_features(tiny_llama.model, seqs, (0, 2), 4, out, key, progress=False)
+    assert computed == list(range(F.PART))                       # the changed part only
+    with pytest.raises(ThorError, match="does not match"):
+        F.Features.load(tmp_path / "fresh", seqs)
+    with pytest.raises(ThorError, match="other settings"):
+        F.build_features(tiny_llama.model, seqs, (0, 1), 4, out, key, progress=False)
