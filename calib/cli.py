@@ -71,7 +71,7 @@ def _eval_drafter(args) -> int:
     from .eval_drafter import EvalConfig, evaluate
 
     cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
-                     args.prompts, args.constrained)
+                     args.prompts, args.constrained, args.lookup_rate)
     loaded = _load_target(args.target, args.threads)
     return _emit(evaluate(loaded, cfg, progress=not args.quiet))
 
@@ -159,6 +159,8 @@ def register(sub) -> None:
     e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
     e.add_argument("--constrained", action="store_true",
                    help="decode under the plan grammar, as the planner does (robot prompts)")
+    e.add_argument("--lookup-rate", type=float, default=0.8,
+                   help="the hybrid run's prior per-token acceptance of a prompt-lookup draft")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 

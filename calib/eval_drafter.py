@@ -1,10 +1,12 @@
 """`thor calib eval-drafter`: held-out acceptance and speedup of a DFlash drafter, in one run.
 
 For each held-out robot prompt (never trained on: see prompts.py) the target decodes greedily
-twice, back to back — plain (K = 0) and with the drafter — so both see the same machine load.
-Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts + the
-bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio, and
-whether the outputs are identical (greedy speculative decoding must not change a token).
+three times, back to back — plain (K = 0), with the drafter alone, and with the hybrid
+proposer (the drafter plus prompt lookup, spec/hybrid.py) — so all see the same machine
+load. Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts +
+the bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio
+to plain, and whether the outputs are identical (greedy speculative decoding must not change
+a token).
 
 ``constrained``: both runs decode as the planner does, greedy under each request's plan
 grammar (forced tokens ride in the draft; plain constrained decoding already commits them
@@ -35,6 +37,7 @@ class EvalConfig:
     window: int = 128
     prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
     constrained: bool = False        # robot prompts under the plan grammar, as the planner decodes
+    lookup_rate: float = 0.8         # the hybrid proposer's prior for lookup drafts
 
     def __post_init__(self):
         if self.constrained and self.prompt_set != "robot":
@@ -43,6 +46,8 @@ class EvalConfig:
             raise ThorError(f"eval-drafter: prompt set must be robot or general, got {self.prompt_set!r}")
         if self.n < 1 or self.max_tokens < 1 or self.window < 1:
             raise ThorError("eval-drafter: n, max_tokens and window must be >= 1")
+        if not 0 < self.lookup_rate < 1:
+            raise ThorError(f"eval-drafter: lookup rate must be in (0, 1), got {self.lookup_rate}")
         if self.block_size is not None and self.block_size < 2:
             raise ThorError(f"eval-drafter: block size must be >= 2, got {self.block_size}")
 
@@ -54,6 +59,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     from thor_runtime.spec import DEFAULT_DRAFTER
     from thor_runtime.spec.dflash import DFlashProposer
     from thor_runtime.spec.dflash_io import load_drafter
+    from thor_runtime.spec.hybrid import HybridProposer
+    from thor_runtime.spec.ngram import NgramConfig, NgramProposer
 
     model, tok = loaded.model, loaded.tokenizer
     if drafter is None:
@@ -66,7 +73,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
     grammar = PlanGreedy(model, tok, cfg.max_tokens).constraint if cfg.constrained else (lambda req: None)
-    agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0}
+    agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0,
+           "hyb_tokens": 0, "hyb_s": 0.0, "hyb_cycles": 0, "hyb_committed": 0, "hyb_lookup_cycles": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
     for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
@@ -76,7 +84,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
             spec = rt.generate(ids, params, proposer=prop, k=block - 1,
                                constraint=grammar(reqs[i] if reqs else None))
-        same = plain.token_ids == spec.token_ids
+            hyb_prop = HybridProposer(DFlashProposer(drafter, model, window=cfg.window, block_size=block),
+                                      NgramProposer(NgramConfig(k=block - 1)), cfg.lookup_rate)
+            hyb = rt.generate(ids, params, proposer=hyb_prop, k=block - 1,
+                              constraint=grammar(reqs[i] if reqs else None))
+        same = plain.token_ids == spec.token_ids == hyb.token_ids
         identical &= same
         ps, ss = plain.stats, spec.stats
         agg["plain_tokens"] += max(ps.generated - 1, 0)    # first token comes from prefill
@@ -85,6 +97,12 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         agg["spec_s"] += ss.decode_s
         agg["cycles"] += ss.cycles
         agg["committed"] += ss.committed
+        hs = hyb.stats
+        agg["hyb_tokens"] += max(hs.generated - 1, 0)
+        agg["hyb_s"] += hs.decode_s
+        agg["hyb_cycles"] += hs.cycles
+        agg["hyb_committed"] += hs.committed
+        agg["hyb_lookup_cycles"] += hyb_prop.lookup_cycles
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
             if j == len(offered):     # grammar-forced tokens can make a draft longer than B - 1
                 offered.append(0)
@@ -92,9 +110,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             offered[j] += o
             accepted[j] += a
         per_prompt.append({"tokens": ss.generated, "identical": same,
-                           "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0})
+                           "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0,
+                           "hybrid_accept_length_mean": round(hs.committed / hs.cycles, 3) if hs.cycles else 0.0})
     plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
     spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
+    hyb_tps = agg["hyb_tokens"] / agg["hyb_s"] if agg["hyb_s"] else 0.0
     return {
         "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
         "block_size": block,
@@ -103,5 +123,12 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
         "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
+        "hybrid": {
+            "lookup_rate": cfg.lookup_rate,
+            "accept_length_mean": round(agg["hyb_committed"] / agg["hyb_cycles"], 4) if agg["hyb_cycles"] else 0.0,
+            "lookup_cycle_share": round(agg["hyb_lookup_cycles"] / agg["hyb_cycles"], 4) if agg["hyb_cycles"] else 0.0,
+            "decode_tok_s": round(hyb_tps, 2),
+            "speedup": round(hyb_tps / plain_tps, 3) if plain_tps else 0.0,
+        },
         "per_prompt": per_prompt,
     }

@@ -179,10 +179,15 @@ def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, 
     from thor_runtime.spec.dflash import DFlashProposer
     from thor_runtime.spec.dflash_io import random_drafter, save_drafter
 
+    from thor_runtime.spec.hybrid import HybridProposer
+
     p, k = build_proposer(SpecOptions(method="auto"), default_model.model)
-    assert isinstance(p, DFlashProposer) and k == p.block_size - 1
+    assert isinstance(p, HybridProposer) and isinstance(p.dflash, DFlashProposer)
+    assert k == p.dflash.block_size - 1
     p, _ = build_proposer(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
     assert isinstance(p, NgramProposer)
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
     p, k = build_proposer(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
+    assert isinstance(p, HybridProposer) and k == 3
+    p, k = build_proposer(SpecOptions(method="dflash", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, DFlashProposer) and k == 3

@@ -38,6 +38,9 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     g.add_argument("--window", type=positive_int, default=128, help="DFlash per-token context window W")
     g.add_argument("--no-window-seed", action="store_true", help="don't seed the window from the prompt tail")
     g.add_argument("--ngram-k", type=positive_int, default=8, help="prompt-lookup drafts per cycle")
+    g.add_argument("--lookup-rate", type=float, default=0.8,
+                   help="hybrid: prior per-token acceptance of a prompt-lookup draft (0..1); the "
+                        "cycle verifies lookup's draft when it expects more accepted tokens than DFlash's")
     g.add_argument("--fixed-k", action="store_true",
                    help="verify all K drafts every cycle (default: only 2 while the proposer is rarely right)")
     g.add_argument("--relaxed-thinking", action="store_true",
@@ -49,7 +52,8 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
 
 def spec_options(args) -> SpecOptions:
     return SpecOptions(method=args.spec, drafter=args.drafter, block_size=args.block_size, window=args.window,
-                       seed_window=not args.no_window_seed, ngram_k=args.ngram_k, fixed_k=args.fixed_k)
+                       seed_window=not args.no_window_seed, ngram_k=args.ngram_k, fixed_k=args.fixed_k,
+                       lookup_rate=args.lookup_rate)
 
 
 def relaxed_config(args, tokenizer):

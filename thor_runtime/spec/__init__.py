@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..errors import ThorError
 
-SPEC_METHODS = ("none", "ngram", "dflash", "auto")
+SPEC_METHODS = ("none", "ngram", "dflash", "hybrid", "auto")
 # Drafter shipped for the embedded default target (distilled by `thor calib distill`).
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-dflash"
 
@@ -22,6 +22,7 @@ class SpecOptions:
     ngram_min: int = 2
     ngram_max: int = 4
     fixed_k: bool = False             # verify all K drafts every cycle (no draft budget)
+    lookup_rate: float = 0.8          # hybrid: prior per-token acceptance of a lookup draft
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
@@ -30,6 +31,8 @@ class SpecOptions:
             raise ThorError(f"block size must be >= 2, got {self.block_size}")
         if self.window < 1:
             raise ThorError(f"window must be >= 1, got {self.window}")
+        if not 0 < self.lookup_rate < 1:
+            raise ThorError(f"lookup rate must be in (0, 1), got {self.lookup_rate}")
 
 
 def draft_budget(opts: SpecOptions):
@@ -60,6 +63,16 @@ def _dflash(opts: SpecOptions, model):
     return p, block - 1
 
 
+def _hybrid(opts: SpecOptions, model):
+    """DFlash, with prompt lookup taking the cycles where the drafter is unsure (hybrid.py)."""
+    from .hybrid import HybridProposer
+    from .ngram import NgramConfig, NgramProposer
+
+    drafter, k = _dflash(opts, model)
+    lookup = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, k))
+    return HybridProposer(drafter, lookup, opts.lookup_rate), k
+
+
 def shipped_drafter_fits(model) -> bool:
     """The shipped drafter was trained for this target (same model id and hidden size)."""
     import json
@@ -72,12 +85,13 @@ def shipped_drafter_fits(model) -> bool:
 
 
 def _auto(opts: SpecOptions, model):
-    """DFlash where a drafter is given or the shipped one was trained for this target, else
+    """The hybrid where a drafter is given or the shipped one was trained for this target, else
     prompt lookup (a drafter trained for another model would only be paused by the budget)."""
-    return _dflash(opts, model) if opts.drafter or shipped_drafter_fits(model) else _ngram(opts, model)
+    return _hybrid(opts, model) if opts.drafter or shipped_drafter_fits(model) else _ngram(opts, model)
 
 
-_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash, "auto": _auto}
+_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash, "hybrid": _hybrid,
+             "auto": _auto}
 
 
 def build_proposer(opts: SpecOptions, model):

@@ -126,11 +126,18 @@ class DFlashProposer(Proposer):
                 raise ThorError(f"dflash: {T} prompt tap rows for a {len(prompt_ids)}-token prompt")
             self._append(raw, len(prompt_ids) - T)
 
-    @torch.inference_mode()
     def propose(self, seq, k):
+        drafts, q, _ = self.propose_scored(seq, k)
+        return drafts, q
+
+    @torch.inference_mode()
+    def propose_scored(self, seq, k) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
+        """propose, plus the drafter's own probability of each draft (conf [n]): what the
+        hybrid proposer weighs against prompt lookup."""
+        none = torch.zeros(0)
         k = min(k, self.block_size - 1)
         if k <= 0:
-            return [], None
+            return [], None, none
         # Grammar-forced tokens may ride after the committed anchor (seq[-m:]). They have no
         # features yet, so the block stays anchored on the committed token, exactly as in
         # training ([anchor, MASK...] right after the context), and the forced tokens take
@@ -142,21 +149,23 @@ class DFlashProposer(Proposer):
                             f"expects at least {anchor_pos + 1}); call start() per sequence")
         k = min(k, self.block_size - 1 - m)
         if k <= 0:
-            return [], None
+            return [], None, none
         n = self.window_len
         ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
         logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size,
                                           head=self._head)[m:]                                # [k, V']
         if not self.sample_probs:
             best = logits.argmax(-1)                                                          # [k]
-            return (best if self._ids is None else self._ids[best]).tolist(), None
+            conf = torch.softmax(logits.float(), dim=-1).gather(1, best[:, None]).squeeze(1)  # [k]
+            return (best if self._ids is None else self._ids[best]).tolist(), None, conf.cpu()
         q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V']
         drafts = torch.multinomial(q, 1, generator=self.gen).squeeze(-1)                      # [k]
+        conf = q.gather(1, drafts[:, None]).squeeze(1).float().cpu()                          # [k]
         if self._ids is None:
-            return drafts.tolist(), q
+            return drafts.tolist(), q, conf
         full = q.new_zeros(k, self.drafter.lm_head_w.shape[0])                                # [k, V]
         full.index_copy_(1, self._ids, q)     # q is zero off the shortlist: those are never drafted
-        return self._ids[drafts].tolist(), full
+        return self._ids[drafts].tolist(), full, conf
 
     @torch.inference_mode()
     def commit(self, n_rows, taps):
