@@ -113,7 +113,8 @@ class Planner:
                 break
             errors, previous = gate.report(), text
         merged = merge_stats(stats).to_dict()
-        merged.update(attempts=len(stats), spec=self.spec.method, k=self.k,
+        # spec: the proposer that ran (auto resolves to hybrid or ngram), not the option
+        merged.update(attempts=len(stats), spec=self.proposer.name if self.proposer else "none", k=self.k,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],

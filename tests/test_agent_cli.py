@@ -110,6 +110,7 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     assert obj["valid"] and obj["report"] == [] and json.loads(out.read_text()) == obj["plan"]
     st = obj["stats"]
     assert st["attempts"] == 1 and st["jump_forward_tokens"] > 0 and st["generated_tokens"] > 0
+    assert st["spec"] == "ngram" and res_spec(rt, task) == "hybrid"
     w, s = world_and_skills("kitchen")
     assert check_plan(obj["plan"], specialize(base_plan_schema(), w, s), w, s).valid
     assert not list(tmp_path.glob(".plan.json.*"))            # the temp file was renamed away
@@ -117,6 +118,12 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     res = plain.plan(task, w, s)
     assert res.plan == obj["plan"] and res.stats["generated_tokens"] == st["generated_tokens"]
     assert st["cycles"] < res.stats["cycles"]                 # ngram drafts were accepted
+
+
+def res_spec(rt, task) -> str:
+    """The proposer the planner's default (auto) runs on the default model."""
+    w, s = world_and_skills("kitchen")
+    return Planner(rt, rt.tok, max_tokens=16, attempts=0).plan(task, w, s).stats["spec"]
 
 
 # ---- sweep -------------------------------------------------------------------------------------
