@@ -124,8 +124,9 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
 
 class PlanGreedy:
     """The planner's decode path for data: greedy under the request's plan grammar (general
-    instructions, which have no request, are decoded unconstrained). Prompt lookup drafts
-    make it faster and, being greedy and exact, do not change a token."""
+    instructions, which have no request, are decoded unconstrained). The planner's own
+    speculation (``auto``: the hybrid proposer where a drafter fits the target, else prompt
+    lookup) makes it faster and, being greedy and exact, does not change a token."""
 
     def __init__(self, model, tok, max_tokens: int):
         from agent.planner import Planner
@@ -133,7 +134,7 @@ class PlanGreedy:
         from thor_runtime.spec import SpecOptions
 
         self.rt = Runtime(model, tok)
-        self.planner = Planner(self.rt, tok, spec=SpecOptions(method="ngram"), max_tokens=max(max_tokens, 16),
+        self.planner = Planner(self.rt, tok, spec=SpecOptions(method="auto"), max_tokens=max(max_tokens, 16),
                                attempts=0)
         self.max_tokens = max_tokens
 
