@@ -8,7 +8,7 @@ the bonus token), acceptance rate per draft position, decode tokens/s of each an
 to plain, and whether the outputs are identical (greedy speculative decoding must not change
 a token).
 
-``constrained``: both runs decode as the planner does, greedy under each request's plan
+``constrained``: all runs decode as the planner does, greedy under each request's plan
 grammar (forced tokens ride in the draft; plain constrained decoding already commits them
 without a model step, so the speedup is against that, not against free decoding).
 """

@@ -14,7 +14,7 @@ hash matches. A data set extended by ``gen-data --n`` (a prefix of the larger se
 index) therefore keeps every full part of the old set; only the last, partial part and the
 new sequences are computed. Tap rows cost one target forward per sequence (~1 s each here).
 
-features/meta.json         {"format": "thor-calib-features/1", key fields}
+features/meta.json         {"format": "thor-calib-features/2", key fields}
 features/part-NNNNN.safetensors   (metadata: format, seqs_sha256)
     taps  bf16 [sum rows_i, n_taps * D]   concatenated in tap_layers order
     first int64 [n]   absolute position of each sequence's first stored row
