@@ -60,7 +60,6 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     from thor_runtime.spec.dflash import DFlashProposer
     from thor_runtime.spec.dflash_io import load_drafter
     from thor_runtime.spec.hybrid import HybridProposer
-    from thor_runtime.spec.ngram import NgramConfig, NgramProposer
 
     model, tok = loaded.model, loaded.tokenizer
     if drafter is None:
@@ -84,8 +83,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
             spec = rt.generate(ids, params, proposer=prop, k=block - 1,
                                constraint=grammar(reqs[i] if reqs else None))
-            hyb_prop = HybridProposer(DFlashProposer(drafter, model, window=cfg.window, block_size=block),
-                                      NgramProposer(NgramConfig(k=block - 1)), cfg.lookup_rate)
+            hyb_prop = HybridProposer.around(DFlashProposer(drafter, model, window=cfg.window, block_size=block),
+                                             cfg.lookup_rate)
             hyb = rt.generate(ids, params, proposer=hyb_prop, k=block - 1,
                               constraint=grammar(reqs[i] if reqs else None))
         same = plain.token_ids == spec.token_ids == hyb.token_ids

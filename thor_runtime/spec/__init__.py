@@ -66,11 +66,9 @@ def _dflash(opts: SpecOptions, model):
 def _hybrid(opts: SpecOptions, model):
     """DFlash, with prompt lookup taking the cycles where the drafter is unsure (hybrid.py)."""
     from .hybrid import HybridProposer
-    from .ngram import NgramConfig, NgramProposer
 
     drafter, k = _dflash(opts, model)
-    lookup = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, k))
-    return HybridProposer(drafter, lookup, opts.lookup_rate), k
+    return HybridProposer.around(drafter, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
 
 
 def shipped_drafter_fits(model) -> bool:

@@ -127,13 +127,16 @@ class DFlashProposer(Proposer):
             self._append(raw, len(prompt_ids) - T)
 
     def propose(self, seq, k):
-        drafts, q, _ = self.propose_scored(seq, k)
+        drafts, q, _ = self._propose(seq, k, scored=False)
         return drafts, q
 
-    @torch.inference_mode()
     def propose_scored(self, seq, k) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
         """propose, plus the drafter's own probability of each draft (conf [n]): what the
         hybrid proposer weighs against prompt lookup."""
+        return self._propose(seq, k, scored=True)
+
+    @torch.inference_mode()
+    def _propose(self, seq, k, scored: bool):
         none = torch.zeros(0)
         k = min(k, self.block_size - 1)
         if k <= 0:
@@ -156,8 +159,11 @@ class DFlashProposer(Proposer):
                                           head=self._head)[m:]                                # [k, V']
         if not self.sample_probs:
             best = logits.argmax(-1)                                                          # [k]
+            ids = (best if self._ids is None else self._ids[best]).tolist()
+            if not scored:    # plain DFlash: no softmax on the hot path
+                return ids, None, none
             conf = torch.softmax(logits.float(), dim=-1).gather(1, best[:, None]).squeeze(1)  # [k]
-            return (best if self._ids is None else self._ids[best]).tolist(), None, conf.cpu()
+            return ids, None, conf.cpu()
         q = torch.softmax(logits / self.temp, dim=-1)                                         # [k, V']
         drafts = torch.multinomial(q, 1, generator=self.gen).squeeze(-1)                      # [k]
         conf = q.gather(1, drafts[:, None]).squeeze(1).float().cpu()                          # [k]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..errors import ThorError
 from .base import Proposer
 from .dflash import DFlashProposer
-from .ngram import NgramProposer
+from .ngram import NgramConfig, NgramProposer
 
 
 class HybridProposer(Proposer):
@@ -43,12 +43,22 @@ class HybridProposer(Proposer):
         self.lookup_cycles = 0
         self.dflash.start(prompt_ids, prompt_taps)
 
+    @classmethod
+    def around(cls, dflash: DFlashProposer, lookup_rate: float = 0.8, min_n: int = 2,
+               max_n: int = 4) -> "HybridProposer":
+        """The hybrid for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
+        return cls(dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate)
+
+    def _expect_lookup(self, n: int) -> float:
+        return sum(self.rate ** (i + 1) for i in range(n))
+
     def propose(self, seq, k):
         drafts, q, conf = self.dflash.propose_scored(seq, k)
-        cont, _ = self.lookup.propose(seq, k)
         expect_d = float(conf.cumprod(0).sum()) if len(conf) else 0.0
-        expect_l = sum(self.rate ** (i + 1) for i in range(len(cont)))
-        if expect_l > expect_d:
+        if expect_d >= self._expect_lookup(min(k, self.lookup.cfg.k)):
+            return drafts, q      # no lookup draft could win: skip its scan of the sequence
+        cont, _ = self.lookup.propose(seq, k)
+        if self._expect_lookup(len(cont)) > expect_d:
             self.lookup_cycles += 1
             return list(cont), None
         return drafts, q
