@@ -5,6 +5,12 @@ from dataclasses import dataclass, field
 
 from .errors import ThorError
 
+# How a model's projection weights are held in memory on CPU (model.py; --weights-layout).
+# dense: plain tensors; packed: oneDNN-packed only; dual: both (fastest for every row count
+# with fp32, twice the projection memory); auto: dual for fp32 and packed for bf16 where
+# oneDNN packing exists, else dense.
+WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
+
 # Architectures the reference model implements; the value says whether q/k get an RMSNorm.
 ARCHITECTURES = {"llama": False, "qwen3": True}
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .config import WEIGHT_LAYOUTS, ModelConfig
 from .errors import ThorError
 from .kv_cache import KVCache
 
@@ -161,10 +161,6 @@ class PackedWeight:
             return False
 
 
-# dense: plain tensors; packed: oneDNN-packed only; dual: both (fastest for every row count
-# with fp32, twice the projection memory); auto: dual for fp32 and packed for bf16 where
-# oneDNN packing exists, else dense.
-WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 Weight = torch.Tensor | Int8Weight | PackedWeight
 
 

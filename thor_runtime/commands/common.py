@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import WEIGHT_LAYOUTS
 from ..errors import ThorError
 from ..spec import SPEC_METHODS, SpecOptions
 
@@ -25,7 +26,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
-    g.add_argument("--weights-layout", default="auto", choices=["auto", "dense", "packed", "dual"],
+    g.add_argument("--weights-layout", default="auto", choices=WEIGHT_LAYOUTS,
                    help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest for fp32, twice the "
                         "memory); auto = dual for fp32, packed for bf16, where oneDNN can pack")
 
