@@ -128,13 +128,14 @@ class PlanGreedy:
     speculation (``auto``: the hybrid proposer where a drafter fits the target, else prompt
     lookup) makes it faster and, being greedy and exact, does not change a token."""
 
-    def __init__(self, model, tok, max_tokens: int):
+    def __init__(self, model, tok, max_tokens: int, spec: str = "auto"):
+        """spec "none": only ``constraint`` is wanted (no drafter is loaded)."""
         from agent.planner import Planner
         from thor_runtime.generate import Runtime
         from thor_runtime.spec import SpecOptions
 
         self.rt = Runtime(model, tok)
-        self.planner = Planner(self.rt, tok, spec=SpecOptions(method="auto"), max_tokens=max(max_tokens, 16),
+        self.planner = Planner(self.rt, tok, spec=SpecOptions(method=spec), max_tokens=max(max_tokens, 16),
                                attempts=0)
         self.max_tokens = max_tokens
 

@@ -71,7 +71,7 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
     msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
-    grammar = PlanGreedy(model, tok, cfg.max_tokens).constraint if cfg.constrained else (lambda req: None)
+    grammar = PlanGreedy(model, tok, cfg.max_tokens, spec="none").constraint if cfg.constrained else (lambda req: None)
     agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0,
            "hyb_tokens": 0, "hyb_s": 0.0, "hyb_cycles": 0, "hyb_committed": 0, "hyb_lookup_cycles": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)

@@ -117,7 +117,7 @@ def test_hybrid_plans_identical_default(default_model):
     tok, model = default_model.tokenizer, default_model.model
     req = robot_requests("heldout", 1, 0)[0]
     ids = tok.encode_chat(req.messages)
-    grammar = PlanGreedy(model, tok, 96).constraint
+    grammar = PlanGreedy(model, tok, 96, spec="none").constraint
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=96)
     want = rt.generate(ids, params, constraint=grammar(req)).token_ids
