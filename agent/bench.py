@@ -10,7 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from thor_runtime.spec import SpecOptions
+from thor_runtime.speculative import SpecOptions, build_speculation
 
 from .files import load_skills, load_world, resolve_skills_path
 from .planner import Planner
@@ -36,8 +36,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
         cases += [(name, t, world, skills) for t in tasks]
     rows, reference = [], None
     for spec in specs:
-        planner = Planner(runtime, tokenizer, spec=SpecOptions(method=spec, drafter=drafter),
-                          max_tokens=max_tokens, attempts=0)
+        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model)
+        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
         lat, dec, acc, jf, valid, plans = [], [], [], 0, 0, []
         for r in range(repeats):
             for name, task, world, skills in cases:

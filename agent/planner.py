@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from thor_runtime.errors import ThorError
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec import SpecOptions, build_proposer, draft_budget
+from thor_runtime.speculative import PLAIN, Speculation
 from thor_runtime.stats import Stats
 
 from .files import SkillSet, World, base_plan_schema
@@ -60,32 +60,37 @@ def merge_stats(parts: list[Stats]) -> Stats:
     return total
 
 
+def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet, schema: dict | None = None,
+                    max_steps: int | None = None, thinking: bool = False) -> PreparedRequest:
+    """The request's specialized schema and its grammar, exactly as the planner decodes under it."""
+    t0 = time.perf_counter()
+    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps)
+    grammar = Grammar(gtok, spec_schema, thinking=thinking)
+    return PreparedRequest(spec_schema, grammar, time.perf_counter() - t0)
+
+
 class Planner:
-    def __init__(self, runtime, tokenizer, spec: SpecOptions = SpecOptions(method="auto"),
+    """speculation: built once by ``build_speculation`` (the CLI's default is ``auto``)."""
+
+    def __init__(self, runtime, tokenizer, speculation: Speculation = PLAIN,
                  max_tokens: int = 512, attempts: int = 2, thinking: bool | None = None,
-                 relaxed=None, max_steps: int | None = None, on_progress=None,
+                 max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
             raise ThorError(f"attempts (repairs) must be >= 0, got {attempts}")
-        self.rt, self.tok, self.spec = runtime, tokenizer, spec
+        self.rt, self.tok, self.speculation = runtime, tokenizer, speculation
         self.max_tokens, self.attempts, self.max_steps = max_tokens, attempts, max_steps
-        self.relaxed = relaxed
         self.progress = on_progress or (lambda msg: None)
         self.gtok = grammar_tokenizer or GrammarTokenizer(tokenizer)
         # None = think when the tokenizer can; the span is optional in the grammar either way.
         self.thinking = self.gtok.think_ids is not None if thinking is None else bool(thinking)
         if self.thinking and self.gtok.think_ids is None:
             raise ThorError("thinking requested but the tokenizer has no <think> / </think> tokens")
-        self.proposer, self.k = build_proposer(spec, runtime.model)
 
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None) -> PreparedRequest:
-        t0 = time.perf_counter()
-        spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills,
-                                 self.max_steps)
-        grammar = Grammar(self.gtok, spec_schema, thinking=self.thinking)
-        return PreparedRequest(spec_schema, grammar, time.perf_counter() - t0)
+        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking)
 
     def plan(self, task: str, world: World, skills: SkillSet, schema: dict | None = None) -> PlanResult:
         if not isinstance(task, str) or not task.strip():
@@ -98,8 +103,7 @@ class Planner:
         errors, previous, gate = None, None, None
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
-            res = self.rt.generate(ids, params, proposer=self.proposer, k=self.k, relaxed=self.relaxed,
-                                   constraint=req.grammar.constraint(), draft_budget=draft_budget(self.spec))
+            res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint())
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
             gate = check_plan(text, req.schema, world, skills)
@@ -114,7 +118,7 @@ class Planner:
             errors, previous = gate.report(), text
         merged = merge_stats(stats).to_dict()
         # spec: the proposer that ran (auto resolves to hybrid or ngram), not the option
-        merged.update(attempts=len(stats), spec=self.proposer.name if self.proposer else "none", k=self.k,
+        merged.update(attempts=len(stats), spec=self.speculation.name, k=self.speculation.k,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],

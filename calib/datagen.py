@@ -130,26 +130,29 @@ class PlanGreedy:
 
     def __init__(self, model, tok, max_tokens: int, spec: str = "auto"):
         """spec "none": only ``constraint`` is wanted (no drafter is loaded)."""
-        from agent.planner import Planner
+        from agent.grammar import GrammarTokenizer
         from thor_runtime.generate import Runtime
-        from thor_runtime.spec import SpecOptions
+        from thor_runtime.speculative import SpecOptions, build_speculation
 
         self.rt = Runtime(model, tok)
-        self.planner = Planner(self.rt, tok, spec=SpecOptions(method=spec), max_tokens=max(max_tokens, 16),
-                               attempts=0)
+        self.gtok = GrammarTokenizer(tok)
+        self.speculation = build_speculation(SpecOptions(method=spec), model)
         self.max_tokens = max_tokens
 
     def constraint(self, req: RobotRequest | None):
         """A fresh plan-grammar constraint for req, built exactly as the planner builds it."""
-        return None if req is None else self.planner.prepare(req.world, req.skills).grammar.constraint()
+        from agent.planner import prepare_request
+
+        if req is None:
+            return None
+        return prepare_request(self.gtok, req.world, req.skills, thinking=self.gtok.think_ids is not None
+                               ).grammar.constraint()
 
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
         from thor_runtime.sampling import SamplingParams
 
-        grammar = self.constraint(req)
-        p = self.planner
-        return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), proposer=p.proposer, k=p.k,
-                                constraint=grammar).token_ids
+        return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), self.speculation,
+                                constraint=self.constraint(req)).token_ids
 
 
 # ---- dataset on disk ----------------------------------------------------------------------------

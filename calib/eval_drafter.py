@@ -56,10 +56,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
 
-    from thor_runtime.spec import DEFAULT_DRAFTER
-    from thor_runtime.spec.dflash import DFlashProposer
-    from thor_runtime.spec.dflash_io import load_drafter
-    from thor_runtime.spec.hybrid import HybridProposer
+    from thor_runtime.speculative import DEFAULT_DRAFTER, Speculation
+    from thor_runtime.speculative.budget import DraftBudget
+    from thor_runtime.speculative.dflash import DFlashProposer
+    from thor_runtime.speculative.dflash_io import load_drafter
+    from thor_runtime.speculative.hybrid import HybridProposer
 
     model, tok = loaded.model, loaded.tokenizer
     if drafter is None:
@@ -81,11 +82,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         with torch.inference_mode():
             plain = rt.generate(ids, params, constraint=grammar(reqs[i] if reqs else None))
             prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
-            spec = rt.generate(ids, params, proposer=prop, k=block - 1,
+            spec = rt.generate(ids, params, Speculation(prop, block - 1, DraftBudget()),
                                constraint=grammar(reqs[i] if reqs else None))
             hyb_prop = HybridProposer.around(DFlashProposer(drafter, model, window=cfg.window, block_size=block),
                                              cfg.lookup_rate)
-            hyb = rt.generate(ids, params, proposer=hyb_prop, k=block - 1,
+            hyb = rt.generate(ids, params, Speculation(hyb_prop, block - 1, DraftBudget()),
                               constraint=grammar(reqs[i] if reqs else None))
         same = plain.token_ids == spec.token_ids == hyb.token_ids
         identical &= same

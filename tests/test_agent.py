@@ -17,7 +17,7 @@ from agent.prompt import build_messages
 from agent.specialize import PlanValidator, specialize
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Result
-from thor_runtime.spec import SpecOptions
+from thor_runtime.speculative import PLAIN
 from thor_runtime.stats import Stats
 
 WORLDS = {n: AGENT_DIR / "worlds" / f"{n}.json" for n in ("kitchen", "warehouse", "lab_bench")}
@@ -249,8 +249,7 @@ class ScriptedRuntime:
     def __init__(self, tok, texts, model=None):
         self.tok, self.texts, self.prompts, self.model = tok, list(texts), [], model
 
-    def generate(self, prompt_ids, params, proposer=None, k=0, relaxed=None, constraint=None, on_token=None,
-                 draft_budget=None):
+    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None):
         self.prompts.append(self.tok.decode(prompt_ids))
         ids = self.tok.encode(self.texts.pop(0), add_special=False) + [self.tok.eos_token_ids[0]]
         st = Stats(prompt_tokens=len(prompt_ids), generated=len(ids))
@@ -261,32 +260,32 @@ def test_planner_repairs_with_gate_errors(tiny_llama):
     tok = tiny_llama.tokenizer
     heavy = _mut(lambda p: p["steps"][0]["args"].update(object="cast_iron_pan"))
     rt = ScriptedRuntime(tok, [json.dumps(heavy), json.dumps(good_plan())])
-    pl = Planner(rt, tok, spec=SpecOptions(method="none"), attempts=2, thinking=False)
+    pl = Planner(rt, tok, attempts=2, thinking=False)
     w, s = world_and_skills("kitchen")
     res = pl.plan("put the apple on the table", w, s)
     assert res.valid and res.attempts == 2 and res.plan == good_plan() and res.report == []
     assert "cast_iron_pan" in rt.prompts[1] and "payload" in rt.prompts[1]
     assert res.stats["attempts"] == 2 and "jump_forward_tokens" in res.stats
     rt = ScriptedRuntime(tok, [json.dumps(heavy)] * 3)
-    res = Planner(rt, tok, spec=SpecOptions(method="none"), attempts=2, thinking=False).plan("t", w, s)
+    res = Planner(rt, tok, attempts=2, thinking=False).plan("t", w, s)
     assert not res.valid and res.attempts == 3 and res.report[0]["check"] == "payload"
 
 
 def test_planner_thinking_span_is_kept_out_of_the_plan(tiny_qwen3):
     tok = tiny_qwen3.tokenizer
     rt = ScriptedRuntime(tok, ["<think>pick first, then place {not json}</think>\n" + json.dumps(good_plan())])
-    pl = Planner(rt, tok, spec=SpecOptions(method="none"), attempts=0)
+    pl = Planner(rt, tok, attempts=0)
     assert pl.thinking                                        # auto: the tokenizer has <think> / </think>
     w, s = world_and_skills("kitchen")
     assert pl.prepare(w, s).grammar.thinking
     res = pl.plan("put the apple on the table", w, s)
     assert res.valid and res.plan == good_plan() and res.text.startswith("{")
-    assert not Planner(rt, tok, spec=SpecOptions(method="none"), thinking=False).prepare(w, s).grammar.thinking
+    assert not Planner(rt, tok, thinking=False).prepare(w, s).grammar.thinking
 
 
 def test_planner_refuses_bad_schema_before_generating(tiny_llama):
     rt = ScriptedRuntime(tiny_llama.tokenizer, [])
-    pl = Planner(rt, tiny_llama.tokenizer, spec=SpecOptions(method="none"))
+    pl = Planner(rt, tiny_llama.tokenizer)
     w, s = world_and_skills("kitchen")
     bad = base_plan_schema()
     bad["properties"]["steps"]["uniqueItems"] = True

@@ -8,15 +8,14 @@ import shutil
 
 import pytest
 
-from agent import cli as agent_cli
+from thor_app.commands import plan as agent_cli
 from agent.files import base_plan_schema
 from agent.gate import check_plan, gate_findings
 from agent.planner import Planner
 from agent.specialize import PlanValidator, specialize
 from test_agent import WORLDS, kitchen_dict, world_and_skills
-from thor_runtime.cli import main
+from thor_app.cli import main
 from thor_runtime.generate import Runtime
-from thor_runtime.spec import SpecOptions
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -114,7 +113,7 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     w, s = world_and_skills("kitchen")
     assert check_plan(obj["plan"], specialize(base_plan_schema(), w, s), w, s).valid
     assert not list(tmp_path.glob(".plan.json.*"))            # the temp file was renamed away
-    plain = Planner(rt, default_model.tokenizer, spec=SpecOptions(method="none"), max_tokens=200, attempts=0)
+    plain = Planner(rt, default_model.tokenizer, max_tokens=200, attempts=0)
     res = plain.plan(task, w, s)
     assert res.plan == obj["plan"] and res.stats["generated_tokens"] == st["generated_tokens"]
     assert st["cycles"] < res.stats["cycles"]                 # ngram drafts were accepted

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from thor_runtime.cli import main
+from thor_app.cli import main
 
 
 def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):

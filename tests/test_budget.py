@@ -6,8 +6,9 @@ import pytest
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.base import Proposer
-from thor_runtime.spec.budget import DraftBudget
+from thor_runtime.speculative.base import Proposer
+from thor_runtime.speculative.budget import DraftBudget
+from thor_runtime.speculative import Speculation
 
 
 class _Scripted(Proposer):
@@ -52,13 +53,13 @@ def test_budget_caps_a_wrong_proposer_only(tiny_llama, wrong):
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     plain = rt.generate(ids, params).token_ids
     prop = _Scripted(len(ids), plain, wrong)
-    res = rt.generate(ids, params, proposer=prop, k=8)
+    res = rt.generate(ids, params, speculation=Speculation(prop, 8, DraftBudget()))
     assert res.token_ids == plain                           # drafts never change the output
     if wrong:
         # after the pause starts the proposer is asked on one cycle in four, for 2 drafts
         assert res.stats.capped_cycles > res.stats.cycles // 2 and max(prop.asked[-3:]) <= 2
         assert len(prop.asked) < res.stats.cycles // 2
-        free = rt.generate(ids, params, proposer=_Scripted(len(ids), plain, True), k=8, draft_budget=None)
+        free = rt.generate(ids, params, speculation=Speculation(_Scripted(len(ids), plain, True), 8))
         assert free.token_ids == plain and free.stats.capped_cycles == 0
         assert free.stats.drafted > res.stats.drafted
     else:

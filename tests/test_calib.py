@@ -143,7 +143,7 @@ def test_distill_loss_decreases_and_resume(tiny_llama, tiny_data, tmp_path):
     assert len(lv) == 24 and sum(lv[-4:]) / 4 < sum(lv[:4]) / 4 - 0.2      # it learns
     assert (tmp_path / "full" / "loss.png").stat().st_size > 1000
     assert (tmp_path / "full" / "model.safetensors").exists() and full["finished"]
-    from thor_runtime.spec.dflash_io import load_drafter
+    from thor_runtime.speculative.dflash_io import load_drafter
     d = load_drafter(tmp_path / "full", tiny_llama.cfg)
     assert d.cfg.tap_layers == (0, 2) and "embed" not in " ".join(d.state_dict())
     # the head shortlist: every response token of the training data (fewer than 2048 distinct)
@@ -178,8 +178,8 @@ def test_distill_loss_decreases_and_resume(tiny_llama, tiny_data, tmp_path):
 def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
     from collections import Counter
 
-    from thor_runtime.cli import main
-    from thor_runtime.spec.dflash_io import load_drafter, random_drafter, save_drafter
+    from thor_app.cli import main
+    from thor_runtime.speculative.dflash_io import load_drafter, random_drafter, save_drafter
 
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path / "d")
     args = ["calib", "draft-vocab", "--target", str(tiny_dirs["llama"]), "--drafter", str(tmp_path / "d")]
@@ -196,7 +196,7 @@ def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
 
 def test_eval_drafter_identical(tiny_llama, tmp_path):
     from calib.eval_drafter import EvalConfig, evaluate
-    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
 
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
     r = evaluate(tiny_llama, EvalConfig(str(tmp_path), n=2, max_tokens=12, prompt_set="general"), progress=False)
@@ -208,7 +208,7 @@ def test_eval_drafter_identical(tiny_llama, tmp_path):
 
 def test_eval_drafter_constrained_identical(default_model, tmp_path):
     from calib.eval_drafter import EvalConfig, evaluate
-    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
 
     save_drafter(random_drafter(default_model.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
     r = evaluate(default_model, EvalConfig(str(tmp_path), n=1, max_tokens=40, constrained=True), progress=False)
@@ -246,7 +246,7 @@ def test_kv_scales_roundtrip_and_fp8(tiny_qwen3, tmp_path):
 
 
 def test_cli_kv_scales_and_errors(tiny_dirs, tmp_path, capsys):
-    from thor_runtime.cli import main
+    from thor_app.cli import main
 
     out = tmp_path / "kv.json"
     # the tiny model's context is too short for planner prompts: general instructions only
@@ -265,7 +265,7 @@ def test_block_loss_vocab_subset_matches_full(tiny_llama):
     """With every id in the subset, the subset softmax is the full one (same loss, same grads)."""
     from calib.distill import block_loss, make_batch, train_vocab
     from calib.features import Features
-    from thor_runtime.spec.dflash_io import random_drafter
+    from thor_runtime.speculative.dflash_io import random_drafter
 
     V, D = tiny_llama.cfg.vocab_size, tiny_llama.cfg.hidden_size
     g = torch.Generator().manual_seed(0)
@@ -291,9 +291,9 @@ def test_block_loss_vocab_subset_matches_full(tiny_llama):
 
 
 def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
-    from thor_runtime.cli import main
+    from thor_app.cli import main
     from thor_runtime.loading import load_config
-    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
 
     save_drafter(random_drafter(load_config(str(tiny_dirs["qwen3"])), block_size=4, num_taps=2), tmp_path / "d")
     rc = main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter", str(tmp_path / "d"),

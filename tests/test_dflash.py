@@ -17,9 +17,12 @@ from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.dflash import DFlashProposer
-from thor_runtime.spec.dflash_io import load_drafter, random_drafter, save_drafter
-from thor_runtime.spec.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.dflash_io import load_drafter, random_drafter, save_drafter
+from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
+from tiny import proposer_and_k
 
 N_TOKENS = 128
 _plain_cache: dict = {}
@@ -67,7 +70,7 @@ def test_greedy_dflash_equals_plain(tiny_llama, kv, which, window, seed_window, 
     ids = prompts(tiny_llama.tokenizer)[which]
     drafter = random_drafter(tiny_llama.cfg, num_layers=1, block_size=block, seed=window)
     p = DFlashProposer(drafter, tiny_llama.model, window=window, seed_window=seed_window)
-    out = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv).generate(ids, sp(), proposer=p, k=block - 1)
+    out = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv).generate(ids, sp(), speculation=Speculation(p, block - 1, DraftBudget()))
     assert out.token_ids == plain(tiny_llama, ids, kv)
     assert len(out.token_ids) == N_TOKENS
     # The window is exactly the last W committed-and-verified tokens (the final token is
@@ -102,7 +105,7 @@ def test_multirow_commits_window_matches_recomputation(tiny_llama, tiny_qwen3, a
     truth = list(ids) + plain(loaded, ids)
     drafter = random_drafter(loaded.cfg, num_layers=2, block_size=8, seed=3)
     p = Steered(drafter, model, window=window, truth=truth, rng=random.Random(0))
-    out = Runtime(model, loaded.tokenizer).generate(ids, sp(), proposer=p, k=7)
+    out = Runtime(model, loaded.tokenizer).generate(ids, sp(), speculation=Speculation(p, 7, DraftBudget()))
     assert out.token_ids == truth[len(ids):]
     assert out.stats.accepted > N_TOKENS // 2 and out.stats.cycles < N_TOKENS  # multi-row commits happened
     pos, feats = p.window_entries()
@@ -257,7 +260,7 @@ def test_zlab_layout_loads_and_runs(tiny_qwen3, tmp_path):
     (a, la), (b, lb) = _drafts(d, tiny_qwen3, ids), _drafts(z, tiny_qwen3, ids)
     assert a == b and torch.equal(la, lb)
     out = Runtime(tiny_qwen3.model, tiny_qwen3.tokenizer).generate(
-        ids, sp(32), proposer=DFlashProposer(z, tiny_qwen3.model), k=7)
+        ids, sp(32), speculation=Speculation(DFlashProposer(z, tiny_qwen3.model), 7, DraftBudget()))
     assert out.token_ids == plain(tiny_qwen3, ids, n=32)
 
 
@@ -336,8 +339,7 @@ def test_sample_probs(tiny_llama):
     assert all(q[j, d] > 0 for j, d in enumerate(drafts))
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
     params = sp(24, temperature=0.8, seed=1)
-    runs = [rt.generate(ids, params, proposer=DFlashProposer(drafter, tiny_llama.model, sample_probs=True, seed=0),
-                        k=7).token_ids for _ in range(2)]
+    runs = [rt.generate(ids, params, speculation=Speculation(DFlashProposer(drafter, tiny_llama.model, sample_probs=True, seed=0), 7, DraftBudget())).token_ids for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 24
 
 
@@ -352,8 +354,8 @@ def test_default_model_greedy_dflash_equals_plain(default_model, kv):
     identical to plain decoding with fp32 KV; with fp8 KV identical or a numerical tie under
     the losslessness gate (plain fp8 decoding itself flips such ties when only the thread
     count changes; see spec/lossless.py)."""
-    from thor_runtime.spec import DEFAULT_DRAFTER, SpecOptions, build_proposer
-    from thor_runtime.spec.lossless import judge
+    from thor_runtime.speculative import DEFAULT_DRAFTER, SpecOptions
+    from thor_runtime.speculative.lossless import judge
 
     def check(got, want):
         if kv == "fp32":
@@ -369,10 +371,10 @@ def test_default_model_greedy_dflash_equals_plain(default_model, kv):
     for i, prompt in enumerate(DEFAULT_PROMPTS):
         ids = tok.encode_chat([{"role": "user", "content": prompt}])
         want = rt.generate(ids, sp(128)).token_ids
-        p, k = build_proposer(SpecOptions(method="dflash"), model)          # the committed drafter
+        p, k = proposer_and_k(SpecOptions(method="dflash"), model)          # the committed drafter
         assert p.block_size == shipped["block_size"] and tuple(p.tap_layers) == tuple(shipped["tap_layers"])
-        check(rt.generate(ids, sp(128), proposer=p, k=k).token_ids, want)
+        check(rt.generate(ids, sp(128), speculation=Speculation(p, k, DraftBudget())).token_ids, want)
         if i == 0:
             rnd = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=128)
             # all 15 drafts every cycle (no budget): rejections and rollbacks on every cycle
-            check(rt.generate(ids, sp(128), proposer=rnd, k=15, draft_budget=None).token_ids, want)
+            check(rt.generate(ids, sp(128), speculation=Speculation(rnd, 15)).token_ids, want)

@@ -12,9 +12,11 @@ from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.model import attend
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.dflash import DFlashProposer
-from thor_runtime.spec.dflash_io import load_drafter, random_drafter, save_drafter
-from thor_runtime.spec.draft_vocab import FILENAME, DraftVocab, load_draft_vocab
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.dflash_io import load_drafter, random_drafter, save_drafter
+from thor_runtime.speculative.draft_vocab import FILENAME, DraftVocab, load_draft_vocab
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
 
 
 # ---- attention ---------------------------------------------------------------------------------
@@ -99,7 +101,7 @@ def test_shortlist_greedy_equals_plain_and_drafts_stay_inside(tiny_llama):
     seen = []
     inner = p.propose
     p.propose = lambda seq, k: (lambda out: (seen.extend(out[0]), out)[1])(inner(seq, k))
-    spec = rt.generate(prompt, SamplingParams(max_tokens=24), proposer=p, k=4)
+    spec = rt.generate(prompt, SamplingParams(max_tokens=24), speculation=Speculation(p, 4, DraftBudget()))
     assert spec.token_ids == plain
     allowed = set(short) | set(prompt)
     assert seen and set(seen) <= allowed

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from thor_runtime.cli import main
+from thor_app.cli import main
 
 
 def _run(capsys, *argv):

@@ -11,8 +11,11 @@ from agent.grammar import Grammar, GrammarTokenizer, check_schema
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.base import Proposer
-from thor_runtime.spec.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative.base import Proposer
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
+from tiny import proposer_and_k
 
 PLAN_LIKE = {
     "type": "object",
@@ -227,7 +230,7 @@ def test_jump_forward_rides_in_draft_and_is_counted(tiny_llama, gtok):
     s = plain.stats
     assert s.jump_forward > 0 and s.accepted >= s.jump_forward
     assert s.cycles < s.generated - 1          # forced tokens saved whole cycles, even with K = 0
-    junk = rt.generate(ids, params, proposer=Refuser(enc(tok, "#")[0]), k=4, constraint=g.constraint())
+    junk = rt.generate(ids, params, speculation=Speculation(Refuser(enc(tok, "#")[0]), 4, DraftBudget()), constraint=g.constraint())
     assert junk.token_ids == plain.token_ids
     assert junk.stats.jump_forward == s.jump_forward
 
@@ -246,7 +249,7 @@ def test_constrained_ngram_equals_constrained_plain(arch, request, gtok):
             ids = tok.encode(prompt)
             params = SamplingParams(max_tokens=90)
             plain = rt.generate(ids, params, constraint=g.constraint())
-            spec = rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6,
+            spec = rt.generate(ids, params, speculation=Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget()),
                                constraint=g.constraint())
             assert spec.token_ids == plain.token_ids, (schema, prompt)
             if plain.finish_reason == "eos":          # a finished output is valid JSON
@@ -256,11 +259,11 @@ def test_constrained_ngram_equals_constrained_plain(arch, request, gtok):
 def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path):
     """A random drafter proposes mostly illegal (and padding) ids: the grammar cuts them and the
     output stays token-identical to plain constrained decoding."""
-    from thor_runtime.spec import dflash_io as io
-    from thor_runtime.spec import SpecOptions, build_proposer
+    from thor_runtime.speculative import dflash_io as io
+    from thor_runtime.speculative import SpecOptions
 
     path = io.save_drafter(io.random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")
-    proposer, k = build_proposer(SpecOptions(method="dflash", drafter=str(path)), tiny_llama.model)
+    proposer, k = proposer_and_k(SpecOptions(method="dflash", drafter=str(path)), tiny_llama.model)
     tok = tiny_llama.tokenizer
     rt = Runtime(tiny_llama.model, tok)
     g = Grammar(gtok, PLAN_LIKE)
@@ -268,7 +271,7 @@ def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path)
     params = SamplingParams(max_tokens=90)
     plain = rt.generate(ids, params, constraint=g.constraint())
     # no draft budget: the random drafter keeps drafting, so the grammar keeps cutting
-    spec = rt.generate(ids, params, proposer=proposer, k=k, constraint=g.constraint(), draft_budget=None)
+    spec = rt.generate(ids, params, speculation=Speculation(proposer, k), constraint=g.constraint())
     assert spec.token_ids == plain.token_ids
 
 

@@ -8,11 +8,14 @@ import torch
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec import SpecOptions, build_proposer
-from thor_runtime.spec.dflash import DFlashProposer
-from thor_runtime.spec.dflash_io import random_drafter, save_drafter
-from thor_runtime.spec.hybrid import HybridProposer
-from thor_runtime.spec.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative import SpecOptions
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
+from thor_runtime.speculative.hybrid import HybridProposer
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
+from tiny import proposer_and_k
 
 
 class StubDrafter:
@@ -96,14 +99,14 @@ def test_hybrid_greedy_identical_tiny(tiny_llama, tmp_path, kv):
     """A random drafter is never sure, so lookup takes every cycle it has a match for, DFlash
     the rest: both kinds of cycle occur, and output equals plain decoding."""
     save_drafter(random_drafter(tiny_llama.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
-    p, k = build_proposer(SpecOptions(method="hybrid", drafter=str(tmp_path)), tiny_llama.model)
+    p, k = proposer_and_k(SpecOptions(method="hybrid", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, HybridProposer) and k == 5 and p.lookup.cfg.k == 5
     tok = tiny_llama.tokenizer
     ids = tok.encode("pick up the red cup and place it on the table. pick up the red cup and place it")
     rt = Runtime(tiny_llama.model, tok, kv_dtype=kv)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     want = rt.generate(ids, params).token_ids
-    got = rt.generate(ids, params, proposer=p, k=k, draft_budget=None)
+    got = rt.generate(ids, params, speculation=Speculation(p, k))
     assert got.token_ids == want
     assert 0 < p.lookup_cycles < got.stats.cycles
 
@@ -121,8 +124,8 @@ def test_hybrid_plans_identical_default(default_model):
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=96)
     want = rt.generate(ids, params, constraint=grammar(req)).token_ids
-    p, k = build_proposer(SpecOptions(method="auto"), model)
+    p, k = proposer_and_k(SpecOptions(method="auto"), model)
     assert isinstance(p, HybridProposer) and k == 15
-    got = rt.generate(ids, params, proposer=p, k=k, constraint=grammar(req))
+    got = rt.generate(ids, params, speculation=Speculation(p, k, DraftBudget()), constraint=grammar(req))
     assert got.token_ids == want
     assert got.stats.committed / got.stats.cycles > 3 and p.lookup_cycles > 0

@@ -6,7 +6,7 @@ import torch
 
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.lossless import first_divergence, judge, summarize
+from thor_runtime.speculative.lossless import first_divergence, judge, summarize
 
 
 def test_first_divergence():

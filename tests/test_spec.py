@@ -5,8 +5,11 @@ import pytest
 
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.spec.base import Proposer
-from thor_runtime.spec.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative.base import Proposer
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
+from tiny import proposer_and_k
 
 PROMPTS = [
     "pick up the red cup and place it on the table. pick up the red cup and place it on the",
@@ -42,7 +45,7 @@ def test_ngram_greedy_identical_tiny(arch, kv, request):
         ids = loaded.tokenizer.encode(prompt)
         params = SamplingParams(max_tokens=128, ignore_eos=True)
         plain = rt.generate(ids, params)
-        spec = rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6)
+        spec = rt.generate(ids, params, speculation=Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget()))
         assert spec.token_ids == plain.token_ids
         assert spec.stats.cycles < plain.stats.cycles or spec.stats.accepted == 0
 
@@ -51,7 +54,7 @@ def test_ngram_greedy_identical_tiny(arch, kv, request):
 def test_ngram_greedy_identical_default(default_model, kv):
     """Identical with fp32 KV; with fp8 KV identical or a numerical tie under the losslessness
     gate (fp8 rounding turns last-bit kernel differences into near-tie flips; see lossless.py)."""
-    from thor_runtime.spec.lossless import judge
+    from thor_runtime.speculative.lossless import judge
 
     tok = default_model.tokenizer
     rt = Runtime(default_model.model, tok, kv_dtype=kv)
@@ -60,7 +63,7 @@ def test_ngram_greedy_identical_default(default_model, kv):
         ids = tok.encode_chat([{"role": "user", "content": prompt}])
         params = SamplingParams(max_tokens=128, ignore_eos=True)
         plain = rt.generate(ids, params)
-        spec = rt.generate(ids, params, proposer=NgramProposer(), k=8)
+        spec = rt.generate(ids, params, speculation=Speculation(NgramProposer(), 8, DraftBudget()))
         if kv == "fp32":
             assert spec.token_ids == plain.token_ids
         else:
@@ -78,15 +81,15 @@ def test_all_accepted_and_all_rejected(tiny_llama):
     ids = tiny_llama.tokenizer.encode(PROMPTS[0])
     truth = _truth(rt, ids)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    good = rt.generate(ids, params, proposer=Scripted(truth, len(ids)), k=4)
+    good = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids)), 4, DraftBudget()))
     assert good.token_ids == truth
     assert good.stats.accepted == good.stats.drafted            # every draft kept
     assert good.stats.to_dict()["accept_length_mean"] > 4.5    # K + 1 per cycle, bar the tail
     bad_token = next(t for t in range(50) if t not in truth)
-    bad = rt.generate(ids, params, proposer=Scripted(truth, len(ids), garbage=bad_token), k=4)
+    bad = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids), garbage=bad_token), 4, DraftBudget()))
     assert bad.token_ids == truth and bad.stats.accepted == 0
     assert bad.stats.cycles == len(truth) - 1
-    mid = rt.generate(ids, params, proposer=Scripted(truth, len(ids), cut=2), k=4)
+    mid = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids), cut=2), 4, DraftBudget()))
     assert mid.token_ids == truth
     assert mid.stats.to_dict()["accept_per_position"][:3] == [1.0, 1.0, 0.0]
 
@@ -110,7 +113,7 @@ def test_eos_inside_an_accepted_span(tiny_llama, eos_pos):
     try:
         tok.eos_token_ids = (eos,)
         plain = rt.generate(ids, SamplingParams(max_tokens=40))
-        spec = rt.generate(ids, SamplingParams(max_tokens=40), proposer=Scripted(truth, len(ids)), k=4)
+        spec = rt.generate(ids, SamplingParams(max_tokens=40), speculation=Speculation(Scripted(truth, len(ids)), 4, DraftBudget()))
     finally:
         tok.eos_token_ids = saved
     assert plain.finish_reason == spec.finish_reason == "eos"
@@ -123,7 +126,7 @@ def test_max_tokens_mid_span(tiny_llama, max_tokens):
     ids = tiny_llama.tokenizer.encode(PROMPTS[0])
     truth = _truth(rt, ids)
     spec = rt.generate(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                       proposer=Scripted(truth, len(ids)), k=5)
+                       speculation=Speculation(Scripted(truth, len(ids)), 5, DraftBudget()))
     assert spec.token_ids == truth[:max_tokens] and spec.finish_reason == "length"
 
 
@@ -135,7 +138,7 @@ def test_stop_string_inside_span(tiny_llama):
     stop = tok.decode(truth)[6:9]
     params = SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop,))
     plain = rt.generate(ids, params)
-    spec = rt.generate(ids, params, proposer=Scripted(truth, len(ids)), k=6)
+    spec = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids)), 6, DraftBudget()))
     assert spec.token_ids == plain.token_ids and spec.text == plain.text and plain.finish_reason == "stop"
 
 
@@ -143,7 +146,7 @@ def test_one_token_prompt(tiny_llama):
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
     ids = tiny_llama.tokenizer.encode("move")[:1]
     params = SamplingParams(max_tokens=64, ignore_eos=True)
-    assert rt.generate(ids, params, proposer=NgramProposer(), k=8).token_ids == rt.generate(ids, params).token_ids
+    assert rt.generate(ids, params, speculation=Speculation(NgramProposer(), 8, DraftBudget())).token_ids == rt.generate(ids, params).token_ids
 
 
 def test_ngram_proposer_finds_latest_longest_match():
@@ -171,23 +174,23 @@ def test_int8_weights_close_to_fp32_and_spec_identical(tiny_dirs):
     rt = Runtime(b.model, b.tokenizer, kv_dtype="bf16")
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     plain = rt.generate(ids, params)
-    assert rt.generate(ids, params, proposer=NgramProposer(NgramConfig(1, 3, 6)), k=6).token_ids == plain.token_ids
+    assert rt.generate(ids, params, speculation=Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget())).token_ids == plain.token_ids
 
 
 def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, tiny_llama, tmp_path):
-    from thor_runtime.spec import SpecOptions, build_proposer
-    from thor_runtime.spec.dflash import DFlashProposer
-    from thor_runtime.spec.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative import SpecOptions
+    from thor_runtime.speculative.dflash import DFlashProposer
+    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
 
-    from thor_runtime.spec.hybrid import HybridProposer
+    from thor_runtime.speculative.hybrid import HybridProposer
 
-    p, k = build_proposer(SpecOptions(method="auto"), default_model.model)
+    p, k = proposer_and_k(SpecOptions(method="auto"), default_model.model)
     assert isinstance(p, HybridProposer) and isinstance(p.dflash, DFlashProposer)
     assert k == p.dflash.block_size - 1
-    p, _ = build_proposer(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
+    p, _ = proposer_and_k(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
     assert isinstance(p, NgramProposer)
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
-    p, k = build_proposer(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
+    p, k = proposer_and_k(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, HybridProposer) and k == 3
-    p, k = build_proposer(SpecOptions(method="dflash", drafter=str(tmp_path)), tiny_llama.model)
+    p, k = proposer_and_k(SpecOptions(method="dflash", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, DFlashProposer) and k == 3

@@ -71,3 +71,11 @@ def make_tiny_dir(path: Path, arch: str = "llama", seed: int = 0, std: float = 0
                 p.normal_(0.0, std)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def proposer_and_k(opts, model):
+    """The proposer and K that ``build_speculation`` picks for these options."""
+    from thor_runtime.speculative import build_speculation
+
+    s = build_speculation(opts, model)
+    return s.proposer, s.k

@@ -15,9 +15,8 @@ from .errors import ThorError
 from .kv_cache import KVCache, KVScales
 from .model import TargetModel
 from .sampling import SamplingParams, make_generator, target_probs
-from .spec.accept import RelaxedConfig, accept_relaxed, accept_sampling, accept_strict, in_thinking
-from .spec.base import Proposer
-from .spec.budget import DraftBudget
+from .speculative import PLAIN, Speculation
+from .speculative.accept import accept_relaxed, accept_sampling, accept_strict, in_thinking
 from .stats import Stats
 
 
@@ -72,17 +71,17 @@ class Runtime:
                        self.model.device)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
-                 proposer: Proposer | None = None, k: int = 0, relaxed: RelaxedConfig | None = None,
-                 constraint=None, on_token: Callable[[int], None] | None = None,
-                 draft_budget: DraftBudget | None = DraftBudget()) -> Result:
-        """draft_budget: how many proposer drafts each cycle verifies (None = always k)."""
+                 speculation: Speculation = PLAIN, constraint=None,
+                 on_token: Callable[[int], None] | None = None) -> Result:
+        """speculation: proposer, K, draft budget and relaxed acceptance (PLAIN: K = 0)."""
         cfg = self.model.cfg
+        proposer, k, relaxed = speculation.proposer, speculation.k, speculation.relaxed
+        draft_budget = speculation.budget
         if not prompt_ids:
             raise ThorError("the prompt is empty")
         if len(prompt_ids) >= cfg.max_position_embeddings:
             raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
                             f"of {cfg.max_position_embeddings} tokens")
-        k = k if proposer is not None else 0
         capacity = min(cfg.max_position_embeddings, len(prompt_ids) + params.max_tokens + k + 1)
         cache = self.new_cache(capacity)
         gen = None if params.greedy else make_generator(params.seed)

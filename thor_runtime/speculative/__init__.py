@@ -1,10 +1,21 @@
-"""Speculative decoding: proposers (one per file), acceptance policies, and a registry."""
+"""Speculative decoding: proposers (one per file), acceptance policies, and a registry.
+
+``build_speculation(SpecOptions, model)`` is the one place a ``Speculation`` — the proposer,
+its K, the draft budget and relaxed acceptance, as one frozen value — is assembled; the
+generation loop, the planner, calibration and the benchmarks all take it ready-made.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ThorError
+from .budget import DraftBudget
+
+if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
+    from .accept import RelaxedConfig
+    from .base import Proposer
 
 SPEC_METHODS = ("none", "ngram", "dflash", "hybrid", "auto")
 # Drafter shipped for the embedded default target (distilled by `thor calib distill`).
@@ -35,11 +46,31 @@ class SpecOptions:
             raise ThorError(f"lookup rate must be in (0, 1), got {self.lookup_rate}")
 
 
-def draft_budget(opts: SpecOptions):
-    """The cycle's draft budget for these options (None = always K)."""
-    from .budget import DraftBudget
+@dataclass(frozen=True)
+class Speculation:
+    """How one sequence speculates. ``PLAIN`` (no proposer, K = 0) is plain decoding.
 
-    return None if opts.fixed_k else DraftBudget()
+    The proposer holds per-sequence state (its window), reset by ``start`` at each prefill:
+    one Speculation serves one sequence at a time.
+    """
+    proposer: Proposer | None = None
+    k: int = 0                               # drafts per cycle at most
+    budget: DraftBudget | None = None        # how many of them to verify; None = always k
+    relaxed: RelaxedConfig | None = None     # relaxed acceptance in the thinking span (greedy)
+
+    def __post_init__(self):
+        if self.k < 0:
+            raise ThorError(f"speculation: K must be >= 0, got {self.k}")
+        if self.proposer is None and self.k:
+            raise ThorError("speculation: K > 0 needs a proposer")
+
+    @property
+    def name(self) -> str:
+        """The proposer that runs (``auto`` resolved), or ``none``."""
+        return self.proposer.name if self.proposer is not None else "none"
+
+
+PLAIN = Speculation()
 
 
 def _ngram(opts: SpecOptions, model):
@@ -92,6 +123,8 @@ _BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _
              "auto": _auto}
 
 
-def build_proposer(opts: SpecOptions, model):
-    """-> (proposer or None, K drafts per cycle)."""
-    return _BUILDERS[opts.method](opts, model)
+def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None) -> Speculation:
+    """The one constructor of a Speculation from user-facing options."""
+    proposer, k = _BUILDERS[opts.method](opts, model)
+    budget = None if opts.fixed_k or proposer is None else DraftBudget()
+    return Speculation(proposer, k, budget, relaxed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from thor_runtime.commands.common import positive_int
+from .common import positive_int
 from thor_runtime.errors import ThorError
 
 
@@ -37,8 +37,8 @@ def _emit(doc: dict) -> int:
 
 # ---- gen-data --------------------------------------------------------------------------------
 def _gen_data(args) -> int:
-    from .datagen import GenConfig, generate_dataset
-    from .prompts import PromptSpec
+    from calib.datagen import GenConfig, generate_dataset
+    from calib.prompts import PromptSpec
 
     spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
     gen = GenConfig(args.max_tokens, args.batch, args.constrained)
@@ -49,7 +49,7 @@ def _gen_data(args) -> int:
 
 # ---- distill ---------------------------------------------------------------------------------
 def _distill(args) -> int:
-    from .distill import DistillConfig, run_distill
+    from calib.distill import DistillConfig, run_distill
 
     cfg = DistillConfig.from_args(args)
     loaded = _load_target(args.target, args.threads)
@@ -61,14 +61,14 @@ def _distill(args) -> int:
 def _draft_vocab(args) -> int:
     from thor_runtime.loading import load_config
 
-    from .distill import write_draft_vocab
+    from calib.distill import write_draft_vocab
 
     return _emit(write_draft_vocab(args.drafter, args.data, args.size, load_config(args.target).vocab_size))
 
 
 # ---- eval-drafter ----------------------------------------------------------------------------
 def _eval_drafter(args) -> int:
-    from .eval_drafter import EvalConfig, evaluate
+    from calib.eval_drafter import EvalConfig, evaluate
 
     cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
                      args.prompts, args.constrained, args.lookup_rate)
@@ -78,7 +78,7 @@ def _eval_drafter(args) -> int:
 
 # ---- kv-scales -------------------------------------------------------------------------------
 def _kv_scales(args) -> int:
-    from .kv_scales import KVCalibConfig, calibrate_and_report
+    from calib.kv_scales import KVCalibConfig, calibrate_and_report
 
     cfg = KVCalibConfig(args.n, args.eval_n, args.max_tokens, args.margin, args.seed, args.general_frac)
     loaded = _load_target(args.target, args.threads)

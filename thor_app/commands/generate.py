@@ -4,9 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..sampling import SamplingParams
-from ..spec import build_proposer, draft_budget
-from .common import add_model_args, add_spec_args, build_runtime, positive_int, relaxed_config, spec_options
+from thor_runtime.sampling import SamplingParams
+from .common import add_model_args, add_spec_args, build_runtime, positive_int, speculation
 
 
 def register(sub) -> None:
@@ -53,13 +52,10 @@ def run(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
     loaded, rt = build_runtime(args)
-    opts = spec_options(args)
-    proposer, k = build_proposer(opts, loaded.model)
-    relaxed = relaxed_config(args, loaded.tokenizer)
+    spec = speculation(args, loaded)
     ids = encode_prompt(loaded.tokenizer, args.prompt, args.chat, args.system)
     streamer = None if args.json or params.stop else _Streamer(loaded.tokenizer)
-    res = rt.generate(ids, params, proposer=proposer, k=k, relaxed=relaxed, on_token=streamer,
-                      draft_budget=draft_budget(opts))
+    res = rt.generate(ids, params, spec, on_token=streamer)
     if args.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
                           "finish_reason": res.finish_reason, "spec": args.spec, "stats": res.stats.to_dict()}))

@@ -1,22 +1,19 @@
-"""`thor` — one console entry point; each subcommand registers itself from its own module.
+"""`thor` — one console entry point over the runtime, the agent and calibration.
 
 Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 3 no valid plan.
+Each subcommand module defines ``register(subparsers)``; its parser sets ``func(args) -> int``.
+The modules import their heavy dependencies inside the handlers, so ``thor --help`` stays fast.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from .errors import ThorError
+from thor_runtime.errors import ThorError
 
-# subcommand -> module with `register(subparsers)`; the module's parser sets `func(args) -> int`.
-COMMANDS = {
-    "generate": "thor_runtime.commands.generate",
-    "plan": "agent.cli",
-    "bench": "thor_runtime.commands.bench",
-    "calib": "calib.cli",
-}
+from .commands import bench, calib, generate, plan
+
+COMMANDS = (generate, plan, bench, calib)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,13 +24,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="thor", description="thor-runtime: on-robot LLM planning runtime")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, module in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # that part of the product is not installed in this build
-            raise
+    for mod in COMMANDS:
         mod.register(sub)
     return parser
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import WEIGHT_LAYOUTS
-from ..errors import ThorError
-from ..spec import SPEC_METHODS, SpecOptions
+from thor_runtime.config import WEIGHT_LAYOUTS
+from thor_runtime.errors import ThorError
+from thor_runtime.speculative import SPEC_METHODS, SpecOptions
 
 
 def positive_int(s: str) -> int:
@@ -57,10 +57,17 @@ def spec_options(args) -> SpecOptions:
                        lookup_rate=args.lookup_rate)
 
 
+def speculation(args, loaded):
+    """The one Speculation for a command's arguments (proposer, K, budget, relaxed acceptance)."""
+    from thor_runtime.speculative import build_speculation
+
+    return build_speculation(spec_options(args), loaded.model, relaxed_config(args, loaded.tokenizer))
+
+
 def relaxed_config(args, tokenizer):
     if not getattr(args, "relaxed_thinking", False):
         return None
-    from ..spec.accept import RelaxedConfig
+    from thor_runtime.speculative.accept import RelaxedConfig
 
     b, e = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
     if b is None or e is None:
@@ -70,9 +77,9 @@ def relaxed_config(args, tokenizer):
 
 def build_runtime(args):
     """-> (Loaded, Runtime)."""
-    from ..generate import Runtime
-    from ..kv_cache import KVScales
-    from ..loading import load
+    from thor_runtime.generate import Runtime
+    from thor_runtime.kv_cache import KVScales
+    from thor_runtime.loading import load
 
     if args.prefill_chunk < 0:
         raise ThorError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")

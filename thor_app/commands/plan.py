@@ -10,8 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from thor_runtime.commands.common import (add_model_args, add_spec_args, build_runtime, positive_int,
-                                          relaxed_config, spec_options)
+from .common import add_model_args, add_spec_args, build_runtime, positive_int, speculation
 from thor_runtime.errors import NoValidPlan, ThorError
 from thor_runtime.fileio import write_text_atomic
 
@@ -47,14 +46,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def _load_inputs(args):
-    from .files import base_plan_schema, load_schema, load_skills, load_world, resolve_skills_path
-    from .grammar import check_schema
-    from .specialize import specialize
+    from agent.files import base_plan_schema, load_schema, load_skills, load_world, resolve_skills_path
+    from agent.grammar import check_schema
+    from agent.specialize import specialize
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
     if args.spec in ("dflash", "hybrid") or (args.spec == "auto" and args.drafter):
-        from thor_runtime.spec import DEFAULT_DRAFTER
+        from thor_runtime.speculative import DEFAULT_DRAFTER
 
         drafter = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
         if not drafter.exists():
@@ -71,16 +70,16 @@ def _load_inputs(args):
 
 
 def run(args) -> int:
-    from .planner import Planner
+    from agent.planner import Planner
 
     world, skills, schema = _load_inputs(args)
     _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
          f"{len(skills.skills)} skills from {skills.source}")
     _log(f"loading model {args.model} ...")
     loaded, rt = build_runtime(args)
-    planner = Planner(rt, loaded.tokenizer, spec=spec_options(args), max_tokens=args.max_tokens,
+    planner = Planner(rt, loaded.tokenizer, speculation(args, loaded), max_tokens=args.max_tokens,
                       attempts=args.attempts, thinking=False if args.no_thinking else None,
-                      relaxed=relaxed_config(args, loaded.tokenizer), max_steps=args.max_steps, on_progress=_log)
+                      max_steps=args.max_steps, on_progress=_log)
     res = planner.plan(args.task, world, skills, schema)
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ThorError
-from ..sampling import SamplingParams
-from ..spec import SPEC_METHODS, SpecOptions, build_proposer, draft_budget
-from ..spec.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
+from thor_runtime.errors import ThorError
+from thor_runtime.sampling import SamplingParams
+from thor_runtime.speculative import SPEC_METHODS, SpecOptions, build_speculation
+from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
 from .common import positive_int
 
 BENCH_PROMPTS = [
@@ -86,7 +86,7 @@ def _long_ids(tok, n):
 
 
 def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
-    from ..generate import Runtime
+    from thor_runtime.generate import Runtime
 
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
@@ -98,11 +98,11 @@ def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
         for i, ids in enumerate(prompts):
             opts = SpecOptions(method=spec_name.split("-")[0], drafter=args.drafter, block_size=args.block_size,
                                window=args.window, seed_window=not spec_name.endswith("noseed"))
-            proposer, k = build_proposer(opts, loaded.model)
-            res = rt.generate(ids, params, proposer=proposer, k=k, draft_budget=draft_budget(opts))
+            spec = build_speculation(opts, loaded.model)
+            res = rt.generate(ids, params, spec)
             s = res.stats.to_dict()
             decode.append(s["decode_tok_s"])
-            if proposer is not None:
+            if spec.proposer is not None:
                 accept_len.append(s["accept_length_mean"])
                 per_pos.append(s["accept_per_position"])
             if r == 0:
@@ -164,8 +164,8 @@ def bench_transformers(path, dtype, args, prompts, long_ids):
 def run_plan(args, specs) -> int:
     from agent.bench import plan_bench
 
-    from ..generate import Runtime
-    from ..loading import load
+    from thor_runtime.generate import Runtime
+    from thor_runtime.loading import load
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     loaded = load(args.model, wdt)
@@ -180,7 +180,7 @@ def run_plan(args, specs) -> int:
 
 
 def run(args) -> int:
-    from ..loading import DTYPES, load, resolve
+    from thor_runtime.loading import DTYPES, load, resolve
 
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:

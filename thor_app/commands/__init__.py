@@ -1,0 +1,1 @@
+"""Command implementations of `thor`, one module per subcommand."""
