@@ -7,7 +7,7 @@ THOR   := $(VENV)/bin/thor
 STAMP  := $(VENV)/.installed
 DEMO_TASK ?= Put the red mug in the dish rack.
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-exact-cpus install bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The exactness tests (speculative == plain, fp8, layouts, parity vs transformers) again as an
+# AVX2-only CPU and as a CPU without vector extensions would run them: their expectations must
+# hold on every CPU, not only on the one that runs `make test`.
+EXACT_TESTS := tests/test_exact.py tests/test_layouts.py tests/test_spec.py tests/test_core.py \
+	tests/test_dflash.py tests/test_hybrid.py
+AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+test-exact-cpus: $(STAMP)
+	$(AVX2_ENV) $(PY) -m pytest $(EXACT_TESTS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest tests/test_exact.py
 
 bench: $(STAMP)
 	$(THOR) bench --spec none,ngram,dflash --json bench/results-cpu.json

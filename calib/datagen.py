@@ -1,41 +1,23 @@
 """Training data for the drafter: the target's own greedy responses to calibration prompts.
 
 A drafter is judged by how often its tokens equal the target's greedy tokens, so the labels
-are exactly those tokens (not human text). Generating them one sequence at a time wastes the
-CPU on batch-1 matmuls, so this file has a small batched greedy decoder built from the
-model's segments (``pre_attn`` / ``post_attn`` take leading batch dims) with its own batched
-KV buffer and masked SDPA; ``TargetModel`` itself stays batch-1.
-
-Left padding: prompts of different lengths are right-aligned, so every row's next token sits
-in the same column and one decode step is one [B, 1] forward. Pad columns are masked out of
-attention and get position 0; real tokens get positions 0..len-1 as in ``Runtime.generate``.
-
-Output directory (never pickle):
-  manifest.json            {"format": "thor-calib-data/1", split, seed, n, max_tokens, target,
-                            constrained, prompt_set_sha256}
-  shard-NNNNN.safetensors  tokens int32 [sum T_i] (prompt + response, flat), offsets int64 [N+1],
-                           prompt_lens int32 [N], prompt_index int64 [N] (index in the prompt set)
-Resumable: shards are written atomically (tmp + os.replace) after each batch; a restart reads
-the shards' prompt_index and only generates what is missing.
+are exactly those tokens (not human text). Free-text prompts are decoded in batches
+(``thor_runtime.batched``); robot prompts with ``--constrained`` as the planner decodes them.
+The on-disk format is in ``shards.py``; ``generate_dataset`` resumes from the shards present.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from thor_runtime.batched import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import prompt_set_hash
-from thor_runtime.model import attend
 
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
-
-DATA_FORMAT = "thor-calib-data/1"
+from .shards import DATA_FORMAT, read_manifest, read_shards, write_shard
 
 
 @dataclass(frozen=True)
@@ -51,75 +33,6 @@ class GenConfig:
             raise ThorError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.batch < 1:
             raise ThorError(f"--batch must be >= 1, got {self.batch}")
-
-
-@torch.inference_mode()
-def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=()) -> list[list[int]]:
-    """Greedy continuations of several prompts at once -> one list of new ids per prompt,
-    ending with the EOS id when one was produced (as ``Runtime.generate``'s token_ids)."""
-    cfg, dev, dt = model.cfg, model.device, model.dtype
-    B = len(prompts)
-    if B == 0:
-        return []
-    lens = torch.tensor([len(p) for p in prompts])                                   # [B]
-    if (lens == 0).any():
-        raise ThorError("datagen: empty prompt")
-    P = int(lens.max())
-    S = P + max_tokens
-    if S > cfg.max_position_embeddings:
-        raise ThorError(f"datagen: {P} prompt + {max_tokens} new tokens exceed the model context "
-                        f"{cfg.max_position_embeddings}")
-    model.ensure_positions(S)
-    pad = P - lens                                                                   # [B] left pad
-    ids = torch.zeros(B, P, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, pad[b]:] = torch.tensor(p)
-    col = torch.arange(S)                                                            # [S]
-    valid = col[None, :] >= pad[:, None]                                             # [B, S] real key
-    pos = (col[None, :] - pad[:, None]).clamp(min=0)                                 # [B, S]
-    kshape = (cfg.num_layers, B, cfg.num_kv_heads, S, cfg.head_dim)
-    kbuf, vbuf = torch.zeros(kshape, dtype=dt, device=dev), torch.zeros(kshape, dtype=dt, device=dev)
-    rows = torch.arange(B)                       # which original prompt each live row is
-    out: list[list[int]] = [[] for _ in range(B)]
-    eos = set(eos_ids)
-
-    def step(tok: torch.Tensor, c0: int) -> torch.Tensor:
-        """tok [b, T] at columns c0..c0+T-1 -> last-column logits [b, V]."""
-        c1 = c0 + tok.shape[1]           # kbuf/vbuf are read at call time (re-bound on compaction)
-        h = model.embed(tok.to(dev))                                                 # [b, T, D]
-        p = pos[rows, c0:c1].to(dev)                                                 # [b, T]
-        # key j visible to query column c iff j is a real token and j <= c
-        qcol = torch.arange(c0, c1)[:, None]                                         # [T, 1]
-        m = valid[rows, None, :c1] & (col[None, :c1] <= qcol)[None]                  # [b, T, c1]
-        # A pad query sees only itself: a fully masked row would give NaN, and NaN keys poison
-        # even masked scores. Real rows never see pad columns, so this changes nothing real.
-        m = m | (col[None, :c1] == qcol)[None]
-        m = m[:, None].to(dev)                                                       # [b, 1, T, c1]
-        for i in range(cfg.num_layers):
-            q, k, v = model.pre_attn(i, h, p)            # q [b, H, T, Dh], k/v [b, Hkv, T, Dh]
-            kbuf[i, :, :, c0:c1], vbuf[i, :, :, c0:c1] = k, v
-            o = attend(q, kbuf[i, :, :, :c1], vbuf[i, :, :, :c1], m)                    # [b, H, T, Dh]
-            h = model.post_attn(i, h, o.transpose(1, 2).reshape(*h.shape[:2], -1))
-        return model.head(h[:, -1])                                                  # [b, V]
-
-    nxt = step(ids, 0).argmax(-1)                                                    # [B]
-    c = P
-    for t in range(max_tokens):
-        done = torch.zeros(len(rows), dtype=torch.bool)
-        for j, r in enumerate(rows.tolist()):
-            tok = int(nxt[j])
-            out[r].append(tok)
-            done[j] = tok in eos or len(out[r]) >= max_tokens
-        if done.all():
-            break
-        if done.any():
-            # Drop finished rows so later steps only pay for live ones (buffers are re-indexed).
-            keep = (~done).nonzero().squeeze(1)                                      # [b']
-            kbuf, vbuf = kbuf[:, keep.to(dev)], vbuf[:, keep.to(dev)]
-            rows, nxt = rows[keep], nxt[keep]
-        nxt = step(nxt[:, None], c).argmax(-1)                                       # [b]
-        c += 1
-    return out
 
 
 class PlanGreedy:
@@ -155,57 +68,6 @@ class PlanGreedy:
                                 constraint=self.constraint(req)).token_ids
 
 
-# ---- dataset on disk ----------------------------------------------------------------------------
-def _manifest(out: Path) -> dict | None:
-    f = out / "manifest.json"
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ThorError(f"{f}: not valid JSON ({e})") from None
-
-
-def read_shards(data_dir: str | Path) -> list[dict]:
-    """-> [{"ids": list[int] (prompt + response), "prompt_len": int, "index": int}] sorted by index."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    d = Path(data_dir)
-    man = _manifest(d)
-    if man is None or man.get("format") != DATA_FORMAT:
-        raise ThorError(f"{d}: not a calibration data directory (missing manifest.json with format "
-                        f"{DATA_FORMAT}); make one with `thor calib gen-data`")
-    seqs = []
-    for f in sorted(d.glob("shard-*.safetensors")):
-        try:
-            t = load_file(str(f))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ThorError(f"{f}: cannot read shard (truncated?): {e}") from None
-        need = {"tokens", "offsets", "prompt_lens", "prompt_index"}
-        if set(t) != need:
-            raise ThorError(f"{f}: expected tensors {sorted(need)}, found {sorted(t)}")
-        toks, off = t["tokens"].tolist(), t["offsets"].tolist()
-        for j, (pl, ix) in enumerate(zip(t["prompt_lens"].tolist(), t["prompt_index"].tolist())):
-            seqs.append({"ids": toks[off[j]:off[j + 1]], "prompt_len": pl, "index": ix})
-    return sorted(seqs, key=lambda s: s["index"])
-
-
-def write_shard(path: Path, seqs: list[dict]) -> None:
-    from safetensors.torch import save_file
-
-    flat = [t for s in seqs for t in s["ids"]]
-    off = [0]
-    for s in seqs:
-        off.append(off[-1] + len(s["ids"]))
-    tensors = {"tokens": torch.tensor(flat, dtype=torch.int32), "offsets": torch.tensor(off, dtype=torch.int64),
-               "prompt_lens": torch.tensor([s["prompt_len"] for s in seqs], dtype=torch.int32),
-               "prompt_index": torch.tensor([s["index"] for s in seqs], dtype=torch.int64)}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT})
-    os.replace(tmp, path)
-
-
 def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Path, target: str = "",
                      progress: bool = True) -> dict:
     """Generate (or finish generating) the dataset in ``out``. -> summary dict."""
@@ -218,7 +80,7 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
     man = {"format": DATA_FORMAT, "split": spec.split, "seed": spec.seed, "n": spec.n,
            "general_frac": spec.general_frac, "max_tokens": gen.max_tokens, "target": target,
            "constrained": gen.constrained, "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
-    old = _manifest(out)
+    old = read_manifest(out)
     if old is not None:
         keys = ("format", "split", "seed", "general_frac", "max_tokens", "target", "constrained")
         diff = [k for k in keys if old.get(k, False if k == "constrained" else None) != man[k]]

@@ -39,12 +39,16 @@ import torch.nn.functional as F
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.speculative.dflash_io import default_tap_layers, save_drafter
-from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter, block_attention_mask
+from thor_runtime.speculative.dflash_model import (
+    DFlashConfig,
+    DFlashDrafter,
+    block_attention_mask,
+)
 from thor_runtime.speculative.draft_vocab import DraftVocab, response_counts
 
 from .ckpt import load_checkpoint, save_checkpoint
-from .datagen import _manifest, read_shards
 from .features import build_features
+from .shards import read_manifest, read_shards
 
 SPAN = 64   # anchors of one row lie within SPAN tokens, so a row's context is at most W + SPAN
 
@@ -247,9 +251,28 @@ def _plot(losses: list, path: Path) -> None:
     plt.close(fig)
 
 
-def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = True) -> dict:
-    from tqdm import tqdm
+@dataclass
+class Prepared:
+    """What training reads: the data set, its drafter config and the target's tap features."""
+    data_dir: Path
+    manifest: dict
+    seqs: list[dict]
+    dcfg: DFlashConfig
+    feats: object                    # features.Features
+    data_hash: str
 
+
+@dataclass
+class Trained:
+    drafter: DFlashDrafter
+    step: int
+    losses: list
+    elapsed_s: float
+    acc: torch.Tensor                # [B-1] last step's per-position train accuracy
+
+
+def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
+    """Generate the data when none is given, check it, and compute (or reuse) the features."""
     model, tok = loaded.model, loaded.tokenizer
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -259,7 +282,7 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
         from .prompts import PromptSpec
         generate_dataset(model, tok, PromptSpec("train", cfg.gen_n), GenConfig(cfg.gen_max_tokens, 8), data_dir,
                          progress=progress)
-    man = _manifest(data_dir) or {}
+    man = read_manifest(data_dir) or {}
     if man.get("split") != "train":
         raise ThorError(f"{data_dir}: distillation only trains on the train split (found {man.get('split')!r})")
     seqs = [s for s in read_shards(data_dir) if len(s["ids"]) - s["prompt_len"] >= 2]
@@ -276,9 +299,15 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
                         block_size=cfg.block_size, rms_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
                         target_id=mcfg.name, window=cfg.window)
     data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
-    feats = build_features(model, seqs, taps, cfg.window, out / "features",
-                           {"target": mcfg.name}, progress)
+    feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name}, progress)
+    return Prepared(data_dir, man, seqs, dcfg, feats, data_hash)
 
+
+def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> Trained:
+    """The training loop, checkpointing every ``ckpt_every`` steps (``resume`` continues one)."""
+    from tqdm import tqdm
+
+    dcfg, seqs = prep.dcfg, prep.seqs
     torch.manual_seed(cfg.seed)           # drafter init only; batches use their own generator
     drafter = DFlashDrafter(dcfg)
     # Small init for the projections (HF-style 0.02), unit norms: the residual stream starts
@@ -292,15 +321,15 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
         p.requires_grad_(False)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    fp = _fingerprint(cfg, dcfg, data_hash)
-    ckpt_dir = out / "ckpt"
+    fp = _fingerprint(cfg, dcfg, prep.data_hash)
+    ckpt_dir = Path(cfg.out) / "ckpt"
     step, losses, elapsed = 0, [], 0.0
     if cfg.resume:
         doc = load_checkpoint(ckpt_dir, drafter, opt, gen, fp)
         step, losses, elapsed = int(doc["step"]), [list(x) for x in doc["losses"]], float(doc["elapsed_s"])
 
     w = position_weights(cfg.block_size, cfg.gamma)                                  # [B-1]
-    in_data = data_tokens(seqs, mcfg.vocab_size)                                     # [V] bool
+    in_data = data_tokens(seqs, model.cfg.vocab_size)                                # [V] bool
     drafter.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", file=sys.stderr,
                disable=not progress, dynamic_ncols=True)
@@ -308,7 +337,7 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
     while step < cfg.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        b = make_batch(seqs, feats, cfg, mask_id, gen)
+        b = make_batch(seqs, prep.feats, cfg, dcfg.mask_token_id, gen)
         vocab = train_vocab(in_data, cfg.negatives, gen) if cfg.vocab == "data" else None
         loss, acc, n = block_loss(drafter, b, w, cfg.bf16, vocab)
         opt.zero_grad(set_to_none=True)
@@ -328,28 +357,42 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
         if over:
             break
     bar.close()
-    elapsed += time.perf_counter() - t0
     drafter.eval()
-    if cfg.draft_vocab:
-        drafter.draft_vocab = build_draft_vocab(seqs, cfg.draft_vocab, mcfg.vocab_size, data_dir)
-    save_drafter(drafter, out)
-    _plot(losses, out / "loss.png")
+    return Trained(drafter, step, losses, elapsed + time.perf_counter() - t0, acc)
 
-    report = {"drafter": str(out), "step": step, "steps": cfg.steps, "finished": step >= cfg.steps,
-              "final_loss": losses[-1][1] if losses else None,
-              "final_loss_mean_last_50": round(sum(x[1] for x in losses[-50:]) / max(1, len(losses[-50:])), 4),
-              "train_acc_per_position_last_step": [round(float(a), 3) for a in acc],
-              "train_sequences": len(seqs), "train_time_s": round(elapsed, 1), "tap_layers": list(taps),
-              "position_weight": f"exp(-(k-1)/{cfg.gamma})", "config": asdict(cfg), "command": command}
-    if cfg.eval_n and step >= cfg.steps:      # an interrupted run is evaluated when it finishes
+
+def report(loaded, prep: Prepared, run: Trained, cfg: DistillConfig, command: str = "",
+           progress: bool = True) -> dict:
+    """Save the drafter (with its shortlist), the loss plot and report.json; a finished run is
+    also evaluated on held-out prompts."""
+    out, losses = Path(cfg.out), run.losses
+    if cfg.draft_vocab:
+        run.drafter.draft_vocab = build_draft_vocab(prep.seqs, cfg.draft_vocab, loaded.model.cfg.vocab_size,
+                                                    prep.data_dir)
+    save_drafter(run.drafter, out)
+    _plot(losses, out / "loss.png")
+    doc = {"drafter": str(out), "step": run.step, "steps": cfg.steps, "finished": run.step >= cfg.steps,
+           "final_loss": losses[-1][1] if losses else None,
+           "final_loss_mean_last_50": round(sum(x[1] for x in losses[-50:]) / max(1, len(losses[-50:])), 4),
+           "train_acc_per_position_last_step": [round(float(a), 3) for a in run.acc],
+           "train_sequences": len(prep.seqs), "train_time_s": round(run.elapsed_s, 1),
+           "tap_layers": list(prep.dcfg.tap_layers),
+           "position_weight": f"exp(-(k-1)/{cfg.gamma})", "config": asdict(cfg), "command": command}
+    if cfg.eval_n and run.step >= cfg.steps:      # an interrupted run is evaluated when it finishes
         from .eval_drafter import EvalConfig, evaluate
         # Judged the way the data was made: planner data is evaluated under the plan grammar.
-        constrained = bool(man.get("constrained")) and cfg.eval_prompts == "robot"
-        report["heldout"] = evaluate(loaded, EvalConfig(str(out), cfg.eval_n, cfg.eval_max_tokens,
-                                                        prompt_set=cfg.eval_prompts, constrained=constrained),
-                                     progress=progress, drafter=drafter)
-    write_json_atomic(out / "report.json", report)
-    return report
+        constrained = bool(prep.manifest.get("constrained")) and cfg.eval_prompts == "robot"
+        doc["heldout"] = evaluate(loaded, EvalConfig(str(out), cfg.eval_n, cfg.eval_max_tokens,
+                                                     prompt_set=cfg.eval_prompts, constrained=constrained),
+                                  progress=progress, drafter=run.drafter)
+    write_json_atomic(out / "report.json", doc)
+    return doc
+
+
+def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = True) -> dict:
+    """prepare -> train -> report."""
+    prep = prepare(loaded, cfg, progress)
+    return report(loaded, prep, train(loaded.model, prep, cfg, progress), cfg, command, progress)
 
 
 def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_dir: Path) -> DraftVocab:
@@ -366,7 +409,7 @@ def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: in
 
     d, data = Path(drafter_dir), Path(data_dir)
     load_drafter(d)                     # refuses anything that is not a drafter before writing into it
-    man = _manifest(data) or {}
+    man = read_manifest(data) or {}
     if man.get("split") != "train":
         raise ThorError(f"{data}: the shortlist comes from training data (found split {man.get('split')!r})")
     vocab = build_draft_vocab(read_shards(data), size, vocab_size, data)

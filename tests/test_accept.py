@@ -4,8 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thor_runtime.speculative.accept import (RelaxedConfig, accept_relaxed, accept_sampling, accept_strict,
-                                      in_thinking)
+from thor_runtime.speculative.accept import (
+    RelaxedConfig,
+    accept_relaxed,
+    accept_sampling,
+    accept_strict,
+    in_thinking,
+)
 
 V = 8
 

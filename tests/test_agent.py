@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.files import (AGENT_DIR, base_plan_schema, load_skills, load_world, resolve_skills_path,
-                         skills_from_dict, world_from_dict)
+from agent.files import (
+    AGENT_DIR,
+    base_plan_schema,
+    load_skills,
+    load_world,
+    resolve_skills_path,
+    skills_from_dict,
+    world_from_dict,
+)
 from agent.gate import CHECKS, check_plan, gate_findings
 from agent.planner import Planner
 from agent.prompt import build_messages

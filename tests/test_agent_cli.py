@@ -7,15 +7,16 @@ import random
 import shutil
 
 import pytest
+from test_agent import WORLDS, kitchen_dict, world_and_skills
 
-from thor_app.commands import plan as agent_cli
 from agent.files import base_plan_schema
 from agent.gate import check_plan, gate_findings
 from agent.planner import Planner
 from agent.specialize import PlanValidator, specialize
-from test_agent import WORLDS, kitchen_dict, world_and_skills
 from thor_app.cli import main
+from thor_app.commands import plan as agent_cli
 from thor_runtime.generate import Runtime
+from thor_runtime.speculative import SpecOptions, build_speculation
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -122,7 +123,8 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
 def res_spec(rt, task) -> str:
     """The proposer the planner's default (auto) runs on the default model."""
     w, s = world_and_skills("kitchen")
-    return Planner(rt, rt.tok, max_tokens=16, attempts=0).plan(task, w, s).stats["spec"]
+    auto = build_speculation(SpecOptions(method="auto"), rt.model)
+    return Planner(rt, rt.tok, auto, max_tokens=16, attempts=0).plan(task, w, s).stats["spec"]
 
 
 # ---- sweep -------------------------------------------------------------------------------------

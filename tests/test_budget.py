@@ -6,9 +6,9 @@ import pytest
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
+from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
-from thor_runtime.speculative import Speculation
 
 
 class _Scripted(Proposer):

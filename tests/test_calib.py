@@ -10,12 +10,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny import random_drafter
 
-from calib.datagen import GenConfig, batched_greedy, generate_dataset, read_shards
+from calib.datagen import GenConfig, generate_dataset
 from calib.distill import DistillConfig, lr_at, position_weights, run_distill
 from calib.kv_scales import kv_amax, scales_from_amax
-from calib.prompts import (PromptSpec, calib_prompts, general_prompts, render_key, robot_prompts,
-                           split_of)
+from calib.prompts import (
+    PromptSpec,
+    calib_prompts,
+    general_prompts,
+    render_key,
+    robot_prompts,
+    split_of,
+)
+from calib.shards import read_shards
+from thor_runtime.batched import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache, KVScales
@@ -179,7 +188,7 @@ def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
     from collections import Counter
 
     from thor_app.cli import main
-    from thor_runtime.speculative.dflash_io import load_drafter, random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import load_drafter, save_drafter
 
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path / "d")
     args = ["calib", "draft-vocab", "--target", str(tiny_dirs["llama"]), "--drafter", str(tmp_path / "d")]
@@ -196,7 +205,7 @@ def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
 
 def test_eval_drafter_identical(tiny_llama, tmp_path):
     from calib.eval_drafter import EvalConfig, evaluate
-    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import save_drafter
 
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
     r = evaluate(tiny_llama, EvalConfig(str(tmp_path), n=2, max_tokens=12, prompt_set="general"), progress=False)
@@ -208,7 +217,7 @@ def test_eval_drafter_identical(tiny_llama, tmp_path):
 
 def test_eval_drafter_constrained_identical(default_model, tmp_path):
     from calib.eval_drafter import EvalConfig, evaluate
-    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import save_drafter
 
     save_drafter(random_drafter(default_model.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
     r = evaluate(default_model, EvalConfig(str(tmp_path), n=1, max_tokens=40, constrained=True), progress=False)
@@ -263,9 +272,10 @@ def test_cli_kv_scales_and_errors(tiny_dirs, tmp_path, capsys):
 
 def test_block_loss_vocab_subset_matches_full(tiny_llama):
     """With every id in the subset, the subset softmax is the full one (same loss, same grads)."""
+    from tiny import random_drafter
+
     from calib.distill import block_loss, make_batch, train_vocab
     from calib.features import Features
-    from thor_runtime.speculative.dflash_io import random_drafter
 
     V, D = tiny_llama.cfg.vocab_size, tiny_llama.cfg.hidden_size
     g = torch.Generator().manual_seed(0)
@@ -293,7 +303,7 @@ def test_block_loss_vocab_subset_matches_full(tiny_llama):
 def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
     from thor_app.cli import main
     from thor_runtime.loading import load_config
-    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
+    from thor_runtime.speculative.dflash_io import save_drafter
 
     save_drafter(random_drafter(load_config(str(tiny_dirs["qwen3"])), block_size=4, num_taps=2), tmp_path / "d")
     rc = main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter", str(tmp_path / "d"),

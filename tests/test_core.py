@@ -66,6 +66,7 @@ def test_default_model_greedy_matches_transformers(default_model, hf_default):
 @pytest.mark.parametrize("qtype,tol", [("F32", 1e-5), ("F16", 5e-2), ("Q8_0", 2e-1)])
 def test_gguf_loader_undoes_permutation(qtype, tol, tiny_llama, tmp_path):
     from gguf_writer import write_tiny_gguf
+
     from thor_runtime.loading.hf_weights import hf_weights
 
     src = tiny_llama.source

@@ -7,16 +7,17 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny import random_drafter
 
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.model import attend
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.speculative.dflash import DFlashProposer
-from thor_runtime.speculative.dflash_io import load_drafter, random_drafter, save_drafter
-from thor_runtime.speculative.draft_vocab import FILENAME, DraftVocab, load_draft_vocab
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.dflash_io import load_drafter, save_drafter
+from thor_runtime.speculative.draft_vocab import FILENAME, DraftVocab, load_draft_vocab
 
 
 # ---- attention ---------------------------------------------------------------------------------

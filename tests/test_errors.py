@@ -71,10 +71,12 @@ def test_shape_mismatch_names_the_tensor(capsys, tiny_dirs, tmp_path):
 
 
 def test_unsupported_gguf_tensor_type(capsys, tiny_llama, tmp_path):
+    from pathlib import Path
+
     import gguf
     from gguf_writer import write_tiny_gguf
+
     from thor_runtime.loading.hf_weights import hf_weights
-    from pathlib import Path
 
     cfg = tiny_llama.cfg
     rows, cols = cfg.num_heads * cfg.head_dim, cfg.hidden_size
@@ -82,8 +84,8 @@ def test_unsupported_gguf_tensor_type(capsys, tiny_llama, tmp_path):
                                    gguf.GGMLQuantizationType.Q8_1)}
     path = tmp_path / "bad.gguf"
     write_tiny_gguf(path, cfg, hf_weights(Path(tiny_llama.source)), override=bad)
-    from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
     from thor_runtime.errors import ThorError
+    from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
 
     r = open_reader(path)
     with pytest.raises(ThorError, match="blk.0.attn_q.weight has unsupported GGUF type Q8_1"):

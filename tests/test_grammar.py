@@ -6,16 +6,16 @@ import json
 
 import pytest
 import torch
+from tiny import proposer_and_k
 
 from agent.grammar import Grammar, GrammarTokenizer, check_schema
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.speculative.base import Proposer
-from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
-from tiny import proposer_and_k
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
 PLAN_LIKE = {
     "type": "object",
@@ -259,8 +259,8 @@ def test_constrained_ngram_equals_constrained_plain(arch, request, gtok):
 def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path):
     """A random drafter proposes mostly illegal (and padding) ids: the grammar cuts them and the
     output stays token-identical to plain constrained decoding."""
-    from thor_runtime.speculative import dflash_io as io
     from thor_runtime.speculative import SpecOptions
+    from thor_runtime.speculative import dflash_io as io
 
     path = io.save_drafter(io.random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")
     proposer, k = proposer_and_k(SpecOptions(method="dflash", drafter=str(path)), tiny_llama.model)

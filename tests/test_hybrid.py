@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import proposer_and_k, random_drafter
 
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.speculative import SpecOptions
+from thor_runtime.speculative import SpecOptions, Speculation
+from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer
-from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
+from thor_runtime.speculative.dflash_io import save_drafter
 from thor_runtime.speculative.hybrid import HybridProposer
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
-from thor_runtime.speculative import Speculation
-from thor_runtime.speculative.budget import DraftBudget
-from tiny import proposer_and_k
 
 
 class StubDrafter:

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import pytest
+from tiny import proposer_and_k, random_drafter
 
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
-from thor_runtime.speculative.base import Proposer
-from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
-from tiny import proposer_and_k
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
 PROMPTS = [
     "pick up the red cup and place it on the table. pick up the red cup and place it on the",
@@ -52,10 +52,7 @@ def test_ngram_greedy_identical_tiny(arch, kv, request):
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_ngram_greedy_identical_default(default_model, kv):
-    """Identical with fp32 KV; with fp8 KV identical or a numerical tie under the losslessness
-    gate (fp8 rounding turns last-bit kernel differences into near-tie flips; see lossless.py)."""
-    from thor_runtime.speculative.lossless import judge
-
+    """Identical with fp32 KV and with fp8 KV: no tolerance (TargetModel.verify is exact)."""
     tok = default_model.tokenizer
     rt = Runtime(default_model.model, tok, kv_dtype=kv)
     for prompt in ["List the steps to pick up a cup, then repeat the list exactly.",
@@ -64,11 +61,7 @@ def test_ngram_greedy_identical_default(default_model, kv):
         params = SamplingParams(max_tokens=128, ignore_eos=True)
         plain = rt.generate(ids, params)
         spec = rt.generate(ids, params, speculation=Speculation(NgramProposer(), 8, DraftBudget()))
-        if kv == "fp32":
-            assert spec.token_ids == plain.token_ids
-        else:
-            v = judge(rt, ids, plain.token_ids, spec.token_ids)
-            assert v.lossless, v
+        assert spec.token_ids == plain.token_ids
         assert spec.stats.accepted > 0
 
 
@@ -180,8 +173,7 @@ def test_int8_weights_close_to_fp32_and_spec_identical(tiny_dirs):
 def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, tiny_llama, tmp_path):
     from thor_runtime.speculative import SpecOptions
     from thor_runtime.speculative.dflash import DFlashProposer
-    from thor_runtime.speculative.dflash_io import random_drafter, save_drafter
-
+    from thor_runtime.speculative.dflash_io import save_drafter
     from thor_runtime.speculative.hybrid import HybridProposer
 
     p, k = proposer_and_k(SpecOptions(method="auto"), default_model.model)

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import gguf
 import pytest
+import transformers  # the test-only oracle (in requirements.lock)
+from tokenizers import pre_tokenizers  # noqa: E402
 
 from thor_runtime.errors import ThorError
 from thor_runtime.loading import default_model_path
 from thor_runtime.loading.tokenizer import Tokenizer
-
-import transformers  # the test-only oracle (in requirements.lock)
-from tokenizers import pre_tokenizers  # noqa: E402
 
 # Strings where every tokenizer below must agree with transformers' GGUF loader.
 TEXTS = [

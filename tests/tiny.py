@@ -79,3 +79,32 @@ def proposer_and_k(opts, model):
 
     s = build_speculation(opts, model)
     return s.proposer, s.k
+
+
+def random_drafter(target_cfg, *, num_layers: int = 1, block_size: int = 16,
+                   tap_layers: tuple[int, ...] | None = None, num_taps: int = 3,
+                   mask_token_id: int | None = None, window: int = 128, seed: int = 0,
+                   std: float = 0.02, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu"):
+    """Randomly initialised drafter shaped for ``target_cfg``. Seeded."""
+    from thor_runtime.speculative.dflash_io import check_fits, default_tap_layers
+    from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
+
+    taps = tuple(tap_layers) if tap_layers is not None else default_tap_layers(
+        target_cfg.num_layers, min(num_taps, target_cfg.num_layers))
+    cfg = DFlashConfig(
+        tap_layers=taps, mask_token_id=target_cfg.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
+        num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim,
+        intermediate_size=target_cfg.intermediate_size, block_size=block_size, rms_eps=target_cfg.rms_eps,
+        rope_theta=target_cfg.rope_theta, target_id=target_cfg.name, window=window)
+    check_fits(cfg, target_cfg, "random drafter")
+    d = DFlashDrafter(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return d.to(device=device, dtype=dtype).eval()

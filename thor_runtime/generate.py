@@ -112,7 +112,7 @@ class Runtime:
             drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
-            vout = self.model.forward(rows, cache, taps=taps)                      # logits [K+1, V]
+            vout = self.model.verify(rows, cache, taps=taps)                       # logits [K+1, V]
             t_c = time.perf_counter()
             n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
                                             constraint)

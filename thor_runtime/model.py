@@ -10,6 +10,7 @@ loaders feed the same constructor; q/k/v and gate/up are fused here for fewer ke
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -161,11 +162,42 @@ class PackedWeight:
             return False
 
 
-Weight = torch.Tensor | Int8Weight | PackedWeight
+# Verify rows at most per forward of the exact decode path (``TargetModel.verify``): wider
+# verifies run as consecutive forwards of this many rows, which is causally the same thing.
+EXACT_ROWS = 16
+
+
+class RowLoop:
+    """A weight whose kernel gives a row different bits depending on how many rows share the
+    call (MKL fp32 switches GEMV/GEMM kernels; ``dual`` mixes two). Decode-sized inputs go one
+    row at a time, so every row gets exactly what a 1-row step gets; prefill-sized ones (more
+    than EXACT_ROWS rows, never part of a verify) keep the fast kernel."""
+
+    def __init__(self, w):
+        self.w, self.shape = w, w.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])                              # [M, in]
+        if not 1 < x2.shape[0] <= EXACT_ROWS:
+            return linear(x, self.w)
+        return torch.cat([linear(x2[i:i + 1], self.w) for i in range(x2.shape[0])]).view(*x.shape[:-1], -1)
+
+
+Weight = torch.Tensor | Int8Weight | PackedWeight | RowLoop
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+
+
+def rows_invariant(w, d_in: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``linear(x, w)`` gives each of 2..EXACT_ROWS rows the very bits it gives that row
+    alone, on this CPU, with this kernel, shape and thread count. A GEMM computes every row
+    with the same instruction sequence, so one seeded probe per kernel and shape decides."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(EXACT_ROWS, d_in, generator=g).to(device=device, dtype=dtype)   # [R, in]
+    alone = torch.cat([linear(x[i:i + 1], w) for i in range(EXACT_ROWS)])          # [R, out]
+    return all(torch.equal(linear(x[:m], w), alone[:m]) for m in range(2, EXACT_ROWS + 1))
 
 
 @dataclass
@@ -239,14 +271,13 @@ class TargetModel:
                             f"(got {dtype} on {self.device}{', int8' if quant else ''})")
         if layout == "auto":
             # bf16: MKL has no fast bf16 GEMV, so the packed weight wins at every row count
-            layout = ("dual" if dtype == torch.float32 else "packed") if can_pack else "dense"
+            layout = "packed" if can_pack else "dense"
         self.layout = layout
 
-        def held(t: torch.Tensor, shared_dense: bool = False):
+        def held(t: torch.Tensor):
             if self.layout == "dense":
                 return t
-            keep = t if self.layout == "dual" or shared_dense else None
-            return PackedWeight(t, dense=keep)
+            return PackedWeight(t, dense=t if self.layout == "dual" else None)
 
         def w(name):
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
@@ -262,7 +293,7 @@ class TargetModel:
         self.lm_head = self.embed_w if cfg.tie_word_embeddings else w("lm_head.weight")
         # The drafter shares lm_head as a plain tensor; the target's own head may be int8 or
         # packed (the dense tensor stays anyway: embedding lookups and the drafter read it).
-        self.head_w = Int8Weight(self.lm_head, keep_dense=False) if quant else held(self.lm_head, True)
+        self.head_w = Int8Weight(self.lm_head, keep_dense=False) if quant else held(self.lm_head)
         self.final_norm = norm("model.norm.weight")
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
@@ -277,9 +308,35 @@ class TargetModel:
                 q_norm=norm(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
                 k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
             ))
+        t0 = time.perf_counter()
+        self.row_loops = self._make_rows_exact()
+        self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         self._rope_len = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
+
+    def _make_rows_exact(self) -> list[str]:
+        """Wrap every projection whose kernel is not row-invariant here in a RowLoop (one probe
+        per distinct kernel and shape). -> the names of the wrapped projections."""
+        names = ("wqkv", "wo", "w_gate_up", "w_down")
+        verdict: dict[tuple, bool] = {}
+
+        def exact(w) -> bool:
+            key = (type(w).__name__, tuple(w.shape), getattr(w, "dense", None) is not None)
+            if key not in verdict:
+                verdict[key] = rows_invariant(w, w.shape[1], self.dtype, self.device)
+            return verdict[key]
+
+        wrapped = []
+        for L in self.layers:
+            for n in names:
+                if not exact(getattr(L, n)):
+                    setattr(L, n, RowLoop(getattr(L, n)))
+                    wrapped.append(n)
+        if not exact(self.head_w):
+            self.head_w = RowLoop(self.head_w)
+            wrapped.append("head")
+        return sorted(set(wrapped))
 
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
     def ensure_positions(self, n: int) -> None:
@@ -315,12 +372,20 @@ class TargetModel:
         cos, sin = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)  # [..., 1, T, Dh]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Append k/v to the cache, attend causally over everything cached. -> [T, H Dh]."""
+    def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                  exact: bool = False) -> torch.Tensor:
+        """Append k/v to the cache, attend causally over everything cached. -> [T, H Dh].
+
+        exact: each query row attends alone over its own prefix of keys, the very call a 1-row
+        step at that position makes, so its output has that step's bits (see ``verify``)."""
         start = cache.lengths[i]
         cache.append(i, k, v)
         K, V = cache.view(i)                                    # [Hkv, n, Dh]
         T, n = q.shape[1], K.shape[1]
+        if exact and T > 1:
+            o = torch.cat([attend(q[:, t:t + 1], K[:, :start + t + 1], V[:, :start + t + 1])
+                           for t in range(T)], dim=1)           # [H, T, Dh]
+            return o.transpose(0, 1).reshape(T, -1)
         if T == 1:
             mask, causal = None, False
         elif start == 0:
@@ -347,8 +412,9 @@ class TargetModel:
     # ---- whole forward
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
-                logits_rows: str | slice = "all") -> ForwardOut:
-        """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a slice."""
+                logits_rows: str | slice = "all", exact: bool = False) -> ForwardOut:
+        """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a slice.
+        exact: row-invariant attention (``verify``)."""
         start, T = cache.length, ids.shape[0]
         if start + T > self.cfg.max_position_embeddings:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
@@ -359,13 +425,28 @@ class TargetModel:
         out = ForwardOut(None)
         for i in range(self.cfg.num_layers):
             q, k, v = self.pre_attn(i, h, pos)
-            h = self.post_attn(i, h, self.attention(i, q, k, v, cache))
+            h = self.post_attn(i, h, self.attention(i, q, k, v, cache, exact))
             if i in taps:
                 out.taps[i] = h
         if logits_rows != "none":
             rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
             out.logits = self.head(h[rows])
         return out
+
+    def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
+        """The decode cycle's forward over anchor + drafts, ids [T] -> logits [T, V].
+
+        Row t's logits, taps and stored K/V are bit-for-bit what a 1-row step at its position
+        would produce: projections run on row-invariant kernels (RowLoop where a kernel is not),
+        attention per row. So greedy speculative decoding commits exactly the tokens plain
+        decoding commits, whatever the KV dtype — no tolerance: an fp8 cache holds the same
+        bytes either way. Plain decoding is this with T = 1."""
+        parts = [self.forward(ids[s:s + EXACT_ROWS], cache, taps, exact=True)
+                 for s in range(0, ids.shape[0], EXACT_ROWS)]
+        if len(parts) == 1:
+            return parts[0]
+        return ForwardOut(torch.cat([p.logits for p in parts]),
+                          {i: torch.cat([p.taps[i] for p in parts]) for i in taps})
 
     def prefill(self, ids: torch.Tensor, cache: KVCache, chunk: int = 0, taps: tuple[int, ...] = (),
                 tap_rows: int = 0) -> ForwardOut:

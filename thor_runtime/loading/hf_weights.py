@@ -47,25 +47,31 @@ def refuse_pickle(d: Path) -> None:
                         "unpickling runs code. Convert them to safetensors.")
 
 
-def hf_weights(d: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(d: Path, what: str = "weights") -> dict[str, torch.Tensor]:
+    """Every tensor of a directory's safetensors: the files an index names (sharded), else every
+    *.safetensors file. Tensors keep their stored dtype. Pickle-only directories are refused."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     refuse_pickle(d)
     index = d / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(read_json(index, "safetensors index").get("weight_map", {}).values()))
+        files = sorted(set((read_json(index, "safetensors index").get("weight_map") or {}).values()))
     else:
         files = sorted(p.name for p in d.glob("*.safetensors"))
     if not files:
-        raise ThorError(f"{d}: no *.safetensors weights found")
+        raise ThorError(f"{d}: no *.safetensors {what} found")
     out: dict[str, torch.Tensor] = {}
     for name in files:
         p = d / name
         if not p.exists():
-            raise ThorError(f"{d}: shard {name} named in the index is missing")
+            raise ThorError(f"{d}: {what} shard {name} named in the index is missing")
         try:
             out.update(load_file(str(p)))
         except (SafetensorError, OSError, ValueError) as e:
             raise ThorError(f"{p}: cannot read safetensors file (truncated or damaged?): {e}") from None
-    return {k: v.float() for k, v in out.items()}
+    return out
+
+
+def hf_weights(d: Path) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in read_safetensors(d).items()}

@@ -1,4 +1,4 @@
-"""DFlash drafter checkpoints: our layout, z-lab's published layout, and random drafters.
+"""DFlash drafter checkpoints: our layout and z-lab's published layout.
 
 Our layout (``format: thor-dflash/1``), a directory with
   config.json        every DFlashConfig field + {"format": "thor-dflash/1"}
@@ -27,6 +27,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import ThorError
 from ..fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
+from ..loading.hf_weights import read_safetensors
 from .dflash_model import DFlashConfig, DFlashDrafter
 from .draft_vocab import FILENAME, load_draft_vocab
 
@@ -58,32 +59,6 @@ def default_tap_layers(num_target_layers: int, n: int) -> tuple[int, ...]:
     if n == 1:
         return ((lo + hi) // 2,)
     return tuple(lo + (i * (hi - lo)) // (n - 1) for i in range(n))
-
-
-def random_drafter(target_cfg: ModelConfig, *, num_layers: int = 1, block_size: int = 16,
-                   tap_layers: tuple[int, ...] | None = None, num_taps: int = 3,
-                   mask_token_id: int | None = None, window: int = 128, seed: int = 0,
-                   std: float = 0.02, dtype: torch.dtype = torch.float32,
-                   device: str | torch.device = "cpu") -> DFlashDrafter:
-    """Randomly initialised drafter shaped for ``target_cfg`` (tests, benchmarks). Seeded."""
-    taps = tuple(tap_layers) if tap_layers is not None else default_tap_layers(
-        target_cfg.num_layers, min(num_taps, target_cfg.num_layers))
-    cfg = DFlashConfig(
-        tap_layers=taps, mask_token_id=target_cfg.vocab_size - 1 if mask_token_id is None else mask_token_id,
-        hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
-        num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim,
-        intermediate_size=target_cfg.intermediate_size, block_size=block_size, rms_eps=target_cfg.rms_eps,
-        rope_theta=target_cfg.rope_theta, target_id=target_cfg.name, window=window)
-    check_fits(cfg, target_cfg, "random drafter")
-    d = DFlashDrafter(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-    return d.to(device=device, dtype=dtype).eval()
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
@@ -158,31 +133,6 @@ def _zlab_fields(doc: dict, dc: dict, p: Path) -> DFlashConfig:
         target_id=str(doc.get("_name_or_path") or p.parent.name))
 
 
-def _read_weights(d: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set((read_json(index, 'safetensors index').get("weight_map") or {}).values()))
-    else:
-        files = ["model.safetensors"]
-    out: dict[str, torch.Tensor] = {}
-    for name in files:
-        f = d / name
-        if not f.exists():
-            pickled = sorted(q.name for q in d.iterdir() if q.suffix in PICKLE_SUFFIXES)
-            if pickled:
-                raise ThorError(f"{d}: only pickle weights found ({', '.join(pickled)}); they are refused "
-                                "because unpickling runs code. Convert them to safetensors.")
-            raise ThorError(f"{d}: drafter weights {name} not found")
-        try:
-            out.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ThorError(f"{f}: cannot read safetensors file (truncated or damaged?): {e}") from None
-    return out
-
-
 def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DFlashDrafter:
     """Load either layout; with ``target_cfg`` also check that the drafter fits the target.
@@ -208,7 +158,7 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
     if target_cfg is not None:
         check_fits(cfg, target_cfg, str(d))
 
-    weights = _read_weights(d)
+    weights = read_safetensors(d, "drafter weights")
     if weights and all(k.startswith("model.") for k in weights):
         weights = {k[len("model."):]: v for k, v in weights.items()}
     with torch.device("meta"):
