@@ -220,14 +220,15 @@ class HybridModel:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: HybridCache, taps: tuple[int, ...] = (),
                 logits_rows: str | slice = "all", chunked: bool | None = None) -> ForwardOut:
-        """ids [T] continue the sequence. chunked: None = recurrent form with checkpoint slots for
-        T <= MAX_SLOTS (decode, verify), chunked form above; prefill passes True."""
+        """ids [T] continue the sequence. chunked: None = the recurrent form with one checkpoint
+        slot per row when continuing a sequence with T <= MAX_SLOTS rows (decode, verify), the
+        chunked form for a whole sequence on an empty cache or longer inputs; True/False force."""
         start, T = cache.length, ids.shape[0]
         if start + T > self.cfg.max_position_embeddings:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
                             f"{self.cfg.max_position_embeddings}")
         self._ensure_rope(start + T)
-        recurrent = not chunked if chunked is not None else T <= MAX_SLOTS
+        recurrent = not chunked if chunked is not None else (start > 0 and T <= MAX_SLOTS)
         cache.begin(ids, recurrent)
         h = self.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)                  # [T]
