@@ -7,7 +7,7 @@ config: ``layer_types`` lists "linear_attention" | "full_attention" per layer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import ModelConfig
 from ..errors import ThorError
@@ -84,9 +84,6 @@ class HybridConfig(ModelConfig):
                            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                            rms_eps=self.rms_eps, rope_theta=self.rope_theta,
                            max_position_embeddings=self.max_position_embeddings, name=self.name)
-
-    def with_(self, **kw) -> "HybridConfig":
-        return replace(self, **kw)
 
 
 def _rope(c: dict, where: str) -> tuple[float, float]:
