@@ -58,10 +58,15 @@ def kv_amax(model, prompt_ids: list[list[int]], progress: bool = False) -> tuple
     ka = torch.zeros(cfg.num_layers, cfg.num_kv_heads)                               # [L, Hkv]
     va = torch.zeros(cfg.num_layers, cfg.num_kv_heads)
     for ids in tqdm(prompt_ids, desc="kv amax", unit="prompt", file=sys.stderr, disable=not progress):
-        cache = KVCache(cfg, len(ids), "fp32", model.dtype, device=model.device)
+        # A hybrid target builds its own cache; its GDN layers hold no K/V (their scale stays 1).
+        hybrid = getattr(model, "attn_index", None)
+        cache = (model.new_cache(len(ids)) if hybrid is not None else
+                 KVCache(cfg, len(ids), "fp32", model.dtype, device=model.device))
         model.forward(torch.tensor(ids, dtype=torch.long), cache, logits_rows="none")
         for i in range(cfg.num_layers):
-            k, v = cache.view(i)                                                     # [Hkv, T, Dh]
+            if hybrid is not None and i not in hybrid:
+                continue
+            k, v = cache.kv.view(hybrid[i]) if hybrid is not None else cache.view(i)  # [Hkv, T, Dh]
             ka[i] = torch.maximum(ka[i], k.abs().float().amax(dim=(1, 2)).cpu())
             va[i] = torch.maximum(va[i], v.abs().float().amax(dim=(1, 2)).cpu())
     return ka, va

@@ -17,9 +17,25 @@ from .model import attend
 
 
 @torch.inference_mode()
+def _greedy_one(model, prompt: list[int], max_tokens: int, eos: set) -> list[int]:
+    if not prompt:
+        raise ThorError("datagen: empty prompt")
+    cache = model.new_cache(len(prompt) + max_tokens)
+    logits = model.prefill(torch.tensor(prompt), cache).logits
+    out: list[int] = []
+    while True:
+        out.append(int(logits[-1].argmax()))
+        if out[-1] in eos or len(out) >= max_tokens:
+            return out
+        logits = model.forward(torch.tensor(out[-1:]), cache).logits
+
+
+@torch.inference_mode()
 def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=()) -> list[list[int]]:
     """Greedy continuations of several prompts at once -> one list of new ids per prompt,
     ending with the EOS id when one was produced (as ``Runtime.generate``'s token_ids)."""
+    if getattr(model, "is_hybrid", False):  # recurrent state: no batched path, one sequence at a time
+        return [_greedy_one(model, p, max_tokens, set(eos_ids)) for p in prompts]
     cfg, dev, dt = model.cfg, model.device, model.dtype
     B = len(prompts)
     if B == 0:

@@ -12,7 +12,9 @@ from .errors import ThorError
 WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 
 # Architectures the reference model implements; the value says whether q/k get an RMSNorm.
-ARCHITECTURES = {"llama": False, "qwen3": True}
+# Hybrid Gated-DeltaNet targets (thor_runtime/hybrid) carry a HybridConfig; their full-attention
+# layers have q/k norms.
+ARCHITECTURES = {"llama": False, "qwen3": True, "qwen3_5": True, "qwen3_next": True}
 
 
 def check_attention_dims(what: str, cfg, sizes: tuple[str, ...]) -> None:

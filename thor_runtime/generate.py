@@ -62,11 +62,15 @@ class Runtime:
     """Holds the target (and tokenizer); one ``generate`` call per sequence."""
 
     def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
-                 kv_scales: KVScales | None = None):
+                 kv_scales: KVScales | None = None, cache_options: dict | None = None):
         self.model, self.tok = model, tokenizer
         self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
+        # Passed to a model that builds its own cache (hybrid: {"naive": True} = replay rollback).
+        self.cache_options = dict(cache_options or {})
 
     def new_cache(self, capacity: int) -> KVCache:
+        if hasattr(self.model, "new_cache"):  # hybrid targets: KV cache + recurrent state
+            return self.model.new_cache(capacity, self.kv_dtype, self.kv_scales, **self.cache_options)
         return KVCache(self.model.cfg, capacity, self.kv_dtype, self.model.dtype, self.kv_scales,
                        self.model.device)
 

@@ -186,6 +186,30 @@ class RowLoop:
 Weight = torch.Tensor | Int8Weight | PackedWeight | RowLoop
 
 
+def make_rows_exact(model, names: tuple[str, ...]) -> list[str]:
+    """Wrap every projection (``names`` of each of ``model.layers``, and ``model.head_w``) whose
+    kernel is not row-invariant here in a RowLoop, one probe per distinct kernel and shape.
+    -> the names of the wrapped projections."""
+    verdict: dict[tuple, bool] = {}
+
+    def exact(w) -> bool:
+        key = (type(w).__name__, tuple(w.shape), getattr(w, "dense", None) is not None)
+        if key not in verdict:
+            verdict[key] = rows_invariant(w, w.shape[1], model.dtype, model.device)
+        return verdict[key]
+
+    wrapped = []
+    for L in model.layers:
+        for n in names:
+            if not exact(getattr(L, n)):
+                setattr(L, n, RowLoop(getattr(L, n)))
+                wrapped.append(n)
+    if not exact(model.head_w):
+        model.head_w = RowLoop(model.head_w)
+        wrapped.append("head")
+    return sorted(set(wrapped))
+
+
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
@@ -309,34 +333,11 @@ class TargetModel:
                 k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
             ))
         t0 = time.perf_counter()
-        self.row_loops = self._make_rows_exact()
+        self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"))
         self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         self._rope_len = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
-
-    def _make_rows_exact(self) -> list[str]:
-        """Wrap every projection whose kernel is not row-invariant here in a RowLoop (one probe
-        per distinct kernel and shape). -> the names of the wrapped projections."""
-        names = ("wqkv", "wo", "w_gate_up", "w_down")
-        verdict: dict[tuple, bool] = {}
-
-        def exact(w) -> bool:
-            key = (type(w).__name__, tuple(w.shape), getattr(w, "dense", None) is not None)
-            if key not in verdict:
-                verdict[key] = rows_invariant(w, w.shape[1], self.dtype, self.device)
-            return verdict[key]
-
-        wrapped = []
-        for L in self.layers:
-            for n in names:
-                if not exact(getattr(L, n)):
-                    setattr(L, n, RowLoop(getattr(L, n)))
-                    wrapped.append(n)
-        if not exact(self.head_w):
-            self.head_w = RowLoop(self.head_w)
-            wrapped.append("head")
-        return sorted(set(wrapped))
 
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
     def ensure_positions(self, n: int) -> None:

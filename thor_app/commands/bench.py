@@ -54,8 +54,28 @@ def register(sub) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
+    p.add_argument("--rollback", action="store_true",
+                   help="hybrid (Gated-DeltaNet) target: speculative cycle with checkpoint-slot rollback vs "
+                        "snapshot + re-forward, at each K of --ks, on a random ~100M-parameter hybrid")
+    p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
+
+
+def run_rollback(args) -> int:
+    from thor_runtime.hybrid.rollback_bench import bench_rollback
+
+    try:
+        ks = [int(x) for x in args.ks.split(",") if x.strip()]
+    except ValueError:
+        raise ThorError(f"bad --ks {args.ks!r}; expected a comma list of integers like 3,7,15") from None
+    if not ks or min(ks) < 1 or max(ks) > 63:
+        raise ThorError(f"--ks values must be in 1..63, got {args.ks!r}")
+    res = bench_rollback(ks, repeats=args.repeats, log=print)
+    res["device"] = device_info()
+    Path(args.json_out).write_text(json.dumps(res, indent=1))
+    print(f"results written to {args.json_out}", file=sys.stderr)
+    return 0
 
 
 def device_info() -> dict:
@@ -182,6 +202,8 @@ def run_plan(args, specs) -> int:
 def run(args) -> int:
     from thor_runtime.loading import DTYPES, load, resolve
 
+    if args.rollback:
+        return run_rollback(args)
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
         if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):

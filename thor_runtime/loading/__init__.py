@@ -77,5 +77,12 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         cfg = gguf_config(reader, p)
         weights = gguf_weights(reader, cfg, p)
         tok = Tokenizer.from_gguf_fields(reader)
+    from ..hybrid import is_hybrid_config
+    if is_hybrid_config(cfg):  # Gated-DeltaNet hybrid (thor_runtime/hybrid)
+        from ..hybrid.model import HybridModel
+        from ..hybrid.weights import normalize_names
+        model = HybridModel(cfg, normalize_names(weights), torch_dtype, source=str(p), device=device, quant=quant,
+                            layout=layout)
+        return Loaded(model, tok, cfg, str(p))
     return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout),
                   tok, cfg, str(p))

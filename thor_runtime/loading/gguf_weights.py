@@ -23,6 +23,9 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3"}
+# Hybrid architectures the gguf package names (llama.cpp rewrites their GDN tensors at
+# conversion: A as -exp(A_log), shifted norms, regrouped heads); refused with a clear error.
+_GGUF_HYBRID = ("qwen35", "qwen3next", "qwen35moe")
 
 
 def open_reader(path: str | Path):
@@ -45,6 +48,9 @@ def field_value(reader, key: str, default=None):
 
 def gguf_config(reader, path: str | Path) -> ModelConfig:
     arch = field_value(reader, "general.architecture")
+    if arch in _GGUF_HYBRID:
+        raise ThorError(f"{path}: GGUF architecture {arch!r} (Gated-DeltaNet hybrid) is not supported from GGUF yet; "
+                        "load the HF safetensors checkpoint directory instead")
     if arch not in _GGUF_ARCH:
         raise ThorError(f"{path}: unknown architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
 

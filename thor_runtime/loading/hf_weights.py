@@ -19,10 +19,14 @@ _HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
 def hf_config(d: Path) -> ModelConfig:
     c = read_json(d / "config.json", "model config")
     archs = c.get("architectures") or []
+    from ..hybrid.config import HF_HYBRID_ARCH, hybrid_config_from_hf
+    hybrid = next((a for a in archs if a in HF_HYBRID_ARCH), None)
+    if hybrid is not None:
+        return hybrid_config_from_hf(c, hybrid, f"{d}/config.json", str(c.get("_name_or_path") or d.name))
     arch = next((_HF_ARCH[a] for a in archs if a in _HF_ARCH), None)
     if arch is None:
         raise ThorError(f"{d}/config.json: unknown architecture {archs or c.get('model_type')!r} "
-                        f"(supported: {', '.join(_HF_ARCH)})")
+                        f"(supported: {', '.join([*_HF_ARCH, *HF_HYBRID_ARCH])})")
     try:
         heads = int(c["num_attention_heads"])
         hidden = int(c["hidden_size"])
