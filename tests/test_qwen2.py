@@ -168,3 +168,36 @@ def test_gguf_type_without_dequantizer_is_refused(tiny_qwen2, tmp_path):
     r = open_reader(path)
     with pytest.raises(ThorError, match="blk.0.ffn_up.weight has unsupported GGUF type Q8_K"):
         gguf_weights(r, gguf_config(r, path), path)
+
+
+QWEN_05B = "qwen2.5-coder-0.5b-instruct"
+
+
+def _pulled_or_skip(name: str):
+    from thor_runtime.models import CATALOG, is_pulled, models_dir
+
+    if not is_pulled(CATALOG[name], models_dir()):
+        pytest.skip(f"{name} is not pulled (thor models pull {name}; ~{CATALOG[name].size // 10**6} MB)")
+
+
+def test_real_qwen2_05b_greedy_matches_transformers():
+    """The pulled Qwen2.5-Coder-0.5B GGUF (Q5_0/Q8_0/Q4_K/Q6_K tensors), loaded by name: same chat
+    token ids as transformers' GGUF tokenizer, logits close, and the same 16 greedy tokens."""
+    _pulled_or_skip(QWEN_05B)
+    from transformers import AutoTokenizer
+
+    from thor_runtime.loading import load
+
+    ours = load(QWEN_05B)
+    assert ours.cfg.arch == "qwen2" and ours.cfg.num_layers == 24 and ours.cfg.hidden_size == 896
+    path = Path(ours.source)
+    msgs = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    ids = ours.tokenizer.encode_chat(msgs)
+    ref_ids = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids == list(ref_ids)
+    hf = _hf(path.parent, path.name)
+    logits = ours.model.forward(torch.tensor(ids), KVCache(ours.cfg, 128), logits_rows="last").logits[0]
+    assert (logits - _hf_logits(hf, ids)[-1]).abs().max() < 1e-3
+    res = Runtime(ours.model, ours.tokenizer).generate(ids, SamplingParams(max_tokens=16, ignore_eos=True))
+    assert res.token_ids == _hf_greedy(hf, ids, 16)
