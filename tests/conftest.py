@@ -33,6 +33,20 @@ def tiny_qwen3(tiny_dirs):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    from tiny import make_tiny_dir
+
+    return make_tiny_dir(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_qwen2_dir):
+    from thor_runtime.loading import load
+
+    return load(str(tiny_qwen2_dir))
+
+
+@pytest.fixture(scope="session")
 def default_model():
     """The embedded SmolLM2-135M-Instruct (fp32)."""
     from thor_runtime.loading import load

@@ -14,7 +14,9 @@ WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 # Architectures the reference model implements; the value says whether q/k get an RMSNorm.
 # Hybrid Gated-DeltaNet targets (thor_runtime/hybrid) carry a HybridConfig; their full-attention
 # layers have q/k norms.
-ARCHITECTURES = {"llama": False, "qwen3": True, "qwen3_5": True, "qwen3_next": True}
+ARCHITECTURES = {"llama": False, "qwen3": True, "qwen2": False, "qwen3_5": True, "qwen3_next": True}
+# Architectures whose q/k/v projections carry a bias (the fused wqkv gets a fused bias).
+QKV_BIAS_ARCHITECTURES = frozenset({"qwen2"})
 
 
 def check_attention_dims(what: str, cfg, sizes: tuple[str, ...]) -> None:
@@ -61,6 +63,10 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return ARCHITECTURES[self.arch]
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.arch in QKV_BIAS_ARCHITECTURES
 
     @property
     def kv_dim(self) -> int:

@@ -234,6 +234,7 @@ class Layer:
     w_down: Weight                   # [D, I]
     q_norm: torch.Tensor | None = None  # [Dh] (qwen3)
     k_norm: torch.Tensor | None = None  # [Dh]
+    bqkv: torch.Tensor | None = None    # [(H + 2 Hkv) Dh] (qwen2)
 
 
 @dataclass
@@ -260,6 +261,9 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (Dh,)
             shapes[p + "self_attn.k_norm.weight"] = (Dh,)
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (H * Dh,), p + "self_attn.k_proj.bias": (Hk * Dh,),
+                           p + "self_attn.v_proj.bias": (Hk * Dh,)})
     return shapes
 
 
@@ -331,6 +335,7 @@ class TargetModel:
                 w_down=proj(p + "mlp.down_proj.weight"),
                 q_norm=norm(p + "self_attn.q_norm.weight") if cfg.qk_norm else None,
                 k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
+                bqkv=torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None,
             ))
         t0 = time.perf_counter()
         self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"))
@@ -364,6 +369,8 @@ class TargetModel:
         lead = h.shape[:-2]
         x = rms_norm(h, L.attn_norm, cfg.rms_eps)
         qkv = linear(x, L.wqkv)                                # [..., T, (H + 2Hkv) Dh]
+        if L.bqkv is not None:
+            qkv = qkv + L.bqkv
         q, k, v = qkv.split([cfg.num_heads * Dh, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.view(*lead, T, cfg.num_heads, Dh).transpose(-3, -2)     # [..., H, T, Dh]
         k = k.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]

@@ -20,7 +20,8 @@ def positive_int(s: str) -> int:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), an HF dir, or a .gguf file")
+    g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), a name from `thor models list`, "
+                                                       "an HF dir, or a .gguf file")
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "int8"],
                    help="weights: fp32, bf16, or int8 (weight-only int8, bf16 activations)")
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])

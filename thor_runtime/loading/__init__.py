@@ -41,7 +41,10 @@ def default_model_path() -> Path:
 def resolve(model: str) -> Path:
     p = default_model_path() if model in ("default", "", None) else Path(model)
     if not p.exists():
-        raise ThorError(f"model path not found: {p}")
+        from ..models import CATALOG, models_dir, verified_path
+        if model in CATALOG:  # a named model: pulled and sha256-verified, or an error saying how to pull it
+            return verified_path(CATALOG[model], models_dir())
+        raise ThorError(f"model path not found: {p} (named models: {', '.join(CATALOG)}; see `thor models list`)")
     if p.is_file() and p.suffix in PICKLE_SUFFIXES:
         raise ThorError(f"{p}: pickle weights are refused (unpickling runs code); use safetensors or GGUF")
     if p.is_file() and p.suffix != ".gguf":

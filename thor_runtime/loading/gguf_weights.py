@@ -22,7 +22,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3"}
+_GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen2": "qwen2"}
 # Hybrid architectures the gguf package names (llama.cpp rewrites their GDN tensors at
 # conversion: A as -exp(A_log), shifted norms, regrouped heads); refused with a clear error.
 _GGUF_HYBRID = ("qwen35", "qwen3next", "qwen35moe")
@@ -90,9 +90,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _hf_name(name: str) -> str | None:
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
     if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
     m = re.fullmatch(r"(\w+)\.weight", name)
     if m and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.weight"

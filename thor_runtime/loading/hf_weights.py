@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import ThorError
 from ..fileio import PICKLE_SUFFIXES, read_json
 
-_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2"}
 
 
 def hf_config(d: Path) -> ModelConfig:
