@@ -14,9 +14,9 @@ from .files import ArgSpec, Skill, SkillSet, World
 # The goal comes first: a small model states "cup at box" far more reliably than it writes a
 # whole correct sequence, and the steps are then held to it by symbolic execution.
 _EXAMPLE = ('{"plan_id":"p1","task":"put the cup in the box","goal":[{"object":"cup","at":"box"}],"steps":['
-            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":["hand empty"],'
+            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":[],'
             '"expected_effects":["holding cup"],"timeout_s":10,"on_failure":"retry"},'
-            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":["holding cup"],'
+            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":[],'
             '"expected_effects":["cup at box"],"timeout_s":10,"on_failure":"abort"}]}')
 
 
@@ -50,10 +50,10 @@ def _conds(conds) -> str:
 
 def describe_skill(s: Skill) -> str:
     args = ", ".join(describe_arg(a) for a in s.args)
-    limit = f" (max {_num(s.timeout_s)} s)" if s.timeout_s else ""
+    # no timeout limit here: the grammar bounds timeout_s by the skill's own limit already
     pre = f"; needs {_conds(s.preconditions)}" if s.preconditions else ""
-    eff = f"; then {_conds(s.effects)}" if s.effects else ""
-    return f"- {s.name}({args}): {s.description}{limit}{pre}{eff}"
+    eff = f"; -> {_conds(s.effects)}" if s.effects else ""
+    return f"- {s.name}({args}): {s.description}{pre}{eff}"
 
 
 def _obj(o) -> str:
@@ -80,10 +80,8 @@ def system_prompt(world: World, skills: SkillSet) -> str:
     return "\n".join([
         "You are a robot task planner. Reply with one JSON plan and nothing else.",
         "Example: " + _EXAMPLE,
-        "First write the goal: the conditions that hold when the task is done. If the task names "
-        'something not listed below, the goal is [{"missing":"<that name>"}]. '
-        "Then the steps that reach the goal, each skill's needs met (pick before place); end with the hand empty. "
-        "Use only the skills, objects and places below, with all of a skill's args. "
+        'Goal first: what holds when done ([{"missing":"<name>"}] for a thing not below); then steps '
+        "reaching it, each skill's needs met, the hand empty at the end. "
         "on_failure is abort, retry, or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),

@@ -77,7 +77,8 @@ def _impossible(tmp):
     d.pop("skills")
     (tmp / "heavy.json").write_text(json.dumps(d))
     (tmp / "pick_only.json").write_text(json.dumps({"skills": [
-        {"name": "pick", "description": "grasp and lift", "args": {"object": {"type": "object", "payload": True}}}]}))
+        {"name": "pick", "description": "grasp and lift", "args": {"object": {"type": "object", "payload": True}},
+         "effects": [{"holding": "$object"}]}]}))
     return tmp / "heavy.json", tmp / "pick_only.json"
 
 
