@@ -13,7 +13,7 @@ from pathlib import Path
 
 from thor_runtime.speculative import SpecOptions, build_speculation
 
-from .evaluation import load_eval_set, score, summarize
+from .evaluation import first_attempt_alone, load_eval_set, score, summarize
 from .files import load_skills, load_world, resolve_skills_path
 from .planner import Planner
 
@@ -97,8 +97,10 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
         for t in tasks:
             world, skills = worlds[t.world]
             print(f"bench eval: solver={'on' if solver else 'off'} {t.id}: {t.task}", file=sys.stderr)
-            rows.append(score(t, planner.plan(t.task, world, skills), world, skills))
+            res = planner.plan(t.task, world, skills)
+            rows.append(score(t, res, world, skills))
             r = rows[-1]
+            r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills).schema, world, skills)
             print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}", file=sys.stderr)
         out.append({"solver": solver, **summarize(rows), "rows": rows})
     return out

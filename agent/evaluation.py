@@ -120,6 +120,19 @@ def score(task: EvalTask, res, world: World, skills: SkillSet) -> dict:
     return row
 
 
+def first_attempt_alone(task: EvalTask, res, schema: dict, world: World, skills: SkillSet) -> bool:
+    """Pure model planning, measured in the same run: the first attempt's own text (before any
+    solver completion or repair), checked by the gate and scored against the task."""
+    from types import SimpleNamespace
+
+    from .gate import check_plan
+
+    text = res.history[0].get("model_text", res.history[0]["text"]) if res.history else ""
+    g = check_plan(text, schema, world, skills)
+    alone = SimpleNamespace(plan=g.plan, valid=g.valid, report=g.report(), attempts=1, stats={})
+    return bool(score(task, alone, world, skills)["success"])
+
+
 def summarize(rows: list[dict]) -> dict:
     feas = [r for r in rows if "reached" in r]
     infeas = [r for r in rows if "refused_right" in r]
@@ -130,6 +143,7 @@ def summarize(rows: list[dict]) -> dict:
             "correct_refusals": f"{sum(r['refused_right'] for r in infeas)}/{len(infeas)}",
             "valid": sum(r["valid"] for r in rows), "executable": sum(r["executable"] for r in rows),
             "completed_by_solver": sum(r["completed"] for r in rows),
+            "first_attempt_model_alone": sum(r.get("first_attempt_alone", False) for r in rows),
             "unsafe_on_exit0": sum(bool(r["unsafe"]) for r in rows),
             "attempts_mean": round(sum(r["attempts"] for r in rows) / max(len(rows), 1), 2),
             "latency_median_s": round(statistics.median(lat), 3) if lat else None}

@@ -37,7 +37,8 @@ class PlanResult:
     stats: dict                # generate's stats summed over attempts, plus attempts / latency
     attempts: int              # generations run (1 + repairs used)
     text: str = ""             # the last attempt's JSON text
-    history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason", "completed"}
+    history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason",
+    #                                                  "completed", "model_text" (before the solver)}
     completed: bool = False    # the returned steps were made by the symbolic solver from the model's goal
 
 
@@ -116,13 +117,14 @@ class Planner:
             if res.finish_reason == "length" and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
+            model_text = text
             if not gate.valid and self.complete and gate.plan is not None:
                 filled = solve_from_goal(gate.plan, world, skills, _max_items(req.schema))
                 again = check_plan(filled, req.schema, world, skills) if filled is not None else None
                 if again is not None and again.valid:   # the model's goal, the solver's steps
                     gate, completed, text = again, True, json.dumps(filled)
             history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
-                            "completed": completed})
+                            "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
                           + (("valid (steps completed from the goal)" if completed else "valid") if gate.valid
                              else f"rejected ({len(gate.findings)} problems)"))

@@ -170,7 +170,8 @@ def bench_transformers(path, dtype, args, prompts, long_ids):
 
 
 EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
-                "executable", "completed_by_solver", "unsafe_on_exit0", "attempts_mean", "latency_median_s"]
+                "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
+                "latency_median_s"]
 
 
 def run_eval(args, specs) -> int:
