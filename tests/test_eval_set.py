@@ -93,3 +93,20 @@ def _step(sid, skill, **args):
 def test_eval_tasks_file_is_plain_json():
     doc = json.loads((AGENT_DIR / "eval" / "tasks.json").read_text())
     assert set(doc) == {"description", "tasks"}
+
+
+def test_eval_bench_wiring(tiny_llama):
+    """eval_bench end to end with a scripted model that always says the task names a missing
+    thing: every plan is refused with `object`, so only unknown-object tasks succeed."""
+    from agent.bench import eval_bench
+    from test_agent import ScriptedRuntime
+
+    text = json.dumps({"plan_id": "p1", "task": "t", "goal": [{"missing": "thing"}],
+                       "steps": [_step("s1", "wait", duration=1)]})
+    rt = ScriptedRuntime(tiny_llama.tokenizer, [text] * 40, model=tiny_llama.model)
+    out = eval_bench(rt, tiny_llama.tokenizer, solver_modes=(True, False), attempts=0, limit=8)
+    assert [o["solver"] for o in out] == [True, False]
+    for o in out:
+        assert o["tasks"] == 8 and o["valid"] == 0 and o["unsafe_on_exit0"] == 0 and o["attempts_mean"] == 1
+        assert o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"   # refusals name `workspace`
+        assert all(r["report_checks"] == ["object"] for r in o["rows"])
