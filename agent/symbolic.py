@@ -10,7 +10,9 @@ condition is reached only by a known fact.
 Findings (check names in findings.CHECKS): `hand_full` (pick while holding), `not_held` (place
 without holding), `dropped` (an object used after the plan dropped it), `precondition` (any
 other unmet precondition), `left_held` (an object still in the hand at the end that the goal
-does not ask to hold), `goal` (a goal condition not reached, or a goal that is not well formed).
+does not ask to hold), `goal` (a goal condition not reached, or a goal that is not well formed);
+and `payload` / `graspable` / `workspace` / `object` for a goal no safe steps can reach (it
+moves a heavy or fixed object, touches something out of reach, or names a missing thing).
 """
 from __future__ import annotations
 
@@ -195,6 +197,29 @@ def parse_goal(plan, world: World) -> tuple[tuple[Cond, ...] | None, list[Findin
     return conds, out
 
 
+def goal_limits(goal: tuple[Cond, ...], world: World) -> list[Finding]:
+    """What the goal itself asks beyond the robot: moving or holding an object that is too heavy,
+    fixed or out of reach, or reaching a place outside the workspace. No steps can make such a
+    goal safe, so the report names the reason rather than only the steps' symptoms."""
+    r, out = world.robot, []
+    for c in goal:
+        o = world.object(c.subject) if c.kind in ("at", "holding", "is") and c.subject else None
+        if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)):
+            if o.mass_kg > r.max_payload_kg:
+                out.append(Finding(None, "payload", f"goal {c.text()}: {o.name} weighs {o.mass_kg:g} kg, above "
+                                                    f"the max payload {r.max_payload_kg:g} kg"))
+            if not o.graspable:
+                out.append(Finding(None, "graspable", f"goal {c.text()}: {o.name} cannot be grasped"))
+        if o is not None and not r.inside(o.position):
+            out.append(Finding(None, "workspace", f"goal {c.text()}: {o.name} at {list(o.position)} "
+                                                  "is outside the workspace"))
+        p = world.place(c.value) if c.kind in ("at", "robot_at") and c.value else None
+        if p is not None and not r.inside(p.position):
+            out.append(Finding(None, "workspace", f"goal {c.text()}: place {p.name} at {list(p.position)} "
+                                                  "is outside the workspace"))
+    return out
+
+
 def goal_findings(goal: tuple[Cond, ...], st: State, last_step: str | None) -> list[Finding]:
     out = []
     for c in goal:
@@ -218,6 +243,8 @@ def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Findin
     """Executability by step, then the goal. Nothing is said past a step the gate already
     refused by name (unknown skill / object / place): the state after it would be a guess."""
     goal, out = parse_goal(plan, world)
+    if goal is not None and not out:
+        out += goal_limits(goal, world)
     steps = plan.get("steps") if isinstance(plan, dict) else None
     ex = execute(steps, world, skills)
     out = list(ex.findings) + out

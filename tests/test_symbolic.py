@@ -255,7 +255,8 @@ def test_planner_completes_from_the_goal_and_says_so(tiny_llama):
     rt = ScriptedRuntime(tok, [json.dumps(heavy)] * 2)
     res = Planner(rt, tok, attempts=1, thinking=False).plan("t", w, s)
     assert not res.valid and "payload" in {f["check"] for f in res.report}
-    assert "goal cast_iron_pan" not in rt.prompts[1] and "payload" in rt.prompts[1]   # findings fed back
+    assert "is not reached" not in rt.prompts[1] and "payload" in rt.prompts[1]   # findings fed back
+    assert "goal cast_iron_pan at table: cast_iron_pan weighs 3.2 kg" in rt.prompts[1]   # the goal's own reason
 
 
 def test_demo_world_plan_does_its_task():
@@ -266,3 +267,18 @@ def test_demo_world_plan_does_its_task():
                               place("s2", "red_cup", "dish_rack")))
     assert r.valid, found
     assert w.object("red_cup").at == "counter" and s.get("place").carries == {"object"}
+
+
+def test_goal_beyond_the_robot_names_the_reason():
+    w, s = world_and_skills("kitchen")
+    for goal, check in [([{"object": "cast_iron_pan", "at": "table"}], "payload"),
+                        ([{"holding": "cast_iron_pan"}], "payload"),
+                        ([{"object": "drawer", "at": "table"}], "graspable"),
+                        ([{"object": "spice_jar", "at": "table"}], "workspace"),
+                        ([{"object": "apple", "at": "top_shelf"}], "workspace")]:
+        p = plan(goal, step("s1", "wait", duration=1))         # the steps do not even try
+        found = {(f.step, f.check) for f in symbolic_findings(p, w, s)}
+        assert (None, check) in found, (goal, found)
+    # already where the goal wants it: nothing to lift, no payload finding
+    p = plan([{"object": "cast_iron_pan", "at": "counter"}], step("s1", "wait", duration=1))
+    assert symbolic_findings(p, w, s) == []
