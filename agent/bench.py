@@ -1,4 +1,5 @@
-"""Plan benchmark: constrained planning latency per speculation method, side by side.
+"""Plan benchmark: constrained planning latency per speculation method, side by side; and the
+held-out evaluation (``eval_bench``): task success, refusals and safety per model.
 
 Used by ``thor bench --plan``. Every method plans the same tasks on the same worlds in
 one run; greedy constrained speculation must produce the same plans as plain decoding,
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from thor_runtime.speculative import SpecOptions, build_speculation
 
+from .evaluation import first_attempt_alone, load_eval_set, score, summarize
 from .files import load_skills, load_world, resolve_skills_path
 from .planner import Planner
 
@@ -64,3 +66,41 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     for row in rows[1:]:
         row["decode_vs_first"] = round(row["decode_tok_s"] / base, 2) if base else None
     return rows
+
+
+def _spread(tasks: list, limit: int | None) -> list:
+    """An evenly spaced subset (keeps every world and the infeasible tasks represented)."""
+    if not limit or limit >= len(tasks):
+        return tasks
+    by_world: dict[str, list] = {}
+    for t in tasks:
+        by_world.setdefault(t.world, []).append(t)
+    out = []
+    for i, group in enumerate(by_world.values()):     # first and last of each world's list, and between
+        k = limit // len(by_world) + (i < limit % len(by_world))
+        idx = sorted({round(j * (len(group) - 1) / max(k - 1, 1)) for j in range(k)}) if k else []
+        out += [group[j] for j in idx]
+    return out
+
+
+def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False), attempts: int = 2,
+               max_tokens: int = 512, limit: int | None = None, directory=None) -> list[dict]:
+    """-> one summary per solver mode (True: steps completed from the model's goal when they
+    miss it; False: the model's steps alone), each with its per-task rows."""
+    tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
+    tasks = _spread(tasks, limit)
+    speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model)
+    out = []
+    for solver in solver_modes:
+        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver)
+        rows = []
+        for t in tasks:
+            world, skills = worlds[t.world]
+            print(f"bench eval: solver={'on' if solver else 'off'} {t.id}: {t.task}", file=sys.stderr)
+            res = planner.plan(t.task, world, skills)
+            rows.append(score(t, res, world, skills))
+            r = rows[-1]
+            r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills).schema, world, skills)
+            print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}", file=sys.stderr)
+        out.append({"solver": solver, **summarize(rows), "rows": rows})
+    return out

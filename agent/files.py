@@ -16,11 +16,14 @@ import jsonschema
 
 from thor_runtime.errors import ThorError
 
+from .conditions import EFFECT_KINDS, SKILL_PRE_KINDS, Cond, parse_conds
+
 AGENT_DIR = Path(__file__).resolve().parent
 SCHEMA_DIR = AGENT_DIR / "schemas"
 DEFAULT_SKILLS = AGENT_DIR / "skills" / "manipulation.json"
 PLAN_SCHEMA = SCHEMA_DIR / "plan.schema.json"
 ARG_TYPES = ("number", "integer", "string", "enum", "object", "place", "position")
+OBJECT_STATES = ("open", "closed")
 
 
 # ---- world ----------------------------------------------------------------------------------
@@ -31,11 +34,15 @@ class WorldObject:
     position: tuple[float, float, float]
     mass_kg: float
     graspable: bool = True
+    at: str | None = None        # the place it rests at initially (None: at no named place)
+    state: str | None = None     # open / closed, for drawers, doors, lids (None: not stated)
 
     def __post_init__(self):
         _check_xyz(self.position, f"object {self.name!r} position")
         if not (math.isfinite(self.mass_kg) and self.mass_kg >= 0):
             raise ThorError(f"object {self.name!r}: mass_kg must be a finite number >= 0")
+        if self.state is not None and self.state not in OBJECT_STATES:
+            raise ThorError(f"object {self.name!r}: state must be one of {', '.join(OBJECT_STATES)}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Robot:
     workspace_min: tuple[float, float, float]
     workspace_max: tuple[float, float, float]
     max_payload_kg: float
+    at: str | None = None        # a mobile base's initial place
 
     def __post_init__(self):
         _check_xyz(self.workspace_min, "robot.workspace.min")
@@ -83,6 +91,10 @@ class World:
             seen.add(n)
         if not self.objects and not self.places:
             raise ThorError("the world has no objects and no places")
+        places = {p.name for p in self.places}
+        for who, where in [(f"object {o.name!r}", o.at) for o in self.objects] + [("robot", self.robot.at)]:
+            if where is not None and where not in places:
+                raise ThorError(f"{who}: `at` names {where!r}, which is not a place of this world")
 
     def object(self, name: str) -> WorldObject | None:
         return next((o for o in self.objects if o.name == name), None)
@@ -128,6 +140,9 @@ class Skill:
     description: str
     args: tuple[ArgSpec, ...]
     timeout_s: float | None = None       # the skill's own limit; a step may not ask for more
+    preconditions: tuple[Cond, ...] = ()
+    effects: tuple[Cond, ...] = ()
+    unchanged: tuple[str, ...] = ()      # object args the skill states it leaves as they are
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -135,6 +150,34 @@ class Skill:
             raise ThorError(f"skill {self.name!r}: duplicate arg names")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ThorError(f"skill {self.name!r}: timeout_s must be > 0")
+        types = {a.name: a.type for a in self.args}
+        for what, conds in (("preconditions", self.preconditions), ("effects", self.effects)):
+            for c in conds:
+                for ref, kind in c.refs():
+                    if ref.startswith("$") and types.get(ref[1:]) != kind:
+                        raise ThorError(f"skill {self.name!r}: {what} {c.to_dict()} needs {ref!r} to be "
+                                        f"an argument of type {kind}")
+        if any(c.kind == "hand" and c.value != "empty" for c in self.effects):
+            raise ThorError(f"skill {self.name!r}: the only hand effect is {{\"hand\": \"empty\"}} "
+                            "(say what is held with {\"holding\": ...})")
+        for n in self.unchanged:
+            if types.get(n) != "object":
+                raise ThorError(f"skill {self.name!r}: `unchanged` names {n!r}, not an object argument")
+        # Fail closed: an object argument whose fate the file does not state would escape the
+        # payload and executability checks, so such a skill is refused rather than trusted.
+        stated = {ref[1:] for c in self.effects for ref, _ in c.refs() if ref.startswith("$")}
+        for a in self.args:
+            if a.type == "object" and a.name not in stated and a.name not in self.unchanged:
+                raise ThorError(f"skill {self.name!r}: the effect on object argument {a.name!r} is not stated; "
+                                f"add an effect naming \"${a.name}\" (e.g. {{\"holding\": \"${a.name}\"}}) "
+                                f"or list it in `unchanged`")
+
+    @property
+    def carries(self) -> frozenset[str]:
+        """Object args this skill holds or moves: they get the payload and graspability checks
+        whatever their `payload` flag says."""
+        return frozenset(c.subject[1:] for c in self.effects
+                         if c.kind in ("holding", "at") and c.subject and c.subject.startswith("$"))
 
 
 @dataclass(frozen=True)
@@ -184,10 +227,12 @@ def world_from_dict(data: dict, source: str = "<memory>", base_dir: Path | None 
     _meta_check(data, "world.schema.json", source)
     try:
         objs = tuple(WorldObject(o["name"], o["type"], tuple(o["position"]), float(o["mass_kg"]),
-                                 bool(o.get("graspable", True))) for o in data["objects"])
+                                 bool(o.get("graspable", True)), o.get("at"), o.get("state"))
+                     for o in data["objects"])
         places = tuple(Place(p["name"], tuple(p["position"])) for p in data["places"])
         ws = data["robot"]["workspace"]
-        robot = Robot(tuple(ws["min"]), tuple(ws["max"]), float(data["robot"]["max_payload_kg"]))
+        robot = Robot(tuple(ws["min"]), tuple(ws["max"]), float(data["robot"]["max_payload_kg"]),
+                      data["robot"].get("at"))
         ref = data.get("skills")
         if ref is not None and base_dir is not None:
             ref = str((base_dir / ref).resolve())
@@ -210,9 +255,14 @@ def skills_from_dict(data: dict, source: str = "<memory>") -> SkillSet:
                                  tuple(a.get("values", ())), tuple(a.get("object_types", ())),
                                  bool(a.get("payload", False)), int(a.get("max_length", 40)))
                          for n, a in s["args"].items())
-            skills.append(Skill(s["name"], s["description"], args, s.get("timeout_s")))
+            where = f"skill {s['name']!r}"
+            skills.append(Skill(s["name"], s["description"], args, s.get("timeout_s"),
+                                parse_conds(s.get("preconditions", []), SKILL_PRE_KINDS, f"{where} preconditions"),
+                                parse_conds(s.get("effects", []), EFFECT_KINDS, f"{where} effects"),
+                                tuple(s.get("unchanged", ()))))
         except ThorError as e:
-            raise ThorError(f"{source}: skill {s['name']!r}: {e}") from None
+            msg = str(e) if str(e).startswith("skill ") else f"skill {s['name']!r}: {e}"  # named once
+            raise ThorError(f"{source}: {msg}") from None
     try:
         return SkillSet(tuple(skills), source)
     except ThorError as e:

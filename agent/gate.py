@@ -1,10 +1,13 @@
-"""After decoding: parse, validate against the schema, then the safety gate.
+"""After decoding: parse, validate against the schema, the safety gate, then symbolic execution.
 
 Constrained decoding makes schema failures unlikely, but the schema is checked anyway: the
 grammar engine is a dependency we do not control, a user schema may be looser than ours, and a
 plan cut off at the token budget is not JSON at all. The gate then checks what no schema can
 (world state and robot limits), and checks it *independently* of the specialized schema, so a
 bug in specialization cannot let an unsafe plan through.
+
+Symbolic execution (symbolic.py) then runs the steps on the world's state and checks that
+they reach the plan's own stated goal: a safe plan that does not do its task is not a plan.
 
 Every problem is a ``Finding(step, check, message)``; an empty list means the plan may run.
 """
@@ -15,25 +18,11 @@ import math
 from dataclasses import dataclass
 
 from .files import ArgSpec, SkillSet, World
+from .findings import CHECKS, Finding  # noqa: F401  (CHECKS re-exported)
 from .specialize import PlanValidator
+from .symbolic import symbolic_findings
 
-CHECKS = ("json", "schema", "structure", "step_ids", "skill", "args", "bounds", "object", "place",
-          "workspace", "payload", "graspable", "timeout", "on_failure")
 ON_FAILURE_WORDS = ("abort", "retry")
-
-
-@dataclass(frozen=True)
-class Finding:
-    step: str | None        # the step's id (or "#i" when it has none); None for the whole plan
-    check: str              # one of CHECKS
-    message: str
-
-    def __post_init__(self):
-        if self.check not in CHECKS:
-            raise ValueError(f"unknown gate check {self.check!r}")
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "check": self.check, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -93,7 +82,7 @@ def _fmt(v: float, unit: str | None) -> str:
     return f"{v:g} {unit}" if unit else f"{v:g}"
 
 
-def _arg_findings(sid: str, name: str, spec: ArgSpec, v, world: World) -> list[Finding]:
+def _arg_findings(sid: str, name: str, spec: ArgSpec, v, world: World, carried: bool = False) -> list[Finding]:
     f = lambda check, msg: Finding(sid, check, f"args.{name}: {msg}")  # noqa: E731
     t = spec.type
     if t in ("number", "integer"):
@@ -138,7 +127,7 @@ def _arg_findings(sid: str, name: str, spec: ArgSpec, v, world: World) -> list[F
         out.append(f("object", f"{v!r} is a {o.type}; this skill needs one of {', '.join(spec.object_types)}"))
     if not world.robot.inside(o.position):
         out.append(f("workspace", f"object {v!r} at {list(o.position)} is outside the workspace"))
-    if spec.payload:
+    if spec.payload or carried:   # carried: the skill's effects hold or move it, whatever the flag says
         if o.mass_kg > world.robot.max_payload_kg:
             out.append(f("payload", f"{v!r} weighs {o.mass_kg:g} kg, above the max payload "
                                     f"{world.robot.max_payload_kg:g} kg"))
@@ -180,7 +169,7 @@ def gate_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
                 for name in args.keys() - specs.keys():
                     out.append(Finding(sid, "args", f"{skill.name} has no argument {name!r}"))
                 for name in [n for n in specs if n in args]:
-                    out += _arg_findings(sid, name, specs[name], args[name], world)
+                    out += _arg_findings(sid, name, specs[name], args[name], world, name in skill.carries)
         t = step.get("timeout_s")
         limit = skill.timeout_s if skill is not None and skill.timeout_s else None
         if not _is_num(t) or t <= 0:
@@ -207,4 +196,5 @@ def check_plan(text_or_plan, schema: dict, world: World, skills: SkillSet) -> Ga
         if not isinstance(plan, dict):
             return GateResult(None, (Finding(None, "json", "the plan must be a JSON object"),))
     findings = schema_findings(plan, schema) + gate_findings(plan, world, skills)
+    findings += symbolic_findings(plan, world, skills)
     return GateResult(plan, tuple(findings))

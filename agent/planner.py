@@ -1,12 +1,15 @@
 """Planner: task + world + skills -> a plan that passed schema and safety gate, or a report.
 
 One attempt is: build the prompt, decode under the specialized schema's grammar (speculative or
-plain, same cycle), parse, validate, gate. A rejected attempt is re-prompted with its findings,
-up to ``attempts`` repairs. Greedy decoding is deterministic, so a repair only helps because its
+plain, same cycle), parse, validate, gate (which runs the plan symbolically against its own
+goal). When the steps miss the goal, the symbolic solver may complete them from the goal
+(``complete=True``, the default; solver.py), and the completed plan is checked the same way.
+A rejected attempt is re-prompted with its findings, up to ``attempts`` repairs. Greedy decoding is deterministic, so a repair only helps because its
 prompt differs: it carries the rejected plan and what was wrong with it.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +22,7 @@ from .files import SkillSet, World, base_plan_schema
 from .gate import Finding, GateResult, check_plan
 from .grammar import Grammar, GrammarTokenizer
 from .prompt import build_messages
+from .solver import complete as solve_from_goal
 from .specialize import specialize
 
 _ADDITIVE = ("prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
@@ -33,7 +37,9 @@ class PlanResult:
     stats: dict                # generate's stats summed over attempts, plus attempts / latency
     attempts: int              # generations run (1 + repairs used)
     text: str = ""             # the last attempt's JSON text
-    history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason"}
+    history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason",
+    #                                                  "completed", "model_text" (before the solver)}
+    completed: bool = False    # the returned steps were made by the symbolic solver from the model's goal
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ class Planner:
     def __init__(self, runtime, tokenizer, speculation: Speculation = PLAIN,
                  max_tokens: int = 512, attempts: int = 2, thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
-                 grammar_tokenizer: GrammarTokenizer | None = None):
+                 grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -83,6 +89,7 @@ class Planner:
         self.rt, self.tok, self.speculation = runtime, tokenizer, speculation
         self.max_tokens, self.attempts, self.max_steps = max_tokens, attempts, max_steps
         self.progress = on_progress or (lambda msg: None)
+        self.complete = bool(complete)
         self.gtok = grammar_tokenizer or GrammarTokenizer(tokenizer)
         # None = think when the tokenizer can; the span is optional in the grammar either way.
         self.thinking = self.gtok.think_ids is not None if thinking is None else bool(thinking)
@@ -100,7 +107,7 @@ class Planner:
         params = SamplingParams(max_tokens=self.max_tokens)
         stats: list[Stats] = []
         history = []
-        errors, previous, gate = None, None, None
+        errors, previous, gate, completed = None, None, None, False
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
             res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint())
@@ -110,19 +117,27 @@ class Planner:
             if res.finish_reason == "length" and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
-            history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason})
+            model_text = text
+            if not gate.valid and self.complete and gate.plan is not None:
+                filled = solve_from_goal(gate.plan, world, skills, _max_items(req.schema))
+                again = check_plan(filled, req.schema, world, skills) if filled is not None else None
+                if again is not None and again.valid:   # the model's goal, the solver's steps
+                    gate, completed, text = again, True, json.dumps(filled)
+            history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
+                            "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
-                          + ("valid" if gate.valid else f"rejected ({len(gate.findings)} problems)"))
+                          + (("valid (steps completed from the goal)" if completed else "valid") if gate.valid
+                             else f"rejected ({len(gate.findings)} problems)"))
             if gate.valid:
                 break
             errors, previous = gate.report(), text
         merged = merge_stats(stats).to_dict()
         # spec: the proposer that ran (auto resolves to hybrid or ngram), not the option
-        merged.update(attempts=len(stats), spec=self.speculation.name, k=self.speculation.k,
+        merged.update(attempts=len(stats), spec=self.speculation.name, k=self.speculation.k, completed=completed,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
-                          tuple(history))
+                          tuple(history), completed)
 
     def _json_text(self, token_ids: list[int]) -> str:
         """The JSON part of the output: after the thinking span, without the EOS token."""
@@ -131,3 +146,9 @@ class Planner:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
             ids = ids[last + 1:]
         return self.tok.decode(ids).strip()
+
+
+def _max_items(schema: dict) -> int:
+    steps = schema.get("properties", {}).get("steps", {}) if isinstance(schema.get("properties"), dict) else {}
+    n = steps.get("maxItems", 10) if isinstance(steps, dict) else 10
+    return n if isinstance(n, int) and n > 0 else 10

@@ -11,11 +11,13 @@ from .files import ArgSpec, Skill, SkillSet, World
 
 # A worked example teaches small models more than a description of the format does; it is
 # deliberately from no sample world, so its names are never copied into a valid plan.
-_EXAMPLE = ('{"plan_id":"p1","task":"put the cup in the box","steps":['
-            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":["cup is reachable"],'
-            '"expected_effects":["cup is held"],"timeout_s":10,"on_failure":"retry"},'
-            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":["cup is held"],'
-            '"expected_effects":["cup is in the box"],"timeout_s":10,"on_failure":"abort"}]}')
+# The goal comes first: a small model states "cup at box" far more reliably than it writes a
+# whole correct sequence, and the steps are then held to it by symbolic execution.
+_EXAMPLE = ('{"plan_id":"p1","task":"put the cup in the box","goal":[{"object":"cup","at":"box"}],"steps":['
+            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":[],'
+            '"expected_effects":["holding cup"],"timeout_s":10,"on_failure":"retry"},'
+            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":[],'
+            '"expected_effects":["cup at box"],"timeout_s":10,"on_failure":"abort"}]}')
 
 
 def _num(v: float) -> str:
@@ -42,10 +44,22 @@ def describe_arg(a: ArgSpec) -> str:
     return f"{a.name}: {kind}"
 
 
+def _conds(conds) -> str:
+    return ", ".join(c.text().replace("$", "") for c in conds)
+
+
 def describe_skill(s: Skill) -> str:
     args = ", ".join(describe_arg(a) for a in s.args)
-    limit = f" (max {_num(s.timeout_s)} s)" if s.timeout_s else ""
-    return f"- {s.name}({args}): {s.description}{limit}"
+    # no timeout limit here: the grammar bounds timeout_s by the skill's own limit already
+    pre = f"; needs {_conds(s.preconditions)}" if s.preconditions else ""
+    eff = f"; -> {_conds(s.effects)}" if s.effects else ""
+    return f"- {s.name}({args}): {s.description}{pre}{eff}"
+
+
+def _obj(o) -> str:
+    extra = "".join([f", at {o.at}" if o.at else "", f", {o.state}" if o.state else "",
+                     ", fixed" if not o.graspable else ""])
+    return f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, {_xyz(o.position)}{extra})"
 
 
 def describe_world(world: World) -> str:
@@ -53,11 +67,10 @@ def describe_world(world: World) -> str:
     lines = [f"World: {world.name}",
              f"Robot workspace: x {_num(r.workspace_min[0])}..{_num(r.workspace_max[0])}, "
              f"y {_num(r.workspace_min[1])}..{_num(r.workspace_max[1])}, "
-             f"z {_num(r.workspace_min[2])}..{_num(r.workspace_max[2])} m; max payload {_num(r.max_payload_kg)} kg"]
+             f"z {_num(r.workspace_min[2])}..{_num(r.workspace_max[2])} m; max payload {_num(r.max_payload_kg)} kg"
+             + (f"; robot at {r.at}" if r.at else "")]
     if world.objects:
-        lines.append("Objects: " + "; ".join(
-            f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, at {_xyz(o.position)}{', fixed' if not o.graspable else ''})"
-            for o in world.objects))
+        lines.append("Objects: " + "; ".join(_obj(o) for o in world.objects))
     if world.places:
         lines.append("Places: " + "; ".join(f"{p.name} {_xyz(p.position)}" for p in world.places))
     return "\n".join(lines)
@@ -67,7 +80,8 @@ def system_prompt(world: World, skills: SkillSet) -> str:
     return "\n".join([
         "You are a robot task planner. Reply with one JSON plan and nothing else.",
         "Example: " + _EXAMPLE,
-        "Use only the skills, objects and places below, with all of a skill's args. "
+        'Goal first: what holds when done ([{"missing":"<name>"}] for a thing not below); then steps '
+        "reaching it, each skill's needs met, the hand empty at the end. "
         "on_failure is abort, retry, or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),

@@ -1,7 +1,8 @@
 """Per-request plan schema: the base schema narrowed to this world and this skill library.
 
 What goes into the schema is *vocabulary*: which skills exist, each skill's argument names and
-types, numeric ranges, and which world names an object / place argument may take. Limits that
+types, numeric ranges, which world names an object / place argument may take, and which goal
+conditions (over which names) the plan may state. Limits that
 depend on which object was chosen (its mass against the payload, whether it lies inside the
 workspace, whether it can be grasped) are left to the safety gate on purpose: if the schema
 removed the heavy pan from `pick`, a request to pick the pan would be silently rewritten into
@@ -105,6 +106,34 @@ def step_schema(step_base: dict, skill: Skill, world: World) -> dict | None:
     return out
 
 
+def _enum(names: list[str]) -> dict:
+    return {"enum": names}
+
+
+def goal_schema(world: World, skills: SkillSet) -> dict:
+    """Goal conditions over this world's names, and only the kinds some skill can make true
+    (nothing else could be reached); plus `missing`, the plan's way to say the task names a
+    thing this world does not have."""
+    kinds = {c.kind for s in skills.skills for c in s.effects}
+    objs, places = [o.name for o in world.objects], [p.name for p in world.places]
+    states = sorted({c.value for s in skills.skills for c in s.effects if c.kind == "is"})
+    shape = lambda props: {"type": "object", "properties": props, "required": list(props),  # noqa: E731
+                           "additionalProperties": False}
+    branches = []
+    if "at" in kinds and objs and places:
+        branches.append(shape({"object": _enum(objs), "at": _enum(places)}))
+    if "holding" in kinds and objs:
+        branches.append(shape({"holding": _enum(objs)}))
+    if "is" in kinds and objs and states:
+        branches.append(shape({"object": _enum(objs), "is": _enum(states)}))
+    if "place_is" in kinds and places:
+        branches.append(shape({"place": _enum(places), "is": {"const": "inspected"}}))
+    if "robot_at" in kinds and places:
+        branches.append(shape({"robot_at": _enum(places)}))
+    branches.append(shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
+    return {"anyOf": branches}
+
+
 def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None) -> dict:
     """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
     schema for something else) comes back unchanged."""
@@ -124,6 +153,9 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
         raise ThorError(f"no skill from {skills.source} can be used in world {world.name!r} "
                         "(every skill needs an object or place the world lacks)")
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    goal = schema["properties"].get("goal")
+    if isinstance(goal, dict) and "items" in goal:
+        goal["items"] = goal_schema(world, skills)
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
     return schema

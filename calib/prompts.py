@@ -143,11 +143,20 @@ def _random_world(rng: random.Random, base: dict) -> dict:
     w["objects"] = objs
     vocab = PLACE_VOCAB.get(base["name"], [p["name"] for p in w["places"]])
     places = rng.sample(w["places"], rng.randint(min(2, len(w["places"])), len(w["places"])))
+    renamed = {}
     for p in places:
-        p["name"] = fresh(vocab if rng.random() < 0.5 else [p["name"]], p["name"], vocab)
+        old = p["name"]
+        p["name"] = renamed[old] = fresh(vocab if rng.random() < 0.5 else [p["name"]], p["name"], vocab)
         p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
                          for v, l, h, s in zip(p["position"], lo, hi, span)]
     w["places"] = places
+    # an initial `at` follows its place's new name, or goes with a place left out
+    for holder in objs + [w["robot"]]:
+        if "at" in holder:
+            if holder["at"] in renamed:
+                holder["at"] = renamed[holder["at"]]
+            else:
+                holder.pop("at")
     w["name"] = rng.choice(WORLD_NAMES.get(base["name"], [base["name"]]))
     w["robot"]["max_payload_kg"] = _r2(w["robot"]["max_payload_kg"] * rng.uniform(0.8, 1.25))
     return w

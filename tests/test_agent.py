@@ -40,7 +40,7 @@ def kitchen_dict():
 
 
 def good_plan():
-    return {"plan_id": "p1", "task": "put the apple on the table", "steps": [
+    return {"plan_id": "p1", "task": "put the apple on the table", "goal": [{"object": "apple", "at": "table"}], "steps": [
         {"id": "s1", "skill": "pick", "args": {"object": "apple", "grasp": "top", "force": 10},
          "preconditions": ["gripper empty"], "expected_effects": ["apple held"], "timeout_s": 10,
          "on_failure": "retry"},
@@ -144,7 +144,8 @@ def test_specialize_edge_cases():
     d = kitchen_dict()
     d["objects"] = []
     only_pick = skills_from_dict({"skills": [{"name": "pick", "description": "x",
-                                              "args": {"object": {"type": "object"}}}]})
+                                              "args": {"object": {"type": "object"}},
+                                              "effects": [{"holding": "$object"}]}]})
     with pytest.raises(ThorError, match="no skill"):
         specialize(base_plan_schema(), world_from_dict(d), only_pick)
 
@@ -213,7 +214,8 @@ def test_gate_is_independent_of_the_schema():
     assert "55 N" in msg and "40 N" in msg and "3.2 kg" in msg
     assert all(f.step == "s1" for f in found)
     r, checks = _gate(bad, schema={})
-    assert checks == {"bounds", "payload"}
+    # plus symbolic execution: s2 places the apple while the hand holds the pan
+    assert checks == {"bounds", "payload", "not_held"}
 
 
 def test_gate_mass_argument_and_warehouse():
@@ -267,14 +269,14 @@ def test_planner_repairs_with_gate_errors(tiny_llama):
     tok = tiny_llama.tokenizer
     heavy = _mut(lambda p: p["steps"][0]["args"].update(object="cast_iron_pan"))
     rt = ScriptedRuntime(tok, [json.dumps(heavy), json.dumps(good_plan())])
-    pl = Planner(rt, tok, attempts=2, thinking=False)
+    pl = Planner(rt, tok, attempts=2, thinking=False, complete=False)   # the repair loop alone
     w, s = world_and_skills("kitchen")
     res = pl.plan("put the apple on the table", w, s)
     assert res.valid and res.attempts == 2 and res.plan == good_plan() and res.report == []
     assert "cast_iron_pan" in rt.prompts[1] and "payload" in rt.prompts[1]
     assert res.stats["attempts"] == 2 and "jump_forward_tokens" in res.stats
     rt = ScriptedRuntime(tok, [json.dumps(heavy)] * 3)
-    res = Planner(rt, tok, attempts=2, thinking=False).plan("t", w, s)
+    res = Planner(rt, tok, attempts=2, thinking=False, complete=False).plan("t", w, s)
     assert not res.valid and res.attempts == 3 and res.report[0]["check"] == "payload"
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from tiny import proposer_and_k
+from tiny import proposer_and_k, random_drafter
 
 from agent.grammar import Grammar, GrammarTokenizer, check_schema
 from thor_runtime.errors import ThorError
@@ -262,7 +262,7 @@ def test_constrained_dflash_equals_constrained_plain(tiny_llama, gtok, tmp_path)
     from thor_runtime.speculative import SpecOptions
     from thor_runtime.speculative import dflash_io as io
 
-    path = io.save_drafter(io.random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")
+    path = io.save_drafter(random_drafter(tiny_llama.cfg, block_size=5, seed=3), tmp_path / "drafter")
     proposer, k = proposer_and_k(SpecOptions(method="dflash", drafter=str(path)), tiny_llama.model)
     tok = tiny_llama.tokenizer
     rt = Runtime(tiny_llama.model, tok)

@@ -58,6 +58,14 @@ def register(sub) -> None:
                    help="hybrid (Gated-DeltaNet) target: speculative cycle with checkpoint-slot rollback vs "
                         "snapshot + re-forward, at each K of --ks, on a random ~100M-parameter hybrid")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
+    p.add_argument("--plan-set", choices=["sample", "eval"], default="sample",
+                   help="--plan: sample = latency per --spec on the sample worlds; eval = the held-out "
+                        "evaluation (agent/eval): task success, refusals, unsafe plans per model")
+    p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
+    p.add_argument("--solver", choices=["both", "on", "off"], default="both",
+                   help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
+    p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
+    p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
 
@@ -181,8 +189,41 @@ def bench_transformers(path, dtype, args, prompts, long_ids):
     return {"prefill_tok_s": _median(prefill), "decode_tok_s": _median(decode)}
 
 
+EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
+                "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
+                "latency_median_s"]
+
+
+def run_eval(args, specs) -> int:
+    from agent.bench import eval_bench
+
+    from thor_runtime.generate import Runtime
+    from thor_runtime.loading import load
+
+    if args.attempts < 0:
+        raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    models = [m.strip() for m in (args.models or args.model).split(",") if m.strip()]
+    rows = []
+    for m in models:
+        loaded = load(m, wdt)
+        rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+        for r in eval_bench(rt, loaded.tokenizer, specs[0], args.drafter, modes, args.attempts,
+                            limit=args.eval_limit):
+            rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
+    doc = {"device": device_info(), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
+           "eval_rows": rows}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, EVAL_COLUMNS)
+    return 0
+
+
 def run_plan(args, specs) -> int:
     from agent.bench import plan_bench
+
+    if args.plan_set == "eval":
+        return run_eval(args, specs)
 
     from thor_runtime.generate import Runtime
     from thor_runtime.loading import load

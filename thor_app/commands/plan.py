@@ -28,6 +28,8 @@ def register(sub) -> None:
     p.add_argument("--attempts", type=int, default=2, help="repair attempts after the first (default 2)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on plan steps")
     p.add_argument("--no-thinking", action="store_true", help="no <think> span even if the model has one")
+    p.add_argument("--no-solver", action="store_true",
+                   help="do not complete the steps from the plan's goal with the symbolic solver")
     add_model_args(p)
     add_spec_args(p, default="auto")
     p.set_defaults(func=run)
@@ -79,7 +81,7 @@ def run(args) -> int:
     loaded, rt = build_runtime(args)
     planner = Planner(rt, loaded.tokenizer, speculation(args, loaded), max_tokens=args.max_tokens,
                       attempts=args.attempts, thinking=False if args.no_thinking else None,
-                      max_steps=args.max_steps, on_progress=_log)
+                      max_steps=args.max_steps, on_progress=_log, complete=not args.no_solver)
     res = planner.plan(args.task, world, skills, schema)
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:

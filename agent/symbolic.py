@@ -1,0 +1,260 @@
+"""Symbolic execution: run a plan's steps on the world's initial state, using the skills'
+declared preconditions and effects, and check the plan's own stated goal on the final state.
+
+The state is what the vocabulary in conditions.py can say: what the hand holds, at which place
+each object rests, which things are open / closed / inspected, where the robot base is. A fact
+the world file does not state (a drawer with no `state`, a robot with no `at`) is *unknown*:
+a skill precondition on an unknown fact passes (the file did not say otherwise), but a goal
+condition is reached only by a known fact.
+
+Findings (check names in findings.CHECKS): `hand_full` (pick while holding), `not_held` (place
+without holding), `dropped` (an object used after the plan dropped it), `precondition` (any
+other unmet precondition), `left_held` (an object still in the hand at the end that the goal
+does not ask to hold), `goal` (a goal condition not reached, or a goal that is not well formed);
+and `payload` / `graspable` / `workspace` / `object` for a goal no safe steps can reach (it
+moves a heavy or fixed object, touches something out of reach, or names a missing thing).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from thor_runtime.errors import ThorError
+
+from .conditions import GOAL_KINDS, Cond, parse_conds
+from .files import Skill, SkillSet, World
+from .findings import Finding
+
+HELD = "(held)"          # an object's location while the robot holds it
+
+
+@dataclass(frozen=True)
+class State:
+    held: str | None = None
+    loc: dict = field(default_factory=dict)          # object -> place | HELD | None (no named place)
+    status: dict = field(default_factory=dict)       # object -> "open" | "closed"
+    inspected: frozenset = frozenset()
+    robot_at: str | None = None
+    dropped: frozenset = frozenset()                 # objects this plan let go of at no place
+    why: dict = field(default_factory=dict)          # object -> how it got where it is (for messages)
+
+    def key(self) -> tuple:
+        """What identifies a state for search (``why`` is only for messages)."""
+        return (self.held, tuple(sorted(self.loc.items(), key=lambda kv: kv[0])),
+                tuple(sorted(self.status.items())), self.inspected, self.robot_at, self.dropped)
+
+
+def initial_state(world: World) -> State:
+    return State(loc={o.name: o.at for o in world.objects},
+                 status={o.name: o.state for o in world.objects if o.state is not None},
+                 robot_at=world.robot.at)
+
+
+def where(st: State, obj: str) -> str:
+    """Where an object is, in words, with how it got there when the plan moved it."""
+    at = st.loc.get(obj)
+    text = "held" if at == HELD else f"at {at}" if at else "at no named place"
+    how = st.why.get(obj)
+    return f"{obj} is {text}" + (f" ({how})" if how else "")
+
+
+def holds(c: Cond, st: State) -> tuple[bool | None, str]:
+    """-> (True / False / None for unknown, what actually is the case)."""
+    k, s, v = c.kind, c.subject, c.value
+    if k == "hand":
+        full = st.held is not None
+        ok = full if v == "full" else not full
+        return ok, (f"the hand holds {st.held}" if full else "the hand is empty")
+    if k == "holding":
+        if st.held == s:
+            return True, ""
+        return False, (f"the hand holds {st.held}, not {s}" if st.held else where(st, s))
+    if k == "at":
+        return st.loc.get(s) == v, where(st, s)
+    if k in ("is", "place_is"):
+        if v == "inspected":
+            return s in st.inspected, f"{s} was not inspected"
+        now = st.status.get(s)
+        return (None if now is None else now == v), f"{s} is {now or 'in an unknown state'}"
+    if k == "robot_at":
+        if st.robot_at is None:
+            return None, "the robot's place is unknown"
+        return st.robot_at == v, f"the robot is at {st.robot_at}"
+    return False, c.text()          # "missing" never holds
+
+
+def apply(effects, st: State, sid: str) -> State:
+    held, loc, status = st.held, dict(st.loc), dict(st.status)
+    inspected, robot_at, dropped, why = set(st.inspected), st.robot_at, set(st.dropped), dict(st.why)
+
+    def drop(obj: str, how: str):
+        loc[obj] = None
+        dropped.add(obj)
+        why[obj] = how
+
+    for c in effects:
+        k, s, v = c.kind, c.subject, c.value
+        if k == "holding":
+            if held is not None and held != s:
+                drop(held, f"dropped when step {sid} took {s}")
+            held, loc[s] = s, HELD
+            dropped.discard(s)
+            why[s] = f"picked up in step {sid}"
+        elif k == "at":
+            loc[s] = v
+            dropped.discard(s)
+            why[s] = f"put at {v} in step {sid}"
+            if held == s:
+                held = None
+        elif k == "hand":            # only "empty" is an effect: let go of whatever is held
+            if held is not None:
+                drop(held, f"let go of in step {sid}")
+            held = None
+        elif k == "is":
+            if v == "inspected":
+                inspected.add(s)
+            else:
+                status[s] = v
+        elif k == "place_is":
+            inspected.add(s)
+        elif k == "robot_at":
+            robot_at = v
+    return replace(st, held=held, loc=loc, status=status, inspected=frozenset(inspected),
+                   robot_at=robot_at, dropped=frozenset(dropped), why=why)
+
+
+def step_conds(skill: Skill, args: dict, world: World) -> tuple[tuple[Cond, ...], tuple[Cond, ...]] | None:
+    """The step's grounded (preconditions, effects), or None when its object / place args are
+    not world names (the safety gate reports those; execution cannot go past such a step)."""
+    for a in skill.args:
+        v = args.get(a.name)
+        if a.type == "object" and not (isinstance(v, str) and world.object(v)):
+            return None
+        if a.type == "place" and not (isinstance(v, str) and world.place(v)):
+            return None
+    return (tuple(c.ground(args) for c in skill.preconditions), tuple(c.ground(args) for c in skill.effects))
+
+
+def _unmet(skill: Skill, c: Cond, actual: str, sid: str) -> Finding:
+    if c.kind == "hand" and c.value == "empty":
+        return Finding(sid, "hand_full", f"{skill.name} needs an empty hand, but {actual}; place it first")
+    if c.kind == "holding":
+        return Finding(sid, "not_held", f"{skill.name} needs {c.subject} held, but {actual}; pick it first")
+    return Finding(sid, "precondition", f"{skill.name} needs {c.text()}, but {actual}")
+
+
+@dataclass(frozen=True)
+class Execution:
+    findings: tuple[Finding, ...]
+    state: State            # after the last step that could be run
+    complete: bool          # every step could be interpreted
+
+
+def execute(steps, world: World, skills: SkillSet, state: State | None = None) -> Execution:
+    st = initial_state(world) if state is None else state
+    out: list[Finding] = []
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        sid = step.get("id") if isinstance(step, dict) and isinstance(step.get("id"), str) else f"#{i + 1}"
+        skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
+        args = step.get("args") if isinstance(step, dict) else None
+        conds = step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
+        if conds is None:
+            return Execution(tuple(out), st, False)
+        for a in skill.args:
+            if a.type == "object" and args[a.name] in st.dropped:
+                out.append(Finding(sid, "dropped", f"{skill.name} uses {args[a.name]}, but "
+                                                   f"{where(st, args[a.name])}: its place is unknown"))
+        for c in conds[0]:
+            ok, actual = holds(c, st)
+            if ok is False:
+                out.append(_unmet(skill, c, actual, sid))
+        st = apply(conds[1], st, sid)
+    return Execution(tuple(out), st, True)
+
+
+def parse_goal(plan, world: World) -> tuple[tuple[Cond, ...] | None, list[Finding]]:
+    """The plan's `goal` as conditions over world names; (None, []) when the plan has none."""
+    if not isinstance(plan, dict) or "goal" not in plan:
+        return None, []
+    raw = plan["goal"]
+    if isinstance(raw, list) and not raw:
+        return None, [Finding(None, "goal", "the goal is empty; state what holds when the task is done")]
+    try:
+        conds = parse_conds(raw, GOAL_KINDS, "goal")
+    except ThorError as e:
+        return None, [Finding(None, "goal", str(e))]
+    out = []
+    for c in conds:
+        if c.kind == "missing":
+            if world.object(c.subject) or world.place(c.subject):
+                out.append(Finding(None, "goal", f"{c.subject!r} is in this world; name it in a condition instead"))
+            else:     # the one way a plan says "this task cannot be done here"
+                out.append(Finding(None, "object", f"the task needs {c.subject!r}, which is not in this world"))
+            continue
+        for name, kind in c.refs():
+            ok = world.object(name) if kind == "object" else world.place(name)
+            if not ok:
+                out.append(Finding(None, "goal", f"goal {c.text()}: {name!r} is not a {kind} of this world"))
+    return conds, out
+
+
+def goal_limits(goal: tuple[Cond, ...], world: World) -> list[Finding]:
+    """What the goal itself asks beyond the robot: moving or holding an object that is too heavy,
+    fixed or out of reach, or reaching a place outside the workspace. No steps can make such a
+    goal safe, so the report names the reason rather than only the steps' symptoms."""
+    r, out = world.robot, []
+    for c in goal:
+        o = world.object(c.subject) if c.kind in ("at", "holding", "is") and c.subject else None
+        if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)):
+            if o.mass_kg > r.max_payload_kg:
+                out.append(Finding(None, "payload", f"goal {c.text()}: {o.name} weighs {o.mass_kg:g} kg, above "
+                                                    f"the max payload {r.max_payload_kg:g} kg"))
+            if not o.graspable:
+                out.append(Finding(None, "graspable", f"goal {c.text()}: {o.name} cannot be grasped"))
+        if o is not None and not r.inside(o.position):
+            out.append(Finding(None, "workspace", f"goal {c.text()}: {o.name} at {list(o.position)} "
+                                                  "is outside the workspace"))
+        p = world.place(c.value) if c.kind in ("at", "robot_at") and c.value else None
+        if p is not None and not r.inside(p.position):
+            out.append(Finding(None, "workspace", f"goal {c.text()}: place {p.name} at {list(p.position)} "
+                                                  "is outside the workspace"))
+    return out
+
+
+def goal_findings(goal: tuple[Cond, ...], st: State, last_step: str | None) -> list[Finding]:
+    out = []
+    for c in goal:
+        if c.kind == "missing":
+            continue
+        ok, actual = holds(c, st)
+        if ok is not True:
+            after = f" after step {last_step}" if last_step else ""
+            out.append(Finding(None, "goal", f"goal {c.text()} is not reached{after}: {actual}"))
+    return out
+
+
+def reaches(goal: tuple[Cond, ...], st: State) -> bool:
+    """Every goal condition is known to hold, and nothing is left in the hand the goal does not ask for."""
+    if any(holds(c, st)[0] is not True for c in goal):
+        return False
+    return st.held is None or any(c.kind == "holding" and c.subject == st.held for c in goal)
+
+
+def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
+    """Executability by step, then the goal. Nothing is said past a step the gate already
+    refused by name (unknown skill / object / place): the state after it would be a guess."""
+    goal, out = parse_goal(plan, world)
+    if goal is not None and not out:
+        out += goal_limits(goal, world)
+    steps = plan.get("steps") if isinstance(plan, dict) else None
+    ex = execute(steps, world, skills)
+    out = list(ex.findings) + out
+    if not ex.complete:
+        return out
+    last = steps[-1].get("id") if steps and isinstance(steps[-1], dict) else None
+    asked = {c.subject for c in goal or () if c.kind == "holding"}
+    if ex.state.held is not None and ex.state.held not in asked:
+        out.append(Finding(last, "left_held", f"{ex.state.held} is still held at the end of the plan; "
+                                              "put it down at a place"))
+    if goal is not None and not any(f.check == "goal" for f in out):
+        out += goal_findings(goal, ex.state, last)
+    return out
