@@ -278,6 +278,9 @@ class TargetModel:
                 k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
             ))
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
+        # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
+        # None = the torch methods below. Attention stays here: it owns the KV cache.
+        self.backend = None
         self._rope_len = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
@@ -341,6 +344,12 @@ class TargetModel:
         gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)      # [T, I] each
         return h + linear(F.silu(gate) * up, L.w_down)
 
+    def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
+        """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
+        attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
+        h = self.post_attn(i, h, o)
+        return (h, *self.pre_attn(i + 1, h, pos))
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.head_w).float()  # [R, V]
 
@@ -354,17 +363,23 @@ class TargetModel:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
                             f"{self.cfg.max_position_embeddings}")
         self._ensure_rope(start + T)
-        h = self.embed(ids.to(self.device))
+        seg = self if self.backend is None else self.backend
+        h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
-        for i in range(self.cfg.num_layers):
-            q, k, v = self.pre_attn(i, h, pos)
-            h = self.post_attn(i, h, self.attention(i, q, k, v, cache))
+        n = self.cfg.num_layers
+        q, k, v = seg.pre_attn(0, h, pos)
+        for i in range(n):
+            o = self.attention(i, q, k, v, cache)
+            if i + 1 < n:
+                h, q, k, v = seg.post_pre(i, h, o, pos)
+            else:
+                h = seg.post_attn(i, h, o)
             if i in taps:
                 out.taps[i] = h
         if logits_rows != "none":
             rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
-            out.logits = self.head(h[rows])
+            out.logits = seg.head(h[rows])
         return out
 
     def prefill(self, ids: torch.Tensor, cache: KVCache, chunk: int = 0, taps: tuple[int, ...] = (),
