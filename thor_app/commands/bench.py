@@ -332,6 +332,7 @@ def run_backends(args, configs, backends) -> int:
             reference = outs
         rows.append({"engine": label, "weights": wdt, "kv": kv, "spec": "none", "load_s": round(load_s, 2),
                      **row, "tokens_identical_to_first": outs == reference})
+        Path(args.json_out).write_text(json.dumps({"rows": rows}, indent=1))  # partial results survive a kill
     base = rows[0]
     for r in rows:
         for k in ("prefill_tok_s", "decode_tok_s"):
