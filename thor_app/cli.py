@@ -11,9 +11,9 @@ import sys
 
 from thor_runtime.errors import ThorError
 
-from .commands import bench, calib, generate, models, plan
+from .commands import bench, calib, engines, generate, models, plan, selftest
 
-COMMANDS = (generate, plan, bench, calib, models)
+COMMANDS = (generate, plan, bench, calib, models, engines, selftest)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -214,6 +214,56 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
 
+class RowWise:
+    """A segment backend (ONNX Runtime, TensorRT) called one row at a time: each call is the
+    very call a 1-row step makes, so ``verify`` stays exact on a backend whose kernels give a
+    row different bits depending on the row count."""
+
+    def __init__(self, backend):
+        self.b = backend
+
+    def embed(self, ids):
+        return self.b.embed(ids)                   # a gather: the same bits for any row count
+
+    def pre_attn(self, i, h, pos):
+        rows = [self.b.pre_attn(i, h[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
+        return tuple(torch.cat(parts, dim=-2) for parts in zip(*rows))   # q [H, T, Dh], k/v [Hkv, T, Dh]
+
+    def post_attn(self, i, h, o):
+        return torch.cat([self.b.post_attn(i, h[t:t + 1], o[t:t + 1]) for t in range(h.shape[0])])
+
+    def post_pre(self, i, h, o, pos):
+        rows = [self.b.post_pre(i, h[t:t + 1], o[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
+        hs, *qkv = zip(*rows)
+        return (torch.cat(hs), *(torch.cat(parts, dim=-2) for parts in qkv))
+
+    def head(self, h):
+        return torch.cat([self.b.head(h[t:t + 1]) for t in range(h.shape[0])])
+
+
+def backend_for_verify(model, backend):
+    """``backend`` itself if its dense segments give each of 2..EXACT_ROWS rows the bits that row
+    gets alone (probed on seeded inputs through the segments a verify calls), else RowWise."""
+    cfg, R = model.cfg, EXACT_ROWS
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(R, cfg.hidden_size, generator=g).to(model.dtype)
+    o = torch.randn(R, cfg.num_heads * cfg.head_dim, generator=g).to(model.dtype)
+    pos = torch.arange(R)
+    rw = RowWise(backend)
+    last = cfg.num_layers - 1       # a fused backend has post_attn for the last layer only
+    calls = [lambda b, m: b.pre_attn(0, h[:m], pos[:m]), lambda b, m: (b.post_attn(last, h[:m], o[:m]),),
+             lambda b, m: (b.head(h[:m]),)]
+    if cfg.num_layers > 1:
+        calls.append(lambda b, m: b.post_pre(0, h[:m], o[:m], pos[:m]))
+    for call in calls:
+        alone = call(rw, R)
+        for m in range(2, R + 1):
+            got = call(backend, m)
+            if not all(torch.equal(x, y[..., :m, :] if y.dim() == 3 else y[:m]) for x, y in zip(got, alone)):
+                return rw
+    return backend
+
+
 def rows_invariant(w, d_in: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether ``linear(x, w)`` gives each of 2..EXACT_ROWS rows the very bits it gives that row
     alone, on this CPU, with this kernel, shape and thread count. A GEMM computes every row
@@ -341,6 +391,10 @@ class TargetModel:
         self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"))
         self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
+        # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
+        # None = the torch methods below. Attention stays here: it owns the KV cache.
+        self.backend = None
+        self.backend_exact = None             # what ``verify`` runs the backend's segments through
         self._rope_len = 0
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
@@ -414,6 +468,12 @@ class TargetModel:
         gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)      # [T, I] each
         return h + linear(F.silu(gate) * up, L.w_down)
 
+    def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
+        """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
+        attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
+        h = self.post_attn(i, h, o)
+        return (h, *self.pre_attn(i + 1, h, pos))
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.head_w).float()  # [R, V]
 
@@ -428,17 +488,25 @@ class TargetModel:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
                             f"{self.cfg.max_position_embeddings}")
         self._ensure_rope(start + T)
-        h = self.embed(ids.to(self.device))
+        seg = self if self.backend is None else self.backend
+        h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
-        for i in range(self.cfg.num_layers):
-            q, k, v = self.pre_attn(i, h, pos)
-            h = self.post_attn(i, h, self.attention(i, q, k, v, cache, exact))
+        n = self.cfg.num_layers
+        if exact and self.backend is not None:
+            seg = self.backend_exact          # row-invariant, or the backend row by row
+        q, k, v = seg.pre_attn(0, h, pos)
+        for i in range(n):
+            o = self.attention(i, q, k, v, cache, exact)
+            if i + 1 < n:
+                h, q, k, v = seg.post_pre(i, h, o, pos)
+            else:
+                h = seg.post_attn(i, h, o)
             if i in taps:
                 out.taps[i] = h
         if logits_rows != "none":
             rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
-            out.logits = self.head(h[rows])
+            out.logits = seg.head(h[rows])
         return out
 
     def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:

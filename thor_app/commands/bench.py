@@ -22,7 +22,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import SPEC_METHODS, SpecOptions, build_speculation
 from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
-from .common import positive_int
+from .common import add_engine_args, positive_int
 
 BENCH_PROMPTS = [
     "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
@@ -67,6 +67,11 @@ def register(sub) -> None:
     p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
+    add_engine_args(p, multi=True)
+    p.add_argument("--engine-forms", default="segments,fused",
+                   help="with a graph backend: comma list of export forms to measure side by side")
+    p.add_argument("--ort-sweep", action="store_true",
+                   help="with onnxruntime: also measure graph optimization levels and intra-op thread counts")
     p.set_defaults(func=run)
 
 
@@ -255,6 +260,9 @@ def run(args) -> int:
             raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
     if args.plan:
         return run_plan(args, specs)
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if backends != ["torch"]:
+        return run_backends(args, configs, backends)
     if "dflash" in specs:  # the window seeding is measured both ways
         specs.insert(specs.index("dflash") + 1, "dflash-noseed")
     path = resolve(args.model)
@@ -336,3 +344,67 @@ def print_table(rows, cols=TABLE_COLUMNS) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for t in table:
         print("  ".join(x.ljust(w) for x, w in zip(t, widths)))
+
+
+def _backend_variants(args, backends):
+    """(label, backend, form, threads, opt_level) rows to measure."""
+    forms = [f.strip() for f in args.engine_forms.split(",") if f.strip()]
+    rows = []
+    for b in backends:
+        if b == "torch":
+            rows.append(("torch", "torch", None, None, None))
+            continue
+        for form in forms:
+            rows.append((f"{b} {form}", b, form, None, None))
+        if b == "onnxruntime" and args.ort_sweep:
+            n = torch.get_num_threads()
+            for level in ("disable", "basic"):
+                rows.append((f"{b} {forms[0]} opt={level}", b, forms[0], None, level))
+            for t in sorted({1, n} - {0}):
+                rows.append((f"{b} {forms[0]} threads={t}", b, forms[0], t, None))
+    return rows
+
+
+def run_backends(args, configs, backends) -> int:
+    """torch vs the graph backends (per-segment and fused export), one run, same prompts."""
+    from engines.backend import BACKENDS, attach
+
+    from thor_runtime.loading import load
+    from .common import attach_backend
+
+    for b in backends:
+        if b not in BACKENDS:
+            raise ThorError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
+    wdt, kv = configs[0]
+    loaded = load(args.model, wdt, layout="dense")
+    prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
+    rows, reference = [], None
+    for label, name, form, threads, level in _backend_variants(args, backends):
+        print(f"bench: {label} ({wdt} weights, {kv} KV) ...", file=sys.stderr)
+        t0 = time.perf_counter()
+        b = attach_backend(args, loaded, name, form=form, threads=threads, opt_level=level) if name != "torch" \
+            else attach_backend(args, loaded, "torch")
+        load_s = time.perf_counter() - t0
+        try:
+            row, outs = bench_runtime(loaded, kv, "none", args, prompts)
+        finally:
+            attach(loaded.model, None)
+            if b is not None:
+                b.close()
+        if reference is None:
+            reference = outs
+        rows.append({"engine": label, "weights": wdt, "kv": kv, "spec": "none", "load_s": round(load_s, 2),
+                     **row, "tokens_identical_to_first": outs == reference})
+        Path(args.json_out).write_text(json.dumps({"rows": rows}, indent=1))  # partial results survive a kill
+    base = rows[0]
+    for r in rows:
+        for k in ("prefill_tok_s", "decode_tok_s"):
+            if base.get(k) and r.get(k):
+                r[k.replace("_tok_s", "_vs_first")] = round(r[k] / base[k], 2)
+    doc = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens, "repeats": args.repeats,
+           "prefill_tokens": args.prefill_tokens, "rows": rows}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, ["engine", "weights", "kv", "load_s", "prefill_tok_s", "prefill_vs_first", "decode_tok_s",
+                       "decode_vs_first", "tokens_identical_to_first"])
+    print(f"results written to {args.json_out}", file=sys.stderr)
+    return 0

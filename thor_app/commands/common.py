@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from thor_runtime.config import WEIGHT_LAYOUTS
 from thor_runtime.errors import ThorError
@@ -30,6 +31,71 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weights-layout", default="auto", choices=WEIGHT_LAYOUTS,
                    help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest for fp32, twice the "
                         "memory); auto = dual for fp32, packed for bf16, where oneDNN can pack")
+    add_engine_args(p)
+
+
+def add_engine_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
+    from engines.backend import BACKENDS, ORT_OPT_LEVELS
+    from engines.segments import FORMS
+
+    g = p.add_argument_group("engines (the dense segments)")
+    if multi:
+        g.add_argument("--backend", default="torch", help=f"comma list of {'|'.join(BACKENDS)}")
+    else:
+        g.add_argument("--backend", default="torch", choices=list(BACKENDS),
+                       help="what runs the dense segments; attention and the KV cache stay in torch")
+    g.add_argument("--engine-form", default="segments", choices=FORMS,
+                   help="segments: one graph per segment; fused: post_attn of layer i and pre_attn of i+1 as one")
+    g.add_argument("--engine-cache", default=None, help="engine cache dir (default $THOR_ENGINE_CACHE or "
+                                                         "~/.cache/thor/engines)")
+    g.add_argument("--engine-threads", type=int, default=0, help="onnxruntime intra-op threads (0 = torch's)")
+    g.add_argument("--ort-opt-level", default="all", choices=ORT_OPT_LEVELS, help="onnxruntime graph optimizations")
+    g.add_argument("--trt-precision", default=None, choices=["fp32", "bf16", "fp16", "fp8"],
+                   help="tensorrt precision (default: the weights' dtype)")
+    g.add_argument("--fp8-scales", default=None, help="tensorrt fp8: activation scales file")
+
+
+def backend_options(args, form: str | None = None, threads: int | None = None, opt_level: str | None = None):
+    from engines.backend import BackendOptions
+
+    return BackendOptions(form=form or args.engine_form, cache_dir=args.engine_cache,
+                          threads=args.engine_threads if threads is None else threads,
+                          opt_level=opt_level or args.ort_opt_level, precision=args.trt_precision,
+                          fp8_scales=args.fp8_scales)
+
+
+def progress_bar(desc: str, unit: str = "graph"):
+    """A tqdm bar on stderr driven by the engines' progress(label, done, total) callbacks."""
+    from tqdm import tqdm
+
+    state = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        bar = state.get("bar")
+        if bar is None or bar.total != total:
+            if bar is not None:
+                bar.close()
+            bar = state["bar"] = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr)
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+            state.pop("bar")
+
+    return progress
+
+
+def attach_backend(args, loaded, name: str | None = None, **overrides):
+    """Route the model's dense segments through ``--backend`` (no-op for torch). -> the backend."""
+    from engines.backend import attach, make_backend
+
+    name = name or args.backend
+    if name == "torch":
+        attach(loaded.model, None)
+        return None
+    b = make_backend(name, loaded.model, backend_options(args, **overrides), progress_bar(f"{name} engines"))
+    attach(loaded.model, b)
+    return b
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -84,7 +150,11 @@ def build_runtime(args):
 
     if args.prefill_chunk < 0:
         raise ThorError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
-    loaded = load(args.model, args.dtype, layout=args.weights_layout)
+    # A graph backend holds its own copy of the weights: torch's needs no second, packed one.
+    layout = "dense" if getattr(args, "backend", "torch") != "torch" and args.weights_layout == "auto" \
+        else args.weights_layout
+    loaded = load(args.model, args.dtype, layout=layout)
+    attach_backend(args, loaded)
     scales = KVScales.load(args.kv_scales, loaded.cfg) if args.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,
                  kv_scales=scales)

@@ -1,0 +1,173 @@
+"""Backends for the dense segments, behind one interface.
+
+A backend runs the graphs of ``segments.graph_plan`` (``run(segment, layer, *inputs)``) and, on
+top of that, the five methods ``TargetModel.forward`` calls when ``model.backend`` is set:
+embed, pre_attn, post_attn, post_pre, head. Attention, the KV cache, speculation and grammar
+never see which backend ran. ``torch`` is the reference (the model's own methods); the graph
+backends load only from the verified engine cache (cache.py), building an entry on first use.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from thor_runtime.errors import ThorError
+from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, graph_plan
+
+ORT_OPT_LEVELS = ("disable", "basic", "extended", "all")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+
+
+def default_cache_dir() -> Path:
+    """$THOR_ENGINE_CACHE, else ~/.cache/thor/engines (read by the entry points, passed down)."""
+    env = os.environ.get("THOR_ENGINE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "thor" / "engines"
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    form: str = "segments"          # segments | fused (segments.FORMS)
+    cache_dir: str | None = None    # None = default_cache_dir()
+    build: bool = True              # build a missing cache entry (False: refuse)
+    threads: int = 0                # onnxruntime intra-op threads; 0 = torch's count
+    opt_level: str = "all"          # onnxruntime graph optimizations (ORT_OPT_LEVELS)
+    precision: str | None = None    # tensorrt: fp32|bf16|fp16|fp8 (None = the model's dtype)
+    profiles: tuple[int, int, int] = (1, 9, 256)  # tensorrt token counts: decode, verify K+1, prefill chunk
+    fp8_scales: str | None = None   # tensorrt fp8: activation scales file (engines.fp8)
+
+    def __post_init__(self):
+        from .segments import FORMS
+
+        if self.form not in FORMS:
+            raise ThorError(f"unknown engine form {self.form!r}; choose one of {', '.join(FORMS)}")
+        if self.threads < 0:
+            raise ThorError(f"engine threads must be >= 0, got {self.threads}")
+        if self.opt_level not in ORT_OPT_LEVELS:
+            raise ThorError(f"unknown graph optimization level {self.opt_level!r}; choose one of "
+                            f"{', '.join(ORT_OPT_LEVELS)}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ThorError(f"unknown engine precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        a, b, c = self.profiles
+        if not 1 <= a <= b <= c:
+            raise ThorError(f"engine profiles must satisfy 1 <= decode <= verify <= prefill, got {self.profiles}")
+
+    @property
+    def root(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+
+class GraphBackend:
+    """The model-facing methods over ``run``. Subclasses set ``name``, ``plan`` and ``run``."""
+
+    name = "graph"
+    plan: list[tuple[str, int | None]] = []
+
+    def run(self, segment: str, layer: int | None, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    @property
+    def fused(self) -> bool:
+        return any(s == "post_pre" for s, _ in self.plan)
+
+    def embed(self, ids):
+        return self.run("embed", None, ids)[0]                        # [T, D]
+
+    def pre_attn(self, i, h, pos):
+        return self.run("pre_attn", i, h, pos)                        # q [H, T, Dh], k/v [Hkv, T, Dh]
+
+    def post_attn(self, i, h, o):
+        return self.run("post_attn", i, h, o)[0]                      # [T, D]
+
+    def post_pre(self, i, h, o, pos):
+        if self.fused:
+            return self.run("post_pre", i, h, o, pos)
+        h = self.post_attn(i, h, o)
+        return (h, *self.pre_attn(i + 1, h, pos))
+
+    def head(self, h):
+        return self.run("head", None, h)[0]                           # [R, V] fp32
+
+    def close(self) -> None:
+        pass
+
+
+class TorchBackend(GraphBackend):
+    """The reference: the model's own segment methods, graph by graph."""
+
+    name = "torch"
+
+    def __init__(self, model, form: str = "segments"):
+        self.model, self.plan = model, graph_plan(model.cfg, form)
+
+    def run(self, segment, layer, *xs):
+        with torch.inference_mode():
+            out = SEGMENTS[segment].run(self.model, layer, *xs)
+        return out if isinstance(out, tuple) else (out,)
+
+
+def _make_torch(model, opts, progress):
+    return TorchBackend(model, opts.form)
+
+
+def _make_ort(model, opts, progress):
+    from .ort import OrtBackend
+
+    return OrtBackend.open(model, opts, progress)
+
+
+def _make_trt(model, opts, progress):
+    from .tensorrt import TrtBackend
+
+    return TrtBackend.open(model, opts, progress)
+
+
+# name -> factory(model, BackendOptions, progress) -> GraphBackend
+BACKENDS: dict[str, Callable] = {"torch": _make_torch, "onnxruntime": _make_ort, "tensorrt": _make_trt}
+
+
+def make_backend(name: str, model, opts: BackendOptions = BackendOptions(), progress=None) -> GraphBackend:
+    if name not in BACKENDS:
+        raise ThorError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name](model, opts, progress)
+
+
+def attach(model, backend: GraphBackend | None) -> None:
+    """Route ``model.forward``'s dense segments through ``backend`` (None or torch: the model's
+    own methods, the fast path)."""
+    model.backend = None if backend is None or type(backend) is TorchBackend else backend
+    if model.backend is not None:  # verify must stay exact: probe the backend's kernels, else row by row
+        from thor_runtime.model import backend_for_verify
+
+        model.backend_exact = backend_for_verify(model, model.backend)
+
+
+@contextmanager
+def using(model, backend: GraphBackend | None):
+    before = model.backend, model.backend_exact
+    attach(model, backend)
+    try:
+        yield model
+    finally:
+        model.backend, model.backend_exact = before
+
+
+def key_fields(model, backend: str, runtime: str, device: str, precision: str, form: str,
+               profiles=None, weights_sha256: str | None = None, extra: dict | None = None) -> dict:
+    """Everything an entry depends on. The ONNX graphs are a function of the weights, the
+    config, the export format and the exporter (torch) version, all of which are here; the
+    manifest also pins each graph's own sha256."""
+    from dataclasses import asdict
+
+    from .segments import DenseView
+
+    cfg = asdict(model.cfg)
+    return {"export_format": EXPORT_FORMAT, "opset": OPSET, "exporter": f"torch {torch.__version__}",
+            "weights_sha256": weights_sha256 or DenseView(model).weights_digest(), "config": cfg,
+            "model": cfg.get("name"), "dtype": str(model.dtype).replace("torch.", ""), "backend": backend,
+            "runtime": runtime, "device": device, "precision": precision, "form": form,
+            "profiles": list(profiles) if profiles else None, **(extra or {})}

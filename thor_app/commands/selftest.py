@@ -1,0 +1,66 @@
+"""`thor selftest` — the on-device parity self-test of a backend against torch.
+
+Exit 0 only if every check passes; 1 when a check fails (the one-screen summary, or with
+--json one JSON report on stdout); 2 on bad input. The checks live in engines.selftest; the
+constrained-plan check is added here because it needs the agent layer.
+"""
+from __future__ import annotations
+
+import json
+
+from .common import add_engine_args, attach_backend, backend_options, progress_bar
+
+
+def register(sub) -> None:
+    p = sub.add_parser("selftest", help="parity self-test of a backend against the torch reference")
+    p.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), an HF dir, or a .gguf file")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--quick", action="store_true", help="shorter sequences and generations")
+    p.add_argument("--no-plan", action="store_true", help="skip the constrained-plan check")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def plan_check(loaded, backend):
+    """One constrained plan on the sample world, on the backend under test: valid or not."""
+    from agent.files import load_skills, load_world, resolve_skills_path
+    from agent.planner import Planner
+    from engines.backend import using
+    from engines.selftest import Check
+    from thor_runtime.generate import Runtime
+    from thor_runtime.speculative import PLAIN
+
+    from agent.files import __file__ as agent_files
+    from pathlib import Path
+
+    world = load_world(Path(agent_files).parent / "worlds" / "kitchen.json")
+    skills = load_skills(resolve_skills_path(world, None))
+    with using(loaded.model, backend):
+        rt = Runtime(loaded.model, loaded.tokenizer)
+        res = Planner(rt, loaded.tokenizer, PLAIN, max_tokens=384, attempts=1).plan(
+            "Put the red mug in the dish rack.", world, skills, None)
+    figs = {"valid": bool(res.valid), "attempts": res.attempts, "tokens": res.stats.get("generated_tokens")}
+    return Check("constrained plan on the kitchen world", bool(res.valid), figs, {"valid": True},
+                 () if res.valid else ("valid",), "" if res.valid else "; ".join(f["message"] for f in res.report[:3]))
+
+
+def run(args) -> int:
+    from engines.selftest import run_selftest
+    from thor_runtime.loading import load
+
+    layout = "dense" if args.backend != "torch" else "auto"
+    loaded = load(args.model, args.dtype, layout=layout)
+    backend = attach_backend(args, loaded)
+    if backend is not None:  # the self-test switches backends itself
+        from engines.backend import attach
+
+        attach(loaded.model, None)
+    rep = run_selftest(loaded, backend if backend is not None else "torch", quick=args.quick,
+                       progress=progress_bar("selftest", "step"), options=backend_options(args),
+                       extra_checks=() if args.no_plan else (plan_check,))
+    if args.json:
+        print(json.dumps(rep.to_dict()))
+    else:
+        print(rep.summary())
+    return 0 if rep.passed else 1
