@@ -11,9 +11,9 @@ import sys
 
 from thor_runtime.errors import ThorError
 
-from .commands import bench, calib, generate, plan
+from .commands import bench, calib, generate, plan, serve
 
-COMMANDS = (generate, plan, bench, calib)
+COMMANDS = (generate, plan, bench, calib, serve)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,75 @@
+"""sd_notify without a dependency: one datagram per message to ``$NOTIFY_SOCKET``.
+
+systemd's protocol is newline-separated ``KEY=VALUE`` lines in one datagram on an AF_UNIX
+socket; a leading '@' names the abstract namespace. With no ``$NOTIFY_SOCKET`` (not under
+systemd) every send is a no-op, so the server runs the same from a shell.
+
+The watchdog ping comes from a task on the serving event loop, so a loop that stops turning
+stops the pings; and it is withheld while the running generation has made no progress for
+``stall_s`` (a hung kernel or a dead lock in the worker), so systemd restarts either.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Callable, Mapping
+
+log = logging.getLogger("thor.serve")
+
+
+class Notifier:
+    def __init__(self, address: str | None):
+        self.address = address or None
+        self._sock: socket.socket | None = None
+        if self.address:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Notifier":
+        return cls(env.get("NOTIFY_SOCKET"))
+
+    def send(self, *lines: str) -> bool:
+        if self._sock is None:
+            return False
+        addr = "\0" + self.address[1:] if self.address.startswith("@") else self.address
+        try:
+            self._sock.sendto("\n".join(lines).encode(), addr)
+            return True
+        except OSError as e:  # systemd gone or socket removed: the service keeps serving
+            log.warning("sd_notify to %s failed: %s", self.address, e)
+            return False
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = None) -> float | None:
+    """Seconds between pings (half of WatchdogSec), or None when systemd asked for none."""
+    usec = env.get("WATCHDOG_USEC")
+    if not usec:
+        return None
+    want_pid = env.get("WATCHDOG_PID")
+    if want_pid and want_pid.isdigit() and int(want_pid) != (pid or os.getpid()):
+        return None   # the variables were meant for another process (inherited)
+    try:
+        us = int(usec)
+    except ValueError:
+        return None
+    return us / 2e6 if us > 0 else None
+
+
+async def watchdog_loop(notifier: Notifier, interval_s: float, healthy: Callable[[], bool]) -> None:
+    """Ping while ``healthy()``; runs until cancelled."""
+    warned = False
+    while True:
+        if healthy():
+            notifier.send("WATCHDOG=1")
+            warned = False
+        elif not warned:
+            log.error("generation made no progress: withholding the watchdog ping")
+            warned = True
+        await asyncio.sleep(interval_s)
