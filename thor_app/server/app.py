@@ -30,6 +30,7 @@ from .plan_api import parse_plan
 
 log = logging.getLogger("thor.serve")
 STATE = web.AppKey("thor_state", object)
+DISCONNECTED = web.RequestKey("disconnected", bool)
 OPEN_ROUTES = ("/health",)
 
 
@@ -128,7 +129,7 @@ async def _errors(request: web.Request, handler):
     st, t0, status = request.app[STATE], time.perf_counter(), 500
     try:
         resp = await handler(request)
-        status = 499 if request.get("disconnected") else resp.status
+        status = 499 if request.get(DISCONNECTED) else resp.status
         return resp
     except ApiError as e:
         status = e.status
@@ -210,7 +211,7 @@ async def _result(st: ServerState, request: web.Request, job):
         raise _cancelled_error(st, c) from None
     except asyncio.CancelledError:     # the client went away: stop its generation
         job.cancel("disconnect")
-        request["disconnected"] = True
+        request[DISCONNECTED] = True
         raise
 
 
@@ -309,7 +310,8 @@ async def _chat_stream(st: ServerState, request: web.Request, req, prepared) -> 
         await resp.write_eof()
     except (asyncio.CancelledError, ConnectionResetError) as e:
         job.cancel("disconnect")
-        request["disconnected"] = True
+        job.future.cancel()       # nobody will read its outcome
+        request[DISCONNECTED] = True
         if isinstance(e, asyncio.CancelledError):
             raise
     return resp

@@ -180,6 +180,7 @@ class TextStreamer:
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
         self.tok, self.ids, self.sent = tokenizer, [], ""
+        self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
 
     def push(self, token: int) -> str:
@@ -187,6 +188,10 @@ class TextStreamer:
         text = self.tok.decode(self.ids)
         text = text.rstrip("\ufffd")
         safe = text[:len(text) - self.hold] if self.hold else text
+        for s in self.stop:   # the token that completes a stop string may carry text past it
+            i = text.find(s)
+            if 0 <= i < len(safe):
+                safe = text[:i]
         if len(safe) > len(self.sent) and safe.startswith(self.sent):
             delta, self.sent = safe[len(self.sent):], safe
             return delta
