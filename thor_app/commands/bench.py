@@ -54,6 +54,10 @@ def register(sub) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
+    p.add_argument("--serve", action="store_true",
+                   help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
+    p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
+    p.add_argument("--serve-world", default="kitchen", help="--serve: sample world the plans use")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
 
@@ -190,6 +194,10 @@ def run(args) -> int:
     for s in specs:
         if s not in SPEC_METHODS:
             raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
+    if args.serve:
+        from .bench_serve import run_serve
+
+        return run_serve(args)
     if args.plan:
         return run_plan(args, specs)
     if "dflash" in specs:  # the window seeding is measured both ways
