@@ -126,12 +126,14 @@ def test_sixteen_clients_over_loopback(tmp_path):
                 if r["status"] == 429:
                     assert int(r["headers"]["Retry-After"]) >= 1 and r["body"]["error"]["code"] == "queue_full"
             disconnects += sum(1 for r in results if r.get("started"))
+            print("round:", sorted((r["kind"], r["status"]) for r in results))
             _wait_idle(port)
             rss.append(_rss_kb(proc.pid))
             assert proc.poll() is None
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=30).read().decode()
         # every mid-stream disconnect stopped its generation (none ran to the end unseen)
         assert _metric(metrics, 'thor_generations_cancelled_total{reason="disconnect"}') == disconnects > 0
+        print("rss kB per round:", rss, "disconnects:", disconnects)
         assert rss[2] <= rss[1] * 1.05, rss          # after the first round warms the allocator
         # SIGTERM with a plan in flight: it finishes (or is cancelled) and the process exits 0
         pending = asyncio.new_event_loop()

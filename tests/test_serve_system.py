@@ -157,6 +157,70 @@ async def test_a_failed_selftest_never_sends_ready(aiohttp_client, tiny_llama, n
     assert (await client.get("/health")).status == 503
 
 
+def test_a_receiver_that_stops_reading_never_blocks_the_sender(tmp_path):
+    from thor_app.server.notify import Notifier
+
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(tmp_path / "n"))
+    n = Notifier(str(tmp_path / "n"))
+    sent = [n.send("WATCHDOG=1") for _ in range(200)]   # far past the kernel's queue length
+    assert sent[0] and not sent[-1]
+    assert rx.recv(64) == b"WATCHDOG=1"
+    n.close()
+    rx.close()
+
+
+# ---- the engine: one generation at a time, stopped within one cycle ---------------------------
+@pytest.mark.parametrize("spec", ["none", "ngram"])
+def test_a_cancel_stops_the_generation_at_the_next_committed_token(tiny_llama, spec):
+    import time
+
+    from thor_app.server.engine import Cancelled, Engine, Job, JobContext
+    from thor_runtime.generate import Runtime
+    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.speculative import SpecOptions, build_speculation
+
+    engine = Engine(1)
+    job = Job(lambda ctx: None, time.monotonic() + 600, None, None)
+    ctx = JobContext(job, engine)
+    seen = []
+
+    def on_token(t):
+        ctx.check(t)
+        seen.append(t)
+        if len(seen) == 3:
+            job.cancel("disconnect")        # what the event loop does when the client goes
+
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    ids = tiny_llama.tokenizer.encode_chat([{"role": "user", "content": "pick up the red cup"}])
+    with pytest.raises(Cancelled) as e:
+        rt.generate(ids, SamplingParams(max_tokens=200, ignore_eos=True),
+                    build_speculation(SpecOptions(spec), tiny_llama.model), on_token=on_token)
+    assert e.value.reason == "disconnect" and len(seen) == 3 and job.tokens == 4
+
+
+def test_the_queue_is_bounded_and_deadlines_apply_in_the_loop():
+    from thor_app.server.engine import Cancelled, Engine, Job, JobContext, QueueFull
+
+    now = [0.0]
+    engine = Engine(2, clock=lambda: now[0])
+
+    async def go():
+        engine.submit(lambda ctx: None, 10)
+        engine.submit(lambda ctx: None, 10)
+        with pytest.raises(QueueFull) as e:
+            engine.submit(lambda ctx: None, 10)
+        assert e.value.retry_after_s >= 1
+    asyncio.run(go())
+    job = Job(lambda ctx: None, 5.0, None, None)
+    ctx = JobContext(job, engine)
+    ctx.check(1)
+    now[0] = 6.0
+    with pytest.raises(Cancelled) as e:
+        ctx.check(2)
+    assert e.value.reason == "timeout"
+
+
 # ---- the systemd unit and the installer -----------------------------------------------------
 def _unit_lines() -> list[tuple[str, str]]:
     out = []

@@ -22,7 +22,7 @@ log = logging.getLogger("thor.serve")
 STARTUP = ("starting", "loading", "warming_up", "self_test")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Hosted:
     """What a loader returns: the loaded model and the runtime and speculation over it."""
     loaded: object            # thor_runtime.loading.Loaded

@@ -24,7 +24,9 @@ class Notifier:
         self.address = address or None
         self._sock: socket.socket | None = None
         if self.address:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Non-blocking: a receiver that stops reading fills its queue (10 datagrams by
+            # default), and a blocking send would then freeze the serving loop with it.
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Notifier":
@@ -37,6 +39,9 @@ class Notifier:
         try:
             self._sock.sendto("\n".join(lines).encode(), addr)
             return True
+        except BlockingIOError:
+            log.warning("sd_notify to %s dropped: the receiver's queue is full", self.address)
+            return False
         except OSError as e:  # systemd gone or socket removed: the service keeps serving
             log.warning("sd_notify to %s failed: %s", self.address, e)
             return False
