@@ -170,6 +170,25 @@ def test_a_receiver_that_stops_reading_never_blocks_the_sender(tmp_path):
     rx.close()
 
 
+@pytest.mark.asyncio
+async def test_ready_waits_for_room_instead_of_being_dropped(tmp_path):
+    from thor_app.server.notify import Notifier
+
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(tmp_path / "n"))
+    rx.setblocking(False)
+    n = Notifier(str(tmp_path / "n"))
+    while n.send("WATCHDOG=1"):                          # fill the receiver's queue
+        pass
+    ready = asyncio.ensure_future(n.send_reliably("READY=1"))
+    await asyncio.sleep(0.05)
+    assert not ready.done()                              # waiting, not dropped, loop still turning
+    got = _drain(rx)
+    assert await ready and "READY=1" in got + _drain(rx)
+    n.close()
+    rx.close()
+
+
 # ---- the engine: one generation at a time, stopped within one cycle ---------------------------
 @pytest.mark.parametrize("spec", ["none", "ngram"])
 def test_a_cancel_stops_the_generation_at_the_next_committed_token(tiny_llama, spec):

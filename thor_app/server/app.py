@@ -87,7 +87,7 @@ async def _bring_up(st: ServerState) -> None:
     st.notifier.send("STATUS=loading the model")
     if await _in_daemon(st.host.start):
         st.engine.start()
-        st.notifier.send("READY=1", f"STATUS=ready: {st.host.reason}")
+        await st.notifier.send_reliably("READY=1", f"STATUS=ready: {st.host.reason}")
     else:  # never READY=1: systemd's start timeout fails the unit; /health says why
         st.notifier.send(f"STATUS={st.host.reason}")
         log.error("%s", st.host.reason)

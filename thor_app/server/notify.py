@@ -23,6 +23,7 @@ class Notifier:
     def __init__(self, address: str | None):
         self.address = address or None
         self._sock: socket.socket | None = None
+        self._dropping = False     # warn once per run of dropped messages, not once a second
         if self.address:
             # Non-blocking: a receiver that stops reading fills its queue (10 datagrams by
             # default), and a blocking send would then freeze the serving loop with it.
@@ -38,12 +39,29 @@ class Notifier:
         addr = "\0" + self.address[1:] if self.address.startswith("@") else self.address
         try:
             self._sock.sendto("\n".join(lines).encode(), addr)
+            self._dropping = False
             return True
         except BlockingIOError:
-            log.warning("sd_notify to %s dropped: the receiver's queue is full", self.address)
+            if not self._dropping:
+                log.warning("sd_notify to %s: the receiver's queue is full; dropping messages", self.address)
+            self._dropping = True
             return False
         except OSError as e:  # systemd gone or socket removed: the service keeps serving
             log.warning("sd_notify to %s failed: %s", self.address, e)
+            return False
+
+    async def send_reliably(self, *lines: str, timeout_s: float = 30.0) -> bool:
+        """For the messages that must not be dropped (READY=1): wait, off the loop's time, for
+        room in the receiver's queue."""
+        if self._sock is None:
+            return False
+        addr = "\0" + self.address[1:] if self.address.startswith("@") else self.address
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_sendto(
+                self._sock, "\n".join(lines).encode(), addr), timeout_s)
+            return True
+        except (OSError, asyncio.TimeoutError) as e:
+            log.warning("sd_notify %s to %s failed: %s", lines[0], self.address, e or "timed out")
             return False
 
     def close(self) -> None:
