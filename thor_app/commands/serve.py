@@ -52,6 +52,9 @@ async def serve(cfg) -> int:
         await runner.cleanup()
         raise ThorError(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}") from None
     log.info("listening on http://%s:%d (config: %s)", cfg.server.host, cfg.server.port, cfg.source)
+    if cfg.server.host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.api_keys_file:
+        log.warning("listening beyond loopback (%s) with no API keys: anyone who can reach it can plan",
+                    cfg.server.host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
