@@ -112,7 +112,7 @@ def test_sixteen_clients_over_loopback(tmp_path):
                 pass
     threading.Thread(target=read_notify, daemon=True).start()
     proc = spawn_serve(tmp_path, f"[server]\nport = {port}\nshutdown_grace_s = 60\n"
-                                 "[limits]\nqueue_size = 10\nrequest_timeout_s = 600\n",
+                                 "[limits]\nqueue_size = 13\nrequest_timeout_s = 600\n",
                        {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "2000000"})
     base = f"http://127.0.0.1:{port}"
     try:
