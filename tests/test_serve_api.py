@@ -72,7 +72,7 @@ async def test_health_waits_for_a_slow_selftest_then_reports_it(start):
 
 @pytest.mark.parametrize("selftest, reason", [
     (failing, "self-test failed: FAIL: attention max |diff| 3.1 > 1e-3"),
-    (lambda loaded, backend: 1 / 0, "start-up failed: ZeroDivisionError"),
+    (lambda loaded, backend: 1 / 0, "self-test failed: ZeroDivisionError"),
 ])
 async def test_failed_selftest_is_503_with_the_reason_and_never_serves(start, selftest, reason):
     client = await start(selftest=selftest, wait=False)

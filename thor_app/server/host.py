@@ -128,16 +128,15 @@ class ModelHost:
             self._set("warming_up", "warming up")
             self._warm_up(hosted, gtok)
             self.startup_s["warm_up"] = time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - any start-up failure is reported, never served past
+            return self._failed("start-up failed", e)
+        try:
             t = time.perf_counter()
             self._set("self_test", "running the on-device self-test")
             report = self.selftest(hosted.loaded, self.cfg.model.backend)
             self.startup_s["self_test"] = time.perf_counter() - t
-        except Exception as e:  # noqa: BLE001 - any start-up failure is reported, never served past
-            msg = str(e) if isinstance(e, ThorError) else f"{type(e).__name__}: {e}"
-            self._set("failed", f"start-up failed: {msg}")
-            if not isinstance(e, ThorError):
-                log.exception("start-up failed")
-            return False
+        except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
+            return self._failed("self-test failed", e)
         self.report = report
         if not getattr(report, "passed", False):
             self._set("failed", f"self-test failed: {_summary(report)}")
@@ -145,6 +144,13 @@ class ModelHost:
         self.hosted, self.gtok = hosted, gtok
         self._set("ready", f"self-test passed: {_summary(report)}")
         return True
+
+    def _failed(self, what: str, e: Exception) -> bool:
+        msg = str(e) if isinstance(e, ThorError) else f"{type(e).__name__}: {e}"
+        self._set("failed", f"{what}: {msg}")
+        if not isinstance(e, ThorError):
+            log.exception(what)
+        return False
 
     @staticmethod
     def _warm_up(h: Hosted, gtok) -> None:
@@ -227,5 +233,7 @@ class ModelHost:
 
 
 def _summary(report) -> str:
+    """The summary's first line: it goes into /health's reason and systemd's one-line STATUS."""
     s = getattr(report, "summary", None)
-    return s() if callable(s) else str(report)
+    text = s() if callable(s) else str(report)
+    return text.strip().splitlines()[0] if text.strip() else "(no summary)"
