@@ -11,9 +11,9 @@ import sys
 
 from thor_runtime.errors import ThorError
 
-from .commands import bench, calib, engines, generate, models, plan, selftest
+from .commands import bench, calib, engines, generate, models, plan, selftest, serve
 
-COMMANDS = (generate, plan, bench, calib, models, engines, selftest)
+COMMANDS = (generate, plan, bench, calib, models, engines, selftest, serve)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -66,6 +66,10 @@ def register(sub) -> None:
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
     p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
+    p.add_argument("--serve", action="store_true",
+                   help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
+    p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
+    p.add_argument("--serve-world", default="kitchen", help="--serve: sample world the plans use")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     add_engine_args(p, multi=True)
     p.add_argument("--engine-forms", default="segments,fused",
@@ -258,6 +262,10 @@ def run(args) -> int:
     for s in specs:
         if s not in SPEC_METHODS:
             raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
+    if args.serve:
+        from .bench_serve import run_serve
+
+        return run_serve(args)
     if args.plan:
         return run_plan(args, specs)
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]

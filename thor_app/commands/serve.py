@@ -1,0 +1,66 @@
+"""`thor serve [--config FILE] [--host H] [--port P]` — the runtime as a local HTTP service.
+
+The config (TOML; --config, else $THOR_CONFIG, else defaults) is checked before anything
+binds: a typo exits 2 in milliseconds. The socket is bound next, so /health answers 503 with
+the reason while the model loads, warms up and runs its self-test. SIGTERM (or Ctrl-C) stops
+accepting, lets in-flight requests finish for ``server.shutdown_grace_s``, cancels what is
+left and exits 0.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve plans and OpenAI-compatible chat over a local HTTP API")
+    p.add_argument("--config", default=None, help="TOML config file (default: $THOR_CONFIG, else built-in defaults)")
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; config server.host)")
+    p.add_argument("--port", type=int, default=None, help="port (default 8700; config server.port)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import asyncio
+
+    from thor_app.server.config import load_config
+
+    cfg = load_config(args.config).with_overrides(args.host, args.port)   # replace() re-validates
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="thor serve: %(levelname)s %(message)s")
+    cfg.auth.load_keys()                        # a missing keys file fails now, not at the first request
+    return asyncio.run(serve(cfg))
+
+
+async def serve(cfg) -> int:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from thor_app.server.app import make_app
+    from thor_runtime.errors import ThorError
+
+    log = logging.getLogger("thor.serve")
+    app = make_app(cfg)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.server.shutdown_grace_s,
+                           access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ThorError(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}") from None
+    log.info("listening on http://%s:%d (config: %s)", cfg.server.host, cfg.server.port, cfg.source)
+    if cfg.server.host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.api_keys_file:
+        log.warning("listening beyond loopback (%s) with no API keys: anyone who can reach it can plan",
+                    cfg.server.host)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: finishing in-flight requests (up to %.0f s)", cfg.server.shutdown_grace_s)
+    await runner.cleanup()
+    log.info("stopped")
+    return 0

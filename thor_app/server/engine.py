@@ -1,0 +1,176 @@
+"""The one generation worker: a thread that runs jobs one at a time from a bounded queue.
+
+Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering
+/health and /metrics. A job is a plain function of a ``JobContext``; it calls ``ctx.check()``
+once per committed token (the runtime's ``on_token``), which raises ``Cancelled`` when the
+client has gone, the request's deadline has passed or the server is stopping: the generation
+ends within one cycle and its KV cache, a local of the unwound call, is freed with it.
+
+Each check also records progress; the watchdog reads it to tell a slow generation from a hung one.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class Cancelled(Exception):
+    """A job stopped before it finished; ``reason`` is disconnect, timeout or shutdown."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after_s: int):
+        super().__init__(f"queue full; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Job:
+    fn: Callable[["JobContext"], Any]
+    deadline: float                          # monotonic
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    cancel_reason: str | None = None         # set from the event loop; read by the worker
+    started: bool = False
+    tokens: int = 0                          # committed tokens seen by check()
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cancel(self, reason: str) -> None:
+        with self._lock:
+            if self.cancel_reason is None:
+                self.cancel_reason = reason
+
+
+class JobContext:
+    """What a running job sees: ``check()`` per committed token."""
+
+    def __init__(self, job: Job, engine: "Engine"):
+        self.job, self.engine = job, engine
+
+    def check(self, token: int | None = None) -> None:
+        now = self.engine.clock()
+        self.engine.last_progress = now
+        if token is not None:
+            self.job.tokens += 1
+        if self.job.cancel_reason is not None:
+            raise Cancelled(self.job.cancel_reason)
+        if now > self.job.deadline:
+            raise Cancelled("timeout")
+
+
+class Engine:
+    """submit() from the event loop; results come back as asyncio futures."""
+
+    def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic,
+                 on_cancel: Callable[[str, int], None] | None = None):
+        """on_cancel(reason, tokens committed before the stop): called in the worker thread."""
+        self.clock, self.on_cancel = clock, on_cancel
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self.running: Job | None = None
+        self.last_progress = clock()
+        self.completed = 0
+        self.cancelled: dict[str, int] = {}
+        self._mean_job_s = 1.0              # running mean, for Retry-After
+        self._stopping = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name="thor-generate", daemon=True)
+        self._thread.start()
+
+    def stop(self, cancel_running: bool, timeout_s: float = 30.0) -> None:
+        """Refuse new jobs, cancel the queued ones, optionally cancel the running one, join."""
+        self._stopping = True
+        while True:
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel("shutdown")
+                self._finish(job, exc=Cancelled("shutdown"))
+        if cancel_running and self.running is not None:
+            self.running.cancel("shutdown")
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(timeout_s)
+
+    # ---- state the event loop reads ----------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        """Jobs waiting behind the running one."""
+        return self._q.qsize()
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
+
+    def stalled_for(self) -> float:
+        """Seconds since the running job last made progress (0 when idle)."""
+        return self.clock() - self.last_progress if self.running is not None else 0.0
+
+    def retry_after(self) -> int:
+        return max(1, int(round(self._mean_job_s * (self.depth + 1))))
+
+    # ---- submitting --------------------------------------------------------------------------
+    def submit(self, fn: Callable[[JobContext], Any], timeout_s: float) -> Job:
+        loop = asyncio.get_running_loop()
+        job = Job(fn, self.clock() + timeout_s, loop, loop.create_future())
+        if self._stopping:
+            raise QueueFull(self.retry_after())
+        try:
+            self._q.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(self.retry_after()) from None
+        return job
+
+    # ---- the worker thread -------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            if job.cancel_reason is not None or self.clock() > job.deadline:
+                self._finish(job, exc=Cancelled(job.cancel_reason or "timeout"))
+                continue
+            self.running, job.started = job, True
+            t0 = self.last_progress = self.clock()
+            try:
+                result = job.fn(JobContext(job, self))
+            except BaseException as e:  # handed to the request; the worker lives on
+                self._finish(job, exc=e)
+            else:
+                self._finish(job, result=result)
+            finally:
+                self.running = None
+                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (self.clock() - t0)
+
+    def _finish(self, job: Job, result=None, exc: BaseException | None = None) -> None:
+        if isinstance(exc, Cancelled):
+            self.cancelled[exc.reason] = self.cancelled.get(exc.reason, 0) + 1
+            if self.on_cancel is not None:
+                self.on_cancel(exc.reason, job.tokens)
+        else:
+            self.completed += 1
+
+        def deliver():
+            if job.future.done():     # the handler is gone (client disconnected)
+                return
+            if exc is not None:
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+
+        try:
+            job.loop.call_soon_threadsafe(deliver)
+        except RuntimeError:          # the loop is closed: nobody is waiting any more
+            pass

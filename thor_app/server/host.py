@@ -1,0 +1,239 @@
+"""The model the server hosts: loaded once, warmed up, self-tested; and the jobs run on it.
+
+Start-up goes loading -> warming_up -> self_test -> ready, or to failed with the reason. It is
+never ready without a passing self-test: the self-test is a callable (injectable for tests; by
+default the on-device parity check ``engines.selftest.run_selftest`` in its quick form).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from thor_runtime.errors import ThorError
+
+from .config import ServeConfig
+from .engine import JobContext
+from .openai_api import ChatRequest, TextStreamer, check_max_tokens
+
+log = logging.getLogger("thor.serve")
+STARTUP = ("starting", "loading", "warming_up", "self_test")
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """What a loader returns: the loaded model and the runtime and speculation over it."""
+    loaded: object            # thor_runtime.loading.Loaded
+    runtime: object           # thor_runtime.generate.Runtime
+    speculation: object       # thor_runtime.speculative.Speculation
+
+
+def default_loader(cfg: ServeConfig) -> Hosted:
+    from thor_runtime.generate import Runtime
+    from thor_runtime.kv_cache import KVScales
+    from thor_runtime.loading import load
+    from thor_runtime.speculative import SpecOptions, build_speculation
+
+    m, s = cfg.model, cfg.speculation
+    loaded = load(m.name, m.dtype, layout=m.weights_layout)
+    scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
+                 kv_scales=scales)
+    opts = SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
+                       window=s.window, ngram_k=s.ngram_k, fixed_k=s.fixed_k, lookup_rate=s.lookup_rate)
+    return Hosted(loaded, rt, build_speculation(opts, loaded.model))
+
+
+def default_selftest(loaded, backend: str):
+    try:
+        from engines.selftest import run_selftest
+    except ImportError:
+        raise ThorError("the self-test is unavailable (engines.selftest is not installed)") from None
+    return run_selftest(loaded, backend=backend, quick=True)
+
+
+class _Checked:
+    """The runtime as the planner sees it, with every committed token going through the job's
+    check (cancellation, deadline, progress)."""
+
+    def __init__(self, rt, ctx: JobContext):
+        self._rt, self._ctx = rt, ctx
+        self.stats = []           # each generation's Stats, for the metrics
+
+    def generate(self, ids, params, speculation, constraint=None, on_token=None):
+        def hook(t):
+            self._ctx.check(t)
+            if on_token is not None:
+                on_token(t)
+        res = self._rt.generate(ids, params, speculation, constraint=constraint, on_token=hook)
+        self.stats.append(res.stats)
+        return res
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    ids: list
+    params: object            # SamplingParams
+    grammar: object | None    # agent.grammar.Grammar
+
+
+class ModelHost:
+    def __init__(self, cfg: ServeConfig, loader: Callable[[ServeConfig], Hosted] | None = None,
+                 selftest: Callable | None = None):
+        self.cfg = cfg
+        self.loader = loader or default_loader
+        self.selftest = selftest or default_selftest
+        self.status, self.reason = "starting", "the model has not been loaded yet"
+        self.hosted: Hosted | None = None
+        self.gtok = None
+        self.report = None
+        self.startup_s: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    @property
+    def model_id(self) -> str:
+        return self.cfg.model.name
+
+    def _set(self, status: str, reason: str) -> None:
+        with self._lock:
+            if self.status == "stopping":
+                return
+            self.status, self.reason = status, reason
+        log.info("%s: %s", status, reason)
+
+    def stopping(self) -> None:
+        with self._lock:
+            self.status, self.reason = "stopping", "the server is shutting down"
+
+    # ---- start-up (blocking: run in a thread) -------------------------------------------------
+    def start(self) -> bool:
+        try:
+            t = time.perf_counter()
+            self._set("loading", f"loading model {self.cfg.model.name}")
+            hosted = self.loader(self.cfg)
+            from agent.grammar import GrammarTokenizer
+
+            gtok = GrammarTokenizer(hosted.loaded.tokenizer)
+            self.startup_s["load"] = time.perf_counter() - t
+            t = time.perf_counter()
+            self._set("warming_up", "warming up")
+            self._warm_up(hosted, gtok)
+            self.startup_s["warm_up"] = time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - any start-up failure is reported, never served past
+            return self._failed("start-up failed", e)
+        try:
+            t = time.perf_counter()
+            self._set("self_test", "running the on-device self-test")
+            report = self.selftest(hosted.loaded, self.cfg.model.backend)
+            self.startup_s["self_test"] = time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
+            return self._failed("self-test failed", e)
+        self.report = report
+        if not getattr(report, "passed", False):
+            self._set("failed", f"self-test failed: {_summary(report)}")
+            return False
+        self.hosted, self.gtok = hosted, gtok
+        self._set("ready", f"self-test passed: {_summary(report)}")
+        return True
+
+    def _failed(self, what: str, e: Exception) -> bool:
+        msg = str(e) if isinstance(e, ThorError) else f"{type(e).__name__}: {e}"
+        self._set("failed", f"{what}: {msg}")
+        if not isinstance(e, ThorError):
+            log.exception(what)
+        return False
+
+    @staticmethod
+    def _warm_up(h: Hosted, gtok) -> None:
+        """One short plain and one constrained generation: allocator, kernels, grammar engine."""
+        from agent.grammar import Grammar
+        from thor_runtime.sampling import SamplingParams
+
+        tok = h.loaded.tokenizer
+        ids = tok.encode_chat([{"role": "user", "content": "Say hello."}])
+        h.runtime.generate(ids, SamplingParams(max_tokens=4), h.speculation)
+        h.runtime.generate(ids, SamplingParams(max_tokens=4), h.speculation,
+                           constraint=Grammar(gtok, {"type": "object"}).constraint())
+
+    # ---- chat ---------------------------------------------------------------------------------
+    def prepare_chat(self, req: ChatRequest) -> PreparedChat:
+        """Tokenize, size and compile the grammar before queueing (a 400 costs no queue slot)."""
+        from agent.grammar import Grammar
+        from thor_runtime.sampling import SamplingParams
+
+        h, lim = self.hosted, self.cfg.limits
+        try:
+            ids = h.loaded.tokenizer.encode_chat(list(req.messages))
+        except Exception as e:  # noqa: BLE001 - a chat template may refuse a message order
+            raise ThorError(f"messages cannot be rendered by the model's chat template: {e}") from None
+        context = h.loaded.cfg.max_position_embeddings
+        max_tokens = check_max_tokens(len(ids), req.max_tokens, lim.default_max_tokens, lim.max_tokens, context)
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                seed=req.seed, stop=req.stop)
+        grammar = None
+        if req.response_format == "json_object":
+            grammar = Grammar(self.gtok, {"type": "object"})
+        elif req.response_format == "json_schema":
+            grammar = Grammar(self.gtok, req.schema)
+        return PreparedChat(ids, params, grammar)
+
+    def chat_job(self, p: PreparedChat, on_text: Callable[[str], None] | None = None, stop=()):
+        h = self.hosted
+        streamer = TextStreamer(h.loaded.tokenizer, stop) if on_text is not None else None
+
+        def run(ctx: JobContext):
+            def on_token(t):
+                ctx.check(t)
+                if streamer is not None:
+                    delta = streamer.push(t)
+                    if delta:
+                        on_text(delta)
+            constraint = p.grammar.constraint() if p.grammar is not None else None
+            res = h.runtime.generate(p.ids, p.params, h.speculation, constraint=constraint, on_token=on_token)
+            tail = streamer.finish(res.text) if streamer is not None else ""
+            return res, tail
+        return run
+
+    # ---- plan ---------------------------------------------------------------------------------
+    def prepare_plan(self, req):
+        """The specialized schema and its grammar: a bad schema or skill set is a 400 here."""
+        from agent.planner import prepare_request
+
+        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps, self._thinking())
+
+    def _thinking(self) -> bool:
+        mode = self.cfg.planner.thinking
+        return self.gtok.think_ids is not None if mode == "auto" else mode == "on"
+
+    def plan_job(self, req, prepared):
+        from agent.planner import Planner
+
+        h = self.hosted
+
+        class _Prepared(Planner):  # the grammar was compiled before queueing; reuse it
+            def prepare(self, world, skills, schema=None):
+                return prepared
+
+        def run(ctx: JobContext):
+            rt = _Checked(h.runtime, ctx)
+            planner = _Prepared(rt, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
+                                attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
+                                grammar_tokenizer=self.gtok)
+            return planner.plan(req.task, req.world, req.skills, req.schema), rt.stats
+        return run
+
+
+def _summary(report) -> str:
+    """The summary's first line: it goes into /health's reason and systemd's one-line STATUS."""
+    s = getattr(report, "summary", None)
+    text = s() if callable(s) else str(report)
+    return text.strip().splitlines()[0] if text.strip() else "(no summary)"
