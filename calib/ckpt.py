@@ -14,7 +14,6 @@ taps, sizes, optimizer and schedule, seed); resuming with a different one is ref
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,17 +21,9 @@ from pathlib import Path
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.fileio import write_json_atomic
+from thor_runtime.fileio import sha256_file, write_json_atomic
 
 CKPT_FORMAT = "thor-distill-ckpt/1"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, drafter, opt: torch.optim.Optimizer, gen: torch.Generator,
@@ -53,7 +44,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, drafter, opt: torch.optim.Optimiz
     tmp = ckpt_dir / (name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": CKPT_FORMAT})
     os.replace(tmp, ckpt_dir / name)
-    doc = {"format": CKPT_FORMAT, "step": step, "file": name, "sha256": _sha256(ckpt_dir / name),
+    doc = {"format": CKPT_FORMAT, "step": step, "file": name, "sha256": sha256_file(ckpt_dir / name),
            "fingerprint": fingerprint, "losses": losses, "elapsed_s": round(elapsed_s, 3)}
     write_json_atomic(ckpt_dir / "ckpt.json", doc, indent=None)
     for old in ckpt_dir.glob("state-*.safetensors"):       # keep only the committed one
@@ -85,7 +76,7 @@ def load_checkpoint(ckpt_dir: Path, drafter, opt: torch.optim.Optimizer, gen: to
     f = ckpt_dir / str(doc.get("file", ""))
     if not f.is_file():
         raise ThorError(f"--resume: checkpoint tensor file {f} is missing")
-    if _sha256(f) != doc.get("sha256"):
+    if sha256_file(f) != doc.get("sha256"):
         raise ThorError(f"--resume: checkpoint tensor file {f} is truncated or damaged (sha256 mismatch)")
     try:
         t = load_file(str(f))

