@@ -72,11 +72,11 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
 
     p = resolve(model)
     if dtype == AUTO:
-        dtype = auto_dtype(p)
+        dtype = auto_dtype(p, cache_dir)
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
     if quant == "int4" and p.is_file() and device == "cpu":
         from .weight_cache import load_int4_gguf
-        return load_int4_gguf(p, cfg_tok=(gguf_config_and_tokenizer(p)), cache_dir=cache_dir, layout=layout)
+        return load_int4_gguf(p, cache_dir=cache_dir, layout=layout)
     if p.is_dir():
         from .hf_weights import hf_config, hf_weights
         cfg = hf_config(p)
@@ -99,13 +99,16 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
                   tok, cfg, str(p))
 
 
-def auto_dtype(p: Path) -> str:
+def auto_dtype(p: Path, cache_dir=None) -> str:
     """--dtype auto: int4 for a quantized GGUF (int8 where torch has no int4 CPU kernel), else fp32."""
     if p.is_dir():
         return "fp32"
     from ..lowbit import Int4Weight
     from .gguf_lowbit import is_quantized
     from .gguf_weights import open_reader
+    from .weight_cache import has_entry
+    if has_entry(p, cache_dir, "int4"):  # an int4 entry exists only for a quantized source
+        return "int4"
     if not is_quantized(open_reader(p)):
         return "fp32"
     return "int4" if Int4Weight.available() else "int8"

@@ -158,18 +158,66 @@ def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
     return w
 
 
-def load_int4_gguf(path: Path, cfg_tok, cache_dir=None, layout: str = "auto"):
-    """Load a GGUF as an int4 TargetModel through the cache. cfg_tok: (reader, cfg, tokenizer)."""
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class CachedFields:
+    """The tokenizer's GGUF metadata as an entry keeps it (parsing a GGUF's 49k-string vocab
+    with the gguf package takes seconds): duck-types the reader for Tokenizer.from_gguf_fields."""
+
+    def __init__(self, fields: dict):
+        self.fields = {k: _Field(v) for k, v in fields.items()}
+
+
+def _plain(v):
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", "replace")
+    return v.item() if hasattr(v, "item") else v
+
+
+def tokenizer_fields(reader) -> dict:
+    return {k: _plain(f.contents()) for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+def cache_root(cache_dir) -> Path | None:
+    return None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
+
+
+def has_entry(path: Path, cache_dir=None, mode: str = "int4") -> bool:
+    """Whether an entry for this source exists (unverified: loading verifies it)."""
+    root = cache_root(cache_dir)
+    if root is None or not (root / "sources.json").is_file():
+        return False
+    try:
+        sha = source_sha256(root, path)
+    except OSError:
+        return False
+    return (root / f"{sha[:24]}-{mode}" / "key.json").is_file()
+
+
+def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
+    """Load a GGUF as an int4 TargetModel through the cache (a hit reads no GGUF metadata)."""
+    from dataclasses import asdict
+
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from ..config import ModelConfig
     from ..model import TargetModel
-    from . import Loaded
+    from . import Loaded, gguf_config_and_tokenizer
     from .gguf_lowbit import gguf_weights_int4
+    from .tokenizer import Tokenizer
 
-    reader, cfg, tok = cfg_tok
-    root = None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
+    root = cache_root(cache_dir)
     if root is None:
+        reader, cfg, tok = gguf_config_and_tokenizer(path)
         model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
                             quant="int4", layout=layout)
         return Loaded(model, tok, cfg, str(path))
@@ -183,6 +231,12 @@ def load_int4_gguf(path: Path, cfg_tok, cache_dir=None, layout: str = "auto"):
     meta = _check_entry(entry, key)
     ek = env_key(torch.bfloat16)
     if meta is not None:
+        try:
+            cfg = ModelConfig(**meta["config"])
+            tok = Tokenizer.from_gguf_fields(CachedFields(meta["tokenizer"]))
+        except (KeyError, TypeError, ValueError, ThorError):
+            meta = None
+    if meta is not None:
         with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
@@ -194,6 +248,7 @@ def load_int4_gguf(path: Path, cfg_tok, cache_dir=None, layout: str = "auto"):
             meta.setdefault("verdicts", {})[ek] = verdicts
             _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
         return Loaded(model, tok, cfg, str(path))
+    reader, cfg, tok = gguf_config_and_tokenizer(path)
     model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
                         quant="int4", layout=layout)
     model.cache_hit = False
@@ -201,7 +256,8 @@ def load_int4_gguf(path: Path, cfg_tok, cache_dir=None, layout: str = "auto"):
     try:
         save_file(prepared_tensors(model), str(tmp / "weights.safetensors"))
         meta = {**key, "weights_sha256": sha256_file(tmp / "weights.safetensors"),
-                "verdicts": {ek: model.row_verdicts}}
+                "verdicts": {ek: model.row_verdicts}, "config": asdict(cfg),
+                "tokenizer": tokenizer_fields(reader)}
         (tmp / "key.json").write_text(json.dumps(meta, indent=1))
         old = root / f".old-{entry.name}-{os.getpid()}"
         if entry.exists():
