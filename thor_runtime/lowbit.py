@@ -26,6 +26,8 @@ GROUP = 32
 # except for validation); the packed layout is row-block local, so fused projections are
 # packed once from their concatenated codes.
 _INNER_K_TILES = 1
+# The packing needs the output size to be a multiple of this; other shapes run int8.
+ROWS_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Int4Weight:
     @staticmethod
     def available() -> bool:
         try:
-            Int4Weight.pack([quantize_int4(torch.ones(8, GROUP))])(torch.ones(1, GROUP))
+            Int4Weight.pack([quantize_int4(torch.ones(ROWS_MULTIPLE, GROUP))])(torch.ones(1, GROUP))
             return True
         except (RuntimeError, NotImplementedError, AttributeError):
             return False
@@ -132,12 +134,18 @@ class FusedPart:
     shape: tuple[int, int]
 
 
-def int4_projection(parts: list) -> Int4Weight:
+def int4_projection(parts: list):
     """The model's projection from its HF tensors: Int4Codes (packed here), FusedPart (as
-    loaded), or float tensors (re-quantized)."""
+    loaded), or float tensors (re-quantized). Shapes the int4 packing cannot take (inputs
+    not a multiple of GROUP, outputs not of ROWS_MULTIPLE) run weight-only int8 instead."""
     if all(isinstance(p, FusedPart) for p in parts):
         fused = parts[0].weight
         if any(p.weight is not fused for p in parts):
             raise ThorError("weight cache: a fused projection is split across entries")
         return fused
+    N, K = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    if N % ROWS_MULTIPLE or K % GROUP:
+        from .model import Int8Weight
+        return Int8Weight(torch.cat([p.dequantize() if isinstance(p, Int4Codes) else p.float() for p in parts]),
+                          keep_dense=False)
     return Int4Weight.pack([p if isinstance(p, Int4Codes) else quantize_int4(p) for p in parts])

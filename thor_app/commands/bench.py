@@ -94,6 +94,13 @@ def device_info() -> dict:
     return info
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(r / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
+
+
 def _median(xs):
     return round(statistics.median(xs), 3) if xs else None
 
@@ -192,7 +199,7 @@ def run_plan(args, specs) -> int:
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
     doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "layout": loaded.model.layout, "kv": kv,
-           "repeats": args.repeats, "plan_rows": rows}
+           "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
@@ -206,7 +213,7 @@ def run(args) -> int:
         return run_rollback(args)
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
+        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
             raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
     specs = [s.strip() for s in args.spec.split(",") if s.strip()]
     for s in specs:
@@ -221,7 +228,9 @@ def run(args) -> int:
     results = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens,
                          "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
     for wdt in dict.fromkeys(c[0] for c in configs):
+        t0 = time.perf_counter()
         loaded = load(args.model, wdt)
+        results.setdefault("load_s", {})[wdt] = round(time.perf_counter() - t0, 3)
         prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
         plain_fp32kv = None
         for kv in [c[1] for c in configs if c[0] == wdt]:
@@ -243,6 +252,8 @@ def run(args) -> int:
             if hf is not None:
                 rows.append({"engine": "transformers", "weights": wdt, "kv": wdt, "spec": "none", **hf})
     _ratios(rows)
+    results["peak_rss_mb"] = peak_rss_mb()
+    print(f"load s: {results['load_s']}  peak RSS: {results['peak_rss_mb']} MB", file=sys.stderr)
     Path(args.json_out).write_text(json.dumps(results, indent=1))
     print_table(rows)
     print(f"results written to {args.json_out}", file=sys.stderr)

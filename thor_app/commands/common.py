@@ -21,8 +21,12 @@ def positive_int(s: str) -> int:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), an HF dir, or a .gguf file")
-    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "int8"],
-                   help="weights: fp32, bf16, or int8 (weight-only int8, bf16 activations)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
+                   help="weights: auto (a quantized GGUF runs int4 with its own group scales, other "
+                        "checkpoints fp32), fp32, bf16, int8 or int4 (weight-only, bf16 activations)")
+    g.add_argument("--cache-dir", default=None,
+                   help="prepared low-bit weight cache (default $THOR_CACHE_DIR or "
+                        "$XDG_CACHE_HOME/thor-runtime/weights; '' = no cache)")
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
@@ -83,7 +87,7 @@ def build_runtime(args):
 
     if args.prefill_chunk < 0:
         raise ThorError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
-    loaded = load(args.model, args.dtype, layout=args.weights_layout)
+    loaded = load(args.model, args.dtype, layout=args.weights_layout, cache_dir=getattr(args, "cache_dir", None))
     scales = KVScales.load(args.kv_scales, loaded.cfg) if args.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,
                  kv_scales=scales)
