@@ -57,6 +57,13 @@ def register(sub) -> None:
     p.add_argument("--rollback", action="store_true",
                    help="hybrid (Gated-DeltaNet) target: speculative cycle with checkpoint-slot rollback vs "
                         "snapshot + re-forward, at each K of --ks, on a random ~100M-parameter hybrid")
+    p.add_argument("--peers", action="store_true",
+                   help="llama.cpp, transformers and thor side by side on the same GGUF, each in its own "
+                        "process (JSON, Markdown table and plots in --out-dir); see `make bench-peers`")
+    p.add_argument("--short", action="store_true", help="with --peers: tiny counts (a smoke run)")
+    p.add_argument("--peers-python", default=None,
+                   help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
+    p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
@@ -211,6 +218,10 @@ def run(args) -> int:
 
     if args.rollback:
         return run_rollback(args)
+    if args.peers:
+        from thor_app.peers.driver import run_peers
+        run_peers(args.model, Path(args.out_dir), short=args.short, peers_py=args.peers_python)
+        return 0
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
         if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
