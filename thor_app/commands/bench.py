@@ -64,6 +64,11 @@ def register(sub) -> None:
     p.add_argument("--peers-python", default=None,
                    help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
     p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
+    p.add_argument("--threads", type=positive_int, default=2, help="with --peers: threads of every engine")
+    p.add_argument("--peers-repeats", type=positive_int, default=None, help="with --peers: repeats (default 3)")
+    p.add_argument("--peers-max-tokens", type=positive_int, default=None,
+                   help="with --peers: decode tokens per prompt (default 128)")
+    p.add_argument("--peers-plans", type=positive_int, default=None, help="with --peers: plan requests (default 6)")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.set_defaults(func=run)
@@ -220,7 +225,9 @@ def run(args) -> int:
         return run_rollback(args)
     if args.peers:
         from thor_app.peers.driver import run_peers
-        run_peers(args.model, Path(args.out_dir), short=args.short, peers_py=args.peers_python)
+        run_peers(args.model, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
+                  threads=args.threads, repeats=args.peers_repeats, max_tokens=args.peers_max_tokens,
+                  plans=args.peers_plans)
         return 0
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
