@@ -4,10 +4,11 @@ On a CPU, verifying K + 1 rows costs far more than one step when K is large (16 
 ~2.1x a 1-row step for SmolLM2-135M here), while 2-3 rows cost about one step. A drafter
 off its distribution (the planner drafter on free text) would make every cycle pay for 16
 rows and commit ~1 token. So the budget keeps a running mean of the drafts the proposer got
-accepted per cycle. While it is at least ``threshold``, up to ``low_k + ramp * mean`` of the
-K drafts are verified (all K once the proposer is getting several right: a verify row costs
-~0.1-0.35 of a step on CPU kernels, so a stranger to this text pays for few rows before the
-pause). Below it, the proposer is not asked at all, except for ``low_k`` probe drafts after
+accepted per cycle. While it is at least ``threshold``, up to ``low_k + ramp * last`` of the
+K drafts are verified, ``last`` being the drafts accepted in the previous cycle: a request
+starts with ``low_k`` and reaches all K within two or three cycles of a right proposer, while
+a stranger to the text pays for few rows before the pause (a verify row costs ~0.1-0.35 of a
+step on CPU kernels). Below it, the proposer is not asked at all, except for ``low_k`` probe drafts after
 ``probe_every`` cycles, then after twice, four times ... as many, at most ``max_gap`` apart:
 one accepted probe lifts the mean over the threshold again.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import ThorError
 
-State = tuple[float, int]
+State = tuple[float, int, int]  # (running mean, paused cycles, drafts accepted last cycle)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class DraftBudget:
     # (accept length 7.13 -> 6.70 on the held-out requests, with the 640-plan drafter); this
     # does not.
     initial: float = 4.0
-    ramp: float = 2.0         # drafts verified per accepted draft of the running mean (0 = all K)
+    ramp: float = 3.0         # drafts verified per draft accepted last cycle, beyond low_k (0 = all K)
     max_gap: int = 32         # longest run of paused cycles between two probes
 
 
@@ -55,13 +56,13 @@ class DraftBudget:
 
     def start(self) -> State:
         """A new request starts drafting in full."""
-        return float(self.initial), 0
+        return float(self.initial), 0, 0
 
     def cap(self, k: int, state: State) -> int:
         """Proposer drafts to verify next (grammar-forced tokens come on top)."""
-        mean, below = state
+        mean, below, last = state
         if mean >= self.threshold:
-            return k if not self.ramp else min(k, self.low_k + math.ceil(self.ramp * mean))
+            return k if not self.ramp else min(k, self.low_k + math.ceil(self.ramp * last))
         return min(k, self.low_k) if self._probe(below) else 0
 
     def _probe(self, below: int) -> bool:
@@ -73,7 +74,7 @@ class DraftBudget:
 
     def update(self, state: State, drafted: int, accepted: int) -> State:
         """After a cycle in which the proposer drafted ``drafted`` tokens, ``accepted`` kept."""
-        mean, below = state
+        mean, below, last = state
         if drafted:
-            mean = (1 - self.decay) * mean + self.decay * accepted
-        return mean, (below + 1 if mean < self.threshold else 0)
+            mean, last = (1 - self.decay) * mean + self.decay * accepted, accepted
+        return mean, (below + 1 if mean < self.threshold else 0), last
