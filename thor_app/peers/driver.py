@@ -145,7 +145,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                      "plan_latency_median_s": _median(lat), "plan_latency_p90_s": _p90(lat),
                      "accept_length": _median(acc) if acc else None,
                      "accept_by_position": [round(statistics.mean(v), 3) for v in zip(*pos)] if pos else None})
-    doc = {"machine": device_info(), "model": path, "threads": threads, "short": short, **cfg,
+    doc = {"machine": device_info(), "model": Path(path).name, "threads": threads, "short": short, **cfg,
            "skipped": skipped, "rows": rows, "raw": raw}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "peers.json").write_text(json.dumps(doc, indent=1))
