@@ -7,7 +7,7 @@ THOR   := $(VENV)/bin/thor
 STAMP  := $(VENV)/.installed
 DEMO_TASK ?= Put the red mug in the dish rack.
 
-.PHONY: demo test test-exact-cpus install bench clean
+.PHONY: demo test test-exact-cpus install bench bench-peers clean
 
 install: $(STAMP)
 
@@ -42,6 +42,12 @@ test-exact-cpus: $(STAMP)
 
 bench: $(STAMP)
 	$(THOR) bench --spec none,ngram,dflash --json bench/results-cpu.json
+
+# llama.cpp (built from source for this CPU; the wheel is cached outside the repo) and
+# transformers side by side with thor on the default GGUF; results in bench/peers/.
+bench-peers: $(STAMP)
+	PYTHON=$(PYTHON) bench/peers_setup.sh
+	$(THOR) bench --peers --peers-python .venv-peers/bin/python --out-dir bench/peers
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -30,12 +30,19 @@ def _p90(xs):
     return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
 
 
-def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None) -> list[dict]:
+def plan_cases(limit: int | None = None) -> list[tuple]:
+    """(world name, task, World, SkillSet) of the benchmark's plan requests, the first ``limit``."""
     cases = []
     for name, tasks in TASKS.items():
         world = load_world(AGENT_DIR / "worlds" / f"{name}.json")
         skills = load_skills(resolve_skills_path(world, None))
         cases += [(name, t, world, skills) for t in tasks]
+    return cases[:limit]
+
+
+def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
+               limit: int | None = None) -> list[dict]:
+    cases = plan_cases(limit)
     rows, reference = [], None
     for spec in specs:
         speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model)
@@ -56,7 +63,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
         row = {"spec": spec, "plans": len(cases), "valid": valid,
                "latency_median_s": round(statistics.median(lat), 3), "latency_p90_s": round(_p90(lat), 3),
                "decode_tok_s": round(statistics.median(dec), 2),
-               "accept_length_mean": round(statistics.mean(acc), 3), "jump_forward_tokens": jf}
+               "accept_length_mean": round(statistics.mean(acc), 3), "jump_forward_tokens": jf,
+               "latencies_s": [round(x, 4) for x in lat]}
         if reference is None:
             reference = plans
         else:

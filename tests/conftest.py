@@ -52,3 +52,17 @@ def default_model():
     from thor_runtime.loading import load
 
     return load("default")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _weight_cache_dir(tmp_path_factory):
+    """Low-bit loads in tests write their weight cache under the test run, not the user's cache."""
+    import os
+
+    old = os.environ.get("THOR_CACHE_DIR")
+    os.environ["THOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("weight-cache"))
+    yield
+    if old is None:
+        os.environ.pop("THOR_CACHE_DIR", None)
+    else:
+        os.environ["THOR_CACHE_DIR"] = old

@@ -31,7 +31,7 @@ def test_budget_validation_and_schedule():
                 dict(initial=-1.0)):
         with pytest.raises(ThorError):
             DraftBudget(**bad)
-    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5, probe_every=3, initial=2.0)
+    b = DraftBudget(low_k=2, threshold=0.5, decay=0.5, probe_every=3, initial=2.0, ramp=0.0)
     s = b.start()
     assert b.cap(8, s) == 8
     caps = []
@@ -44,6 +44,26 @@ def test_budget_validation_and_schedule():
     s = b.update(s, 0, 0)                    # a cycle without drafts leaves the mean alone
     assert s[0] < 0.5
     assert b.cap(8, b.update(s, 2, 1)) == 8  # one accepted probe lifts the pause
+
+
+def test_budget_ramp_and_probe_backoff():
+    b = DraftBudget(low_k=2, threshold=0.5, decay=0.25, probe_every=4, initial=4.0, ramp=3.0, max_gap=32)
+    s = b.start()
+    caps = []
+    for _ in range(200):                     # never right: low_k drafts until the pause, then rarer probes
+        caps.append(b.cap(15, s))
+        s = b.update(s, caps[-1], 0)
+    assert caps[:8] == [2] * 8 and caps[8] == 0
+    probes = [i for i, c in enumerate(caps) if c and i > 10]
+    gaps = [j - i for i, j in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and max(gaps) <= 33 and len(probes) < 200 // 8
+    s, caps = b.start(), []
+    for _ in range(4):                       # right every time: 2 -> 8 -> 15 drafts
+        caps.append(b.cap(15, s))
+        s = b.update(s, caps[-1], caps[-1])
+    assert caps == [2, 8, 15, 15]
+    with pytest.raises(ThorError):
+        DraftBudget(ramp=-1.0)
 
 
 @pytest.mark.parametrize("wrong", [True, False])
@@ -63,4 +83,5 @@ def test_budget_caps_a_wrong_proposer_only(tiny_llama, wrong):
         assert free.token_ids == plain and free.stats.capped_cycles == 0
         assert free.stats.drafted > res.stats.drafted
     else:
-        assert res.stats.capped_cycles == 0 and res.stats.accepted == res.stats.drafted
+        # a right proposer is capped only while the request starts (2, then 2 + 3 * 2 drafts)
+        assert res.stats.capped_cycles <= 2 and res.stats.accepted == res.stats.drafted

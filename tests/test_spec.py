@@ -77,7 +77,8 @@ def test_all_accepted_and_all_rejected(tiny_llama):
     good = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids)), 4, DraftBudget()))
     assert good.token_ids == truth
     assert good.stats.accepted == good.stats.drafted            # every draft kept
-    assert good.stats.to_dict()["accept_length_mean"] > 4.5    # K + 1 per cycle, bar the tail
+    # K + 1 per cycle, bar the first (the budget starts a request at low_k = 2) and the tail
+    assert good.stats.to_dict()["accept_length_mean"] > 4.0
     bad_token = next(t for t in range(50) if t not in truth)
     bad = rt.generate(ids, params, speculation=Speculation(Scripted(truth, len(ids), garbage=bad_token), 4, DraftBudget()))
     assert bad.token_ids == truth and bad.stats.accepted == 0

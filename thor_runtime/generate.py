@@ -79,6 +79,8 @@ class Runtime:
                  on_token: Callable[[int], None] | None = None) -> Result:
         """speculation: proposer, K, draft budget and relaxed acceptance (PLAIN: K = 0)."""
         cfg = self.model.cfg
+        if constraint is None and speculation.free_text is not None:
+            speculation = speculation.free_text  # per request: free text vs constrained plans
         proposer, k, relaxed = speculation.proposer, speculation.k, speculation.relaxed
         draft_budget = speculation.budget
         if not prompt_ids:

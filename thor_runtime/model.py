@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .config import WEIGHT_LAYOUTS, ModelConfig
 from .errors import ThorError
 from .kv_cache import KVCache
+from .lowbit import Int4Weight, int4_projection
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,6 +90,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 # Up to this many rows the int8 kernel wins (decode and verify); beyond it (prefill) the
 # dense fp32 matmul does — measured on AVX-512 CPUs, see the README.
 INT8_MAX_ROWS = 16
+# A prepared head (an Int8Weight from the weight cache) under this key of the weights dict.
+PREPARED_HEAD = "thor.head_w"
 
 
 class Int8Weight:
@@ -183,17 +186,19 @@ class RowLoop:
         return torch.cat([linear(x2[i:i + 1], self.w) for i in range(x2.shape[0])]).view(*x.shape[:-1], -1)
 
 
-Weight = torch.Tensor | Int8Weight | PackedWeight | RowLoop
+Weight = torch.Tensor | Int8Weight | PackedWeight | RowLoop | Int4Weight
 
 
-def make_rows_exact(model, names: tuple[str, ...]) -> list[str]:
+def make_rows_exact(model, names: tuple[str, ...], verdict: dict[str, bool] | None = None) -> list[str]:
     """Wrap every projection (``names`` of each of ``model.layers``, and ``model.head_w``) whose
     kernel is not row-invariant here in a RowLoop, one probe per distinct kernel and shape.
+    verdict: earlier probes' results (kernel/shape key -> bool), used and filled in; valid only
+    for the same torch, CPU capability, thread count and dtype (the weight cache keys them so).
     -> the names of the wrapped projections."""
-    verdict: dict[tuple, bool] = {}
+    verdict = {} if verdict is None else verdict
 
     def exact(w) -> bool:
-        key = (type(w).__name__, tuple(w.shape), getattr(w, "dense", None) is not None)
+        key = f"{type(w).__name__}{tuple(w.shape)}{'+dense' if getattr(w, 'dense', None) is not None else ''}"
         if key not in verdict:
             verdict[key] = rows_invariant(w, w.shape[1], model.dtype, model.device)
         return verdict[key]
@@ -326,10 +331,11 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
                             f"expected {list(shape)}")
 
 
-def resolve_layout(dtype: torch.dtype, device: torch.device, quant: str | None, layout: str):
+def resolve_layout(dtype: torch.dtype, device: torch.device, quant: str | None, layout: str,
+                   quants: tuple[str, ...] = ("int8", "int4")):
     """-> (compute dtype, concrete layout) for a model's weights; refuses what cannot be held."""
-    if quant not in (None, "int8"):
-        raise ThorError(f"unknown weight quantization {quant!r} (supported: int8)")
+    if quant is not None and quant not in quants:
+        raise ThorError(f"unknown weight quantization {quant!r} (supported: {', '.join(quants)})")
     if layout not in WEIGHT_LAYOUTS:
         raise ThorError(f"unknown weight layout {layout!r}; choose one of {', '.join(WEIGHT_LAYOUTS)}")
     if quant:
@@ -353,7 +359,7 @@ class TargetModel:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
-                 layout: str = "auto"):
+                 layout: str = "auto", row_verdicts: dict[str, bool] | None = None):
         check_weights(cfg, weights, source)
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
         self.dtype, self.layout = dtype, _ = resolve_layout(dtype, self.device, quant, layout)
@@ -370,6 +376,8 @@ class TargetModel:
             return weights[name].to(device=self.device, dtype=torch.float32).contiguous()
 
         def proj(*names):
+            if quant == "int4":  # weight-only int4, group scales (thor_runtime/lowbit.py)
+                return int4_projection([weights[n] for n in names])
             t = torch.cat([weights[n].to(self.device) for n in names]).contiguous()
             return Int8Weight(t) if quant else held(t.to(dtype))
 
@@ -377,7 +385,8 @@ class TargetModel:
         self.lm_head = self.embed_w if cfg.tie_word_embeddings else w("lm_head.weight")
         # The drafter shares lm_head as a plain tensor; the target's own head may be int8 or
         # packed (the dense tensor stays anyway: embedding lookups and the drafter read it).
-        self.head_w = Int8Weight(self.lm_head, keep_dense=False) if quant else held(self.lm_head)
+        self.head_w = weights.get(PREPARED_HEAD) or (
+            Int8Weight(self.lm_head, keep_dense=False) if quant else held(self.lm_head))
         self.final_norm = norm("model.norm.weight")
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
@@ -394,7 +403,8 @@ class TargetModel:
                 bqkv=torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None,
             ))
         t0 = time.perf_counter()
-        self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"))
+        self.row_verdicts = {} if row_verdicts is None else row_verdicts
+        self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
         self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);

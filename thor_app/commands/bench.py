@@ -57,6 +57,18 @@ def register(sub) -> None:
     p.add_argument("--rollback", action="store_true",
                    help="hybrid (Gated-DeltaNet) target: speculative cycle with checkpoint-slot rollback vs "
                         "snapshot + re-forward, at each K of --ks, on a random ~100M-parameter hybrid")
+    p.add_argument("--peers", action="store_true",
+                   help="llama.cpp, transformers and thor side by side on the same GGUF, each in its own "
+                        "process (JSON, Markdown table and plots in --out-dir); see `make bench-peers`")
+    p.add_argument("--short", action="store_true", help="with --peers: tiny counts (a smoke run)")
+    p.add_argument("--peers-python", default=None,
+                   help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
+    p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
+    p.add_argument("--threads", type=positive_int, default=2, help="with --peers: threads of every engine")
+    p.add_argument("--peers-repeats", type=positive_int, default=None, help="with --peers: repeats (default 3)")
+    p.add_argument("--peers-max-tokens", type=positive_int, default=None,
+                   help="with --peers: decode tokens per prompt (default 128)")
+    p.add_argument("--peers-plans", type=positive_int, default=None, help="with --peers: plan requests (default 6)")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--plan-set", choices=["sample", "eval"], default="sample",
                    help="--plan: sample = latency per --spec on the sample worlds; eval = the held-out "
@@ -109,6 +121,13 @@ def device_info() -> dict:
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(0)
     return info
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(r / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
 
 def _median(xs):
@@ -242,7 +261,7 @@ def run_plan(args, specs) -> int:
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
     doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "layout": loaded.model.layout, "kv": kv,
-           "repeats": args.repeats, "plan_rows": rows}
+           "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
@@ -254,9 +273,15 @@ def run(args) -> int:
 
     if args.rollback:
         return run_rollback(args)
+    if args.peers:
+        from thor_app.peers.driver import run_peers
+        run_peers(args.model, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
+                  threads=args.threads, repeats=args.peers_repeats, max_tokens=args.peers_max_tokens,
+                  plans=args.peers_plans)
+        return 0
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
+        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
             raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
     specs = [s.strip() for s in args.spec.split(",") if s.strip()]
     for s in specs:
@@ -278,7 +303,9 @@ def run(args) -> int:
     results = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens,
                          "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
     for wdt in dict.fromkeys(c[0] for c in configs):
+        t0 = time.perf_counter()
         loaded = load(args.model, wdt)
+        results.setdefault("load_s", {})[wdt] = round(time.perf_counter() - t0, 3)
         prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
         plain_fp32kv = None
         for kv in [c[1] for c in configs if c[0] == wdt]:
@@ -300,6 +327,8 @@ def run(args) -> int:
             if hf is not None:
                 rows.append({"engine": "transformers", "weights": wdt, "kv": wdt, "spec": "none", **hf})
     _ratios(rows)
+    results["peak_rss_mb"] = peak_rss_mb()
+    print(f"load s: {results['load_s']}  peak RSS: {results['peak_rss_mb']} MB", file=sys.stderr)
     Path(args.json_out).write_text(json.dumps(results, indent=1))
     print_table(rows)
     print(f"results written to {args.json_out}", file=sys.stderr)

@@ -23,8 +23,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), a name from `thor models list`, "
                                                        "an HF dir, or a .gguf file")
-    g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "int8"],
-                   help="weights: fp32, bf16, or int8 (weight-only int8, bf16 activations)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
+                   help="weights: auto (a quantized GGUF runs int4 with its own group scales, other "
+                        "checkpoints fp32), fp32, bf16, int8 or int4 (weight-only, bf16 activations)")
+    g.add_argument("--cache-dir", default=None,
+                   help="prepared low-bit weight cache (default $THOR_CACHE_DIR or "
+                        "$XDG_CACHE_HOME/thor-runtime/weights; '' = no cache)")
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
@@ -150,10 +154,13 @@ def build_runtime(args):
 
     if args.prefill_chunk < 0:
         raise ThorError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
-    # A graph backend holds its own copy of the weights: torch's needs no second, packed one.
-    layout = "dense" if getattr(args, "backend", "torch") != "torch" and args.weights_layout == "auto" \
-        else args.weights_layout
-    loaded = load(args.model, args.dtype, layout=layout)
+    dtype, layout = args.dtype, args.weights_layout
+    if getattr(args, "backend", "torch") != "torch":
+        # A graph backend runs fp32 graphs and holds its own copy of the weights: torch's needs
+        # no second, packed one.
+        dtype = "fp32" if dtype == "auto" else dtype
+        layout = "dense" if layout == "auto" else layout
+    loaded = load(args.model, dtype, layout=layout, cache_dir=getattr(args, "cache_dir", None))
     attach_backend(args, loaded)
     scales = KVScales.load(args.kv_scales, loaded.cfg) if args.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,

@@ -58,7 +58,7 @@ class HybridModel:
         check_hybrid_weights(cfg, weights, source)
         weights = canonical(cfg, weights)
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
-        self.dtype, self.layout = dtype, layout = resolve_layout(dtype, self.device, quant, layout)
+        self.dtype, self.layout = dtype, layout = resolve_layout(dtype, self.device, quant, layout, ("int8",))
 
         def held(t: torch.Tensor):
             if layout == "dense":

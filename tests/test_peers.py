@@ -1,0 +1,40 @@
+"""The peers harness in its short mode: every configuration runs in its own process, a peer
+that is not installed is skipped with its reason, and the outputs (JSON, table, plots) appear."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+def test_peers_short_mode(tmp_path, monkeypatch):
+    from thor_app.peers.driver import run_peers
+
+    monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "wcache"))  # workers inherit it
+    lines = []
+    doc = run_peers("default", tmp_path, short=True, peers_py=str(tmp_path / "no-such-python"), threads=1,
+                    log=lines.append)
+    assert "llama.cpp" in doc["skipped"] and any("llama.cpp skipped" in x for x in lines)
+    rows = {(r["engine"], r["config"]): r for r in doc["rows"]}
+    thor = rows[("thor", "int4/none")]
+    assert thor["decode_tok_s"] > 0 and thor["peak_rss_mb"] > 0 and thor["load_s"] > 0
+    assert thor["plan_latency_median_s"] > 0
+    assert ("thor", "int4/auto") in rows
+    saved = json.loads((tmp_path / "peers.json").read_text())
+    assert saved["machine"]["torch"] and saved["rows"] == doc["rows"]
+    assert "| thor | int4/none |" in (tmp_path / "peers.md").read_text()
+    assert (tmp_path / "peers-decode.png").stat().st_size > 0
+
+
+def test_peers_missing_engine_reason(tmp_path, monkeypatch):
+    import sys
+
+    from thor_app.peers.driver import _has, peers_python
+
+    monkeypatch.delenv("THOR_PEERS_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert peers_python(None) is None and peers_python(str(tmp_path / "absent")) is None
+    assert peers_python(sys.executable) == sys.executable
+    assert _has(sys.executable, "json") is None
+    assert "No module named" in _has(sys.executable, "surely_not_a_module_xyz")

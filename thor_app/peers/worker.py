@@ -1,0 +1,147 @@
+"""One peer configuration in one process: python -m thor_app.peers.worker SPEC.json OUT.json.
+
+Runs in the project's venv (thor, transformers) or in the peers' venv (llama.cpp), so this
+module imports nothing of ours at the top and the llama.cpp path needs only llama_cpp.
+SPEC: {"engine", "config", "model", "requests": {"decode": [ids...], "long": ids,
+"plans": [{"ids", "schema"}]}, "max_tokens", "plan_max_tokens", "threads"}.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+
+def _rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _decode_rate(n: int, t_first: float, t_end: float) -> float:
+    return (n - 1) / max(t_end - t_first, 1e-9) if n > 1 else 0.0
+
+
+def run_llama(spec: dict) -> dict:
+    from llama_cpp import Llama, LlamaGrammar
+    import llama_cpp
+
+    t0 = time.perf_counter()
+    llm = Llama(model_path=spec["model"], n_ctx=2048, n_threads=spec["threads"], n_batch=512, verbose=False)
+    out = {"load_s": time.perf_counter() - t0, "version": f"llama-cpp-python {llama_cpp.__version__}"}
+    long = spec["requests"]["long"]
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(long)
+    out["prefill_tok_s"] = len(long) / (time.perf_counter() - t)
+    rates = []
+    for ids in spec["requests"]["decode"]:
+        llm.reset()
+        n, t_first = 0, None
+        for _ in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            n += 1
+            if n == 1:
+                t_first = time.perf_counter()
+            if n >= spec["max_tokens"]:
+                break
+        rates.append(_decode_rate(n, t_first, time.perf_counter()))
+    out["decode_tok_s"] = rates
+    lat = []
+    for p in spec["requests"]["plans"]:
+        grammar = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
+        llm.reset()
+        t, n = time.perf_counter(), 0
+        for tok in llm.generate(p["ids"], top_k=1, temp=0.0, grammar=grammar, reset=True):
+            n += 1
+            if tok == llm.token_eos() or n >= spec["plan_max_tokens"]:
+                break
+        lat.append(time.perf_counter() - t)
+    out["plan_latency_s"] = lat
+    return out
+
+
+def run_transformers(spec: dict) -> dict:
+    from pathlib import Path
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(spec["threads"])
+    t0 = time.perf_counter()
+    p = Path(spec["model"])
+    hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    out = {"load_s": time.perf_counter() - t0, "version": f"transformers {transformers.__version__}"}
+    assist = spec["config"] == "prompt-lookup"
+    long = torch.tensor([spec["requests"]["long"]])
+    with torch.inference_mode():
+        t = time.perf_counter()
+        hf(long)
+        out["prefill_tok_s"] = long.shape[1] / (time.perf_counter() - t)
+        rates = []
+        for ids in spec["requests"]["decode"]:
+            x = torch.tensor([ids])
+            kw = dict(do_sample=False, min_new_tokens=spec["max_tokens"], max_new_tokens=spec["max_tokens"])
+            if assist:
+                kw["prompt_lookup_num_tokens"] = 8
+            t = time.perf_counter()
+            hf.generate(x, max_new_tokens=1, do_sample=False)
+            t1 = time.perf_counter() - t           # prefill + first token, measured apart
+            t = time.perf_counter()
+            hf.generate(x, **kw)
+            rates.append((spec["max_tokens"] - 1) / max(time.perf_counter() - t - t1, 1e-9))
+    out["decode_tok_s"] = rates
+    return out
+
+
+def run_thor(spec: dict) -> dict:
+    import torch
+
+    from agent.bench import plan_bench
+    from thor_runtime.generate import Runtime
+    from thor_runtime.loading import load
+    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.speculative import SpecOptions, build_speculation
+
+    torch.set_num_threads(spec["threads"])
+    weights, method = spec["config"].split("/")
+    t0 = time.perf_counter()
+    loaded = load(spec["model"], weights, cache_dir=spec.get("cache_dir"))
+    out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
+           "weights": loaded.model.quant or str(loaded.model.dtype).replace("torch.", "")}
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32")
+    out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
+        "prefill_tok_s"]
+    speculation = build_speculation(SpecOptions(method=method), loaded.model)
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
+    rates, acc, per_pos = [], [], {}
+    for ids in spec["requests"]["decode"]:
+        s = rt.generate(ids, params, speculation).stats.to_dict()
+        rates.append(s["decode_tok_s"])
+        acc.append(s.get("accept_length_mean") or 1.0)
+        for i, r in enumerate(s.get("accept_per_position") or []):
+            per_pos.setdefault(i, []).append(r)
+    out.update(decode_tok_s=rates, accept_length=acc,
+               accept_by_position=[sum(v) / len(v) for _, v in sorted(per_pos.items())])
+    if spec["requests"]["plans"]:
+        rows = plan_bench(rt, loaded.tokenizer, [method], repeats=1, max_tokens=spec["plan_max_tokens"],
+                          limit=len(spec["requests"]["plans"]))
+        out["plan_latency_s"] = rows[0]["latencies_s"]
+        out["plan_accept_length"] = rows[0]["accept_length_mean"]
+    return out
+
+
+ENGINES = {"llama.cpp": run_llama, "transformers": run_transformers, "thor": run_thor}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(open(argv[0]).read())
+    out = ENGINES[spec["engine"]](spec)
+    out["peak_rss_mb"] = _rss_mb()
+    with open(argv[1], "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

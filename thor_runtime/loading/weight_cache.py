@@ -1,0 +1,269 @@
+"""Prepared low-bit weights cached on disk, so a second start maps them instead of rebuilding.
+
+An entry is a directory named after the source file's sha256 and the weight mode:
+``weights.safetensors`` (the model's prepared tensors: packed int4 projections with their
+group scales, the int8 head, the bf16 embedding, fp32 norms) and ``key.json`` (format,
+mode, torch version, the source's sha256, the safetensors file's sha256, and the load-time
+row-invariance verdicts per CPU environment). A hit is memory-mapped (safetensors'
+``safe_open``): pages are read on first use and no second copy is made.
+
+Integrity: the source's sha256 is computed once per (path, size, mtime) and remembered in
+``sources.json``; every hit re-hashes the safetensors file and compares it and the key with
+what the entry says. Any mismatch (another torch, a damaged or edited file, a stale source)
+refuses the entry and rebuilds it. Writes go to a temporary directory renamed into place.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..errors import ThorError
+from ..lowbit import FusedPart, Int4Weight
+
+FORMAT = 1
+ENV_CACHE_DIR = "THOR_CACHE_DIR"
+PROJECTIONS = {  # model field -> the HF tensors fused into it
+    "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "wo": ("self_attn.o_proj",),
+    "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "w_down": ("mlp.down_proj",),
+}
+NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+         "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "thor-runtime" / "weights"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def source_sha256(root: Path, src: Path) -> str:
+    """The source's sha256, hashed once per (path, size, mtime) and remembered under root."""
+    st = src.stat()
+    ident = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    index_path = root / "sources.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    if isinstance(index, dict) and isinstance(index.get(ident), str):
+        return index[ident]
+    digest = sha256_file(src)
+    index = index if isinstance(index, dict) else {}
+    index[ident] = digest
+    _atomic_write_text(index_path, json.dumps(index, indent=1))
+    return digest
+
+
+def env_key(dtype: torch.dtype) -> str:
+    """What a row-invariance verdict depends on besides kernel and shape."""
+    return (f"torch={torch.__version__}|cpu={torch.backends.cpu.get_cpu_capability()}|"
+            f"threads={torch.get_num_threads()}|dtype={dtype}")
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def entry_key(source_sha: str, mode: str) -> dict:
+    return {"format": FORMAT, "mode": mode, "torch": torch.__version__, "source_sha256": source_sha}
+
+
+def _check_entry(entry: Path, key: dict) -> dict | None:
+    """-> the entry's key.json when it is whole and matches ``key``, else None (refused)."""
+    try:
+        meta = json.loads((entry / "key.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in key.items()):
+        return None
+    f = entry / "weights.safetensors"
+    if not f.is_file() or meta.get("weights_sha256") != sha256_file(f):
+        return None
+    return meta
+
+
+def prepared_tensors(model) -> dict[str, torch.Tensor]:
+    """The int4 model's prepared state as flat tensors (what an entry stores)."""
+    out: dict[str, torch.Tensor] = {"embed": model.embed_w, "final_norm": model.final_norm}
+    if model.lm_head is not model.embed_w:
+        out["lm_head"] = model.lm_head
+    head = getattr(model.head_w, "w", model.head_w)          # a RowLoop wraps the weight
+    out["head.q"], out["head.s"] = head.q, head.s
+    for i, L in enumerate(model.layers):
+        for field in PROJECTIONS:
+            w = getattr(L, field)
+            w = getattr(w, "w", w) if not isinstance(w, Int4Weight) else w
+            out[f"{i}.{field}.packed"], out[f"{i}.{field}.sz"] = w.packed, w.sz
+        for field in NORMS:
+            if getattr(L, field) is not None:
+                out[f"{i}.{field}"] = getattr(L, field)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
+    """Flat prepared tensors -> the HF-named weights dict TargetModel takes (FusedPart for
+    projections, the head under PREPARED_HEAD)."""
+    from ..model import PREPARED_HEAD, Int8Weight
+
+    head = Int8Weight.__new__(Int8Weight)
+    head.q, head.s, head.dense, head.kernel = t["head.q"], t["head.s"], None, True
+    head.shape = torch.Size(head.q.shape)
+    try:  # as Int8Weight's constructor: dequantize where this torch has no int8 kernel
+        torch._weight_int8pack_mm(torch.zeros(1, head.shape[1], dtype=torch.bfloat16), head.q, head.s)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        head.kernel = False
+    w: dict[str, object] = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["final_norm"],
+                            PREPARED_HEAD: head}
+    if "lm_head" in t:
+        w["lm_head.weight"] = t["lm_head"]
+    Dh = cfg.head_dim
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        for field, names in PROJECTIONS.items():
+            packed, sz = t[f"{i}.{field}.packed"], t[f"{i}.{field}.sz"]
+            K = sz.shape[0] * 32
+            if field == "wqkv":
+                rows = [cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh]
+            elif field == "w_gate_up":
+                rows = [cfg.intermediate_size] * 2
+            else:
+                rows = [sz.shape[1]]
+            fused = Int4Weight(packed, sz, (sum(rows), K))
+            for n, r in zip(names, rows):
+                w[f"{p}{n}.weight"] = FusedPart(fused, (r, K))
+        for field, name in NORMS.items():
+            if f"{i}.{field}" in t:
+                w[f"{p}{name}.weight"] = t[f"{i}.{field}"]
+    return w
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+class CachedFields:
+    """The tokenizer's GGUF metadata as an entry keeps it (parsing a GGUF's 49k-string vocab
+    with the gguf package takes seconds): duck-types the reader for Tokenizer.from_gguf_fields."""
+
+    def __init__(self, fields: dict):
+        self.fields = {k: _Field(v) for k, v in fields.items()}
+
+
+def _plain(v):
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", "replace")
+    return v.item() if hasattr(v, "item") else v
+
+
+def tokenizer_fields(reader) -> dict:
+    return {k: _plain(f.contents()) for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+def cache_root(cache_dir) -> Path | None:
+    return None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
+
+
+def has_entry(path: Path, cache_dir=None, mode: str = "int4") -> bool:
+    """Whether an entry for this source exists (unverified: loading verifies it)."""
+    root = cache_root(cache_dir)
+    if root is None or not (root / "sources.json").is_file():
+        return False
+    try:
+        sha = source_sha256(root, path)
+    except OSError:
+        return False
+    return (root / f"{sha[:24]}-{mode}" / "key.json").is_file()
+
+
+def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
+    """Load a GGUF as an int4 TargetModel through the cache (a hit reads no GGUF metadata)."""
+    from dataclasses import asdict
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from ..config import ModelConfig
+    from ..model import TargetModel
+    from . import Loaded, gguf_config_and_tokenizer
+    from .gguf_lowbit import gguf_weights_int4
+    from .tokenizer import Tokenizer
+
+    root = cache_root(cache_dir)
+    if root is None:
+        reader, cfg, tok = gguf_config_and_tokenizer(path)
+        model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
+                            quant="int4", layout=layout)
+        return Loaded(model, tok, cfg, str(path))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ThorError(f"weight cache directory {root} is not writable ({e}); set {ENV_CACHE_DIR} "
+                        "or pass --cache-dir") from None
+    key = entry_key(source_sha256(root, path), "int4")
+    entry = root / f"{key['source_sha256'][:24]}-int4"
+    meta = _check_entry(entry, key)
+    ek = env_key(torch.bfloat16)
+    if meta is not None:
+        try:
+            cfg = ModelConfig(**meta["config"])
+            tok = Tokenizer.from_gguf_fields(CachedFields(meta["tokenizer"]))
+        except (KeyError, TypeError, ValueError, ThorError):
+            meta = None
+    if meta is not None:
+        with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
+        known = set(verdicts)
+        model = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
+                            quant="int4", layout=layout, row_verdicts=verdicts)
+        model.cache_hit = True
+        if set(verdicts) != known:  # a new CPU environment: remember its probes too
+            meta.setdefault("verdicts", {})[ek] = verdicts
+            _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
+        return Loaded(model, tok, cfg, str(path))
+    reader, cfg, tok = gguf_config_and_tokenizer(path)
+    model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
+                        quant="int4", layout=layout)
+    model.cache_hit = False
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+    try:
+        save_file(prepared_tensors(model), str(tmp / "weights.safetensors"))
+        meta = {**key, "weights_sha256": sha256_file(tmp / "weights.safetensors"),
+                "verdicts": {ek: model.row_verdicts}, "config": asdict(cfg),
+                "tokenizer": tokenizer_fields(reader)}
+        (tmp / "key.json").write_text(json.dumps(meta, indent=1))
+        old = root / f".old-{entry.name}-{os.getpid()}"
+        if entry.exists():
+            entry.rename(old)
+        tmp.rename(entry)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a cache that cannot be written only costs the next start
+    return Loaded(model, tok, cfg, str(path))
