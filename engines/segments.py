@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.model import Int8Weight, PackedWeight, TargetModel
+from thor_runtime.model import Int8Weight, RowLoop, PackedWeight, TargetModel
 
 OPSET = 18
 # Bumped whenever the graphs change inputs, outputs or math: part of every cache key.
@@ -102,6 +102,8 @@ def graph_name(segment: str, layer: int | None) -> str:
 
 def dense_weight(w) -> torch.Tensor:
     """The plain [out, in] tensor behind any weight layout the model may hold."""
+    if isinstance(w, RowLoop):          # row by row is how torch runs it; the graph gets the weight
+        w = w.w
     if isinstance(w, torch.Tensor) or w is None:
         return w
     if isinstance(w, Int8Weight):
