@@ -331,6 +331,16 @@ def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor], source: st
                             f"expected {list(shape)}")
 
 
+def residual_mlp(h: torch.Tensor, o: torch.Tensor, w_out, mlp_norm: torch.Tensor, w_gate_up, w_down,
+                 eps: float) -> torch.Tensor:
+    """Everything after a mixer: out projection + residual, then SwiGLU MLP + residual.
+    h [..., T, D] residual stream, o [..., T, *] mixer output -> next h."""
+    h = h + linear(o, w_out)
+    x = rms_norm(h, mlp_norm, eps)
+    gate, up = linear(x, w_gate_up).chunk(2, dim=-1)                       # [..., T, I] each
+    return h + linear(F.silu(gate) * up, w_down)
+
+
 def resolve_layout(dtype: torch.dtype, device: torch.device, quant: str | None, layout: str,
                    quants: tuple[str, ...] = ("int8", "int4")):
     """-> (compute dtype, concrete layout) for a model's weights; refuses what cannot be held."""
@@ -479,10 +489,7 @@ class TargetModel:
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """h [..., T, D] residual stream, o [..., T, H Dh] attention output -> next h."""
         L = self.layers[i]
-        h = h + linear(o, L.wo)
-        x = rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
-        gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)      # [T, I] each
-        return h + linear(F.silu(gate) * up, L.w_down)
+        return residual_mlp(h, o, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..errors import ThorError
 from ..kv_cache import KVCache, KVScales
 from ..model import (ForwardOut, Int8Weight, PackedWeight, TargetModel, Weight, apply_rope, linear,
-                     make_rows_exact, resolve_layout, rms_norm)
+                     make_rows_exact, residual_mlp, resolve_layout, rms_norm)
 from . import gdn as G
 from .config import HybridConfig
 from .state import MAX_SLOTS, HybridCache, RecurrentState
@@ -198,10 +198,7 @@ class HybridModel:
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """h [T, D] residual, o [T, *] mixer output -> next h (out proj, residual, MLP)."""
         L = self.layers[i]
-        h = h + linear(o, L.w_out)
-        x = rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
-        gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)                          # [T, I] each
-        return h + linear(F.silu(gate) * up, L.w_down)
+        return residual_mlp(h, o, L.w_out, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.head_w).float()  # [R, V]
