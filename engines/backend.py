@@ -9,6 +9,7 @@ backends load only from the verified engine cache (cache.py), building an entry 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Callable
 import torch
 
 from thor_runtime.errors import ThorError
+
 from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, graph_plan
 
 ORT_OPT_LEVELS = ("disable", "basic", "extended", "all")
@@ -61,14 +63,15 @@ class BackendOptions:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
 
-class GraphBackend:
+class GraphBackend(ABC):
     """The model-facing methods over ``run``. Subclasses set ``name``, ``plan`` and ``run``."""
 
     name = "graph"
     plan: list[tuple[str, int | None]] = []
 
+    @abstractmethod
     def run(self, segment: str, layer: int | None, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+        """One graph (segment of a layer, or embed/head) on its inputs -> its outputs."""
 
     @property
     def fused(self) -> bool:

@@ -7,7 +7,7 @@ Layout::
         manifest.json         format, key, key fields, graphs, {file: {sha256, bytes}}
         embed.onnx            graphs (+ NAME.onnx.data external weights), engines (NAME.plan)
         ...
-      .build-XXXXXX/          a build in progress (or one that was killed): never listed as usable
+      .build-<random>/        a build in progress (or one that was killed): never listed as usable
       timing-*.cache          TensorRT timing caches (tactic timings, rebuilt when unreadable)
 
 A build writes everything into ``.build-*``, hashes it, writes the manifest last, fsyncs and
