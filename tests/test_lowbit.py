@@ -14,7 +14,7 @@ from tiny import random_drafter
 
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit import GROUP, Int4Weight, q4_blocks, quantize_int4
+from thor_runtime.lowbit import GROUP, int4_kernels, q4_blocks, quantize_int4
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
@@ -26,7 +26,11 @@ from thor_runtime.speculative.ngram import NgramProposer
 # within REGRET logits of its own best (a flip only between near-ties, as bf16 weights flip too).
 REL_TOL, REGRET = 0.05, 1.0
 
-needs_int4 = pytest.mark.skipif(not Int4Weight.available(), reason="this torch has no CPU int4 kernel")
+KERNELS = int4_kernels()
+UNAVAILABLE = {"ort": "onnxruntime (the onnx extra) is not installed", "torch": "this torch has no CPU int4 kernel"}
+# every int4 kernel, each skipped with its reason where it cannot run
+each_kernel = pytest.mark.parametrize("kernel", [
+    pytest.param(k, marks=pytest.mark.skipif(not cls.available(), reason=UNAVAILABLE[k])) for k, cls in KERNELS.items()])
 
 
 def test_q4_blocks_match_gguf_dequantization():
@@ -42,26 +46,29 @@ def test_q4_blocks_match_gguf_dequantization():
         assert torch.equal(q4_blocks(raw, w.shape, kind).dequantize(), torch.from_numpy(ref))
 
 
-@needs_int4
-def test_int4_weight_is_its_codes():
-    """The packed kernel computes x @ dequantize(codes).T (to bf16 rounding of its scales)."""
+@each_kernel
+def test_int4_weight_is_its_codes(kernel):
+    """The kernel computes x @ dequantize(codes).T, to the rounding of its scales (torch:
+    bf16) or of its activations (ort: int8 per block of 32)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g)
     codes = quantize_int4(w)
     x = torch.randn(5, 64, generator=g)
     ref = x @ codes.dequantize().t()
-    y = Int4Weight.pack([codes])(x)
+    y = KERNELS[kernel].from_codes([codes])(x)
     assert (y - ref).abs().max() <= 0.02 * ref.abs().max()
+    for i in range(5):  # a row alone gets the bits it gets among others
+        assert torch.equal(KERNELS[kernel].from_codes([codes])(x[i:i + 1]), y[i:i + 1])
     assert (codes.dequantize() - w).abs().max() <= (w.amax() - w.amin()) / 15  # one step at most
 
 
-@pytest.fixture(scope="module")
-def int4_default(tmp_path_factory):
-    if not Int4Weight.available():
-        pytest.skip("this torch has no CPU int4 kernel")
+@pytest.fixture(scope="module", params=list(KERNELS))
+def int4_default(request, tmp_path_factory):
+    if not KERNELS[request.param].available():
+        pytest.skip(UNAVAILABLE[request.param])
     from thor_runtime.loading import load
 
-    return load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")))
+    return load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel=request.param)
 
 
 def _logits(model, ids):
@@ -98,22 +105,22 @@ def test_int4_speculation_is_plain_decoding(int4_default):
         assert rt.generate(ids, params, spec).token_ids == plain.token_ids
 
 
-@needs_int4
-def test_int4_tiny_requantized_is_exact(tiny_llama):
+@each_kernel
+def test_int4_tiny_requantized_is_exact(tiny_llama, kernel):
     """Float checkpoints re-quantize to int4 (min/max per group); verify is exact there too."""
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
 
-    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4")
-    assert isinstance(m.layers[0].wqkv, Int4Weight) or m.row_loops
+    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel)
+    assert m.int4_kernel == kernel
+    assert isinstance(m.layers[0].wqkv, KERNELS[kernel]) or m.row_loops
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:30]
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2)))
 
 
 @pytest.mark.slow
-@needs_int4
 def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
     from thor_runtime.loading import default_model_path, load
 

@@ -19,6 +19,7 @@ def test_peers_short_mode(tmp_path, monkeypatch):
     rows = {(r["engine"], r["config"]): r for r in doc["rows"]}
     thor = rows[("thor", "int4/none")]
     assert thor["decode_tok_s"] > 0 and thor["peak_rss_mb"] > 0 and thor["load_s"] > 0
+    assert thor["verify16_x_step"] > 0
     assert thor["plan_latency_median_s"] > 0
     assert ("thor", "int4/auto") in rows
     saved = json.loads((tmp_path / "peers.json").read_text())

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .config import WEIGHT_LAYOUTS, ModelConfig
 from .errors import ThorError
 from .kv_cache import KVCache
-from .lowbit import Int4Weight, int4_projection
+from .lowbit import GROUP, Int4Weight, int4_projection, pick_int4_kernel
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -215,6 +215,15 @@ def make_rows_exact(model, names: tuple[str, ...], verdict: dict[str, bool] | No
     return sorted(set(wrapped))
 
 
+def int8_head(lm_head: torch.Tensor, int4_kernel: str | None):
+    """The quantized models' output projection: 8-bit blocks on MatMulNBits next to its int4
+    projections (a Q8_0 table keeps its own codes), else torch's per-channel int8."""
+    if int4_kernel == "ort" and lm_head.shape[1] % GROUP == 0:
+        from .lowbit_ort import NBitsWeight
+        return NBitsWeight.from_dense_int8(lm_head)
+    return Int8Weight(lm_head, keep_dense=False)
+
+
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
@@ -369,10 +378,18 @@ class TargetModel:
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
-                 layout: str = "auto", row_verdicts: dict[str, bool] | None = None):
+                 layout: str = "auto", row_verdicts: dict[str, bool] | None = None, int4_kernel: str = "auto"):
         check_weights(cfg, weights, source)
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
         self.dtype, self.layout = dtype, _ = resolve_layout(dtype, self.device, quant, layout)
+        self.int4_kernel = pick_int4_kernel(int4_kernel) if quant == "int4" else None
+        table_dtype = dtype
+        if self.int4_kernel == "ort":
+            # MatMulNBits takes fp32 activations, and on CPUs without bf16 arithmetic fp32
+            # elementwise work is the faster one; the embedding table stays bf16 (half the
+            # memory; only the gathered rows are widened).
+            self.dtype = dtype = torch.float32
+            table_dtype = torch.bfloat16
 
         def held(t: torch.Tensor):
             if self.layout == "dense":
@@ -387,16 +404,19 @@ class TargetModel:
 
         def proj(*names):
             if quant == "int4":  # weight-only int4, group scales (thor_runtime/lowbit.py)
-                return int4_projection([weights[n] for n in names])
+                return int4_projection([weights[n] for n in names], self.int4_kernel)
             t = torch.cat([weights[n].to(self.device) for n in names]).contiguous()
             return Int8Weight(t) if quant else held(t.to(dtype))
 
-        self.embed_w = w("model.embed_tokens.weight")             # [V, D]
-        self.lm_head = self.embed_w if cfg.tie_word_embeddings else w("lm_head.weight")
+        def table(name):
+            return weights[name].to(device=self.device, dtype=table_dtype).contiguous()
+
+        self.embed_w = table("model.embed_tokens.weight")         # [V, D]
+        self.lm_head = self.embed_w if cfg.tie_word_embeddings else table("lm_head.weight")
         # The drafter shares lm_head as a plain tensor; the target's own head may be int8 or
         # packed (the dense tensor stays anyway: embedding lookups and the drafter read it).
         self.head_w = weights.get(PREPARED_HEAD) or (
-            Int8Weight(self.lm_head, keep_dense=False) if quant else held(self.lm_head))
+            int8_head(self.lm_head, self.int4_kernel) if quant else held(self.lm_head))
         self.final_norm = norm("model.norm.weight")
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
@@ -439,7 +459,7 @@ class TargetModel:
 
     # ---- segments
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.embed_w)                   # [T, D]
+        return F.embedding(ids, self.embed_w).to(self.dtype)    # [T, D]
 
     def pre_attn(self, i: int, h: torch.Tensor, pos: torch.Tensor):
         """h [..., T, D], pos [..., T] absolute positions -> q [..., H, T, Dh], k/v [..., Hkv, T, Dh]

@@ -26,8 +26,8 @@ DECODE_PROMPTS = [  # free-text chat, planning in other wordings (the drafter's 
 ]
 FULL = {"max_tokens": 128, "plan_max_tokens": 384, "decode_prompts": 4, "plans": 6, "repeats": 3}
 SHORT = {"max_tokens": 8, "plan_max_tokens": 24, "decode_prompts": 1, "plans": 1, "repeats": 1}
-THOR_FULL = ["int4/none", "int4/ngram", "int4/dflash", "int4/hybrid", "int4/auto", "int8/none", "bf16/none",
-             "fp32/none"]
+THOR_FULL = ["int4/none", "int4/ngram", "int4/dflash", "int4/hybrid", "int4/auto", "int4@torch/none", "int8/none",
+             "bf16/none", "fp32/none"]
 THOR_SHORT = ["int4/none", "int4/auto"]
 
 
@@ -115,8 +115,9 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
         log(f"peers: {k} skipped: {v}")
     if any(c.startswith(("int4", "auto")) for e, c, _ in runs if e == "thor"):
         log("peers: preparing thor's weight cache (a first start builds it; the runs measure warm starts)")
-        subprocess.run([sys.executable, "-c", f"from thor_runtime.loading import load; load({path!r}, 'int4')"],
-                       env=env, check=True)
+        for kernel in ("auto", "torch"):
+            subprocess.run([sys.executable, "-c", "from thor_runtime.loading import load; "
+                            f"load({path!r}, 'int4', int4_kernel={kernel!r})"], env=env, check=True)
     raw: dict[str, list[dict]] = {f"{e}:{c}": [] for e, c, _ in runs}
     for rep in range(cfg["repeats"]):                # interleaved: one repeat of every peer at a time
         for engine, config, python in runs:
@@ -144,6 +145,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                                                  for i in range(len(rs[0]["decode_tok_s"]))],
                      "plan_latency_median_s": _median(lat), "plan_latency_p90_s": _p90(lat),
                      "accept_length": _median(acc) if acc else None,
+                     "verify16_x_step": _median([r.get("verify16_x_step") for r in rs]),
                      "accept_by_position": [round(statistics.mean(v), 3) for v in zip(*pos)] if pos else None})
     doc = {"machine": device_info(), "model": Path(path).name, "threads": threads, "short": short, **cfg,
            "skipped": skipped, "rows": rows, "raw": raw}
@@ -155,7 +157,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
     return doc
 
 
-COLUMNS = ["engine", "config", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s",
+COLUMNS = ["engine", "config", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s", "verify16_x_step",
            "plan_latency_median_s", "plan_latency_p90_s", "accept_length"]
 
 

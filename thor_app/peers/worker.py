@@ -21,6 +21,23 @@ def _decode_rate(n: int, t_first: float, t_end: float) -> float:
     return (n - 1) / max(t_end - t_first, 1e-9) if n > 1 else 0.0
 
 
+VERIFY_ROWS, VERIFY_REPEATS = 16, 7
+
+
+def _rows_ratio(run_rows) -> float:
+    """Median time of a VERIFY_ROWS-row forward over a 1-row one; run_rows(R) runs R rows on a
+    fixed context and rolls them back, so every repeat sees the same cache."""
+    def med(r):
+        ts = []
+        for _ in range(VERIFY_REPEATS):
+            t = time.perf_counter()
+            run_rows(r)
+            ts.append(time.perf_counter() - t)
+        return sorted(ts)[len(ts) // 2]
+    run_rows(1)
+    return med(VERIFY_ROWS) / med(1)
+
+
 def run_llama(spec: dict) -> dict:
     from llama_cpp import Llama, LlamaGrammar
     import llama_cpp
@@ -33,6 +50,12 @@ def run_llama(spec: dict) -> dict:
     t = time.perf_counter()
     llm.eval(long)
     out["prefill_tok_s"] = len(long) / (time.perf_counter() - t)
+    ctx = llm.n_tokens
+
+    def rows(r):                    # eval starts by dropping the cache from n_tokens on
+        llm.n_tokens = ctx
+        llm.eval(long[:r])
+    out["verify16_x_step"] = _rows_ratio(rows)
     rates = []
     for ids in spec["requests"]["decode"]:
         llm.reset()
@@ -104,13 +127,27 @@ def run_thor(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     weights, method = spec["config"].split("/")
+    weights, _, kernel = weights.partition("@")          # int4@torch: a named int4 kernel
     t0 = time.perf_counter()
-    loaded = load(spec["model"], weights, cache_dir=spec.get("cache_dir"))
+    loaded = load(spec["model"], weights, cache_dir=spec.get("cache_dir"), int4_kernel=kernel or "auto")
+    m = loaded.model
     out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
-           "weights": loaded.model.quant or str(loaded.model.dtype).replace("torch.", "")}
+           "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else "")) if m.quant
+           else str(m.dtype).replace("torch.", "")}
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32")
     out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
         "prefill_tok_s"]
+    from thor_runtime.kv_cache import KVCache
+
+    long = torch.tensor(spec["requests"]["long"])
+    kv = KVCache(m.cfg, len(long) + VERIFY_ROWS + 1, "fp32", m.dtype)
+    m.prefill(long, kv)
+    ctx = kv.length
+
+    def rows(r):                    # the decode cycle's forward, rolled back
+        m.verify(long[:r], kv)
+        kv.crop(ctx)
+    out["verify16_x_step"] = _rows_ratio(rows)
     speculation = build_speculation(SpecOptions(method=method), loaded.model)
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
     rates, acc, per_pos = [], [], {}

@@ -65,10 +65,10 @@ def load_config(model: str = "default") -> ModelConfig:
 
 
 def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layout: str = "auto",
-         cache_dir: str | Path | None = None) -> Loaded:
+         cache_dir: str | Path | None = None, int4_kernel: str = "auto") -> Loaded:
     """layout: how projection weights are held in memory (TargetModel, WEIGHT_LAYOUTS).
     cache_dir: the prepared-weight cache (weight_cache.py) for low-bit GGUF loads; None = the
-    default location, "" = no cache."""
+    default location, "" = no cache. int4_kernel: what int4 weights run on (lowbit.int4_kernels)."""
     if dtype not in DTYPES and dtype not in QUANT and dtype != AUTO:
         raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([AUTO, *DTYPES, *QUANT])}")
     from .tokenizer import Tokenizer
@@ -79,7 +79,7 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
     if quant == "int4" and p.is_file() and device == "cpu":
         from .weight_cache import load_int4_gguf
-        return load_int4_gguf(p, cache_dir=cache_dir, layout=layout)
+        return load_int4_gguf(p, cache_dir=cache_dir, layout=layout, int4_kernel=int4_kernel)
     if p.is_dir():
         from .hf_weights import hf_config, hf_weights
         cfg = hf_config(p)
@@ -98,15 +98,15 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         model = HybridModel(cfg, normalize_names(weights), torch_dtype, source=str(p), device=device, quant=quant,
                             layout=layout)
         return Loaded(model, tok, cfg, str(p))
-    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout),
-                  tok, cfg, str(p))
+    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout,
+                              int4_kernel=int4_kernel), tok, cfg, str(p))
 
 
 def auto_dtype(p: Path, cache_dir=None) -> str:
     """--dtype auto: int4 for a quantized GGUF (int8 where torch has no int4 CPU kernel), else fp32."""
     if p.is_dir():
         return "fp32"
-    from ..lowbit import Int4Weight
+    from ..lowbit import int4_kernels
     from .gguf_lowbit import is_quantized
     from .gguf_weights import open_reader
     from .weight_cache import has_entry
@@ -114,7 +114,7 @@ def auto_dtype(p: Path, cache_dir=None) -> str:
         return "int4"
     if not is_quantized(open_reader(p)):
         return "fp32"
-    return "int4" if Int4Weight.available() else "int8"
+    return "int4" if any(k.available() for k in int4_kernels().values()) else "int8"
 
 
 def gguf_config_and_tokenizer(p: Path):

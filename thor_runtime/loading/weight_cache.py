@@ -26,7 +26,7 @@ import torch
 from ..errors import ThorError
 from ..lowbit import FusedPart, Int4Weight
 
-FORMAT = 1
+FORMAT = 2   # 2: the int4 kernel is part of the mode; qwen2 biases are stored
 ENV_CACHE_DIR = "THOR_CACHE_DIR"
 PROJECTIONS = {  # model field -> the HF tensors fused into it
     "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -71,10 +71,14 @@ def source_sha256(root: Path, src: Path) -> str:
     return digest
 
 
-def env_key(dtype: torch.dtype) -> str:
+def env_key(dtype: torch.dtype, kernel: str = "torch") -> str:
     """What a row-invariance verdict depends on besides kernel and shape."""
-    return (f"torch={torch.__version__}|cpu={torch.backends.cpu.get_cpu_capability()}|"
-            f"threads={torch.get_num_threads()}|dtype={dtype}")
+    key = (f"torch={torch.__version__}|cpu={torch.backends.cpu.get_cpu_capability()}|"
+           f"threads={torch.get_num_threads()}|dtype={dtype}")
+    if kernel == "ort":
+        import onnxruntime
+        key += f"|onnxruntime={onnxruntime.__version__}"
+    return key
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -103,58 +107,91 @@ def _check_entry(entry: Path, key: dict) -> dict | None:
     return meta
 
 
+def _weight_tensors(prefix: str, w) -> dict[str, torch.Tensor]:
+    """One low-bit projection's stored tensors, named ``prefix.<part>``."""
+    from ..lowbit_ort import NBitsWeight
+    from ..model import Int8Weight
+
+    w = getattr(w, "w", w) if not isinstance(w, (Int4Weight, NBitsWeight, Int8Weight)) else w  # RowLoop
+    if isinstance(w, Int4Weight):
+        parts = {"packed": w.packed, "sz": w.sz}
+    elif isinstance(w, NBitsWeight):
+        parts = w.tensors()
+    elif isinstance(w, Int8Weight):
+        parts = {"q": w.q, "s": w.s}
+    else:
+        raise ThorError(f"weight cache: cannot store a {type(w).__name__} projection")
+    return {f"{prefix}.{k}": v for k, v in parts.items()}
+
+
+def _weight_from(t: dict[str, torch.Tensor], prefix: str, rows: int | None = None):
+    """Inverse of _weight_tensors (rows: the output size, which torch's int4 packing hides)."""
+    from ..lowbit_ort import NBitsWeight
+    from ..model import Int8Weight
+
+    if f"{prefix}.blob" in t:
+        return NBitsWeight.from_tensors({k: t[f"{prefix}.{k}"] for k in ("blob", "scale", "corr")
+                                         if f"{prefix}.{k}" in t})
+    if f"{prefix}.packed" in t:
+        sz = t[f"{prefix}.sz"]
+        return Int4Weight(t[f"{prefix}.packed"], sz, (rows or sz.shape[1], sz.shape[0] * 32))
+    w = Int8Weight.__new__(Int8Weight)
+    w.q, w.s, w.dense, w.kernel = t[f"{prefix}.q"], t[f"{prefix}.s"], None, True
+    w.shape = torch.Size(w.q.shape)
+    try:  # as Int8Weight's constructor: dequantize where this torch has no int8 kernel
+        torch._weight_int8pack_mm(torch.zeros(1, w.shape[1], dtype=torch.bfloat16), w.q, w.s)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        w.kernel = False
+    return w
+
+
 def prepared_tensors(model) -> dict[str, torch.Tensor]:
     """The int4 model's prepared state as flat tensors (what an entry stores)."""
     out: dict[str, torch.Tensor] = {"embed": model.embed_w, "final_norm": model.final_norm}
     if model.lm_head is not model.embed_w:
         out["lm_head"] = model.lm_head
-    head = getattr(model.head_w, "w", model.head_w)          # a RowLoop wraps the weight
-    out["head.q"], out["head.s"] = head.q, head.s
+    out.update(_weight_tensors("head", model.head_w))
     for i, L in enumerate(model.layers):
         for field in PROJECTIONS:
-            w = getattr(L, field)
-            w = getattr(w, "w", w) if not isinstance(w, Int4Weight) else w
-            out[f"{i}.{field}.packed"], out[f"{i}.{field}.sz"] = w.packed, w.sz
+            out.update(_weight_tensors(f"{i}.{field}", getattr(L, field)))
         for field in NORMS:
             if getattr(L, field) is not None:
                 out[f"{i}.{field}"] = getattr(L, field)
+        if L.bqkv is not None:
+            out[f"{i}.bqkv"] = L.bqkv
     return {k: v.contiguous() for k, v in out.items()}
 
 
 def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
     """Flat prepared tensors -> the HF-named weights dict TargetModel takes (FusedPart for
     projections, the head under PREPARED_HEAD)."""
-    from ..model import PREPARED_HEAD, Int8Weight
+    from ..model import PREPARED_HEAD
 
-    head = Int8Weight.__new__(Int8Weight)
-    head.q, head.s, head.dense, head.kernel = t["head.q"], t["head.s"], None, True
-    head.shape = torch.Size(head.q.shape)
-    try:  # as Int8Weight's constructor: dequantize where this torch has no int8 kernel
-        torch._weight_int8pack_mm(torch.zeros(1, head.shape[1], dtype=torch.bfloat16), head.q, head.s)
-    except (RuntimeError, NotImplementedError, AttributeError):
-        head.kernel = False
     w: dict[str, object] = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["final_norm"],
-                            PREPARED_HEAD: head}
+                            PREPARED_HEAD: _weight_from(t, "head")}
     if "lm_head" in t:
         w["lm_head.weight"] = t["lm_head"]
     Dh = cfg.head_dim
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         for field, names in PROJECTIONS.items():
-            packed, sz = t[f"{i}.{field}.packed"], t[f"{i}.{field}.sz"]
-            K = sz.shape[0] * 32
             if field == "wqkv":
                 rows = [cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh]
             elif field == "w_gate_up":
                 rows = [cfg.intermediate_size] * 2
             else:
-                rows = [sz.shape[1]]
-            fused = Int4Weight(packed, sz, (sum(rows), K))
+                rows = [cfg.hidden_size]
+            fused = _weight_from(t, f"{i}.{field}", sum(rows))
+            K = fused.shape[1]
             for n, r in zip(names, rows):
                 w[f"{p}{n}.weight"] = FusedPart(fused, (r, K))
         for field, name in NORMS.items():
             if f"{i}.{field}" in t:
                 w[f"{p}{name}.weight"] = t[f"{i}.{field}"]
+        if f"{i}.bqkv" in t:
+            bq = t[f"{i}.bqkv"].split([cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh])
+            for n, b in zip("qkv", bq):
+                w[f"{p}self_attn.{n}_proj.bias"] = b
     return w
 
 
@@ -199,10 +236,10 @@ def has_entry(path: Path, cache_dir=None, mode: str = "int4") -> bool:
         sha = source_sha256(root, path)
     except OSError:
         return False
-    return (root / f"{sha[:24]}-{mode}" / "key.json").is_file()
+    return any(root.glob(f"{sha[:24]}-{mode}*/key.json"))  # any kernel's entry
 
 
-def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
+def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel: str = "auto"):
     """Load a GGUF as an int4 TargetModel through the cache (a hit reads no GGUF metadata)."""
     from dataclasses import asdict
 
@@ -210,26 +247,29 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
     from safetensors.torch import save_file
 
     from ..config import ModelConfig
+    from ..lowbit import pick_int4_kernel
     from ..model import TargetModel
     from . import Loaded, gguf_config_and_tokenizer
     from .gguf_lowbit import gguf_weights_int4
     from .tokenizer import Tokenizer
 
+    kernel = pick_int4_kernel(int4_kernel)
     root = cache_root(cache_dir)
     if root is None:
         reader, cfg, tok = gguf_config_and_tokenizer(path)
         model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                            quant="int4", layout=layout)
+                            quant="int4", layout=layout, int4_kernel=kernel)
         return Loaded(model, tok, cfg, str(path))
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ThorError(f"weight cache directory {root} is not writable ({e}); set {ENV_CACHE_DIR} "
                         "or pass --cache-dir") from None
-    key = entry_key(source_sha256(root, path), "int4")
-    entry = root / f"{key['source_sha256'][:24]}-int4"
+    mode = f"int4-{kernel}"
+    key = entry_key(source_sha256(root, path), mode)
+    entry = root / f"{key['source_sha256'][:24]}-{mode}"
     meta = _check_entry(entry, key)
-    ek = env_key(torch.bfloat16)
+    ek = env_key(torch.float32 if kernel == "ort" else torch.bfloat16, kernel)
     if meta is not None:
         try:
             cfg = ModelConfig(**meta["config"])
@@ -242,7 +282,7 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
         verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
         known = set(verdicts)
         model = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
-                            quant="int4", layout=layout, row_verdicts=verdicts)
+                            quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel)
         model.cache_hit = True
         if set(verdicts) != known:  # a new CPU environment: remember its probes too
             meta.setdefault("verdicts", {})[ek] = verdicts
@@ -250,7 +290,7 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto"):
         return Loaded(model, tok, cfg, str(path))
     reader, cfg, tok = gguf_config_and_tokenizer(path)
     model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                        quant="int4", layout=layout)
+                        quant="int4", layout=layout, int4_kernel=kernel)
     model.cache_hit = False
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:

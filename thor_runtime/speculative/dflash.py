@@ -48,7 +48,7 @@ class DFlashProposer(Proposer):
             check_fits(cfg, target.cfg, "dflash drafter")
             # The drafter runs in the target's dtype and device: the shared lm_head is then
             # used as is (a dtype mismatch would copy [V, D] on every propose).
-            drafter.to(device=target.device, dtype=target.dtype)
+            drafter.to(device=target.device, dtype=target.embed_w.dtype)  # the shared table's
             drafter.bind_target(target.embed_w, target.lm_head)
         elif drafter.embed_w is None:
             raise ThorError("dflash: pass the target model (its embedding and lm_head are shared)")
