@@ -146,6 +146,8 @@ class DenseView:
     rope — with every weight as a plain tensor. Weights are shared, not copied, when the
     model already holds them dense."""
 
+    heads = TargetModel.heads        # pre_attn's second half, called on ``self``
+
     def __init__(self, model: TargetModel):
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self.embed_w = model.embed_w

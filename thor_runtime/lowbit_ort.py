@@ -31,12 +31,16 @@ MIN_ROWS = 2                # see the module docstring: rows from here on are ro
 _ZERO_POINT = {4: 8, 8: 128}
 
 
-def _session(nodes, inits, K: int, N: int, threads: int):
+def session(node_lists: list[list], inits: list, inputs: dict[str, int], outputs: dict[str, int], threads: int):
+    """An ORT CPU session over fp32 [M, width] inputs and outputs (M free)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    g = helper.make_graph(nodes, "projection", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])], inits)
+    def io(name, width):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["M", width])
+
+    g = helper.make_graph([n for ns in node_lists for n in ns], "projection",
+                          [io(k, v) for k, v in inputs.items()], [io(k, v) for k, v in outputs.items()], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
@@ -44,6 +48,12 @@ def _session(nodes, inits, K: int, N: int, threads: int):
     # A spinning pool would take the core torch's threads need between two projections.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def as_rows(x: torch.Tensor) -> np.ndarray:
+    """x [..., width] -> contiguous fp32 [M, width] with M >= MIN_ROWS (a single row repeated)."""
+    a = np.ascontiguousarray(x.reshape(-1, x.shape[-1]).to(torch.float32).numpy())
+    return np.concatenate([a] * MIN_ROWS) if a.shape[0] < MIN_ROWS else a
 
 
 class NBitsWeight:
@@ -54,27 +64,43 @@ class NBitsWeight:
 
     def __init__(self, blob: torch.Tensor, scale: torch.Tensor, corr: torch.Tensor | None, bits: int,
                  threads: int | None = None):
-        from onnx import helper, numpy_helper
-
         if bits not in _ZERO_POINT:
             raise ThorError(f"MatMulNBits weights have 4 or 8 bits, not {bits}")
         N, nb, _ = blob.shape
-        K = nb * GROUP
         self.blob, self.scale, self.corr, self.bits = blob, scale, corr, bits
-        self.shape = torch.Size((N, K))
-        inits = [numpy_helper.from_array(blob.numpy(), "B"),
-                 numpy_helper.from_array(scale.reshape(-1).numpy(), "S")]
-        y0 = "Y" if corr is None else "Y0"
-        nodes = [helper.make_node("MatMulNBits", ["A", "B", "S"], [y0], domain="com.microsoft", K=K, N=N,
-                                  bits=bits, block_size=GROUP, accuracy_level=ACCURACY_LEVEL)]
-        if corr is not None:
-            inits += [numpy_helper.from_array(corr.numpy(), "C"),
-                      numpy_helper.from_array(np.array([-1, nb, GROUP], np.int64), "blocks"),
-                      numpy_helper.from_array(np.array([2], np.int64), "axis")]
-            nodes += [helper.make_node("Reshape", ["A", "blocks"], ["A3"]),              # [M, K/32, 32]
-                      helper.make_node("ReduceSum", ["A3", "axis"], ["BS"], keepdims=0),  # [M, K/32]
-                      helper.make_node("Gemm", ["BS", "C", "Y0"], ["Y"])]                 # BS @ C + Y0
-        self.session = _session(nodes, inits, K, N, threads or torch.get_num_threads())
+        self.shape = torch.Size((N, nb * GROUP))
+        self.threads = threads
+        self._session = None     # built on first call: a fused layer graph may never need it
+
+    def nodes(self, x: str, y: str, prefix: str) -> tuple[list, list]:
+        """ONNX nodes and initializers computing ``y = x @ w.T`` (names under ``prefix``), for
+        this projection's own session and for graphs that fuse several."""
+        from onnx import helper, numpy_helper
+
+        N, K = self.shape
+        nb = K // GROUP
+        inits = [numpy_helper.from_array(self.blob.numpy(), f"{prefix}B"),
+                 numpy_helper.from_array(self.scale.reshape(-1).numpy(), f"{prefix}S")]
+        y0 = y if self.corr is None else f"{prefix}Y0"
+        nodes = [helper.make_node("MatMulNBits", [x, f"{prefix}B", f"{prefix}S"], [y0], domain="com.microsoft",
+                                  K=K, N=N, bits=self.bits, block_size=GROUP, accuracy_level=ACCURACY_LEVEL)]
+        if self.corr is not None:
+            inits += [numpy_helper.from_array(self.corr.numpy(), f"{prefix}C"),
+                      numpy_helper.from_array(np.array([-1, nb, GROUP], np.int64), f"{prefix}blocks"),
+                      numpy_helper.from_array(np.array([2], np.int64), f"{prefix}axis")]
+            nodes += [helper.make_node("Reshape", [x, f"{prefix}blocks"], [f"{prefix}X3"]),            # [M, K/32, 32]
+                      helper.make_node("ReduceSum", [f"{prefix}X3", f"{prefix}axis"], [f"{prefix}BS"],
+                                       keepdims=0),                                                     # [M, K/32]
+                      helper.make_node("Gemm", [f"{prefix}BS", f"{prefix}C", y0], [y])]                # BS @ C + Y0
+        return nodes, inits
+
+    @property
+    def session(self):
+        if self._session is None:
+            nodes, inits = self.nodes("A", "Y", "")
+            N, K = self.shape
+            self._session = session([nodes], inits, {"A": K}, {"Y": N}, self.threads or torch.get_num_threads())
+        return self._session
 
     # ---- construction from the forms the loaders produce
     @classmethod
@@ -124,13 +150,12 @@ class NBitsWeight:
         return w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead, d = x.shape[:-1], x.shape[-1]
-        a = np.ascontiguousarray(x.reshape(-1, d).to(torch.float32).numpy())            # [M, K]
-        m = a.shape[0]
-        if m < MIN_ROWS:
-            a = np.concatenate([a] * MIN_ROWS)
+        lead = x.shape[:-1]
+        m = lead.numel()
+        a = as_rows(x)                                                                    # [max(M, 2), K]
         y = torch.from_numpy(self.session.run(None, {"A": a})[0][:m])                  # [M, N]
         return y.to(x.dtype).view(*lead, -1)
+
 
     @staticmethod
     def available() -> bool:

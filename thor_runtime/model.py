@@ -435,6 +435,11 @@ class TargetModel:
         t0 = time.perf_counter()
         self.row_verdicts = {} if row_verdicts is None else row_verdicts
         self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
+        # MatMulNBits models: one graph per layer boundary (lowbit_fused.py), where row-invariant
+        self.fused = None
+        if self.int4_kernel == "ort":
+            from .lowbit_fused import fuse_layers
+            self.fused = fuse_layers(self, self.row_verdicts)
         self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
@@ -464,13 +469,18 @@ class TargetModel:
     def pre_attn(self, i: int, h: torch.Tensor, pos: torch.Tensor):
         """h [..., T, D], pos [..., T] absolute positions -> q [..., H, T, Dh], k/v [..., Hkv, T, Dh]
         with norms and RoPE applied. Leading dims are free, so a batched caller can reuse it."""
-        cfg, L = self.cfg, self.layers[i]
-        T, Dh = h.shape[-2], cfg.head_dim
-        lead = h.shape[:-2]
-        x = rms_norm(h, L.attn_norm, cfg.rms_eps)
-        qkv = linear(x, L.wqkv)                                # [..., T, (H + 2Hkv) Dh]
+        L = self.layers[i]
+        qkv = linear(rms_norm(h, L.attn_norm, self.cfg.rms_eps), L.wqkv)   # [..., T, (H + 2Hkv) Dh]
         if L.bqkv is not None:
             qkv = qkv + L.bqkv
+        return self.heads(i, qkv, pos)
+
+    def heads(self, i: int, qkv: torch.Tensor, pos: torch.Tensor):
+        """The rest of pre_attn: projected qkv [..., T, (H + 2Hkv) Dh] -> q, k, v per head, with
+        q/k norms and RoPE."""
+        cfg, L = self.cfg, self.layers[i]
+        T, Dh = qkv.shape[-2], cfg.head_dim
+        lead = qkv.shape[:-2]
         q, k, v = qkv.split([cfg.num_heads * Dh, cfg.kv_dim, cfg.kv_dim], dim=-1)
         q = q.view(*lead, T, cfg.num_heads, Dh).transpose(-3, -2)     # [..., H, T, Dh]
         k = k.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]
@@ -514,6 +524,9 @@ class TargetModel:
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
+        if self.fused is not None:
+            h, qkv = self.fused[i](h, o)
+            return (h, *self.heads(i + 1, qkv, pos))
         h = self.post_attn(i, h, o)
         return (h, *self.pre_attn(i + 1, h, pos))
 
