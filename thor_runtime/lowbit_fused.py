@@ -98,3 +98,22 @@ def fuse_layers(model, verdict: dict[str, bool]) -> list[FusedPostPre] | None:
         verdict[key] = all(torch.equal(a[:m], b) for m in range(2, EXACT_ROWS + 1)
                            for a, b in zip(alone, blocks[0](h[:m], o[:m])))
     return blocks if verdict[key] else None
+
+
+def prepare_sessions(model) -> None:
+    """Build, at load, every projection session a forward will call outside the fused graphs
+    (the first layer's q/k/v, the last layer's MLP, the head), then hand the heap memory that
+    building them freed back to the OS: glibc keeps freed blocks of this size (the serialized
+    graphs, tens of MB for the head) in its heap, where they would count as resident for the
+    life of the process."""
+    n = model.cfg.num_layers
+    layers = range(n) if model.fused is None else (0, n - 1)
+    for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + \
+            [model.head_w]:
+        if isinstance(w, NBitsWeight):
+            w.session
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to hand back this way
+        pass

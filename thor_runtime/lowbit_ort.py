@@ -45,6 +45,9 @@ def session(node_lists: list[list], inits: list, inputs: dict[str, int], outputs
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.log_severity_level = 3
+    # Per-session arenas grow to the largest call and are never returned: with one session per
+    # layer that is hundreds of MB for kilobytes of activations.
+    so.enable_cpu_mem_arena = False
     # A spinning pool would take the core torch's threads need between two projections.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

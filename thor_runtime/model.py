@@ -438,8 +438,9 @@ class TargetModel:
         # MatMulNBits models: one graph per layer boundary (lowbit_fused.py), where row-invariant
         self.fused = None
         if self.int4_kernel == "ort":
-            from .lowbit_fused import fuse_layers
+            from .lowbit_fused import fuse_layers, prepare_sessions
             self.fused = fuse_layers(self, self.row_verdicts)
+            prepare_sessions(self)
         self.probe_s = time.perf_counter() - t0
         self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
