@@ -43,7 +43,9 @@ def run_llama(spec: dict) -> dict:
     import llama_cpp
 
     t0 = time.perf_counter()
-    llm = Llama(model_path=spec["model"], n_ctx=2048, n_threads=spec["threads"], n_batch=512, verbose=False)
+    # n_threads_batch too: its default (every core) makes prompt batches crawl on a shared machine
+    llm = Llama(model_path=spec["model"], n_ctx=2048, n_threads=spec["threads"], n_threads_batch=spec["threads"],
+                n_batch=512, verbose=False)
     out = {"load_s": time.perf_counter() - t0, "version": f"llama-cpp-python {llama_cpp.__version__}"}
     long = spec["requests"]["long"]
     llm.reset()
