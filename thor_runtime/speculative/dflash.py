@@ -46,9 +46,12 @@ class DFlashProposer(Proposer):
         cfg = drafter.cfg
         if target is not None:
             check_fits(cfg, target.cfg, "dflash drafter")
-            # The drafter runs in the target's dtype and device: the shared lm_head is then
-            # used as is (a dtype mismatch would copy [V, D] on every propose).
-            drafter.to(device=target.device, dtype=target.embed_w.dtype)  # the shared table's
+            # The drafter runs in the shared table's dtype, so the full lm_head is used as is (a
+            # dtype mismatch would copy [V, D] on every propose) — unless a draft vocabulary
+            # gathers its rows once anyway: then in the target's activation dtype (fp32 next to
+            # a bf16 table is the faster one on CPUs without bf16 arithmetic).
+            shortlist = drafter.draft_vocab is not None and not full_vocab
+            drafter.to(device=target.device, dtype=target.dtype if shortlist else target.embed_w.dtype)
             drafter.bind_target(target.embed_w, target.lm_head)
         elif drafter.embed_w is None:
             raise ThorError("dflash: pass the target model (its embedding and lm_head are shared)")
