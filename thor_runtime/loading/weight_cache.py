@@ -26,7 +26,7 @@ import torch
 from ..errors import ThorError
 from ..lowbit import FusedPart, Int4Weight
 
-FORMAT = 1
+FORMAT = 2  # 2: q/k/v biases (qwen2) are kept; a format-1 entry of such a model lacks them
 ENV_CACHE_DIR = "THOR_CACHE_DIR"
 PROJECTIONS = {  # model field -> the HF tensors fused into it
     "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -118,6 +118,8 @@ def prepared_tensors(model) -> dict[str, torch.Tensor]:
         for field in NORMS:
             if getattr(L, field) is not None:
                 out[f"{i}.{field}"] = getattr(L, field)
+        if L.bqkv is not None:
+            out[f"{i}.bqkv"] = L.bqkv                                   # [(H + 2 Hk) * Dh]
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -155,6 +157,9 @@ def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
         for field, name in NORMS.items():
             if f"{i}.{field}" in t:
                 w[f"{p}{name}.weight"] = t[f"{i}.{field}"]
+        if cfg.qkv_bias:
+            q, k, v = t[f"{i}.bqkv"].split([cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh])
+            w[f"{p}self_attn.q_proj.bias"], w[f"{p}self_attn.k_proj.bias"], w[f"{p}self_attn.v_proj.bias"] = q, k, v
     return w
 
 
