@@ -35,7 +35,7 @@ def register(sub) -> None:
                    help="do not complete the steps from the plan's goal with the symbolic solver")
     add_model_args(p, model_default=None,
                    model_help=f"{PLANNER_DEFAULT} (the default, once pulled: `thor models pull {PLANNER_DEFAULT}`), "
-                              "default (the embedded SmolLM2-135M-Instruct: fast, plans worse), a name from "
+                              "default (the embedded SmolLM2-135M-Instruct: no download, plans worse), a name from "
                               "`thor models list`, an HF dir, or a .gguf file")
     add_spec_args(p, default="auto")
     p.set_defaults(func=run)
@@ -64,7 +64,7 @@ def planner_model(model: str | None, root: Path | None = None) -> str:
     if not is_pulled(entry, models_dir(root)):
         raise ThorError(f"the default planner model {PLANNER_DEFAULT} is not installed: run `thor models pull "
                         f"{PLANNER_DEFAULT}` ({human_size(entry.size)} from the package registry), or pass "
-                        f"--model default for the small embedded model (fast, plans worse)")
+                        f"--model default for the small embedded model (no download; plans worse)")
     return PLANNER_DEFAULT
 
 
