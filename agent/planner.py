@@ -23,6 +23,7 @@ from .gate import Finding, GateResult, check_plan
 from .grammar import Grammar, GrammarTokenizer
 from .prompt import build_messages
 from .solver import complete as solve_from_goal
+from .solver import goal_reasons, stated_goal
 from .specialize import specialize
 
 _ADDITIVE = ("prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
@@ -118,11 +119,16 @@ class Planner:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
             model_text = text
-            if not gate.valid and self.complete and gate.plan is not None:
-                filled = solve_from_goal(gate.plan, world, skills, _max_items(req.schema))
+            # Cut off by the budget: the goal, written before the steps, may still be whole.
+            stated = stated_goal(text) if gate.plan is None and res.finish_reason == "length" else None
+            base = gate.plan if gate.plan is not None else stated
+            if not gate.valid and self.complete and base is not None:
+                filled = solve_from_goal(base, world, skills, _max_items(req.schema))
                 again = check_plan(filled, req.schema, world, skills) if filled is not None else None
                 if again is not None and again.valid:   # the model's goal, the solver's steps
                     gate, completed, text = again, True, json.dumps(filled)
+            if not gate.valid and stated is not None:   # a refusal names the goal's own reason
+                gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world)))
             history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
                             "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "

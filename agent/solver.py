@@ -20,7 +20,7 @@ from .conditions import Cond
 from .files import ArgSpec, Skill, SkillSet, World
 from .gate import _arg_findings
 from .specialize import MAX_TIMEOUT_S
-from .symbolic import apply, holds, initial_state, parse_goal, reaches, step_conds
+from .symbolic import apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
 
 MAX_STATES = 20_000
 NOTE_CHARS = 60
@@ -139,3 +139,29 @@ def complete(plan, world: World, skills: SkillSet, max_steps: int = 10) -> dict 
                           "timeout_s": _timeout(act.skill, tmpl), "on_failure": "abort"})
     head = {k: plan[k] for k in ("plan_id", "task") if k in plan}
     return {**head, "goal": plan["goal"], "steps": out_steps}
+
+
+def stated_goal(text: str) -> dict | None:
+    """The head of a plan the token budget cut off: ``{"plan_id", "task", "goal", "steps": []}``.
+    The grammar writes the goal before the steps, so a plan cut inside its steps (a small model
+    repeating steps, say) has still stated its goal, and the solver can complete from it. None
+    when the text is not a plan whose goal was written out in full."""
+    import json
+
+    cut = text.find('"steps"')
+    if cut < 0:
+        return None
+    try:
+        head = json.loads(text[:cut].rstrip().rstrip(",") + "}")
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or not isinstance(head.get("goal"), list):
+        return None
+    return {**head, "steps": []}
+
+
+def goal_reasons(plan: dict, world: World) -> list:
+    """Why a stated goal cannot be done here (a name this world lacks, a heavy, fixed or
+    out-of-reach object, `missing`): the findings a refusal should name."""
+    goal, problems = parse_goal(plan, world)
+    return problems if goal is None or problems else goal_limits(goal, world)

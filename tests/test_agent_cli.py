@@ -104,8 +104,8 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     monkeypatch.setattr(agent_cli, "build_runtime", lambda args: (default_model, rt))
     out = tmp_path / "plan.json"
     task = "put the apple on the table"
-    rc = main(["plan", task, "--world", str(WORLDS["kitchen"]), "--spec", "ngram", "--max-tokens", "200",
-               "--attempts", "0", "--json", "--out", str(out)])
+    rc = main(["plan", task, "--world", str(WORLDS["kitchen"]), "--model", "default", "--spec", "ngram",
+               "--max-tokens", "200", "--attempts", "0", "--json", "--out", str(out)])
     cap = capsys.readouterr()
     obj = json.loads(cap.out)
     assert rc == 0, cap.err

@@ -190,3 +190,34 @@ def test_real_qwen2_05b_greedy_matches_transformers():
     assert (logits - _hf_logits(hf, ids)[-1]).abs().max() < 1e-3
     res = Runtime(ours.model, ours.tokenizer).generate(ids, SamplingParams(max_tokens=16, ignore_eos=True))
     assert res.token_ids == _hf_greedy(hf, ids, 16)
+
+
+
+@pytest.mark.skipif(not __import__("thor_runtime.lowbit", fromlist=["Int4Weight"]).Int4Weight.available(),
+                    reason="this torch has no CPU int4 kernel")
+def test_qwen2_int4_weight_cache_entry_keeps_the_biases(tiny_qwen2, tmp_path):
+    """What an int4 weight-cache entry stores (prepared_tensors) and how a hit rebuilds the
+    model from it (weights_from_prepared): the q/k/v biases must survive, and the rebuilt model
+    must compute exactly what the one built from the GGUF did."""
+    from gguf_writer import write_tiny_gguf
+
+    from thor_runtime.loading.gguf_lowbit import gguf_weights_int4
+    from thor_runtime.loading.gguf_weights import gguf_config, open_reader
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.loading.weight_cache import prepared_tensors, weights_from_prepared
+    from thor_runtime.model import TargetModel
+
+    path = tmp_path / "q2-q4.gguf"
+    write_tiny_gguf(path, tiny_qwen2.cfg, hf_weights(Path(tiny_qwen2.source)), "Q4_0", arch="qwen2")
+    r = open_reader(path)
+    cfg = gguf_config(r, path)
+    built = TargetModel(cfg, gguf_weights_int4(r, cfg, path), torch.bfloat16, quant="int4")
+    tensors = prepared_tensors(built)
+    assert all(f"{i}.bqkv" in tensors for i in range(cfg.num_layers))
+    hit = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, quant="int4",
+                      row_verdicts=dict(built.row_verdicts))
+    for a, b in zip(built.layers, hit.layers):
+        assert a.bqkv is not None and torch.equal(a.bqkv, b.bqkv)
+    ids = torch.tensor(tiny_qwen2.tokenizer.encode(PROMPTS[0]))
+    logits = [m.forward(ids, KVCache(cfg, 64, "fp32", m.dtype)).logits for m in (built, hit)]
+    assert torch.equal(*logits)

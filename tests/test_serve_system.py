@@ -295,7 +295,8 @@ def test_install_dry_run_prints_every_step_and_changes_nothing(tmp_path):
     steps = re.findall(r"^== step (\d+):", out, re.M)
     assert steps == [str(i) for i in range(1, len(steps) + 1)] and len(steps) >= 7
     for words in ("venv --system-site-packages", "--index-url https://pypi.jetson-ai-lab.io/", "engines build",
-                  "/etc/thor-runtime/thor.toml", "systemd-analyze verify", "systemctl enable --now"):
+                  "/etc/thor-runtime/thor.toml", "systemd-analyze verify", "systemctl enable --now",
+                  "models pull qwen2.5-coder-0.5b-instruct"):
         assert words in out, words
     assert not prefix.exists() and "nothing was changed" in out
     assert subprocess.run(["bash", str(DEPLOY / "install.sh"), "--bogus"], capture_output=True).returncode == 2

@@ -127,7 +127,7 @@ def test_fertilizer_cli_never_exit_0(tmp_path, capsys, tiny_llama, monkeypatch):
     rt = ScriptedRuntime(tiny_llama.tokenizer, [json.dumps(FERT_PLAN)] * 3)
     monkeypatch.setattr(plan_cli, "build_runtime", lambda args: (tiny_llama, rt))
     argv = ["plan", "Lift the fertilizer bag onto the potting table", "--world", str(tmp_path / "garden.json"),
-            "--spec", "none", "--no-thinking", "--json", "--attempts", "2", "--skills"]
+            "--model", "default", "--spec", "none", "--no-thinking", "--json", "--attempts", "2", "--skills"]
     rc = main(argv + [str(tmp_path / "no_flag.json")])
     cap = capsys.readouterr()
     assert rc == 3, cap.err

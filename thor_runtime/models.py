@@ -124,6 +124,12 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
 )}
 
 
+# What `thor plan` runs when no --model is given: the catalog model with the best measured task
+# success on the held-out evaluation (README, "Plans that do the task"). Never substituted
+# silently: when it is not pulled, `thor plan` says how to pull it or to choose the embedded model.
+PLANNER_DEFAULT = "qwen2.5-coder-0.5b-instruct"
+
+
 def models_dir(override: str | Path | None = None) -> Path:
     """Where pulled models live: ``override``, else $THOR_MODELS_DIR, else ~/.cache/thor-runtime/models."""
     if override:

@@ -19,10 +19,11 @@ def positive_int(s: str) -> int:
     return v
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, model_default: str | None = "default",
+                   model_help: str = "default (SmolLM2-135M-Instruct), a name from `thor models list`, "
+                                     "an HF dir, or a .gguf file") -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), a name from `thor models list`, "
-                                                       "an HF dir, or a .gguf file")
+    g.add_argument("--model", default=model_default, help=model_help)
     g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
                    help="weights: auto (a quantized GGUF runs int4 with its own group scales, other "
                         "checkpoints fp32), fp32, bf16, int8 or int4 (weight-only, bf16 activations)")

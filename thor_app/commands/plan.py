@@ -3,6 +3,8 @@
 Exit codes: 0 a plan that passed schema + gate; 2 bad input (files, schema, arguments);
 3 no valid plan after the repair attempts. Every input file is checked, and the request's
 schema compiled to a grammar, before the model is loaded: bad input fails in milliseconds.
+Without --model it plans with the planner default (PLANNER_DEFAULT, a pulled catalog model);
+when that is not pulled, exit 2 saying how to pull it or to choose the embedded model.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from .common import add_model_args, add_spec_args, build_runtime, positive_int, speculation
 from thor_runtime.errors import NoValidPlan, ThorError
 from thor_runtime.fileio import write_text_atomic
+from thor_runtime.models import PLANNER_DEFAULT
 
 
 def register(sub) -> None:
@@ -30,7 +33,10 @@ def register(sub) -> None:
     p.add_argument("--no-thinking", action="store_true", help="no <think> span even if the model has one")
     p.add_argument("--no-solver", action="store_true",
                    help="do not complete the steps from the plan's goal with the symbolic solver")
-    add_model_args(p)
+    add_model_args(p, model_default=None,
+                   model_help=f"{PLANNER_DEFAULT} (the default, once pulled: `thor models pull {PLANNER_DEFAULT}`), "
+                              "default (the embedded SmolLM2-135M-Instruct: no download, plans worse), a name from "
+                              "`thor models list`, an HF dir, or a .gguf file")
     add_spec_args(p, default="auto")
     p.set_defaults(func=run)
 
@@ -45,6 +51,21 @@ def write_atomic(path: Path, text: str) -> None:
     if not path.parent.is_dir():
         raise ThorError(f"--out: directory does not exist: {path.parent}")
     write_text_atomic(path, text)
+
+
+def planner_model(model: str | None, root: Path | None = None) -> str:
+    """--model as given, else the planner default when it is pulled. Not pulled: an error naming
+    both ways on, never a quiet fall-back to a model that plans worse."""
+    if model is not None:
+        return model
+    from thor_runtime.models import CATALOG, human_size, is_pulled, models_dir
+
+    entry = CATALOG[PLANNER_DEFAULT]
+    if not is_pulled(entry, models_dir(root)):
+        raise ThorError(f"the default planner model {PLANNER_DEFAULT} is not installed: run `thor models pull "
+                        f"{PLANNER_DEFAULT}` ({human_size(entry.size)} from the package registry), or pass "
+                        f"--model default for the small embedded model (no download; plans worse)")
+    return PLANNER_DEFAULT
 
 
 def _load_inputs(args):
@@ -68,6 +89,7 @@ def _load_inputs(args):
     # Specialize and compile once without the model, so an unsupported keyword or an unusable
     # skill set is reported before minutes of model loading on a small board.
     check_schema(specialize(schema if schema is not None else base_plan_schema(), world, skills, args.max_steps))
+    args.model = planner_model(args.model)  # after the files: bad input is reported first, whatever the model
     return world, skills, schema
 
 

@@ -26,7 +26,7 @@ import torch
 from ..errors import ThorError
 from ..lowbit import FusedPart, Int4Weight
 
-FORMAT = 2   # 2: the int4 kernel is part of the mode; qwen2 biases are stored
+FORMAT = 2   # 2: the int4 kernel is part of the mode; q/k/v biases (qwen2) are stored
 ENV_CACHE_DIR = "THOR_CACHE_DIR"
 PROJECTIONS = {  # model field -> the HF tensors fused into it
     "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
