@@ -108,7 +108,7 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
             res = planner.plan(t.task, world, skills)
             rows.append(score(t, res, world, skills))
             r = rows[-1]
-            r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills).schema, world, skills)
+            r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills, task=t.task).schema, world, skills)
             print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}", file=sys.stderr)
         out.append({"solver": solver, **summarize(rows), "rows": rows})
     return out

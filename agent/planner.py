@@ -21,6 +21,7 @@ from thor_runtime.stats import Stats
 from .files import SkillSet, World, base_plan_schema
 from .gate import Finding, GateResult, check_plan
 from .grammar import Grammar, GrammarTokenizer
+from .grounding import grounding_findings
 from .prompt import build_messages
 from .solver import complete as solve_from_goal
 from .solver import goal_reasons, stated_goal
@@ -68,10 +69,11 @@ def merge_stats(parts: list[Stats]) -> Stats:
 
 
 def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet, schema: dict | None = None,
-                    max_steps: int | None = None, thinking: bool = False) -> PreparedRequest:
-    """The request's specialized schema and its grammar, exactly as the planner decodes under it."""
+                    max_steps: int | None = None, thinking: bool = False, task: str | None = None) -> PreparedRequest:
+    """The request's specialized schema and its grammar, exactly as the planner decodes under it
+    (with the ``task``, its goal is focused on the objects the task speaks of: specialize.py)."""
     t0 = time.perf_counter()
-    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps)
+    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps, task)
     grammar = Grammar(gtok, spec_schema, thinking=thinking)
     return PreparedRequest(spec_schema, grammar, time.perf_counter() - t0)
 
@@ -97,14 +99,15 @@ class Planner:
         if self.thinking and self.gtok.think_ids is None:
             raise ThorError("thinking requested but the tokenizer has no <think> / </think> tokens")
 
-    def prepare(self, world: World, skills: SkillSet, schema: dict | None = None) -> PreparedRequest:
-        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking)
+    def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
+                task: str | None = None) -> PreparedRequest:
+        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking, task)
 
     def plan(self, task: str, world: World, skills: SkillSet, schema: dict | None = None) -> PlanResult:
         if not isinstance(task, str) or not task.strip():
             raise ThorError("the task is empty")
         t0 = time.perf_counter()
-        req = self.prepare(world, skills, schema)      # raises before any generation
+        req = self.prepare(world, skills, schema, task)      # raises before any generation
         params = SamplingParams(max_tokens=self.max_tokens)
         stats: list[Stats] = []
         history = []
@@ -114,7 +117,7 @@ class Planner:
             res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint())
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
-            gate = check_plan(text, req.schema, world, skills)
+            gate = _check(task, text, req.schema, world, skills)
             if res.finish_reason == "length" and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
@@ -124,7 +127,7 @@ class Planner:
             base = gate.plan if gate.plan is not None else stated
             if not gate.valid and self.complete and base is not None:
                 filled = solve_from_goal(base, world, skills, _max_items(req.schema))
-                again = check_plan(filled, req.schema, world, skills) if filled is not None else None
+                again = _check(task, filled, req.schema, world, skills) if filled is not None else None
                 if again is not None and again.valid:   # the model's goal, the solver's steps
                     gate, completed, text = again, True, json.dumps(filled)
             if not gate.valid and stated is not None:   # a refusal names the goal's own reason
@@ -152,6 +155,14 @@ class Planner:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
             ids = ids[last + 1:]
         return self.tok.decode(ids).strip()
+
+
+def _check(task: str, text_or_plan, schema: dict, world: World, skills: SkillSet) -> GateResult:
+    """The gate, then the goal held to the task's words (grounding.py)."""
+    gate = check_plan(text_or_plan, schema, world, skills)
+    if gate.plan is None:
+        return gate
+    return GateResult(gate.plan, gate.findings + tuple(grounding_findings(task, gate.plan, world)))
 
 
 def _max_items(schema: dict) -> int:

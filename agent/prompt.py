@@ -76,13 +76,26 @@ def describe_world(world: World) -> str:
     return "\n".join(lines)
 
 
+# goal kind -> its form in the prompt; only kinds some skill can make true are offered (the
+# grammar allows no others), so the list is the model's whole goal vocabulary for this request.
+_GOAL_FORMS = {"at": '{"object":O,"at":P}', "is": '{"object":O,"is":"%s"}', "holding": '{"holding":O}',
+               "place_is": '{"place":P,"is":"inspected"}', "robot_at": '{"robot_at":P}'}
+
+
+def goal_forms(skills: SkillSet) -> str:
+    kinds = {c.kind for s in skills.skills for c in s.effects}
+    states = sorted({c.value for s in skills.skills for c in s.effects if c.kind == "is"})
+    forms = [f % "|".join(states) if k == "is" else f for k, f in _GOAL_FORMS.items() if k in kinds]
+    return "; ".join(forms)
+
+
 def system_prompt(world: World, skills: SkillSet) -> str:
     return "\n".join([
         "You are a robot task planner. Reply with one JSON plan and nothing else.",
         "Example: " + _EXAMPLE,
-        'Goal first: what holds when done ([{"missing":"<name>"}] for a thing not below); then steps '
-        "reaching it, each skill's needs met, the hand empty at the end. "
-        "on_failure is abort, retry, or a step id.",
+        "Goal first, one condition per object the task names: " + goal_forms(skills)
+        + '; or {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
+        "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),
         describe_world(world),

@@ -1,4 +1,5 @@
-"""Per-request plan schema: the base schema narrowed to this world and this skill library.
+"""Per-request plan schema: the base schema narrowed to this world, this skill library and (for
+the goal) this task.
 
 What goes into the schema is *vocabulary*: which skills exist, each skill's argument names and
 types, numeric ranges, which world names an object / place argument may take, and which goal
@@ -110,31 +111,87 @@ def _enum(names: list[str]) -> dict:
     return {"enum": names}
 
 
-def goal_schema(world: World, skills: SkillSet) -> dict:
-    """Goal conditions over this world's names, and only the kinds some skill can make true
-    (nothing else could be reached); plus `missing`, the plan's way to say the task names a
-    thing this world does not have."""
+def _states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...]]:
+    """object -> the `is` states some skill can give it: a skill's effect on ``$arg`` reaches
+    only objects of a type that argument accepts (vocabulary, like an argument's types)."""
+    out: dict[str, set[str]] = {o.name: set() for o in world.objects}
+    for s in skills.skills:
+        specs = {a.name: a for a in s.args}
+        for c in s.effects:
+            if c.kind != "is" or not c.subject:
+                continue
+            a = specs.get(c.subject[1:]) if c.subject.startswith("$") else None
+            for o in world.objects:
+                if (a is not None and a.type == "object" and (not a.object_types or o.type in a.object_types)) \
+                        or c.subject == o.name:
+                    out[o.name].add(c.value)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def _shape(props: dict) -> dict:
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict) -> list[dict]:
+    """Conditions about these objects: at a place, held, or in a state their type can reach
+    (objects with the same reachable states share one branch, so the grammar stays small)."""
+    out = []
+    if "at" in kinds and objs and places:
+        out.append(_shape({"object": _enum(objs), "at": _enum(places)}))
+    if "holding" in kinds and objs:
+        out.append(_shape({"holding": _enum(objs)}))
+    if "is" in kinds:
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for o in objs:
+            if states.get(o):
+                groups.setdefault(states[o], []).append(o)
+        out += [_shape({"object": _enum(g), "is": _enum(list(st))}) for st, g in groups.items()]
+    return out
+
+
+def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None) -> dict:
+    """The goal array over this world's names: only the kinds some skill can make true (nothing
+    else could be reached), each object only in the states its type can reach, plus `missing`,
+    the plan's way to say the task names a thing this world does not have.
+
+    With the ``task``, the goal is focused on it (grounding.py's words): its conditions are
+    about objects the task mentions, and it opens with one condition about each object the task
+    names in full, in the task's order. A small model otherwise states half of a two-object
+    task, or plans for a thing the world has in place of one it lacks; the gate checks the same
+    words, so a plan decoded under another schema is held to them too."""
+    from .grounding import mentions, names, words
+
+    base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
-    states = sorted({c.value for s in skills.skills for c in s.effects if c.kind == "is"})
-    shape = lambda props: {"type": "object", "properties": props, "required": list(props),  # noqa: E731
-                           "additionalProperties": False}
-    branches = []
-    if "at" in kinds and objs and places:
-        branches.append(shape({"object": _enum(objs), "at": _enum(places)}))
-    if "holding" in kinds and objs:
-        branches.append(shape({"holding": _enum(objs)}))
-    if "is" in kinds and objs and states:
-        branches.append(shape({"object": _enum(objs), "is": _enum(states)}))
+    states = _states_by_object(world, skills)
+    lead: list[str] = []
+    if task is not None:
+        tw, low = words(task), task.lower()
+        objs = [o.name for o in world.objects if mentions(tw, o.name, o.type)]
+        named = [o.name for o in world.objects if names(tw, o.name)]
+        # in the order the task says them (first word of the name found in the text)
+        lead = sorted(named, key=lambda n: min((low.find(t) for t in n.split("_") if low.find(t) >= 0),
+                                               default=len(low)))
+    branches = _object_branches(objs, kinds, places, states)
     if "place_is" in kinds and places:
-        branches.append(shape({"place": _enum(places), "is": {"const": "inspected"}}))
+        branches.append(_shape({"place": _enum(places), "is": {"const": "inspected"}}))
     if "robot_at" in kinds and places:
-        branches.append(shape({"robot_at": _enum(places)}))
-    branches.append(shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
-    return {"anyOf": branches}
+        branches.append(_shape({"robot_at": _enum(places)}))
+    branches.append(_shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
+    out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}
+    out["items"] = {"anyOf": branches}
+    cap = out.get("maxItems")
+    lead = lead[:cap] if isinstance(cap, int) else lead
+    prefix = [{"anyOf": bs} for bs in (_object_branches([n], kinds, places, states) for n in lead) if bs]
+    if prefix:
+        out["prefixItems"] = prefix
+        out["minItems"] = max(int(out.get("minItems", 0)), len(prefix))
+    return out
 
 
-def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None) -> dict:
+def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None,
+               task: str | None = None) -> dict:
     """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
     schema for something else) comes back unchanged."""
     schema = copy.deepcopy(base)
@@ -155,7 +212,7 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     goal = schema["properties"].get("goal")
     if isinstance(goal, dict) and "items" in goal:
-        goal["items"] = goal_schema(world, skills)
+        schema["properties"]["goal"] = goal_schema(world, skills, task, goal)
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
     return schema

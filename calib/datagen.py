@@ -58,8 +58,8 @@ class PlanGreedy:
 
         if req is None:
             return None
-        return prepare_request(self.gtok, req.world, req.skills, thinking=self.gtok.think_ids is not None
-                               ).grammar.constraint()
+        return prepare_request(self.gtok, req.world, req.skills, thinking=self.gtok.think_ids is not None,
+                               task=req.task).grammar.constraint()
 
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
         from thor_runtime.sampling import SamplingParams

@@ -276,7 +276,7 @@ def test_planner_repairs_with_gate_errors(tiny_llama):
     assert "cast_iron_pan" in rt.prompts[1] and "payload" in rt.prompts[1]
     assert res.stats["attempts"] == 2 and "jump_forward_tokens" in res.stats
     rt = ScriptedRuntime(tok, [json.dumps(heavy)] * 3)
-    res = Planner(rt, tok, attempts=2, thinking=False, complete=False).plan("t", w, s)
+    res = Planner(rt, tok, attempts=2, thinking=False, complete=False).plan("put the apple on the table", w, s)
     assert not res.valid and res.attempts == 3 and res.report[0]["check"] == "payload"
 
 

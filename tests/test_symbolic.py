@@ -245,15 +245,16 @@ def test_planner_completes_from_the_goal_and_says_so(tiny_llama):
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")
     picks_and_stops = plan([{"object": "red_cup", "at": "dish_rack"}], pick("s1", "red_cup"))
-    res = Planner(ScriptedRuntime(tok, [json.dumps(picks_and_stops)]), tok, attempts=0, thinking=False).plan("t", w, s)
+    res = Planner(ScriptedRuntime(tok, [json.dumps(picks_and_stops)]), tok, attempts=0, thinking=False).plan(
+        "put the red cup in the dish rack", w, s)
     assert res.valid and res.completed and res.stats["completed"] and len(res.plan["steps"]) == 2
     rt = ScriptedRuntime(tok, [json.dumps(picks_and_stops)])
-    res = Planner(rt, tok, attempts=0, thinking=False, complete=False).plan("t", w, s)
+    res = Planner(rt, tok, attempts=0, thinking=False, complete=False).plan("put the red cup in the dish rack", w, s)
     assert not res.valid and not res.completed and {f["check"] for f in res.report} == {"left_held", "goal"}
     heavy = plan([{"object": "cast_iron_pan", "at": "table"}], pick("s1", "cast_iron_pan"),
                  place("s2", "cast_iron_pan", "table"))
     rt = ScriptedRuntime(tok, [json.dumps(heavy)] * 2)
-    res = Planner(rt, tok, attempts=1, thinking=False).plan("t", w, s)
+    res = Planner(rt, tok, attempts=1, thinking=False).plan("put the cast iron pan on the table", w, s)
     assert not res.valid and "payload" in {f["check"] for f in res.report}
     assert "is not reached" not in rt.prompts[1] and "payload" in rt.prompts[1]   # findings fed back
     assert "goal cast_iron_pan at table: cast_iron_pan weighs 3.2 kg" in rt.prompts[1]   # the goal's own reason

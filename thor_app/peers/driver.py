@@ -54,7 +54,7 @@ def make_requests(model: str, cfg: dict) -> dict:
     plans = []
     for _, task, world, skills in plan_cases(cfg["plans"]):
         plans.append({"ids": tok.encode_chat(build_messages(task, world, skills)),
-                      "schema": prepare_request(gtok, world, skills).schema})
+                      "schema": prepare_request(gtok, world, skills, task=task).schema})
     long = []
     while len(long) < 400:
         long += tok.encode(" ".join(DECODE_PROMPTS))

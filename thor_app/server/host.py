@@ -208,7 +208,8 @@ class ModelHost:
         """The specialized schema and its grammar: a bad schema or skill set is a 400 here."""
         from agent.planner import prepare_request
 
-        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps, self._thinking())
+        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps, self._thinking(),
+                               req.task)
 
     def _thinking(self) -> bool:
         mode = self.cfg.planner.thinking
