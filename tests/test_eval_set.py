@@ -3,14 +3,19 @@ training use, every feasible task is reachable, and scoring judges plans by the 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 from agent.bench import _spread
-from agent.evaluation import REFUSALS, load_eval_set, score, summarize, unsafe_reasons
-from agent.files import AGENT_DIR, base_plan_schema
+from agent.conditions import GOAL_KINDS, parse_conds
+from agent.evaluation import EVAL_DIR, REFUSALS, load_eval_set, score, summarize, unsafe_reasons
+from agent.files import AGENT_DIR, base_plan_schema, load_world
 from agent.gate import check_plan
 from agent.solver import complete
 from agent.specialize import specialize
+from agent.symbolic import execute, goal_limits, initial_state, reaches
 from calib.prompts import NAME_VOCAB, PLACE_VOCAB, WORLD_NAMES
 
 
@@ -110,3 +115,131 @@ def test_eval_bench_wiring(tiny_llama):
         assert o["tasks"] == 8 and o["valid"] == 0 and o["unsafe_on_exit0"] == 0 and o["attempts_mean"] == 1
         assert o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"   # refusals name `workspace`
         assert all(r["report_checks"] == ["object"] for r in o["rows"])
+
+
+# ---- agent/eval_b: the second held-out set --------------------------------------------------
+EVAL_B = AGENT_DIR / "eval_b"
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _goal_kind(goal) -> tuple:
+    """A task's kind from its goal: the sorted condition kinds (with the state word of `is`)."""
+    return tuple(sorted(c.kind + (f":{c.value}" if c.kind == "is" else "") for c in goal))
+
+
+def test_second_eval_set_shape_fresh_and_mixed():
+    tasks, worlds = load_eval_set(EVAL_B)
+    first, first_worlds = load_eval_set()
+    assert len(tasks) >= 40 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
+    assert not {t.id for t in tasks} & {t.id for t in first}
+    # 12 infeasible tasks: in every world one of each refusal kind
+    assert sum(bool(t.refuse) for t in tasks) == 12
+    for name in worlds:
+        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
+    # new settings: no world (nor object / place name) shared with the sample or first eval worlds
+    old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
+    old += [w for w, _ in first_worlds.values()]
+    old_worlds = {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
+    old_names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
+    vocab = {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
+    for name, (w, s) in worlds.items():
+        assert name not in old_worlds and w.name not in old_worlds, name
+        names = {o.name for o in w.objects} | {p.name for p in w.places}
+        assert not names & (old_names | vocab), (name, names & (old_names | vocab))
+        assert Path(s.source).resolve().parent == (AGENT_DIR / "skills").resolve()   # the project's skills
+    # the same mix of kinds as the first set (plus a close)
+    kinds = Counter(_goal_kind(t.goal) for t in tasks if not t.refuse)
+    for k in [("at",), ("at", "at"), ("is:open",), ("at", "is:open"), ("is:inspected",), ("holding",),
+              ("is:closed",), ("place_is",), ("robot_at",), ("at", "robot_at")]:
+        assert kinds[k] >= 1, k
+    assert kinds[("at",)] >= 12 and kinds[("at", "at")] >= 3 and kinds[("is:open",)] >= 3
+    # each feasible task names the objects its goal moves / opens / inspects (by name word or type)
+    for t in tasks:
+        w = worlds[t.world][0]
+        for c in t.goal:
+            if c.kind in ("at", "is", "holding"):
+                o = w.object(c.subject)
+                assert _words(t.task) & (set(o.name.split("_")) | {o.type}), (t.id, o.name)
+
+
+def test_second_eval_set_feasible_tasks_are_reachable():
+    tasks, worlds = load_eval_set(EVAL_B)
+    feasible = [t for t in tasks if not t.refuse]
+    assert len(feasible) >= 28
+    for t in feasible:
+        w, s = worlds[t.world]
+        assert not reaches(t.goal, initial_state(w)), t.id          # not done before any step
+        plan = complete({"plan_id": "p1", "task": t.task, "goal": [c.to_dict() for c in t.goal], "steps": []}, w, s)
+        assert plan is not None, t.id
+        ex = execute(plan["steps"], w, s)
+        assert ex.complete and not ex.findings and reaches(t.goal, ex.state), (t.id, ex.findings)
+        row = score(t, _res(plan, w, s), w, s)
+        assert row["success"] and row["valid"] and not row["unsafe"], (t.id, row)
+
+
+def test_second_eval_set_infeasible_for_their_reason():
+    doc = json.loads((EVAL_B / "tasks.json").read_text())
+    tasks, worlds = load_eval_set(EVAL_B)
+    asks = {t["id"]: parse_conds(t["asks"], GOAL_KINDS, t["id"]) for t in doc["tasks"] if "refuse" in t}
+    for t in (t for t in tasks if t.refuse):
+        w, s = worlds[t.world]
+        r, goal = w.robot, asks[t.id]
+        if t.refuse == "object":
+            (c,) = goal
+            assert c.kind == "missing" and _words(c.subject.replace("_", " ")) <= _words(t.task), t.id
+            missing = set(c.subject.split("_"))
+            for o in w.objects:
+                assert not missing & (set(o.name.split("_")) | {o.type}), (t.id, o.name)
+            assert not w.place(c.subject), t.id
+            continue
+        for c in goal:
+            for ref, kind in c.refs():
+                assert (w.object(ref) if kind == "object" else w.place(ref)), (t.id, ref)
+        o = w.object(goal[0].subject)
+        assert _words(t.task) & set(o.name.split("_")), (t.id, o.name)
+        if t.refuse == "payload":
+            assert o.mass_kg > r.max_payload_kg and o.graspable, t.id
+        else:
+            assert not r.inside(o.position) or any(not r.inside(w.place(c.value).position)
+                                                   for c in goal if c.kind == "at"), t.id
+        # the goal's only limit is the expected one, and no safe steps reach it
+        assert {f.check for f in goal_limits(goal, w)} == {t.refuse}, t.id
+        assert complete({"plan_id": "p1", "task": t.task, "goal": [c.to_dict() for c in goal], "steps": []},
+                        w, s) is None, t.id
+
+
+def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
+    """--eval-dir reaches eval_bench, the JSON names the set; a directory without a set is a
+    one-line error before any model is loaded."""
+    import agent.bench
+    import thor_runtime.generate
+    import thor_runtime.loading
+    from thor_app.cli import main
+
+    seen = []
+
+    def fake_eval_bench(rt, tok, spec, drafter, modes, attempts, limit=None, directory=None):
+        seen.append(directory)
+        return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
+
+    monkeypatch.setattr(agent.bench, "eval_bench", fake_eval_bench)
+    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt: SimpleNamespace(model=None, tokenizer=None))
+    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
+    out = tmp_path / "eval.json"
+    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/eval_b", "--model", "m",
+                 "--configs", "fp32/fp32", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "agent/eval_b"
+    assert doc["eval_rows"][0]["tasks"] == 44
+    assert main(["bench", "--plan", "--plan-set", "eval", "--model", "m", "--configs", "fp32/fp32",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["eval_dir"] == "agent/eval" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
+    capsys.readouterr()
+    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", str(tmp_path), "--model", "m",
+                 "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--eval-dir" in err and "tasks.json" in err and err.count("\n") == 1 and len(seen) == 2

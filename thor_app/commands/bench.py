@@ -78,6 +78,9 @@ def register(sub) -> None:
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
     p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
+    p.add_argument("--eval-dir", default=None,
+                   help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default agent/eval, "
+                        "the second held-out set is agent/eval_b")
     p.add_argument("--serve", action="store_true",
                    help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
     p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
@@ -222,8 +225,25 @@ EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", 
                 "latency_median_s"]
 
 
+def _eval_dir(given: str | None) -> tuple[Path, str]:
+    """-> (the evaluation set's directory, how the results name it). A relative path that is
+    not under the working directory is looked up in the source tree, so `agent/eval_b` works
+    from anywhere."""
+    from agent.evaluation import EVAL_DIR
+
+    if given is None:
+        return EVAL_DIR, "agent/eval"
+    p = Path(given)
+    if not p.is_dir() and not p.is_absolute() and (EVAL_DIR.parents[1] / p).is_dir():
+        p = EVAL_DIR.parents[1] / p
+    if not (p / "tasks.json").is_file():
+        raise ThorError(f"--eval-dir {given}: no tasks.json there (an evaluation set is tasks.json + worlds/)")
+    return p, given
+
+
 def run_eval(args, specs) -> int:
     from agent.bench import eval_bench
+    from agent.evaluation import load_eval_set
 
     from thor_runtime.generate import Runtime
     from thor_runtime.loading import load
@@ -231,6 +251,8 @@ def run_eval(args, specs) -> int:
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
+    eval_dir, eval_name = _eval_dir(args.eval_dir)
+    load_eval_set(eval_dir)             # a bad set fails here, before any model is loaded
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     models = [m.strip() for m in (args.models or args.model).split(",") if m.strip()]
     rows = []
@@ -238,10 +260,10 @@ def run_eval(args, specs) -> int:
         loaded = load(m, wdt)
         rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
         for r in eval_bench(rt, loaded.tokenizer, specs[0], args.drafter, modes, args.attempts,
-                            limit=args.eval_limit):
+                            limit=args.eval_limit, directory=eval_dir):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
     doc = {"device": device_info(), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
-           "eval_rows": rows}
+           "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, EVAL_COLUMNS)
     return 0
