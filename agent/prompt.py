@@ -76,17 +76,25 @@ def describe_world(world: World) -> str:
     return "\n".join(lines)
 
 
-# goal kind -> its form in the prompt; only kinds some skill can make true are offered (the
-# grammar allows no others), so the list is the model's whole goal vocabulary for this request.
-_GOAL_FORMS = {"at": '{"object":O,"at":P}', "is": '{"object":O,"is":"%s"}', "holding": '{"holding":O}',
-               "place_is": '{"place":P,"is":"inspected"}', "robot_at": '{"robot_at":P}'}
+# goal kind -> (a task, its goal): one short example per kind some skill can make true (the
+# grammar allows no others). A small model copies the kind of condition it has seen, so with only
+# `at` shown it writes "cabinet at ..." for "open the cabinet". Names are from no sample world.
+_GOAL_EXAMPLES = {
+    "at": ("put the cup and the pen in the box", '{"object":"cup","at":"box"},{"object":"pen","at":"box"}'),
+    "open": ("open the lid", '{"object":"lid","is":"open"}'),
+    "closed": ("close the lid", '{"object":"lid","is":"closed"}'),
+    "inspected": ("inspect the pen", '{"object":"pen","is":"inspected"}'),
+    "holding": ("keep the pen in the gripper", '{"holding":"pen"}'),
+    "place_is": ("check the shelf", '{"place":"shelf","is":"inspected"}'),
+    "robot_at": ("go to the dock", '{"robot_at":"dock"}'),
+}
 
 
 def goal_forms(skills: SkillSet) -> str:
+    """The goal examples this skill library can reach, as ``"task" -> [conditions]``."""
     kinds = {c.kind for s in skills.skills for c in s.effects}
-    states = sorted({c.value for s in skills.skills for c in s.effects if c.kind == "is"})
-    forms = [f % "|".join(states) if k == "is" else f for k, f in _GOAL_FORMS.items() if k in kinds]
-    return "; ".join(forms)
+    kinds |= {c.value for s in skills.skills for c in s.effects if c.kind == "is"}
+    return "; ".join(f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds)
 
 
 def system_prompt(world: World, skills: SkillSet) -> str:
@@ -94,7 +102,7 @@ def system_prompt(world: World, skills: SkillSet) -> str:
         "You are a robot task planner. Reply with one JSON plan and nothing else.",
         "Example: " + _EXAMPLE,
         "Goal first, one condition per object the task names: " + goal_forms(skills)
-        + '; or {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
+        + '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
         "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),

@@ -114,7 +114,9 @@ def test_eval_bench_wiring(tiny_llama):
     for o in out:
         assert o["tasks"] == 8 and o["valid"] == 0 and o["unsafe_on_exit0"] == 0 and o["attempts_mean"] == 1
         assert o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"   # refusals name `workspace`
-        assert all(r["report_checks"] == ["object"] for r in o["rows"])
+        # a task that names a world object wants a goal about it first: `missing` there is off-schema too
+        assert all(r["report_checks"] in (["object"], ["object", "schema"]) for r in o["rows"])
+        assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
 
 # ---- agent/eval_b: the second held-out set --------------------------------------------------

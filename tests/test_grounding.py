@@ -85,9 +85,42 @@ def checks_of(report) -> set[str]:
     return {r["check"] for r in report}
 
 
-def test_prompt_lists_the_goal_forms_the_skills_can_reach():
+def test_prompt_shows_a_goal_for_each_kind_the_skills_can_reach():
     w, s = world_and_skills("kitchen")
     forms = goal_forms(s)
-    assert '{"object":O,"at":P}' in forms and '{"holding":O}' in forms and "closed|inspected|open" in forms
+    for shown in ('{"object":"cup","at":"box"},{"object":"pen","at":"box"}', '{"object":"lid","is":"open"}',
+                  '{"object":"pen","is":"inspected"}', '{"holding":"pen"}'):
+        assert shown in forms
     assert "robot_at" not in forms                                    # no skill here moves the base
     assert forms in system_prompt(w, s)
+    wh, sh = world_and_skills("warehouse")
+    assert '{"robot_at":"dock"}' in goal_forms(sh) and '"is":"open"' not in goal_forms(sh)
+
+
+def test_goal_schema_is_focused_on_the_task():
+    from agent.files import base_plan_schema
+    from agent.specialize import PlanValidator, specialize
+
+    w, s = world_and_skills("kitchen")
+    task = "put the apple and the red cup on the table"
+    schema = specialize(base_plan_schema(), w, s, task=task)
+    goal = schema["properties"]["goal"]
+    assert goal["minItems"] == 2 and len(goal["prefixItems"]) == 2        # apple, then red_cup: the task's order
+    ok = lambda g: not list(PlanValidator(schema).iter_errors({**good_plan(), "goal": g}))  # noqa: E731
+    assert ok([{"object": "apple", "at": "table"}, {"object": "red_cup", "at": "table"}])
+    assert not ok([{"object": "apple", "at": "table"}])                                  # half the task
+    assert not ok([{"object": "red_cup", "at": "table"}, {"object": "apple", "at": "table"}])
+    assert not ok([{"object": "apple", "at": "table"}, {"object": "plate", "at": "table"}])  # not mentioned
+    assert ok([{"object": "apple", "at": "table"}, {"object": "red_cup", "at": "table"},
+               {"object": "blue_mug", "is": "inspected"}])                              # a cup, by its type
+    # states by type: a drawer opens, an apple does not
+    assert not ok([{"object": "apple", "is": "open"}, {"object": "red_cup", "at": "table"}])
+    drawer = specialize(base_plan_schema(), w, s, task="open the drawer")
+    assert not list(PlanValidator(drawer).iter_errors({**good_plan(), "goal": [{"object": "drawer", "is": "open"}]}))
+    # a task about a thing the world lacks: no condition about any object can be written
+    orchid = specialize(base_plan_schema(), w, s, task="put the orchid on the table")["properties"]["goal"]
+    assert "prefixItems" not in orchid
+    assert all("object" not in b["properties"] and "holding" not in b["properties"] for b in orchid["items"]["anyOf"])
+    # without a task, the whole world as before
+    free = specialize(base_plan_schema(), w, s)["properties"]["goal"]
+    assert "prefixItems" not in free and any("plate" in json.dumps(b) for b in free["items"]["anyOf"])
