@@ -162,7 +162,7 @@ def _check(task: str, text_or_plan, schema: dict, world: World, skills: SkillSet
     gate = check_plan(text_or_plan, schema, world, skills)
     if gate.plan is None:
         return gate
-    return GateResult(gate.plan, gate.findings + tuple(grounding_findings(task, gate.plan, world)))
+    return GateResult(gate.plan, gate.findings + tuple(grounding_findings(task, gate.plan, world, skills)))
 
 
 def _max_items(schema: dict) -> int:

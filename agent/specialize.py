@@ -111,7 +111,7 @@ def _enum(names: list[str]) -> dict:
     return {"enum": names}
 
 
-def _states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...]]:
+def states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...]]:
     """object -> the `is` states some skill can give it: a skill's effect on ``$arg`` reaches
     only objects of a type that argument accepts (vocabulary, like an argument's types)."""
     out: dict[str, set[str]] = {o.name: set() for o in world.objects}
@@ -132,21 +132,31 @@ def _shape(props: dict) -> dict:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict) -> list[dict]:
+def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict,
+                     only: set | None = None) -> list[dict]:
     """Conditions about these objects: at a place, held, or in a state their type can reach
-    (objects with the same reachable states share one branch, so the grammar stays small)."""
+    (objects with the same reachable states share one branch, so the grammar stays small).
+    only: {(kind, state)} to keep (the task's verbs), None for all."""
+    keep = lambda kind, st=None: only is None or (kind, st) in only  # noqa: E731
     out = []
-    if "at" in kinds and objs and places:
+    if "at" in kinds and objs and places and keep("at"):
         out.append(_shape({"object": _enum(objs), "at": _enum(places)}))
-    if "holding" in kinds and objs:
+    if "holding" in kinds and objs and keep("holding"):
         out.append(_shape({"holding": _enum(objs)}))
     if "is" in kinds:
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in objs:
-            if states.get(o):
-                groups.setdefault(states[o], []).append(o)
+            st = tuple(x for x in states.get(o, ()) if keep("is", x))
+            if st:
+                groups.setdefault(st, []).append(o)
         out += [_shape({"object": _enum(g), "is": _enum(list(st))}) for st, g in groups.items()]
     return out
+
+
+def _lead(name: str, kinds: set[str], places: list[str], states: dict, verbs: set) -> list[dict]:
+    """The goal's condition about an object the task names: the kind its verb asks for when
+    the object can take it ("open the cabinet": cabinet open), else any."""
+    return _object_branches([name], kinds, places, states, verbs) or _object_branches([name], kinds, places, states)
 
 
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None) -> dict:
@@ -157,23 +167,27 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     With the ``task``, the goal is focused on it (grounding.py's words): its conditions are
     about objects the task mentions, and it opens with one condition about each object the task
     names in full, in the task's order. A small model otherwise states half of a two-object
-    task, or plans for a thing the world has in place of one it lacks; the gate checks the same
-    words, so a plan decoded under another schema is held to them too."""
-    from .grounding import mentions, names, words
+    task, or plans for a thing the world has in place of one it lacks. A named object's opening
+    condition is of the kind the task's verb asks for, when it can take it ("open the cabinet":
+    cabinet open, not cabinet at some place); a task asking for something to be moved that
+    mentions no world object can only say `missing`. The gate checks the same words, so a plan
+    decoded under another schema is held to them too."""
+    from .grounding import asks_to_carry, mentions, referred, wanted, words
 
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
-    states = _states_by_object(world, skills)
+    states = states_by_object(world, skills)
     lead: list[str] = []
+    verbs: set = set()
     if task is not None:
-        tw, low = words(task), task.lower()
+        tw = words(task)
+        verbs = wanted(tw, world)
         objs = [o.name for o in world.objects if mentions(tw, o.name, o.type)]
-        named = [o.name for o in world.objects if names(tw, o.name)]
-        # in the order the task says them (first word of the name found in the text)
-        lead = sorted(named, key=lambda n: min((low.find(t) for t in n.split("_") if low.find(t) >= 0),
-                                               default=len(low)))
+        lead = referred(task, world)
     branches = _object_branches(objs, kinds, places, states)
+    if task is not None and not objs and asks_to_carry(tw):
+        kinds = set()        # "bring the pallet ..." with no pallet here: only `missing` is left
     if "place_is" in kinds and places:
         branches.append(_shape({"place": _enum(places), "is": {"const": "inspected"}}))
     if "robot_at" in kinds and places:
@@ -183,7 +197,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     out["items"] = {"anyOf": branches}
     cap = out.get("maxItems")
     lead = lead[:cap] if isinstance(cap, int) else lead
-    prefix = [{"anyOf": bs} for bs in (_object_branches([n], kinds, places, states) for n in lead) if bs]
+    prefix = [{"anyOf": bs} for bs in (_lead(n, kinds, places, states, verbs) for n in lead) if bs]
     if prefix:
         out["prefixItems"] = prefix
         out["minItems"] = max(int(out.get("minItems", 0)), len(prefix))
