@@ -55,9 +55,11 @@ def session(node_lists: list[list], inits: list, inputs: dict[str, int], outputs
 
 
 def as_rows(x: torch.Tensor) -> np.ndarray:
-    """x [..., width] -> contiguous fp32 [M, width] with M >= MIN_ROWS (a single row repeated)."""
-    a = np.ascontiguousarray(x.reshape(-1, x.shape[-1]).to(torch.float32).numpy())
-    return np.concatenate([a] * MIN_ROWS) if a.shape[0] < MIN_ROWS else a
+    """x [..., width] -> contiguous fp32 [M, width] with M >= MIN_ROWS (a single row repeated).
+    The reshaping is numpy's: a decode step calls this ~60 times, and torch ops cost more."""
+    a = (x if x.dtype == torch.float32 else x.float()).numpy()
+    a = a.reshape(-1, a.shape[-1])
+    return np.concatenate([a] * MIN_ROWS) if a.shape[0] < MIN_ROWS else np.ascontiguousarray(a)
 
 
 class NBitsWeight:

@@ -526,8 +526,7 @@ class TargetModel:
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
         if self.fused is not None:
-            h, qkv = self.fused[i](h, o)
-            return (h, *self.heads(i + 1, qkv, pos))
+            return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
         return (h, *self.pre_attn(i + 1, h, pos))
 
