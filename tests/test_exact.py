@@ -135,3 +135,19 @@ def test_fp8_speculation_stores_the_same_bytes_default(default_model):
         assert c_spec.length == n and c_spec.k.dtype == torch.float8_e4m3fn
         assert torch.equal(c_spec.k[:, :, :n].view(torch.uint8), c_plain.k[:, :, :n].view(torch.uint8))
         assert torch.equal(c_spec.v[:, :, :n].view(torch.uint8), c_plain.v[:, :, :n].view(torch.uint8))
+
+
+def test_one_row_attend_is_grouped_attention():
+    """attend's one-query-row path (decode steps, and each row of an exact verify, whose rows
+    are strided views of the verify's q) computes SDPA's grouped-query attention."""
+    import torch.nn.functional as F
+
+    from thor_runtime.model import attend
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 5, 16, generator=g)                        # [H, T, Dh]
+    k, v = torch.randn(2, 2, 40, 16, generator=g)                 # [Hkv, n, Dh] each
+    for t in range(5):
+        row = q[:, t:t + 1]                                       # [H, 1, Dh], strided
+        ref = F.scaled_dot_product_attention(row.contiguous(), k[:, :30 + t], v[:, :30 + t], enable_gqa=True)
+        assert torch.allclose(attend(row, k[:, :30 + t], v[:, :30 + t]), ref, atol=1e-5, rtol=1e-4)

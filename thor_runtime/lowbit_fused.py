@@ -3,9 +3,10 @@ MatMulNBits (lowbit_ort.py).
 
 The graph for boundary i -> i + 1 does what ``post_attn(i)`` and the projection half of
 ``pre_attn(i + 1)`` do: out projection + residual, RMSNorm, gate/up, SiLU(gate) * up, down +
-residual, RMSNorm, q/k/v (+ bias). Head reshapes, q/k norms, RoPE and attention stay in
-torch. At decode's single row a step is mostly call overhead outside the projections: this
-is one call where there were four projection calls and some twenty small torch ops.
+residual, RMSNorm, q/k/v (+ bias), and the rest of ``heads(i + 1)``: the head split, q/k norms
+and RoPE (the rows of cos/sin are inputs). Attention stays in torch: it owns the KV cache. At
+decode's single row a step is mostly call overhead outside the projections: this is one call
+where there were four projection calls and some thirty small torch ops.
 
 The graph's rows are independent of each other, and a single row is padded to two (see
 lowbit_ort), so the model probes it like a projection kernel and uses it only where each row
@@ -36,42 +37,116 @@ def _rms_nodes(x: str, y: str, w: torch.Tensor, eps: float, prefix: str) -> tupl
     return nodes, inits
 
 
+def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, eps: float,
+                prefix: str) -> tuple[list, list]:
+    """y [M, heads, Dh] = RoPE(x [M, heads, Dh]) per head (after the head's RMSNorm when ``norm``).
+    Rotate-half as ``apply_rope``, x * cos + rot(x) * sin with rot(x) = (-x2, x1), written as
+    x * cos + swap(x) * sinS where swap(x) = (x2, x1) and sinS = (-sin1, sin2) (graph inputs
+    cosU/sinU [M, 1, Dh]): a sign flip commutes with rounding, so the bits are the same, with
+    no Neg node."""
+    from onnx import helper, numpy_helper
+
+    n = lambda op, ins, out, **kw: helper.make_node(op, ins, [out], **kw)  # noqa: E731
+    inits = [numpy_helper.from_array(np.array([dh // 2, dh // 2], np.int64), f"{prefix}halves")]
+    nodes = []
+    if norm is not None:
+        nodes, its = _rms_nodes(x, f"{prefix}xn", norm, eps, f"{prefix}norm_")
+        inits, x = inits + its, f"{prefix}xn"
+    # (a Gather with a swap index is one node fewer, but ORT's runs ~5x slower than these two)
+    nodes += [helper.make_node("Split", [x, f"{prefix}halves"], [f"{prefix}x1", f"{prefix}x2"], axis=-1),
+              n("Concat", [f"{prefix}x2", f"{prefix}x1"], f"{prefix}sw", axis=-1),
+              n("Mul", [x, "cosU"], f"{prefix}a"),
+              n("Mul", [f"{prefix}sw", "sinU"], f"{prefix}b"),
+              n("Add", [f"{prefix}a", f"{prefix}b"], y)]
+    return nodes, inits
+
+
 class FusedPostPre:
-    """(h [..., D], o [..., H Dh]) -> (next h [..., D], qkv of layer i + 1 [..., (H + 2 Hkv) Dh])."""
+    """(h [T, D], o [T, H Dh], cos/sin rows) -> (next h [T, D], q [H, T, Dh], k/v [Hkv, T, Dh]) of
+    layer i + 1, q/k normed (when the model has those norms) and rotated: what ``post_pre`` returns.
+    RoPE and the head split run in the graph because at one row they were ~15 small torch ops
+    per layer (~0.1 ms each, more than the graph's own elementwise work)."""
 
     def __init__(self, model, i: int):
         from onnx import helper, numpy_helper
 
         cfg, L, nxt = model.cfg, model.layers[i], model.layers[i + 1]
         eps, I = cfg.rms_eps, cfg.intermediate_size
+        H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         parts = [L.wo.nodes("O", "PO", "o_"),
                  _rms_nodes("H2", "X", L.mlp_norm, eps, "n1_"),
                  L.w_gate_up.nodes("X", "GU", "gu_"),
                  L.w_down.nodes("A", "PD", "d_"),
                  _rms_nodes("h", "X2", nxt.attn_norm, eps, "n2_"),
                  nxt.wqkv.nodes("X2", "QKV" if nxt.bqkv is None else "QKV0", "qkv_")]
+        if nxt.q_norm is None:      # q and k heads rotate as one block
+            parts += [_rope_nodes("QK3", "QKr3", H + Hkv, Dh, None, eps, "qk_"),
+                      ([helper.make_node("Split", ["QKV3", "qk_v"], ["QK3", "V3"], axis=1),
+                        helper.make_node("Split", ["QKr3", "q_k"], ["Q3", "K3"], axis=1)], [])]
+        else:
+            parts += [_rope_nodes("Qn3", "Q3", H, Dh, nxt.q_norm, eps, "q_"),
+                      _rope_nodes("Kn3", "K3", Hkv, Dh, nxt.k_norm, eps, "k_"),
+                      ([helper.make_node("Split", ["QKV3", "q_k_v"], ["Qn3", "Kn3", "V3"], axis=1)], [])]
         nodes = [ns for ns, _ in parts]
-        inits = [t for _, ts in parts for t in ts] + [numpy_helper.from_array(np.array([I, I], np.int64), "split")]
+        inits = [t for _, ts in parts for t in ts] + [
+            numpy_helper.from_array(np.array([I, I], np.int64), "split"),
+            numpy_helper.from_array(np.array([H + Hkv, Hkv], np.int64), "qk_v"),
+            numpy_helper.from_array(np.array([H, Hkv], np.int64), "q_k"),
+            numpy_helper.from_array(np.array([H, Hkv, Hkv], np.int64), "q_k_v"),
+            numpy_helper.from_array(np.array([0, H + 2 * Hkv, Dh], np.int64), "heads3"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+            numpy_helper.from_array(np.array([0, -1], np.int64), "rows")]
         nodes.append([helper.make_node("Add", ["H", "PO"], ["H2"]),
                       helper.make_node("Split", ["GU", "split"], ["G", "U"], axis=-1),
                       helper.make_node("Sigmoid", ["G"], ["SG"]),
                       helper.make_node("Mul", ["G", "SG"], ["SiLU"]),
                       helper.make_node("Mul", ["SiLU", "U"], ["A"]),
-                      helper.make_node("Add", ["H2", "PD"], ["h"])])
+                      helper.make_node("Add", ["H2", "PD"], ["h"]),
+                      helper.make_node("Reshape", ["QKV", "heads3"], ["QKV3"]),               # [M, H + 2Hkv, Dh]
+                      helper.make_node("Unsqueeze", ["cos", "axis1"], ["cosU"]),                 # [M, 1, Dh]
+                      helper.make_node("Unsqueeze", ["sin", "axis1"], ["sinU"])] +
+                     [helper.make_node("Concat", ["Q3", "K3", "V3"], ["QKVr3"], axis=1),       # [M, H + 2Hkv, Dh]
+                      helper.make_node("Reshape", ["QKVr3", "rows"], ["QKVr"])])
         if nxt.bqkv is not None:
             inits.append(numpy_helper.from_array(nxt.bqkv.float().numpy(), "bqkv"))
             nodes.append([helper.make_node("Add", ["QKV0", "bqkv"], ["QKV"])])
-        D, Dh = cfg.hidden_size, cfg.head_dim
-        self.key = f"FusedPostPre{(D, cfg.num_heads, cfg.num_kv_heads, Dh, I, nxt.bqkv is not None)}"
-        self.session = session(nodes, inits, {"H": D, "O": cfg.num_heads * Dh},
-                               {"h": D, "QKV": (cfg.num_heads + 2 * cfg.num_kv_heads) * Dh}, torch.get_num_threads())
+        D = cfg.hidden_size
+        self.heads = (H, Hkv, Dh)
+        self.key = (f"FusedPostPre{(D, H, Hkv, Dh, I, nxt.bqkv is not None)}"
+                    f"+rope{'+qknorm' if nxt.q_norm is not None else ''}")
+        self.session = session(nodes, inits, {"H": D, "O": H * Dh, "cos": Dh, "sin": Dh},
+                               {"h": D, "QKVr": (H + 2 * Hkv) * Dh}, torch.get_num_threads())
 
-    def __call__(self, h: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lead = h.shape[:-1]
-        m = lead.numel()
-        h2, qkv = self.session.run(None, {"H": as_rows(h), "O": as_rows(o)})
-        return (torch.from_numpy(h2[:m]).view(*lead, -1).to(h.dtype),
-                torch.from_numpy(qkv[:m]).view(*lead, -1).to(h.dtype))
+    def __call__(self, h: torch.Tensor, o: torch.Tensor, cos: np.ndarray, sin: np.ndarray):
+        """cos/sin: the rows of the positions, as ``as_rows`` gives them ([max(T, 2), Dh]); sin with
+        its first half negated (see _rope_nodes)."""
+        T = h.shape[0]
+        H, Hkv, Dh = self.heads
+        h2, qkv = self.session.run(None, {"H": as_rows(h), "O": as_rows(o), "cos": cos, "sin": sin})
+        x = qkv[:T].reshape(T, -1, Dh).transpose(1, 0, 2)                  # [H + 2Hkv, T, Dh] (views)
+        return (torch.from_numpy(h2[:T]), torch.from_numpy(x[:H]), torch.from_numpy(x[H:H + Hkv]),
+                torch.from_numpy(x[H + Hkv:]))
+
+
+class FusedLayers(list):
+    """The graphs of every layer boundary (index i: after layer i), and the RoPE rows of the
+    forward that is running: gathered and padded once for all its layers."""
+
+    def __init__(self, graphs: list[FusedPostPre]):
+        super().__init__(graphs)
+        self._rows = None            # (pos, cos table, cos rows, sin rows)
+
+    def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor):
+        """As ``TargetModel.post_pre`` (h [T, D], o [T, H Dh], pos [T]; cos/sin: the model's tables
+        [S, Dh]). A forward passes the same ``pos`` object to all its layers: that identity (and
+        the table's) keys the gathered rows, and the reference held here keeps it unique."""
+        r = self._rows
+        if r is None or r[0] is not pos or r[1] is not cos:
+            s = sin[pos]                                                                # [T, Dh] (a copy)
+            s[..., :s.shape[-1] // 2].neg_()      # _rope_nodes' sinS
+            r = self._rows = (pos, cos, as_rows(cos[pos]), as_rows(s))
+        return self[i](h, o, r[2], r[3])
 
 
 def fusable(model, i: int) -> bool:
@@ -79,7 +154,7 @@ def fusable(model, i: int) -> bool:
     return all(isinstance(w, NBitsWeight) for w in (L.wo, L.w_gate_up, L.w_down, nxt.wqkv))
 
 
-def fuse_layers(model, verdict: dict[str, bool]) -> list[FusedPostPre] | None:
+def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
     """The fused graphs for every boundary, or None when one cannot be fused or its rows are
     not row-invariant here (then the per-projection path runs, with its own probes).
     verdict: as in make_rows_exact (kept by the weight cache per CPU environment)."""
@@ -93,12 +168,18 @@ def fuse_layers(model, verdict: dict[str, bool]) -> list[FusedPostPre] | None:
         cfg, g = model.cfg, torch.Generator().manual_seed(0)
         h = torch.randn(EXACT_ROWS, cfg.hidden_size, generator=g)                      # [R, D]
         o = torch.randn(EXACT_ROWS, cfg.num_heads * cfg.head_dim, generator=g)         # [R, H Dh]
-        alone = [torch.cat(t) for t in zip(*(first(h[r:r + 1], o[r:r + 1]) for r in range(EXACT_ROWS)))]
+        cs = torch.randn(2, EXACT_ROWS, cfg.head_dim, generator=g)                      # cos, sinS [R, Dh]
+
+        def run(a, b):           # rows a..b-1 -> h [T, D], then q/k/v as [T, n Dh]
+            h2, *qkv = first(h[a:b], o[a:b], as_rows(cs[0, a:b]), as_rows(cs[1, a:b]))
+            return [h2] + [x.transpose(0, 1).reshape(b - a, -1) for x in qkv]
+
+        alone = [torch.cat(t) for t in zip(*(run(r, r + 1) for r in range(EXACT_ROWS)))]
         verdict[first.key] = all(torch.equal(a[:m], b) for m in range(2, EXACT_ROWS + 1)
-                                 for a, b in zip(alone, first(h[:m], o[:m])))
+                                 for a, b in zip(alone, run(0, m)))
     if not verdict[first.key]:
         return None
-    return [first] + [FusedPostPre(model, i) for i in range(1, n - 1)]
+    return FusedLayers([first] + [FusedPostPre(model, i) for i in range(1, n - 1)])
 
 
 def prepare_sessions(model) -> None:

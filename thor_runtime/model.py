@@ -75,6 +75,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               enable_gqa=H != Hkv)
     g, lead = H // Hkv, q.shape[:-3]
+    if T == 1 and mask is None and q.dim() == 3:
+        # One query row: a decode step, and each row of an exact verify (both come here, so
+        # they share the bits). bmm and an in-place scale: ~1 ms less per step than the
+        # broadcasting matmuls below (SmolLM2-135M, 30 layers), the same kernels and bits.
+        s = torch.bmm(q.reshape(Hkv, g, Dh), k.transpose(1, 2)).mul_(Dh ** -0.5)  # [Hkv, g, n]
+        return torch.bmm(torch.softmax(s, -1, dtype=torch.float32).to(v.dtype), v).view(H, 1, Dh)
     # The g query heads of one KV head share its keys: fold them into the row dim, so one
     # matmul per KV head replaces a copy of K/V per query head.
     qg = q.reshape(*lead, Hkv, g * T, Dh)                                      # [..., Hkv, gT, Dh]
@@ -526,8 +532,7 @@ class TargetModel:
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
         if self.fused is not None:
-            h, qkv = self.fused[i](h, o)
-            return (h, *self.heads(i + 1, qkv, pos))
+            return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
         return (h, *self.pre_attn(i + 1, h, pos))
 
