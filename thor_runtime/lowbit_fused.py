@@ -184,18 +184,38 @@ def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
 
 def prepare_sessions(model) -> None:
     """Build, at load, every projection session a forward will call outside the fused graphs
-    (the first layer's q/k/v, the last layer's MLP, the head), then hand the heap memory that
-    building them freed back to the OS: glibc keeps freed blocks of this size (the serialized
-    graphs, tens of MB for the head) in its heap, where they would count as resident for the
-    life of the process."""
+    (the first layer's q/k/v, the last layer's MLP, the head), then hand back what ORT now
+    holds its own copy of: the pages of memory-mapped weights (mapped_pages.py; every
+    projection of the model is in a session or a fused graph by now) and the heap memory that
+    building the sessions freed: glibc keeps freed blocks of this size (the serialized graphs,
+    tens of MB for the head) in its heap, where they would count as resident for the life of
+    the process."""
+    from .mapped_pages import release_pages
+
     n = model.cfg.num_layers
     layers = range(n) if model.fused is None else (0, n - 1)
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + \
             [model.head_w]:
         if isinstance(w, NBitsWeight):
             w.session
+    release_pages([t for w in ort_weights(model) for t in w.tensors().values()])
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):   # not glibc: nothing to hand back this way
         pass
+
+
+def ort_weights(model) -> list[NBitsWeight]:
+    """The model's MatMulNBits weights whose bytes ORT holds (in their own session or in a
+    fused graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
+    n = model.cfg.num_layers
+    fused = set() if model.fused is None else \
+        {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
+    out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and w._session is not None]
+    for i, L in enumerate(model.layers):
+        for f in ("wqkv", "wo", "w_gate_up", "w_down"):
+            w = getattr(L, f)
+            if isinstance(w, NBitsWeight) and (w._session is not None or (i, f) in fused):
+                out.append(w)
+    return out

@@ -1,0 +1,113 @@
+"""Pages of memory-mapped weights that ORT has copied are handed back (mapped_pages.py): a
+weight cache hit keeps no resident copy of a MatMulNBits weight whose bytes a session or a
+fused graph holds, and every path that reads those weights again still gets the same bytes."""
+from __future__ import annotations
+
+import mmap
+import struct
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from thor_runtime.lowbit_ort import NBitsWeight
+from thor_runtime.mapped_pages import file_mappings, release_pages
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc")
+PAGE = mmap.PAGESIZE
+
+
+def resident_pages(t: torch.Tensor) -> tuple[int, int]:
+    """(resident, total) whole pages inside ``t``, from /proc/self/pagemap's present bit."""
+    a, b = t.data_ptr(), t.data_ptr() + t.nbytes
+    lo, hi = -(-a // PAGE), b // PAGE
+    if hi <= lo:
+        return 0, 0
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(lo * 8)
+        raw = f.read((hi - lo) * 8)
+    return sum(v >> 63 for v in struct.unpack(f"<{hi - lo}Q", raw)), hi - lo
+
+
+@linux
+def test_file_pages_released_and_still_readable(tmp_path):
+    data = np.arange(64 * PAGE // 4, dtype=np.float32)
+    f = tmp_path / "w.bin"
+    data.tofile(f)
+    t = torch.from_numpy(np.memmap(f, dtype=np.float32, mode="c"))        # copy-on-write, as safetensors maps
+    ref = t.clone()
+    assert resident_pages(t) == (64, 64)
+    assert release_pages([t]) == 64 * PAGE
+    assert resident_pages(t) == (0, 64)
+    assert torch.equal(t, ref)                                             # faulted in again from the file
+
+
+@linux
+def test_heap_and_partial_pages_untouched(tmp_path):
+    heap = torch.arange(16 * PAGE, dtype=torch.float32)                    # anonymous memory: never advised
+    assert release_pages([heap]) == 0 and torch.equal(heap, torch.arange(16 * PAGE, dtype=torch.float32))
+    f = tmp_path / "w.bin"
+    np.zeros(8 * PAGE, np.uint8).tofile(f)
+    m = torch.from_numpy(np.memmap(f, dtype=np.uint8, mode="c"))
+    m[PAGE // 2] = 7              # a written byte on a page the released tensor shares
+    released = m[PAGE // 2 + 1:7 * PAGE + 1]
+    assert release_pages([released]) == 6 * PAGE                           # pages 1..6 only
+    assert int(m[PAGE // 2]) == 7 and int(m.sum()) == 7
+    assert file_mappings() and all(a < b for a, b in file_mappings())
+
+
+@pytest.fixture(scope="module")
+def cold_and_hit(tmp_path_factory):
+    if not NBitsWeight.available():
+        pytest.skip("onnxruntime (the onnx extra) is not installed")
+    from thor_runtime.loading import load
+
+    cache = str(tmp_path_factory.mktemp("wcache"))
+    cold = load("default", "int4", cache_dir=cache, int4_kernel="ort")
+    hit = load("default", "int4", cache_dir=cache, int4_kernel="ort")
+    assert cold.model.cache_hit is False and hit.model.cache_hit is True
+    return cold.model, hit.model
+
+
+def _nbits(model) -> dict[str, NBitsWeight]:
+    out = {"head": model.head_w}
+    for i, L in enumerate(model.layers):
+        out.update({f"{i}.{f}": getattr(L, f) for f in ("wqkv", "wo", "w_gate_up", "w_down")})
+    return {k: w for k, w in out.items() if isinstance(w, NBitsWeight)}
+
+
+@linux
+@pytest.mark.slow
+def test_cache_hit_holds_no_copy_of_ort_weights(cold_and_hit):
+    from thor_runtime.lowbit_fused import ort_weights
+
+    _, hit = cold_and_hit
+    held = ort_weights(hit)
+    weights = _nbits(hit)
+    assert len(weights) == 4 * hit.cfg.num_layers + 1 and hit.fused is not None
+    assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
+    res, total = map(sum, zip(*(resident_pages(t) for w in held for t in w.tensors().values())))
+    assert total * PAGE > 100e6 and res <= total // 100, (res, total)
+
+
+@linux
+@pytest.mark.slow
+def test_released_weights_serve_the_rare_paths(cold_and_hit):
+    """dequantize(), a session built on first use (a fused layer's projection) and the weight
+    cache's view read the released bytes again: the same as the model that kept them."""
+    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.loading.weight_cache import prepared_tensors
+
+    cold, hit = cold_and_hit
+    a, b = _nbits(cold), _nbits(hit)
+    assert b["5.wo"]._session is None                                      # in a fused graph only
+    x = torch.randn(3, hit.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(b["5.wo"](x), a["5.wo"](x))
+    for k in ("head", "0.wqkv", "7.w_gate_up", f"{hit.cfg.num_layers - 1}.w_down"):
+        assert torch.equal(b[k].dequantize(), a[k].dequantize())
+    pa, pb = prepared_tensors(cold), prepared_tensors(hit)
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    ids = torch.arange(100, 140)
+    logits = [m.forward(ids, KVCache(m.cfg, 41, "fp32", m.dtype)).logits for m in (cold, hit)]
+    assert torch.equal(*logits)
