@@ -58,16 +58,19 @@ def test_heap_and_partial_pages_untouched(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cold_and_hit(tmp_path_factory):
+def models(tmp_path_factory):
+    """-> (kept, cold, hit): without a cache (the weights stay in memory), the first start
+    that writes the cache, the start that maps it."""
     if not NBitsWeight.available():
         pytest.skip("onnxruntime (the onnx extra) is not installed")
     from thor_runtime.loading import load
 
     cache = str(tmp_path_factory.mktemp("wcache"))
+    kept = load("default", "int4", cache_dir="", int4_kernel="ort")
     cold = load("default", "int4", cache_dir=cache, int4_kernel="ort")
     hit = load("default", "int4", cache_dir=cache, int4_kernel="ort")
     assert cold.model.cache_hit is False and hit.model.cache_hit is True
-    return cold.model, hit.model
+    return kept.model, cold.model, hit.model
 
 
 def _nbits(model) -> dict[str, NBitsWeight]:
@@ -77,37 +80,46 @@ def _nbits(model) -> dict[str, NBitsWeight]:
     return {k: w for k, w in out.items() if isinstance(w, NBitsWeight)}
 
 
+def _resident(weights) -> tuple[int, int]:
+    return tuple(map(sum, zip(*(resident_pages(t) for w in weights for t in w.tensors().values()))))
+
+
 @linux
 @pytest.mark.slow
-def test_cache_hit_holds_no_copy_of_ort_weights(cold_and_hit):
+def test_cached_starts_hold_no_copy_of_ort_weights(models):
+    """A cache hit, and a first start (which runs on the entry it has just written), keep no
+    resident copy of a weight ORT holds; without a cache the weights stay in memory."""
     from thor_runtime.lowbit_fused import ort_weights
 
-    _, hit = cold_and_hit
-    held = ort_weights(hit)
-    weights = _nbits(hit)
-    assert len(weights) == 4 * hit.cfg.num_layers + 1 and hit.fused is not None
-    assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
-    res, total = map(sum, zip(*(resident_pages(t) for w in held for t in w.tensors().values())))
-    assert total * PAGE > 100e6 and res <= total // 100, (res, total)
+    kept, cold, hit = models
+    for m in (cold, hit):
+        held, weights = ort_weights(m), _nbits(m)
+        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.fused is not None
+        assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
+        res, total = _resident(held)
+        assert total * PAGE > 100e6 and res <= total // 100, (res, total)
+    res, total = _resident(ort_weights(kept))
+    assert res == total
 
 
 @linux
 @pytest.mark.slow
-def test_released_weights_serve_the_rare_paths(cold_and_hit):
-    """dequantize(), a session built on first use (a fused layer's projection) and the weight
-    cache's view read the released bytes again: the same as the model that kept them."""
+def test_released_weights_serve_the_rare_paths(models):
+    """dequantize(), a session built on first use (a fused layer's projection), the weight
+    cache's view and the logits read the released bytes again: the same as the model that
+    kept them in memory."""
     from thor_runtime.kv_cache import KVCache
     from thor_runtime.loading.weight_cache import prepared_tensors
 
-    cold, hit = cold_and_hit
-    a, b = _nbits(cold), _nbits(hit)
+    kept, cold, hit = models
+    a, b = _nbits(kept), _nbits(hit)
     assert b["5.wo"]._session is None                                      # in a fused graph only
     x = torch.randn(3, hit.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.equal(b["5.wo"](x), a["5.wo"](x))
     for k in ("head", "0.wqkv", "7.w_gate_up", f"{hit.cfg.num_layers - 1}.w_down"):
         assert torch.equal(b[k].dequantize(), a[k].dequantize())
-    pa, pb = prepared_tensors(cold), prepared_tensors(hit)
+    pa, pb = prepared_tensors(kept), prepared_tensors(hit)
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
     ids = torch.arange(100, 140)
-    logits = [m.forward(ids, KVCache(m.cfg, 41, "fp32", m.dtype)).logits for m in (cold, hit)]
-    assert torch.equal(*logits)
+    logits = [m.forward(ids, KVCache(m.cfg, 41, "fp32", m.dtype)).logits for m in (kept, cold, hit)]
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])

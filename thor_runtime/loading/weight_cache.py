@@ -243,7 +243,6 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     """Load a GGUF as an int4 TargetModel through the cache (a hit reads no GGUF metadata)."""
     from dataclasses import asdict
 
-    from safetensors import safe_open
     from safetensors.torch import save_file
 
     from ..config import ModelConfig
@@ -277,17 +276,7 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
         except (KeyError, TypeError, ValueError, ThorError):
             meta = None
     if meta is not None:
-        with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
-        known = set(verdicts)
-        model = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
-                            quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel)
-        model.cache_hit = True
-        if set(verdicts) != known:  # a new CPU environment: remember its probes too
-            meta.setdefault("verdicts", {})[ek] = verdicts
-            _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
-        return Loaded(model, tok, cfg, str(path))
+        return Loaded(_model_from_entry(path, entry, meta, cfg, ek, layout, kernel), tok, cfg, str(path))
     reader, cfg, tok = gguf_config_and_tokenizer(path)
     model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
                         quant="int4", layout=layout, int4_kernel=kernel)
@@ -306,4 +295,32 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
         shutil.rmtree(old, ignore_errors=True)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # a cache that cannot be written only costs the next start
+        return Loaded(model, tok, cfg, str(path))
+    if kernel == "ort":
+        # ORT may read the buffers its sessions were built on for as long as they live, so the
+        # model built here keeps its own copy of every weight; the same model on the entry
+        # just written (probes known: ~1 s) keeps them in the file, where they need no memory
+        # (mapped_pages.py).
+        probe_s, model = model.probe_s, None
+        model = _model_from_entry(path, entry, meta, cfg, ek, layout, kernel)
+        model.cache_hit, model.probe_s = False, probe_s
     return Loaded(model, tok, cfg, str(path))
+
+
+def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout: str, kernel: str):
+    """The int4 TargetModel on a checked entry's memory-mapped weights."""
+    from safetensors import safe_open
+
+    from ..model import TargetModel
+
+    with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
+    known = set(verdicts)
+    model = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
+                        quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel)
+    model.cache_hit = True
+    if set(verdicts) != known:  # a new CPU environment: remember its probes too
+        meta.setdefault("verdicts", {})[ek] = verdicts
+        _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
+    return model
