@@ -221,7 +221,7 @@ class ModelHost:
         h = self.hosted
 
         class _Prepared(Planner):  # the grammar was compiled before queueing; reuse it
-            def prepare(self, world, skills, schema=None):
+            def prepare(self, world, skills, schema=None, task=None):
                 return prepared
 
         def run(ctx: JobContext):
