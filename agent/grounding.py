@@ -4,7 +4,7 @@ Symbolic execution proves that the steps reach the plan's *own* goal; nothing so
 goal to the task. A small model that is asked for a thing the world lacks ("put the orchid on
 the bench" in a greenhouse without one) tends to swap in a thing the world has and plan for it,
 and a task naming two objects often gets a goal about the first only. Both leave a plan that
-is valid, safe and wrong. Two findings catch them, both from the task's words:
+is valid, safe and wrong. These findings catch them, all from the task's words:
 
 - ``object``: a goal condition is about an object the task never mentions (by a word of its
   name, or its type). The repair prompt then points at ``missing``; a model that insists is
