@@ -26,7 +26,7 @@ import re
 from .conditions import Cond
 from .files import World
 from .findings import Finding
-from .symbolic import parse_goal
+from .symbolic import parse_goal, states_by_object
 
 _OBJECT_KINDS = ("at", "is", "holding")
 
@@ -107,7 +107,7 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
     goal, problems = parse_goal(plan, world)
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
-    tw = words(task)
+    tw, named = words(task), referred(task, world)
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []
     in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS}
@@ -115,24 +115,26 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
         o = world.object(c.subject) if c.kind in _OBJECT_KINDS else None
         if o is not None and not mentions(tw, o.name, o.type):
             out.append(Finding(None, "object", _unmentioned(c, o.name)))
-    for name in referred(task, world):
+    for name in named:
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "
                                              "state one condition for each object the task names"))
-    return out + verb_findings(task, goal, world, reachable)
+    return out + verb_findings(tw, named, goal, world, reachable)
 
 
-def verb_findings(task: str, goal, world: World, reachable) -> list[Finding]:
-    """The task's state verbs against the goal: "open the cabinet" with no `cabinet open`.
-    reachable(object name) -> the (kind, state) a skill can give it; a verb no named object
-    can take ("open the trowel") is left to the other checks."""
-    tw, out = words(task), []
+def verb_findings(tw: set[str], named: list[str], goal, world: World, reachable) -> list[Finding]:
+    """The task's verbs against the goal: "open the cabinet" with no `cabinet open`. tw: the
+    task's ``words``; named: the objects it ``referred`` to; reachable(object name) -> the
+    (kind, state) a skill can give it. A verb no named object can take ("open the trowel") is
+    left to the other checks."""
+    out = []
+    want_all = wanted(tw, world)
     if not any(c.kind in _OBJECT_KINDS for c in goal) and asks_to_carry(tw) \
             and not any(mentions(tw, o.name, o.type) for o in world.objects):
         out.append(Finding(None, "object", "the task asks for a thing to be moved but mentions no object of "
                                            'this world; if that thing is not here, the goal is [{"missing": "<it>"}]'))
-    for name in referred(task, world):
-        want = wanted(tw, world) & reachable(name)
+    for name in named:
+        want = want_all & reachable(name)
         have = {(c.kind, c.value if c.kind == "is" else None) for c in goal if c.subject == name}
         if want and not want & have:
             said = " or ".join(sorted(st or "held" for _, st in want))
@@ -142,8 +144,6 @@ def verb_findings(task: str, goal, world: World, reachable) -> list[Finding]:
 
 def reachable_conditions(world: World, skills):
     """-> f(object name) -> {(kind, state)} some skill can make true of it."""
-    from .specialize import states_by_object
-
     kinds = {c.kind for s in skills.skills for c in s.effects}
     states = states_by_object(world, skills)
     held = {("holding", None)} if "holding" in kinds else set()

@@ -24,6 +24,8 @@ import jsonschema
 from thor_runtime.errors import ThorError
 
 from .files import ArgSpec, Skill, SkillSet, World
+from .grounding import asks_to_carry, mentions, referred, wanted, words
+from .symbolic import states_by_object
 
 NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
 TIMEOUT_STEP = 0.1
@@ -111,23 +113,6 @@ def _enum(names: list[str]) -> dict:
     return {"enum": names}
 
 
-def states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...]]:
-    """object -> the `is` states some skill can give it: a skill's effect on ``$arg`` reaches
-    only objects of a type that argument accepts (vocabulary, like an argument's types)."""
-    out: dict[str, set[str]] = {o.name: set() for o in world.objects}
-    for s in skills.skills:
-        specs = {a.name: a for a in s.args}
-        for c in s.effects:
-            if c.kind != "is" or not c.subject:
-                continue
-            a = specs.get(c.subject[1:]) if c.subject.startswith("$") else None
-            for o in world.objects:
-                if (a is not None and a.type == "object" and (not a.object_types or o.type in a.object_types)) \
-                        or c.subject == o.name:
-                    out[o.name].add(c.value)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
 def _shape(props: dict) -> dict:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
@@ -137,7 +122,9 @@ def _object_branches(objs: list[str], kinds: set[str], places: list[str], states
     """Conditions about these objects: at a place, held, or in a state their type can reach
     (objects with the same reachable states share one branch, so the grammar stays small).
     only: {(kind, state)} to keep (the task's verbs), None for all."""
-    keep = lambda kind, st=None: only is None or (kind, st) in only  # noqa: E731
+    def keep(kind: str, st: str | None = None) -> bool:
+        return only is None or (kind, st) in only
+
     out = []
     if "at" in kinds and objs and places and keep("at"):
         out.append(_shape({"object": _enum(objs), "at": _enum(places)}))
@@ -172,8 +159,6 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     cabinet open, not cabinet at some place); a task asking for something to be moved that
     mentions no world object can only say `missing`. The gate checks the same words, so a plan
     decoded under another schema is held to them too."""
-    from .grounding import asks_to_carry, mentions, referred, wanted, words
-
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
@@ -186,11 +171,11 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         objs = [o.name for o in world.objects if mentions(tw, o.name, o.type)]
         lead = referred(task, world)
     branches = _object_branches(objs, kinds, places, states)
-    if task is not None and not objs and asks_to_carry(tw):
-        kinds = set()        # "bring the pallet ..." with no pallet here: only `missing` is left
-    if "place_is" in kinds and places:
+    # "bring the pallet ..." where nothing here is a pallet: only `missing` is left to say
+    only_missing = task is not None and not objs and asks_to_carry(tw)
+    if "place_is" in kinds and places and not only_missing:
         branches.append(_shape({"place": _enum(places), "is": {"const": "inspected"}}))
-    if "robot_at" in kinds and places:
+    if "robot_at" in kinds and places and not only_missing:
         branches.append(_shape({"robot_at": _enum(places)}))
     branches.append(_shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
     out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}

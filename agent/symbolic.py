@@ -258,3 +258,20 @@ def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Findin
     if goal is not None and not any(f.check == "goal" for f in out):
         out += goal_findings(goal, ex.state, last)
     return out
+
+
+def states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...]]:
+    """object -> the `is` states some skill can give it: a skill's effect on ``$arg`` reaches
+    only objects of a type that argument accepts (vocabulary, like an argument's types)."""
+    out: dict[str, set[str]] = {o.name: set() for o in world.objects}
+    for s in skills.skills:
+        specs = {a.name: a for a in s.args}
+        for c in s.effects:
+            if c.kind != "is" or not c.subject:
+                continue
+            a = specs.get(c.subject[1:]) if c.subject.startswith("$") else None
+            for o in world.objects:
+                if (a is not None and a.type == "object" and (not a.object_types or o.type in a.object_types)) \
+                        or c.subject == o.name:
+                    out[o.name].add(c.value)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
