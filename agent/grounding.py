@@ -4,102 +4,35 @@ Symbolic execution proves that the steps reach the plan's *own* goal; nothing so
 goal to the task. A small model that is asked for a thing the world lacks ("put the orchid on
 the bench" in a greenhouse without one) tends to swap in a thing the world has and plan for it,
 and a task naming two objects often gets a goal about the first only. Both leave a plan that
-is valid, safe and wrong. These findings catch them, all from the task's words:
+is valid, safe and wrong. These findings catch them, all from the task's reading (reading.py):
 
 - ``object``: a goal condition is about an object the task never mentions (by a word of its
   name, or its type). The repair prompt then points at ``missing``; a model that insists is
   refused, which is the safe side of a plan about the wrong thing.
-- ``goal``: the task names a world object in full (every word of its name) and the goal says
-  nothing about it; or the task's own verb ("open", "close", "inspect", "hold") asks for a
-  condition of a named object that can take it, and the goal does not state it.
-- ``object`` too: the task asks for a thing to be moved ("put", "bring", ...) and mentions no
-  object of this world at all, yet the goal says nothing is missing.
+- ``goal``: the task refers to a world object and the goal says nothing about it; or the
+  task's own verb ("open", "shut", "have a look", "keep it in your hand") asks for a condition
+  of a referred object that can take it, and the goal does not state it; or the goal puts an
+  object at a place the task does not say, when the task does say where ("from the supply
+  room to bay 2": bay 2); or a task about places only (go, scan) says nothing of them.
+- ``object`` too: the task mentions no object of this world and is neither about the robot
+  going somewhere nor about looking at a place ("bring the pallet", "the newspaper goes on the
+  desk"), yet the goal says nothing is missing.
 
-Words match case-insensitively and tolerate a plural ``s``/``es``/``ies``. Places are not
-checked: a goal's place may be said in many ways ("the low shelf", "up top"), and a wrong place
-is not a wrong object.
+A place the task does not name is never held against the goal when the task names none.
 """
 from __future__ import annotations
-
-import re
 
 from .conditions import Cond
 from .files import World
 from .findings import Finding
+from .reading import TaskReading, read_task
 from .symbolic import parse_goal, states_by_object
 
 _OBJECT_KINDS = ("at", "is", "holding")
 
-# The vocabulary's own verbs (singular forms, see ``words``): a task that says "open the X"
-# wants X open, whatever kind of condition the model would rather copy. word -> (kind, state)
-STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"),
-               "close": ("is", "closed"), "closed": ("is", "closed"), "shut": ("is", "closed"),
-               "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
-               "hold": ("holding", None), "holding": ("holding", None)}
-# Words that ask for a thing to be moved: with no world object mentioned, the thing is missing.
-CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
-                         "stow", "store"})
 
-
-def wanted(task_words: set[str], world: World) -> set[tuple[str, str | None]]:
-    """(kind, state) the task's verbs ask for. A word of a name the task says in full is part
-    of that name, not a verb ("the hold shelf", "the open bay")."""
-    taken = {t for n in [*(o.name for o in world.objects), *(p.name for p in world.places)]
-             if names(task_words, n) for t in name_words(n)}
-    return {STATE_VERBS[w] for w in task_words - taken if w in STATE_VERBS}
-
-
-def asks_to_carry(task_words: set[str]) -> bool:
-    return bool(task_words & CARRY_VERBS)
-
-
-def words(text: str) -> set[str]:
-    """Lower-case alphanumeric words, each also in its singular form."""
-    out = set()
-    for w in re.findall(r"[a-z0-9]+", text.lower()):
-        out.add(w)
-        if w.endswith("ies") and len(w) > 4:
-            out.add(w[:-3] + "y")
-        elif w.endswith("es") and len(w) > 3:
-            out.update((w[:-2], w[:-1]))
-        elif w.endswith("s") and len(w) > 2:
-            out.add(w[:-1])
-    return out
-
-
-def name_words(name: str) -> list[str]:
-    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
-
-
-def _cues(name: str, type_: str | None) -> list[str]:
-    return [t for t in name_words(name) if len(t) >= 3 and not t.isdigit()] + (name_words(type_) if type_ else [])
-
-
-def mentions(task_words: set[str], name: str, type_: str | None) -> bool:
-    """The task refers to this object by some word of its name (3+ letters) or by its type."""
-    return any(c in task_words for c in _cues(name, type_))
-
-
-def names(task_words: set[str], name: str) -> bool:
-    """The task names this object in full: every word of its name appears."""
-    toks = name_words(name)
-    return any(len(t) >= 3 and not t.isdigit() for t in toks) and all(t in task_words for t in toks)
-
-
-def referred(task: str, world: World) -> list[str]:
-    """World objects the task names in full, in the order it says them. (A single word is not
-    enough: "the patient" in a ward is a person, not the patient hoist.)"""
-    tw, low = words(task), task.lower()
-    out = {o.name for o in world.objects if names(tw, o.name)}
-
-    def first(name: str) -> int:
-        o = world.object(name)
-        found = [low.find(t) for t in name_words(o.name) if low.find(t) >= 0]
-        return min(found, default=len(low))
-    return sorted(out, key=lambda n: (first(n), n))
-
-
-def grounding_findings(task: str, plan, world: World, skills=None) -> list[Finding]:
+def grounding_findings(task: str, plan, world: World, skills=None,
+                       reading: TaskReading | None = None) -> list[Finding]:
     """Findings (see the module doc) for a plan whose goal parses; [] when there is no goal to
     hold to the task (the gate reports that) or the goal already says a thing is missing.
     With ``skills``, the task's state verbs are checked too (an object's reachable states
@@ -107,34 +40,44 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
     goal, problems = parse_goal(plan, world)
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
-    tw, named = words(task), referred(task, world)
+    r = reading or read_task(task, world)
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []
     in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS}
     for c in goal:
-        o = world.object(c.subject) if c.kind in _OBJECT_KINDS else None
-        if o is not None and not mentions(tw, o.name, o.type):
-            out.append(Finding(None, "object", _unmentioned(c, o.name)))
-    for name in named:
+        if c.kind in _OBJECT_KINDS and c.subject not in r.mentioned:
+            out.append(Finding(None, "object", _unmentioned(c, c.subject)))
+    for name in r.referred:
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "
                                              "state one condition for each object the task names"))
-    return out + verb_findings(tw, named, goal, world, reachable)
+    return out + place_findings(r, goal) + verb_findings(r, goal, reachable)
 
 
-def verb_findings(tw: set[str], named: list[str], goal, world: World, reachable) -> list[Finding]:
-    """The task's verbs against the goal: "open the cabinet" with no `cabinet open`. tw: the
-    task's ``words``; named: the objects it ``referred`` to; reachable(object name) -> the
-    (kind, state) a skill can give it. A verb no named object can take ("open the trowel") is
-    left to the other checks."""
+def place_findings(r: TaskReading, goal) -> list[Finding]:
+    """Where the task says things go, and a task about places alone."""
     out = []
-    want_all = wanted(tw, world)
-    if not any(c.kind in _OBJECT_KINDS for c in goal) and asks_to_carry(tw) \
-            and not any(mentions(tw, o.name, o.type) for o in world.objects):
-        out.append(Finding(None, "object", "the task asks for a thing to be moved but mentions no object of "
-                                           'this world; if that thing is not here, the goal is [{"missing": "<it>"}]'))
-    for name in named:
-        want = want_all & reachable(name)
+    for c in goal:
+        dest = r.destinations(c.subject) if c.kind == "at" else ()
+        if dest and c.value not in dest:
+            out.append(Finding(None, "goal", f"goal {c.text()}: the task says where it goes: {' or '.join(dest)}"))
+    dest = r.about_places
+    if dest and not any(c.subject in dest or c.value in dest for c in goal if c.kind in ("place_is", "robot_at")):
+        out.append(Finding(None, "goal", f"the task is about {' or '.join(dest)}; the goal says nothing about it"))
+    return out
+
+
+def verb_findings(r: TaskReading, goal, reachable) -> list[Finding]:
+    """The task's verbs against the goal: "open the cabinet" with no `cabinet open`.
+    reachable(object name) -> the (kind, state) a skill can give it. A verb no referred object
+    can take ("open the trowel") is left to the other checks."""
+    out = []
+    if not any(c.kind in _OBJECT_KINDS for c in goal) and r.only_missing:
+        out.append(Finding(None, "object", "the task mentions no object of this world and asks for no place to be "
+                                           'visited or looked at; if what it asks for is not here, the goal is '
+                                           '[{"missing": "<it>"}]'))
+    for name in r.referred:
+        want = r.wanted & reachable(name)
         have = {(c.kind, c.value if c.kind == "is" else None) for c in goal if c.subject == name}
         if want and not want & have:
             said = " or ".join(sorted(st or "held" for _, st in want))

@@ -24,7 +24,7 @@ import jsonschema
 from thor_runtime.errors import ThorError
 
 from .files import ArgSpec, Skill, SkillSet, World
-from .grounding import asks_to_carry, mentions, referred, wanted, words
+from .reading import read_task
 from .symbolic import states_by_object
 
 NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
@@ -117,21 +117,27 @@ def _shape(props: dict) -> dict:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict,
+def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
                      only: set | None = None) -> list[dict]:
     """Conditions about these objects: at a place, held, or in a state their type can reach
     (objects with the same reachable states share one branch, so the grammar stays small).
-    only: {(kind, state)} to keep (the task's verbs), None for all."""
+    places: the names an `at` may take, or f(object) -> them; only: {(kind, state)} to keep
+    (the task's verbs), None for all."""
     def keep(kind: str, st: str | None = None) -> bool:
         return only is None or (kind, st) in only
 
     out = []
-    if "at" in kinds and objs and places and keep("at"):
-        out.append(_shape({"object": _enum(objs), "at": _enum(places)}))
+    if "at" in kinds and objs and keep("at"):
+        where = places if callable(places) else (lambda o: places)
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for o in objs:
+            if where(o):
+                groups.setdefault(tuple(where(o)), []).append(o)
+        out += [_shape({"object": _enum(g), "at": _enum(list(ps))}) for ps, g in groups.items()]
     if "holding" in kinds and objs and keep("holding"):
         out.append(_shape({"holding": _enum(objs)}))
     if "is" in kinds:
-        groups: dict[tuple[str, ...], list[str]] = {}
+        groups = {}
         for o in objs:
             st = tuple(x for x in states.get(o, ()) if keep("is", x))
             if st:
@@ -140,10 +146,20 @@ def _object_branches(objs: list[str], kinds: set[str], places: list[str], states
     return out
 
 
-def _lead(name: str, kinds: set[str], places: list[str], states: dict, verbs: set) -> list[dict]:
+def _lead(name: str, kinds: set[str], places, states: dict, verbs: set) -> list[dict]:
     """The goal's condition about an object the task names: the kind its verb asks for when
     the object can take it ("open the cabinet": cabinet open), else any."""
     return _object_branches([name], kinds, places, states, verbs) or _object_branches([name], kinds, places, states)
+
+
+def _place_branches(kinds: set[str], looked_at: list[str], visited: list[str]) -> list[dict]:
+    """Conditions about places: one of ``looked_at`` inspected, the robot at one of ``visited``."""
+    out = []
+    if "place_is" in kinds and looked_at:
+        out.append(_shape({"place": _enum(looked_at), "is": {"const": "inspected"}}))
+    if "robot_at" in kinds and visited:
+        out.append(_shape({"robot_at": _enum(visited)}))
+    return out
 
 
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None) -> dict:
@@ -151,41 +167,47 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     else could be reached), each object only in the states its type can reach, plus `missing`,
     the plan's way to say the task names a thing this world does not have.
 
-    With the ``task``, the goal is focused on it (grounding.py's words): its conditions are
+    With the ``task``, the goal is focused on its reading (reading.py): its conditions are
     about objects the task mentions, and it opens with one condition about each object the task
-    names in full, in the task's order. A small model otherwise states half of a two-object
-    task, or plans for a thing the world has in place of one it lacks. A named object's opening
+    refers to, in the task's order. A small model otherwise states half of a two-object task,
+    or plans for a thing the world has in place of one it lacks. A referred object's opening
     condition is of the kind the task's verb asks for, when it can take it ("open the cabinet":
-    cabinet open, not cabinet at some place); a task asking for something to be moved that
-    mentions no world object can only say `missing`. The gate checks the same words, so a plan
-    decoded under another schema is held to them too."""
+    cabinet open, not cabinet at some place); when the task says where things go, `at` takes
+    only those places; a task about places alone (go, scan) opens with a condition about one
+    of them; a task that mentions no world object and asks for no place can only say
+    `missing`. The gate checks the same reading, so a plan decoded under another schema is
+    held to it too."""
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
     states = states_by_object(world, skills)
-    lead: list[str] = []
-    verbs: set = set()
+    lead: list[dict] = []
+    where, looked_at = places, places
+    only_missing = False
     if task is not None:
-        tw = words(task)
-        verbs = wanted(tw, world)
-        objs = [o.name for o in world.objects if mentions(tw, o.name, o.type)]
-        lead = referred(task, world)
-    branches = _object_branches(objs, kinds, places, states)
-    # "bring the pallet ..." where nothing here is a pallet: only `missing` is left to say
-    only_missing = task is not None and not objs and asks_to_carry(tw)
-    if "place_is" in kinds and places and not only_missing:
-        branches.append(_shape({"place": _enum(places), "is": {"const": "inspected"}}))
-    if "robot_at" in kinds and places and not only_missing:
-        branches.append(_shape({"robot_at": _enum(places)}))
+        r = read_task(task, world)
+        objs = list(r.mentioned)
+        only_missing = r.only_missing
+        where = lambda o: list(r.destinations(o)) or places  # noqa: E731
+        lead = [{"anyOf": bs} for bs in (_lead(n, kinds, where, states, r.wanted) for n in r.referred) if bs]
+        dest = list(r.about_places)
+        if dest:
+            # a task about places alone: go there, or look at it, by its verbs
+            inspect, move = ("is", "inspected") in r.wanted, r.move
+            pb = _place_branches(kinds, dest if inspect or not move else [], dest if move or not inspect else [])
+            lead = [{"anyOf": pb}] if pb else []
+            looked_at = dest
+    branches = _object_branches(objs, kinds, where, states)
+    if not only_missing:
+        branches += _place_branches(kinds, looked_at, places)
     branches.append(_shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
     out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}
     out["items"] = {"anyOf": branches}
     cap = out.get("maxItems")
     lead = lead[:cap] if isinstance(cap, int) else lead
-    prefix = [{"anyOf": bs} for bs in (_lead(n, kinds, places, states, verbs) for n in lead) if bs]
-    if prefix:
-        out["prefixItems"] = prefix
-        out["minItems"] = max(int(out.get("minItems", 0)), len(prefix))
+    if lead:
+        out["prefixItems"] = lead
+        out["minItems"] = max(int(out.get("minItems", 0)), len(lead))
     return out
 
 

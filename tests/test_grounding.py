@@ -7,7 +7,9 @@ from itertools import permutations
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 
 from agent.evaluation import load_eval_set
-from agent.grounding import grounding_findings, mentions, names, words
+from agent.files import AGENT_DIR
+from agent.grounding import grounding_findings
+from agent.reading import mentions, names, read_task, words
 from agent.planner import Planner
 from agent.prompt import goal_forms, system_prompt
 
@@ -161,7 +163,9 @@ def test_every_reference_goal_fits_its_task_schema():
     from agent.files import AGENT_DIR, base_plan_schema
     from agent.specialize import PlanValidator, specialize
 
-    for d in (AGENT_DIR / "eval", AGENT_DIR / "eval_b"):
+    sets = sorted(d for d in AGENT_DIR.glob("eval*") if (d / "tasks.json").is_file())
+    assert len(sets) >= 2
+    for d in sets:
         tasks, worlds = load_eval_set(d)
         for t in tasks:
             if not t.goal:
@@ -172,3 +176,95 @@ def test_every_reference_goal_fits_its_task_schema():
             # a goal is a set: the grammar fixes an order, so some order of the answer must fit
             assert any(not list(schema.iter_errors(list(p))) for p in permutations(goal)), (t.id, t.task)
             assert grounding_findings(t.task, {"goal": goal, "steps": []}, w, s) == [], t.id
+
+
+# ---- the task's reading (agent/reading.py) ----------------------------------------------------
+def _world(objects, places, robot_at=None):
+    from agent.files import world_from_dict
+    return world_from_dict({
+        "name": "t", "objects": [{"position": [0.1, 0.0, 0.9], "mass_kg": 0.5, **o} for o in objects],
+        "places": [{"name": p, "position": [0.2, 0.1, 0.9]} for p in places],
+        "robot": {"workspace": {"min": [-1, -1, 0], "max": [1, 1, 2]}, "max_payload_kg": 3.0}})
+
+
+LIB = _world([{"name": "mystery_paperback", "type": "book", "at": "returns_desk"},
+              {"name": "picture_book", "type": "book", "at": "returns_desk"},
+              {"name": "audiobook_set", "type": "box", "at": "drop_box"},
+              {"name": "patient_hoist", "type": "hoist", "at": "bay_2"}],
+             ["returns_desk", "drop_box", "book_cart", "hold_shelf", "bay_2", "bay_3", "damaged_bin"])
+
+
+def test_reading_refers_by_a_head_word_only_as_a_noun():
+    r = read_task("Load the paperback and the picture book onto the cart.", LIB)
+    assert r.referred == ("mystery_paperback", "picture_book")        # task order; "paperback" is one thing
+    assert r.places == ("book_cart",)                                 # "the cart": the one cart
+    # "set" as a verb is not the audiobook set; "the book" is two things, so it refers to none
+    assert read_task("set it aside on the hold shelf", LIB).referred == ()
+    assert read_task("put the book on the cart", LIB).referred == ()
+    # a modifier is not a head: "the patient" is not the patient hoist (but it is mentioned)
+    r = read_task("sweep bay 3 before the next patient arrives", LIB)
+    assert r.referred == () and r.mentioned == ("patient_hoist",)
+
+
+def test_reading_sources_and_destinations():
+    r = read_task("Lift the audiobook set out of the drop box onto the returns desk.", LIB)
+    assert r.sources == {"drop_box"} and r.destinations("audiobook_set") == ("returns_desk",)
+    r = read_task("Bay 2 needs the mystery paperback from the returns desk", LIB)
+    assert r.destinations("mystery_paperback") == ("bay_2",)
+    # where a thing already is, is not where the task wants it
+    r = read_task("The patient hoist in bay 2 is free; get it to bay 3", LIB)
+    assert r.destinations("patient_hoist") == ("bay_3",) and r.sources == frozenset()
+    # "drop it off at" says where it goes, "off the shelf" where it comes from
+    assert read_task("drop the picture book off at the hold shelf", LIB).sources == frozenset()
+    assert read_task("take the picture book off the hold shelf", LIB).sources == {"hold_shelf"}
+    # no place said: no restriction
+    assert read_task("put the picture book away", LIB).destinations("picture_book") == ()
+
+
+def test_reading_verbs_and_tasks_about_places():
+    assert read_task("Have a look at the picture book", LIB).wanted == {("is", "inspected")}
+    assert read_task("Grab the picture book and keep it in your hand", LIB).wanted == {("holding", None)}
+    assert read_task("Pick the picture book up with the gripper and put it on the cart", LIB).wanted == set()
+    r = read_task("Sweep bay 3 with the lidar before the next patient arrives.", LIB)
+    assert r.about_places == ("bay_3",) and not r.only_missing
+    assert read_task("Head over to bay 3", LIB).about_places == ("bay_3",)
+    # no object of this world, no going, no looking: what it asks for is not here
+    for task in ("Today's newspaper goes on the returns desk.", "We need the defibrillator in bay 2",
+                 "bring the orchid to the cart"):
+        r = read_task(task, LIB)
+        assert r.only_missing and r.about_places == (), task
+    assert not read_task("put the picture book on the cart", LIB).only_missing
+
+
+AGENT_DIR_SKILLS = AGENT_DIR / "skills"
+
+
+def test_schema_and_gate_hold_the_goal_to_the_places_the_task_says():
+    from agent.files import base_plan_schema, skills_from_dict
+    from agent.specialize import PlanValidator, specialize
+
+    _, s = world_and_skills("kitchen")
+    moves = skills_from_dict(json.loads((AGENT_DIR_SKILLS / "mobile.json").read_text()))
+
+    def ok(task, goal, skills=s):
+        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
+        return not list(PlanValidator(schema).iter_errors(goal))
+
+    task = "Lift the audiobook set out of the drop box onto the returns desk."
+    assert ok(task, [{"object": "audiobook_set", "at": "returns_desk"}])
+    assert not ok(task, [{"object": "audiobook_set", "at": "drop_box"}])          # the source
+    assert not ok(task, [{"object": "audiobook_set", "at": "hold_shelf"}])        # a place never said
+    f = grounding_findings(task, with_goal({"object": "audiobook_set", "at": "drop_box"}), LIB, s)
+    assert checks(f) == ["goal"] and "returns_desk" in f[0].message
+    # a task about a place alone opens with it, by its verb
+    assert ok("Sweep bay 3 with the lidar", [{"place": "bay_3", "is": "inspected"}], moves)
+    assert not ok("Sweep bay 3 with the lidar", [{"robot_at": "bay_3"}], moves)
+    assert ok("Head over to bay 3", [{"robot_at": "bay_3"}], moves)
+    assert not ok("Head over to bay 3", [{"robot_at": "bay_2"}], moves)
+    f = grounding_findings("Head over to bay 3", with_goal({"robot_at": "bay_2"}), LIB, moves)
+    assert checks(f) == ["goal"] and "bay_3" in f[0].message
+    # nothing here, no going, no looking: only `missing`
+    assert ok("We need the defibrillator in bay 2", [{"missing": "defibrillator"}], moves)
+    assert not ok("We need the defibrillator in bay 2", [{"robot_at": "bay_2"}], moves)
+    f = grounding_findings("We need the defibrillator in bay 2", with_goal({"robot_at": "bay_2"}), LIB, moves)
+    assert checks(f) == ["object"]

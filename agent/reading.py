@@ -1,0 +1,177 @@
+"""What a task's words say about this world: a reading done once per request, shared by the
+task-focused goal schema (specialize.py) and the gate's grounding findings (grounding.py).
+
+It is a reading of words, not of meaning, and it errs on the side of saying nothing: each
+field is empty when the words do not decide it, and an empty field restricts nothing.
+
+- objects the task *mentions* (any word of a name, 3+ letters, or the type) and those it
+  *refers to* (its whole name, or a head word or type that only this object has: "the
+  paperback" is the mystery paperback when the world holds one paperback). English puts the
+  head of a compound last, so "the patient" does not refer to the patient hoist;
+- places it mentions the same way, and which of them are *sources* ("from the supply room",
+  "out of the drop box", "off the wall shelf") rather than where things should end up;
+- the conditions its verbs ask for ("open", "shut", "have a look", "keep it in your hand"),
+  and whether it asks for a thing to be moved, the robot to go somewhere, or a look around.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .files import World
+
+# The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
+STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),
+               "close": ("is", "closed"), "closed": ("is", "closed"), "shut": ("is", "closed"),
+               "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
+               "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
+               "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
+               "hold": ("holding", None), "holding": ("holding", None)}
+HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b")
+# Words that ask for a thing to be moved.
+CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
+                         "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
+# Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
+# is not "go").
+MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
+                        "park", "visit", "roll"})
+SOURCE_WORDS = (("from",), ("out", "of"), ("off",))
+# A head word alone refers to a thing only as a noun: after one of these ("set it aside" is
+# not the audiobook set).
+DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my", "your", "our", "its",
+                         "his", "her", "their", "each", "both"})
+
+
+def tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def singular(w: str) -> set[str]:
+    """The word and its singular forms (plural ``s``/``es``/``ies``)."""
+    out = {w}
+    if w.endswith("ies") and len(w) > 4:
+        out.add(w[:-3] + "y")
+    elif w.endswith("es") and len(w) > 3:
+        out.update((w[:-2], w[:-1]))
+    elif w.endswith("s") and len(w) > 2:
+        out.add(w[:-1])
+    return out
+
+
+def words(text: str) -> set[str]:
+    """Lower-case alphanumeric words, each also in its singular form."""
+    return {s for w in tokens(text) for s in singular(w)}
+
+
+def name_words(name: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
+
+
+def _content(name: str) -> list[str]:
+    """The words of a name that can stand for it (3+ letters, not a number)."""
+    return [t for t in name_words(name) if len(t) >= 3 and not t.isdigit()]
+
+
+def mentions(task_words: set[str], name: str, type_: str | None) -> bool:
+    """The task refers to this object by some word of its name (3+ letters) or by its type."""
+    return any(c in task_words for c in _content(name) + (name_words(type_) if type_ else []))
+
+
+def names(task_words: set[str], name: str) -> bool:
+    """The task names this thing in full: every word of its name appears."""
+    return bool(_content(name)) and all(t in task_words for t in name_words(name))
+
+
+def _unique_cues(cues: dict[str, set[str]]) -> dict[str, str]:
+    """cue word -> the one name it belongs to (words shared by two names decide nothing)."""
+    owners: dict[str, set[str]] = {}
+    for name, cs in cues.items():
+        for c in cs:
+            owners.setdefault(c, set()).add(name)
+    return {c: next(iter(n)) for c, n in owners.items() if len(n) == 1}
+
+
+@dataclass(frozen=True)
+class TaskReading:
+    words: frozenset            # ``words`` of the task
+    mentioned: tuple            # object names mentioned, world order
+    referred: tuple             # object names referred to, task order
+    places: tuple               # place names mentioned, task order
+    sources: frozenset          # the mentioned places said as where things come from
+    wanted: frozenset           # {(kind, state)} the verbs ask for
+    carry: bool                 # asks for a thing to be moved
+    move: bool                  # asks the robot to go somewhere
+    home: dict                  # object -> its place at the start (for destinations)
+
+    @property
+    def only_missing(self) -> bool:
+        """No object of this world is mentioned and the task is neither about the robot going
+        somewhere nor about looking at a place: whatever it asks for is not here."""
+        inspect = ("is", "inspected") in self.wanted
+        return not self.mentioned and (self.carry or not (self.move or inspect))
+
+    @property
+    def about_places(self) -> tuple:
+        """The places a task about places alone (go there, look at it) is about; () otherwise.
+        A word that only brushes an object ("before the next patient arrives") does not make
+        it a task about that object."""
+        inspect = ("is", "inspected") in self.wanted
+        if self.referred or self.only_missing or (self.mentioned and not (inspect or self.move)):
+            return ()
+        return self.destinations()
+
+    def destinations(self, obj: str | None = None) -> tuple:
+        """Places the task wants things at: those it mentions that are not sources nor where
+        ``obj`` already is. () when that leaves none (then the words decide nothing)."""
+        return tuple(p for p in self.places if p not in self.sources and p != self.home.get(obj, ""))
+
+
+def _first(toks: list[str], cue_words: list[str]) -> int:
+    hits = [i for i, t in enumerate(toks) if singular(t) & set(cue_words)]
+    return min(hits, default=len(toks))
+
+
+def _as_noun(toks: list[str], cue: str) -> bool:
+    """Some occurrence of ``cue`` follows a determiner, with at most one word between."""
+    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i]) for i, t in enumerate(toks))
+
+
+def _is_source(toks: list[str], name: str) -> bool:
+    """Some occurrence of the name comes right after "from", "out of" or "off" (a determiner
+    and one more word may sit between: "off the wall shelf"; "drop it off at the desk" is
+    not a source)."""
+    cue = set(name_words(name))
+    for i, t in enumerate(toks):
+        if singular(t) & cue and not (i and singular(toks[i - 1]) & cue):
+            j = i
+            while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
+                j -= 1
+            before = tuple(toks[max(0, j - 2):j])
+            if any(before[len(before) - len(w):] == w for w in SOURCE_WORDS if len(before) >= len(w)):
+                return True
+    return False
+
+
+def read_task(task: str, world: World) -> TaskReading:
+    toks, tw = tokens(task), words(task)
+    place_words = {t for p in world.places for t in name_words(p.name)}
+    heads = _unique_cues({o.name: ({_content(o.name)[-1]} if _content(o.name) else set())
+                          | set(name_words(o.type) if o.type else ()) for o in world.objects})
+    mentioned = tuple(o.name for o in world.objects if mentions(tw, o.name, o.type))
+    ref = {o.name for o in world.objects if names(tw, o.name)}
+    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c)}
+    obj_words = {t for n in ref for t in name_words(n)}
+    pcues = _unique_cues({p.name: {_content(p.name)[-1]} if _content(p.name) else set() for p in world.places})
+    places = {p.name for p in world.places if names(tw, p.name)}
+    places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and _as_noun(toks, c)}
+    taken = {t for n in ref | places for t in name_words(n)}
+    verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
+    if HOLD_PHRASE.search(task.lower()):
+        verbs.add(("holding", None))
+    order = lambda n: (_first(toks, name_words(n)), n)  # noqa: E731
+    return TaskReading(
+        words=frozenset(tw), mentioned=mentioned,
+        referred=tuple(sorted(ref, key=order)), places=tuple(sorted(places, key=order)),
+        sources=frozenset(p for p in places if _is_source(toks, p)), wanted=frozenset(verbs),
+        carry=bool(tw & CARRY_VERBS), move=bool(set(toks) & MOVE_VERBS),
+        home={o.name: o.at for o in world.objects if o.at})
