@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
+from thor_runtime.speculative import weights_kind
 from thor_runtime.speculative.dflash_io import default_tap_layers, save_drafter
 from thor_runtime.speculative.dflash_model import (
     DFlashConfig,
@@ -297,7 +298,7 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
                         num_layers=cfg.layers, num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads,
                         head_dim=mcfg.head_dim, intermediate_size=mcfg.intermediate_size,
                         block_size=cfg.block_size, rms_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
-                        target_id=mcfg.name, window=cfg.window)
+                        target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model))
     data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
     feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name}, progress)
     return Prepared(data_dir, man, seqs, dcfg, feats, data_hash)

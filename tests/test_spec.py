@@ -182,6 +182,19 @@ def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, 
     assert k == p.dflash.block_size - 1
     p, _ = proposer_and_k(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
     assert isinstance(p, NgramProposer)
+    # the same target with low-bit weights: the drafter's fp32 taps do not hold, lookup runs
+    from types import SimpleNamespace
+
+    from thor_runtime.speculative import shipped_drafter_fits, weights_kind
+    m = default_model.model
+    assert weights_kind(m) == "fp32" and shipped_drafter_fits(m)
+    for quant in ("int4", "int8"):
+        low = SimpleNamespace(cfg=m.cfg, quant=quant, dtype=m.dtype)
+        assert weights_kind(low) == quant and not shipped_drafter_fits(low)
+        assert isinstance(proposer_and_k(SpecOptions(method="auto"), low)[0], NgramProposer)
+    import torch
+    bf16 = SimpleNamespace(cfg=m.cfg, quant=None, dtype=torch.bfloat16)
+    assert weights_kind(bf16) == "bf16" and not shipped_drafter_fits(bf16)
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
     p, k = proposer_and_k(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, HybridProposer) and k == 3

@@ -106,20 +106,33 @@ def _hybrid(opts: SpecOptions, model):
     return HybridProposer.around(drafter, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
 
 
+def weights_kind(model) -> str:
+    """How the target holds its weights: its quantization ("int4", "int8") or its dtype."""
+    quant = getattr(model, "quant", None)
+    if quant:
+        return quant
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+        str(getattr(model, "dtype", "")).removeprefix("torch."), "")
+
+
 def shipped_drafter_fits(model) -> bool:
-    """The shipped drafter was trained for this target (same model id and hidden size)."""
+    """The shipped drafter was trained for this target: same model id and hidden size, and
+    taps from the same weight kind (a drafter distilled on fp32 taps commits about half as
+    many tokens per cycle on int4 weights, where its forwards then cost more than they save)."""
     import json
 
     try:
         doc = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return doc.get("target_id") == model.cfg.name and doc.get("hidden_size") == model.cfg.hidden_size
+    return (doc.get("target_id") == model.cfg.name and doc.get("hidden_size") == model.cfg.hidden_size
+            and doc.get("target_weights", "") in ("", weights_kind(model)))
 
 
 def _auto(opts: SpecOptions, model):
-    """The hybrid where a drafter is given or the shipped one was trained for this target, else
-    prompt lookup (a drafter trained for another model would only be paused by the budget)."""
+    """The hybrid where a drafter is given or the shipped one was trained for this target and
+    its weight kind, else prompt lookup (a drafter trained for another model would only be
+    paused by the budget)."""
     return _hybrid(opts, model) if opts.drafter or shipped_drafter_fits(model) else _ngram(opts, model)
 
 

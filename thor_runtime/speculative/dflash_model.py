@@ -73,6 +73,9 @@ class DFlashConfig:
     rope_theta: float = 1e6
     target_id: str = ""              # informational: the target this drafter was trained for
     window: int = 128                # default per-token context window W of the proposer
+    # The target's weight kind when its taps were recorded ("fp32", "bf16", "int8", "int4";
+    # "" unknown): low-bit weights shift the taps, and with them what the drafter predicts.
+    target_weights: str = ""
 
     def __post_init__(self):
         taps = self.tap_layers
@@ -85,6 +88,8 @@ class DFlashConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ThorError(f"dflash config: {k} must be an integer, got {v!r}")
+        if not isinstance(self.target_weights, str):
+            raise ThorError(f"dflash config: target_weights must be a string, got {self.target_weights!r}")
         for k in ("rms_eps", "rope_theta"):
             if not isinstance(getattr(self, k), (int, float)):
                 raise ThorError(f"dflash config: {k} must be a number, got {getattr(self, k)!r}")
