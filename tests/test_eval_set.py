@@ -1,5 +1,6 @@
-"""agent/eval, eval_b, eval_c: the held-out evaluation sets are well formed, disjoint from what prompts and drafter
-training use, every feasible task is reachable, and scoring judges plans by the task's own goal."""
+"""agent/eval, eval_b, eval_c: the held-out evaluation sets are well formed, disjoint from what
+prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
+scoring judges plans by the task's own goal."""
 from __future__ import annotations
 
 import json
