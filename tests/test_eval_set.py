@@ -1,5 +1,6 @@
-"""agent/eval: the held-out evaluation set is well formed, disjoint from what prompts and drafter
-training use, every feasible task is reachable, and scoring judges plans by the task's own goal."""
+"""agent/eval, eval_b, eval_c: the held-out evaluation sets are well formed, disjoint from what
+prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
+scoring judges plans by the task's own goal."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,8 @@ import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from agent.bench import _spread
 from agent.conditions import GOAL_KINDS, parse_conds
@@ -119,8 +122,16 @@ def test_eval_bench_wiring(tiny_llama):
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
 
-# ---- agent/eval_b: the second held-out set --------------------------------------------------
+# ---- agent/eval_b, agent/eval_c: the later held-out sets -------------------------------------
 EVAL_B = AGENT_DIR / "eval_b"
+EVAL_C = AGENT_DIR / "eval_c"
+# in the order they were written: each set must be fresh against the first set and every set before it
+LATER_SETS = (EVAL_B, EVAL_C)
+later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.name)
+
+
+def _earlier_sets(directory: Path) -> list[Path]:
+    return [EVAL_DIR] + list(LATER_SETS[:LATER_SETS.index(directory)])
 
 
 def _words(text: str) -> set[str]:
@@ -132,18 +143,19 @@ def _goal_kind(goal) -> tuple:
     return tuple(sorted(c.kind + (f":{c.value}" if c.kind == "is" else "") for c in goal))
 
 
-def test_second_eval_set_shape_fresh_and_mixed():
-    tasks, worlds = load_eval_set(EVAL_B)
-    first, first_worlds = load_eval_set()
+@later_set
+def test_later_eval_set_shape_fresh_and_mixed(directory):
+    tasks, worlds = load_eval_set(directory)
+    earlier = [load_eval_set(d) for d in _earlier_sets(directory)]
     assert len(tasks) >= 40 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
-    assert not {t.id for t in tasks} & {t.id for t in first}
-    # 12 infeasible tasks: in every world one of each refusal kind
-    assert sum(bool(t.refuse) for t in tasks) == 12
+    assert not {t.id for t in tasks} & {t.id for ts, _ in earlier for t in ts}
+    # in every world one infeasible task of each refusal kind, and no more
+    assert sum(bool(t.refuse) for t in tasks) == len(REFUSALS) * len(worlds)
     for name in worlds:
         assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
-    # new settings: no world (nor object / place name) shared with the sample or first eval worlds
+    # new settings: no world (nor object / place name) shared with the sample worlds or an earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
-    old += [w for w, _ in first_worlds.values()]
+    old += [w for _, ws in earlier for w, _ in ws.values()]
     old_worlds = {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
     old_names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
     vocab = {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
@@ -152,6 +164,8 @@ def test_second_eval_set_shape_fresh_and_mixed():
         names = {o.name for o in w.objects} | {p.name for p in w.places}
         assert not names & (old_names | vocab), (name, names & (old_names | vocab))
         assert Path(s.source).resolve().parent == (AGENT_DIR / "skills").resolve()   # the project's skills
+    # both skill sets in use: arm and mobile worlds
+    assert {Path(s.source).stem for _, s in worlds.values()} == {"manipulation", "mobile"}
     # the same mix of kinds as the first set (plus a close)
     kinds = Counter(_goal_kind(t.goal) for t in tasks if not t.refuse)
     for k in [("at",), ("at", "at"), ("is:open",), ("at", "is:open"), ("is:inspected",), ("holding",),
@@ -167,8 +181,9 @@ def test_second_eval_set_shape_fresh_and_mixed():
                 assert _words(t.task) & (set(o.name.split("_")) | {o.type}), (t.id, o.name)
 
 
-def test_second_eval_set_feasible_tasks_are_reachable():
-    tasks, worlds = load_eval_set(EVAL_B)
+@later_set
+def test_later_eval_set_feasible_tasks_are_reachable(directory):
+    tasks, worlds = load_eval_set(directory)
     feasible = [t for t in tasks if not t.refuse]
     assert len(feasible) >= 28
     for t in feasible:
@@ -182,9 +197,11 @@ def test_second_eval_set_feasible_tasks_are_reachable():
         assert row["success"] and row["valid"] and not row["unsafe"], (t.id, row)
 
 
-def test_second_eval_set_infeasible_for_their_reason():
-    doc = json.loads((EVAL_B / "tasks.json").read_text())
-    tasks, worlds = load_eval_set(EVAL_B)
+@later_set
+def test_later_eval_set_infeasible_for_their_reason(directory):
+    doc = json.loads((directory / "tasks.json").read_text())
+    assert set(doc) == {"description", "tasks"}
+    tasks, worlds = load_eval_set(directory)
     asks = {t["id"]: parse_conds(t["asks"], GOAL_KINDS, t["id"]) for t in doc["tasks"] if "refuse" in t}
     for t in (t for t in tasks if t.refuse):
         w, s = worlds[t.world]
