@@ -35,7 +35,11 @@ CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "plac
 # is not "go").
 MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
                         "park", "visit", "roll"})
+# "from the supply room", "out of the drop box", "off the wall shelf"; "drop it off at the
+# desk" is not a source.
 SOURCE_WORDS = (("from",), ("out", "of"), ("off",))
+# "make your way to the lobby": somewhere to go, whatever the verb.
+TOWARD_WORDS = (("to",), ("toward",), ("towards",))
 # A head word alone refers to a thing only as a noun: after one of these ("set it aside" is
 # not the audiobook set).
 DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my", "your", "our", "its",
@@ -136,10 +140,9 @@ def _as_noun(toks: list[str], cue: str) -> bool:
     return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i]) for i, t in enumerate(toks))
 
 
-def _is_source(toks: list[str], name: str) -> bool:
-    """Some occurrence of the name comes right after "from", "out of" or "off" (a determiner
-    and one more word may sit between: "off the wall shelf"; "drop it off at the desk" is
-    not a source)."""
+def _after(toks: list[str], name: str, lead: tuple) -> bool:
+    """Some occurrence of the name comes right after one of the ``lead`` word sequences (a
+    determiner and one more word may sit between: "off the wall shelf")."""
     cue = set(name_words(name))
     for i, t in enumerate(toks):
         if singular(t) & cue and not (i and singular(toks[i - 1]) & cue):
@@ -147,7 +150,7 @@ def _is_source(toks: list[str], name: str) -> bool:
             while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
                 j -= 1
             before = tuple(toks[max(0, j - 2):j])
-            if any(before[len(before) - len(w):] == w for w in SOURCE_WORDS if len(before) >= len(w)):
+            if any(before[len(before) - len(w):] == w for w in lead if len(before) >= len(w)):
                 return True
     return False
 
@@ -172,6 +175,7 @@ def read_task(task: str, world: World) -> TaskReading:
     return TaskReading(
         words=frozenset(tw), mentioned=mentioned,
         referred=tuple(sorted(ref, key=order)), places=tuple(sorted(places, key=order)),
-        sources=frozenset(p for p in places if _is_source(toks, p)), wanted=frozenset(verbs),
-        carry=bool(tw & CARRY_VERBS), move=bool(set(toks) & MOVE_VERBS),
+        sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
+        carry=bool((tw - taken) & CARRY_VERBS),
+        move=bool((set(toks) - taken) & MOVE_VERBS) or any(_after(toks, p, TOWARD_WORDS) for p in places),
         home={o.name: o.at for o in world.objects if o.at})

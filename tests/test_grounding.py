@@ -234,6 +234,11 @@ def test_reading_verbs_and_tasks_about_places():
         r = read_task(task, LIB)
         assert r.only_missing and r.about_places == (), task
     assert not read_task("put the picture book on the cart", LIB).only_missing
+    # somewhere to go, said without a verb of going; a word of a place's name is not a verb
+    lobby = _world([{"name": "ice_bucket", "type": "bucket", "at": "pantry"}], ["lift_lobby", "pantry"])
+    r = read_task("Make your way to the lift lobby.", lobby)
+    assert not r.carry and r.move and not r.only_missing and r.about_places == ("lift_lobby",)
+    assert read_task("The newspaper goes on the lift lobby bench", lobby).only_missing
 
 
 AGENT_DIR_SKILLS = AGENT_DIR / "skills"
