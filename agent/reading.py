@@ -46,6 +46,14 @@ DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my
                          "his", "her", "their", "each", "both"})
 
 
+# Words that never name a thing a task could ask for (for `missing`).
+FUNCTION_WORDS = frozenset("""the and but for with into onto from off out over under down back then than
+this that these those there here some any each both all your our their its his her you him them
+please could would should can will shall may might must need needs want wants like let make sure
+get got have has had are was were been being not now just also too very quickly soon today
+what which when where who why how while before after until once again away next up""".split())
+
+
 def tokens(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
@@ -106,6 +114,10 @@ class TaskReading:
     carry: bool                 # asks for a thing to be moved
     move: bool                  # asks the robot to go somewhere
     home: dict                  # object -> its place at the start (for destinations)
+    # What a `missing` condition may name: the task's words (and pairs of adjacent ones) that
+    # are no name, type or verb of this world, in task order. The thing the world lacks is
+    # among them when the task names it ("the newspaper", "a baguette").
+    unknown: tuple = ()
 
     @property
     def only_missing(self) -> bool:
@@ -171,6 +183,11 @@ def read_task(task: str, world: World) -> TaskReading:
     verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
     if HOLD_PHRASE.search(task.lower()):
         verbs.add(("holding", None))
+    known = ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
+             | place_words | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
+    odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
+    strange = [x for i, t in enumerate(odd) if t
+               for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
     order = lambda n: (_first(toks, name_words(n)), n)  # noqa: E731
     return TaskReading(
         words=frozenset(tw), mentioned=mentioned,
@@ -178,4 +195,4 @@ def read_task(task: str, world: World) -> TaskReading:
         sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS),
         move=bool((set(toks) - taken) & MOVE_VERBS) or any(_after(toks, p, TOWARD_WORDS) for p in places),
-        home={o.name: o.at for o in world.objects if o.at})
+        home={o.name: o.at for o in world.objects if o.at}, unknown=tuple(dict.fromkeys(strange)))

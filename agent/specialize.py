@@ -200,7 +200,10 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     branches = _object_branches(objs, kinds, where, states)
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
-    branches.append(_shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
+    # `missing` names a thing the task says and the world lacks, never a world name
+    unknown = list(r.unknown) if task is not None else []
+    branches.append(_shape({"missing": _enum(unknown) if unknown else
+                            {"type": "string", "minLength": 1, "maxLength": 40}}))
     out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}
     out["items"] = {"anyOf": branches}
     cap = out.get("maxItems")

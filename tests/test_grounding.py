@@ -273,3 +273,32 @@ def test_schema_and_gate_hold_the_goal_to_the_places_the_task_says():
     assert not ok("We need the defibrillator in bay 2", [{"robot_at": "bay_2"}], moves)
     f = grounding_findings("We need the defibrillator in bay 2", with_goal({"robot_at": "bay_2"}), LIB, moves)
     assert checks(f) == ["object"]
+
+
+def test_missing_names_a_thing_the_task_says_never_a_world_name():
+    import json as _json
+
+    from agent.files import base_plan_schema
+    from agent.specialize import PlanValidator, specialize
+
+    r = read_task("Today's newspaper goes on the returns desk.", LIB)
+    assert r.unknown == ("newspaper",)                # no world name, type, verb or function word
+    assert read_task("Put the soldering iron on the cart", LIB).unknown == ("soldering_iron", "soldering", "iron")
+    _, s = world_and_skills("kitchen")
+    goal = specialize(base_plan_schema(), LIB, s, task="Today's newspaper goes on the returns desk.")
+    v = PlanValidator(goal["properties"]["goal"])
+    assert not list(v.iter_errors([{"missing": "newspaper"}]))
+    assert list(v.iter_errors([{"missing": "hold_shelf"}]))          # a world name is no missing thing
+    # a task whose every word is known keeps a free string (the gate still names world names)
+    free = specialize(base_plan_schema(), LIB, s, task="put the picture book on the cart")["properties"]["goal"]
+    assert any(b["properties"].get("missing") == {"type": "string", "minLength": 1, "maxLength": 40}
+               for b in free["items"]["anyOf"])
+    # every evaluation set: what an infeasible task lacks is among the words `missing` may use
+    for d in sorted(x for x in AGENT_DIR.glob("eval*") if (x / "tasks.json").is_file()):
+        doc = _json.loads((d / "tasks.json").read_text())
+        tasks, worlds = load_eval_set(d)
+        lacks = {t["id"]: t["asks"][0]["missing"] for t in doc.get("tasks", doc) if "asks" in t
+                 and t.get("refuse") == "object"}
+        for t in tasks:
+            if t.id in lacks:
+                assert lacks[t.id] in read_task(t.task, worlds[t.world][0]).unknown, (d.name, t.id)
