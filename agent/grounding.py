@@ -77,11 +77,20 @@ def verb_findings(r: TaskReading, goal, reachable) -> list[Finding]:
                                            'visited or looked at; if what it asks for is not here, the goal is '
                                            '[{"missing": "<it>"}]'))
     for name in r.referred:
-        want = r.wanted & reachable(name)
+        want = r.verbs_for(name) & (reachable(name) | {("at", None)})
         have = {(c.kind, c.value if c.kind == "is" else None) for c in goal if c.subject == name}
-        if want and not want & have:
-            said = " or ".join(sorted(st or "held" for _, st in want))
+        if want and have and not want & have:      # (an object left out is said above)
+            said = " or ".join(sorted(st or ("held" if k == "holding" else "at " + " or ".join(r.destinations(name)))
+                                      for k, st in want))
             out.append(Finding(None, "goal", f"the task asks for {name} {said}; the goal does not say so"))
+        also = r.also_at(name) if want - {("holding", None), ("at", None)} else ()
+        if also and not any(c.kind == "at" and c.subject == name and c.value in also for c in goal):
+            out.append(Finding(None, "goal", f"the task also puts {name} at {' or '.join(also)}; "
+                                             "the goal does not say so"))
+    if r.go_to is not None and r.referred and not any(c.kind == "robot_at" and (not r.go_to or c.value in r.go_to)
+                                                      for c in goal):
+        where = " or ".join(r.go_to) or "a place"
+        out.append(Finding(None, "goal", f"the task sends the robot to {where} at the end; the goal does not say so"))
     return out
 
 

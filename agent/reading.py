@@ -16,7 +16,7 @@ field is empty when the words do not decide it, and an empty field restricts not
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .files import World
 
@@ -26,8 +26,10 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
                "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
-               "hold": ("holding", None), "holding": ("holding", None)}
-HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b")
+               "pull": ("is", "open"),
+               "hold": ("holding", None), "holding": ("holding", None), "keep": ("holding", None)}
+HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
+                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
                          "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
@@ -114,6 +116,12 @@ class TaskReading:
     carry: bool                 # asks for a thing to be moved
     move: bool                  # asks the robot to go somewhere
     home: dict                  # object -> its place at the start (for destinations)
+    # object -> the places said right after it, before the next referred object ("the jug in
+    # the cage and the carton down the chute"): where that object goes
+    paired: dict = field(default_factory=dict)
+    # the places the robot should end at when a verb of going follows every referred object
+    # ("..., then head back to the charger"); None when none does, () for anywhere
+    go_to: tuple | None = None
     # What a `missing` condition may name: the task's words (and pairs of adjacent ones) that
     # are no name, type or verb of this world, in task order. The thing the world lacks is
     # among them when the task names it ("the newspaper", "a baguette").
@@ -136,10 +144,39 @@ class TaskReading:
             return ()
         return self.destinations()
 
+    def _own(self, obj: str | None) -> tuple:
+        home = self.home.get(obj, "")
+        return tuple(p for p in self.paired.get(obj, ()) if p not in self.sources and p != home)
+
     def destinations(self, obj: str | None = None) -> tuple:
-        """Places the task wants things at: those it mentions that are not sources nor where
-        ``obj`` already is. () when that leaves none (then the words decide nothing)."""
-        return tuple(p for p in self.places if p not in self.sources and p != self.home.get(obj, ""))
+        """Places the task wants things at: those said right after ``obj``, else all it
+        mentions, less sources and where ``obj`` already is. () when that leaves none (then
+        the words decide nothing)."""
+        home = self.home.get(obj, "")
+        return self._own(obj) or tuple(p for p in self.places if p not in self.sources and p != home)
+
+    def verbs_for(self, obj: str) -> frozenset:
+        """What the verbs ask of this object: not to be held when the task says where it goes
+        ("keep the milk in the fridge"); to be there, when the task says where it goes and
+        asks no state of it ("the jug goes in the cage")."""
+        want = self.wanted - {("holding", None)} if self._own(obj) else self.wanted
+        return want or (frozenset({("at", None)}) if self.destinations(obj) else frozenset())
+
+    def also_at(self, obj: str) -> tuple:
+        """Where a referred object that the verbs want in some state goes as well ("check the
+        lens, then leave it on the desk"): the places said right after it, when the task asks
+        for a thing to be moved; () otherwise."""
+        return self._own(obj) if self.carry else ()
+
+
+def _where(toks: list[str], name: str, cues: set[str]) -> int:
+    """Index of the name in the task: its words in a row, else the first of ``cues`` (the
+    words that made it count), else the end."""
+    nw = name_words(name)
+    for i in range(len(toks) - len(nw) + 1):
+        if all(w in singular(t) for w, t in zip(nw, toks[i:i + len(nw)])):
+            return i
+    return _first(toks, sorted(cues))
 
 
 def _first(toks: list[str], cue_words: list[str]) -> int:
@@ -188,10 +225,20 @@ def read_task(task: str, world: World) -> TaskReading:
     odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
     strange = [x for i, t in enumerate(odd) if t
                for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
-    order = lambda n: (_first(toks, name_words(n)), n)  # noqa: E731
+    at = {n: _where(toks, n, {c for c, o in heads.items() if o == n}) for n in ref}
+    at |= {n: _where(toks, n, {c for c, o in pcues.items() if o == n}) for n in places}
+    order = lambda n: (at[n], n)  # noqa: E731
+    objs, spots = sorted(ref, key=order), sorted(places, key=order)
+    last = max((at[n] for n in objs), default=len(toks))
+    # a new action: "..., then go back", "and head to"; not "the bundle needs to go on the cart"
+    goes = [i for i, t in enumerate(toks) if i > last and t in MOVE_VERBS - taken
+            and {"then", "and"} & set(toks[max(0, i - 2):i])]
+    ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
+    paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
+    go_to = tuple(p for p in spots if at[p] > goes[0]) if goes else None
     return TaskReading(
         words=frozenset(tw), mentioned=mentioned,
-        referred=tuple(sorted(ref, key=order)), places=tuple(sorted(places, key=order)),
+        referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS),
         move=bool((set(toks) - taken) & MOVE_VERBS) or any(_after(toks, p, TOWARD_WORDS) for p in places),

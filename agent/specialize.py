@@ -189,7 +189,17 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         objs = list(r.mentioned)
         only_missing = r.only_missing
         where = lambda o: list(r.destinations(o)) or places  # noqa: E731
-        lead = [{"anyOf": bs} for bs in (_lead(n, kinds, where, states, r.wanted) for n in r.referred) if bs]
+        for n in r.referred:
+            verbs = r.verbs_for(n)
+            bs = _lead(n, kinds, where, states, verbs)
+            lead += [{"anyOf": bs}] if bs else []
+            said = verbs - {("holding", None), ("at", None)}
+            if said and _object_branches([n], kinds, places, states, said) and r.also_at(n) and "at" in kinds:
+                # "check the lens, then leave it on the desk": its state, then its place
+                lead.append({"anyOf": [_shape({"object": _enum([n]), "at": _enum(list(r.also_at(n)))})]})
+        if r.go_to is not None and "robot_at" in kinds:
+            # "..., then head back to the charger": the robot's own end place last
+            lead.append({"anyOf": [_shape({"robot_at": _enum(list(r.go_to) or places)})]})
         dest = list(r.about_places)
         if dest:
             # a task about places alone: go there, or look at it, by its verbs

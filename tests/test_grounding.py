@@ -302,3 +302,55 @@ def test_missing_names_a_thing_the_task_says_never_a_world_name():
         for t in tasks:
             if t.id in lacks:
                 assert lacks[t.id] in read_task(t.task, worlds[t.world][0]).unknown, (d.name, t.id)
+
+
+def test_two_part_tasks_pair_places_and_end_with_the_robot():
+    r = read_task("The picture book goes on the cart and the mystery paperback on the hold shelf.", LIB)
+    assert r.paired == {"picture_book": ("book_cart",), "mystery_paperback": ("hold_shelf",)}
+    assert r.destinations("picture_book") == ("book_cart",) and r.go_to is None
+    # a state, then a place
+    r = read_task("Check the picture book for damage, then leave it on the cart.", LIB)
+    assert r.verbs_for("picture_book") == {("is", "inspected")} and r.also_at("picture_book") == ("book_cart",)
+    # the robot goes on at the end; "needs to go" is the book's, not the robot's
+    r = read_task("Drop the picture book at the cart, then head back to bay 3.", LIB)
+    assert r.paired["picture_book"] == ("book_cart",) and r.go_to == ("bay_3",)
+    assert read_task("The picture book needs to go on the cart.", LIB).go_to is None
+    assert read_task("Leave the picture book on the cart and go back and charge", LIB).go_to == ()
+    # a place said and no state asked: the book should be there, not held nor inspected
+    assert read_task("The picture book goes on the cart", LIB).verbs_for("picture_book") == {("at", None)}
+    # held, said other ways; but not when the task says where it goes
+    for task in ("Pick up the picture book and hang on to it", "Load the picture book and keep it on board",
+                 "keep the picture book in your hand"):
+        assert read_task(task, LIB).verbs_for("picture_book") == {("holding", None)}, task
+    assert read_task("keep the picture book on the cart", LIB).verbs_for("picture_book") == {("at", None)}
+
+
+def test_two_part_goals_in_schema_and_gate():
+    from agent.files import base_plan_schema, skills_from_dict
+    from agent.specialize import PlanValidator, specialize
+
+    _, s = world_and_skills("kitchen")
+    moves = skills_from_dict(json.loads((AGENT_DIR_SKILLS / "mobile.json").read_text()))
+
+    def ok(task, goal, skills=s):
+        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
+        return not list(PlanValidator(schema).iter_errors(goal))
+
+    task = "The picture book goes on the cart and the mystery paperback on the hold shelf."
+    right = [{"object": "picture_book", "at": "book_cart"}, {"object": "mystery_paperback", "at": "hold_shelf"}]
+    assert ok(task, right) and not ok(task, right[::-1])
+    assert not ok(task, [{"object": "picture_book", "at": "hold_shelf"}, {"object": "mystery_paperback", "at": "book_cart"}])
+    assert not ok(task, [{"holding": "picture_book"}, right[1]])
+    f = grounding_findings(task, with_goal({"object": "picture_book", "at": "hold_shelf"}, right[1]), LIB, s)
+    assert checks(f) == ["goal"] and "book_cart" in f[0].message
+    task = "Check the picture book for damage, then leave it on the cart."
+    both = [{"object": "picture_book", "is": "inspected"}, {"object": "picture_book", "at": "book_cart"}]
+    assert ok(task, both) and not ok(task, both[:1])
+    f = grounding_findings(task, with_goal(*both[:1]), LIB, s)
+    assert checks(f) == ["goal"] and "also puts picture_book at book_cart" in f[0].message
+    task = "Drop the picture book at the cart, then head back to bay 3."
+    end = [{"object": "picture_book", "at": "book_cart"}, {"robot_at": "bay_3"}]
+    assert ok(task, end, moves) and not ok(task, end[:1], moves)
+    assert not ok(task, [end[0], {"robot_at": "bay_2"}], moves)
+    f = grounding_findings(task, with_goal(end[0]), LIB, moves)
+    assert checks(f) == ["goal"] and "bay_3" in f[0].message
