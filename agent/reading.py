@@ -27,9 +27,13 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
                "pull": ("is", "open"),
-               "hold": ("holding", None), "holding": ("holding", None), "keep": ("holding", None)}
+               "hold": ("holding", None), "holding": ("holding", None)}
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
                          r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
+# Where a clause about something else begins ("... so I can photograph them", "before I
+# start on the frame", "until the ward's ready"): what follows is not asked for.
+ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
+                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
                          "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
@@ -114,7 +118,8 @@ class TaskReading:
     sources: frozenset          # the mentioned places said as where things come from
     wanted: frozenset           # {(kind, state)} the verbs ask for
     carry: bool                 # asks for a thing to be moved
-    move: bool                  # asks the robot to go somewhere
+    move: bool                  # a verb sends the robot somewhere ("head", "drive", ...)
+    toward: bool                # a place follows "to" ("make your way to the lobby")
     home: dict                  # object -> its place at the start (for destinations)
     # object -> the places said right after it, before the next referred object ("the jug in
     # the cage and the carton down the chute"): where that object goes
@@ -132,15 +137,15 @@ class TaskReading:
         """No object of this world is mentioned and the task is neither about the robot going
         somewhere nor about looking at a place: whatever it asks for is not here."""
         inspect = ("is", "inspected") in self.wanted
-        return not self.mentioned and (self.carry or not (self.move or inspect))
+        return not self.mentioned and (self.carry or not (self.move or self.toward or inspect))
 
     @property
     def about_places(self) -> tuple:
         """The places a task about places alone (go there, look at it) is about; () otherwise.
         A word that only brushes an object ("before the next patient arrives") does not make
-        it a task about that object."""
+        it a task about that object; a thing to move ("bring the guitar round") does."""
         inspect = ("is", "inspected") in self.wanted
-        if self.referred or self.only_missing or (self.mentioned and not (inspect or self.move)):
+        if self.referred or self.only_missing or (self.mentioned and (self.carry or not (inspect or self.move))):
             return ()
         return self.destinations()
 
@@ -205,11 +210,16 @@ def _after(toks: list[str], name: str, lead: tuple) -> bool:
 
 
 def read_task(task: str, world: World) -> TaskReading:
+    """The reading; what the task asks for comes from its main clauses (before an aside),
+    what it mentions from all of it."""
+    aside = ASIDE.search(task.lower())
+    whole = words(task)
+    task = task[:aside.start()] if aside else task
     toks, tw = tokens(task), words(task)
     place_words = {t for p in world.places for t in name_words(p.name)}
     heads = _unique_cues({o.name: ({_content(o.name)[-1]} if _content(o.name) else set())
                           | set(name_words(o.type) if o.type else ()) for o in world.objects})
-    mentioned = tuple(o.name for o in world.objects if mentions(tw, o.name, o.type))
+    mentioned = tuple(o.name for o in world.objects if mentions(whole, o.name, o.type))
     ref = {o.name for o in world.objects if names(tw, o.name)}
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c)}
     obj_words = {t for n in ref for t in name_words(n)}
@@ -241,5 +251,5 @@ def read_task(task: str, world: World) -> TaskReading:
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS),
-        move=bool((set(toks) - taken) & MOVE_VERBS) or any(_after(toks, p, TOWARD_WORDS) for p in places),
+        move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=tuple(dict.fromkeys(strange)))

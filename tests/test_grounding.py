@@ -237,7 +237,7 @@ def test_reading_verbs_and_tasks_about_places():
     # somewhere to go, said without a verb of going; a word of a place's name is not a verb
     lobby = _world([{"name": "ice_bucket", "type": "bucket", "at": "pantry"}], ["lift_lobby", "pantry"])
     r = read_task("Make your way to the lift lobby.", lobby)
-    assert not r.carry and r.move and not r.only_missing and r.about_places == ("lift_lobby",)
+    assert not r.carry and r.toward and not r.only_missing and r.about_places == ("lift_lobby",)
     assert read_task("The newspaper goes on the lift lobby bench", lobby).only_missing
 
 
@@ -323,6 +323,13 @@ def test_two_part_tasks_pair_places_and_end_with_the_robot():
                  "keep the picture book in your hand"):
         assert read_task(task, LIB).verbs_for("picture_book") == {("holding", None)}, task
     assert read_task("keep the picture book on the cart", LIB).verbs_for("picture_book") == {("at", None)}
+    # an aside is not asked for: "so I can photograph it", "before I start on the paperback"
+    r = read_task("Move the picture book to the cart so I can photograph it", LIB)
+    assert r.verbs_for("picture_book") == {("at", None)}
+    r = read_task("I need the picture book on the cart before I start on the paperback", LIB)
+    assert r.referred == ("picture_book",) and "mystery_paperback" in r.mentioned
+    # a thing to bring, said by a word that is not its head, is still not a task about places
+    assert read_task("could you bring the mystery round to the cart?", LIB).about_places == ()
 
 
 def test_two_part_goals_in_schema_and_gate():
