@@ -189,9 +189,13 @@ def _first(toks: list[str], cue_words: list[str]) -> int:
     return min(hits, default=len(toks))
 
 
-def _as_noun(toks: list[str], cue: str) -> bool:
-    """Some occurrence of ``cue`` follows a determiner, with at most one word between."""
-    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i]) for i, t in enumerate(toks))
+def _as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
+    """Some occurrence of ``cue`` follows a determiner, with at most one word between, and
+    that word is no word of another name ("the red mug" with a red cup and a blue mug
+    refers to neither)."""
+    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i])
+               and not {w for x in toks[max(0, i - 2):i] for w in singular(x)} & others
+               for i, t in enumerate(toks))
 
 
 def _after(toks: list[str], name: str, lead: tuple) -> bool:
@@ -221,7 +225,10 @@ def read_task(task: str, world: World) -> TaskReading:
                           | set(name_words(o.type) if o.type else ()) for o in world.objects})
     mentioned = tuple(o.name for o in world.objects if mentions(whole, o.name, o.type))
     ref = {o.name for o in world.objects if names(tw, o.name)}
-    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c)}
+    def others(name: str) -> set[str]:
+        return {t for o in world.objects if o.name != name for t in _content(o.name)}
+
+    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c, others(heads[c]))}
     obj_words = {t for n in ref for t in name_words(n)}
     pcues = _unique_cues({p.name: {_content(p.name)[-1]} if _content(p.name) else set() for p in world.places})
     places = {p.name for p in world.places if names(tw, p.name)}

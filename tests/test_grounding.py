@@ -201,6 +201,11 @@ def test_reading_refers_by_a_head_word_only_as_a_noun():
     # "set" as a verb is not the audiobook set; "the book" is two things, so it refers to none
     assert read_task("set it aside on the hold shelf", LIB).referred == ()
     assert read_task("put the book on the cart", LIB).referred == ()
+    # a word of another name before the head leaves it open: a red cup and a blue mug
+    w, _ = world_and_skills("kitchen")
+    r = read_task("Put the red mug in the dish rack.", w)
+    assert r.referred == () and set(r.mentioned) == {"red_cup", "blue_mug"}
+    assert read_task("Put the mug in the dish rack.", w).referred == ("blue_mug",)
     # a modifier is not a head: "the patient" is not the patient hoist (but it is mentioned)
     r = read_task("sweep bay 3 before the next patient arrives", LIB)
     assert r.referred == () and r.mentioned == ("patient_hoist",)
