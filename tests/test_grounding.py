@@ -246,19 +246,27 @@ def test_reading_verbs_and_tasks_about_places():
     assert read_task("The newspaper goes on the lift lobby bench", lobby).only_missing
 
 
-AGENT_DIR_SKILLS = AGENT_DIR / "skills"
+def _arm_and_mobile_skills():
+    from agent.files import skills_from_dict
+
+    _, arm = world_and_skills("kitchen")
+    return arm, skills_from_dict(json.loads((AGENT_DIR / "skills" / "mobile.json").read_text()))
+
+
+def _goal_fits(default_skills):
+    """-> ok(task, goal, skills=default_skills): the task-focused goal schema on LIB admits goal."""
+    from agent.files import base_plan_schema
+    from agent.specialize import PlanValidator, specialize
+
+    def ok(task, goal, skills=default_skills):
+        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
+        return not list(PlanValidator(schema).iter_errors(goal))
+    return ok
 
 
 def test_schema_and_gate_hold_the_goal_to_the_places_the_task_says():
-    from agent.files import base_plan_schema, skills_from_dict
-    from agent.specialize import PlanValidator, specialize
-
-    _, s = world_and_skills("kitchen")
-    moves = skills_from_dict(json.loads((AGENT_DIR_SKILLS / "mobile.json").read_text()))
-
-    def ok(task, goal, skills=s):
-        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
-        return not list(PlanValidator(schema).iter_errors(goal))
+    s, moves = _arm_and_mobile_skills()
+    ok = _goal_fits(s)
 
     task = "Lift the audiobook set out of the drop box onto the returns desk."
     assert ok(task, [{"object": "audiobook_set", "at": "returns_desk"}])
@@ -338,15 +346,8 @@ def test_two_part_tasks_pair_places_and_end_with_the_robot():
 
 
 def test_two_part_goals_in_schema_and_gate():
-    from agent.files import base_plan_schema, skills_from_dict
-    from agent.specialize import PlanValidator, specialize
-
-    _, s = world_and_skills("kitchen")
-    moves = skills_from_dict(json.loads((AGENT_DIR_SKILLS / "mobile.json").read_text()))
-
-    def ok(task, goal, skills=s):
-        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
-        return not list(PlanValidator(schema).iter_errors(goal))
+    s, moves = _arm_and_mobile_skills()
+    ok = _goal_fits(s)
 
     task = "The picture book goes on the cart and the mystery paperback on the hold shelf."
     right = [{"object": "picture_book", "at": "book_cart"}, {"object": "mystery_paperback", "at": "hold_shelf"}]
