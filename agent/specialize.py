@@ -131,8 +131,9 @@ def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
         where = places if callable(places) else (lambda o: places)
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in objs:
-            if where(o):
-                groups.setdefault(tuple(where(o)), []).append(o)
+            ps = tuple(where(o))
+            if ps:
+                groups.setdefault(ps, []).append(o)
         out += [_shape({"object": _enum(g), "at": _enum(list(ps))}) for ps, g in groups.items()]
     if "holding" in kinds and objs and keep("holding"):
         out.append(_shape({"holding": _enum(objs)}))
