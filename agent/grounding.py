@@ -31,16 +31,16 @@ from .symbolic import parse_goal, states_by_object
 _OBJECT_KINDS = ("at", "is", "holding")
 
 
-def grounding_findings(task: str, plan, world: World, skills=None,
-                       reading: TaskReading | None = None) -> list[Finding]:
+def grounding_findings(task: str, plan, world: World, skills=None) -> list[Finding]:
     """Findings (see the module doc) for a plan whose goal parses; [] when there is no goal to
     hold to the task (the gate reports that) or the goal already says a thing is missing.
-    With ``skills``, the task's state verbs are checked too (an object's reachable states
-    come from them)."""
+    With ``skills``, what the task's verbs ask is checked too, where a skill can make it true
+    (an object's reachable states, the robot's place), as the goal schema asks it."""
     goal, problems = parse_goal(plan, world)
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
-    r = reading or read_task(task, world)
+    r = read_task(task, world)
+    kinds = {c.kind for s in skills.skills for c in s.effects} if skills is not None else set()
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []
     in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS}
@@ -51,43 +51,44 @@ def grounding_findings(task: str, plan, world: World, skills=None,
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "
                                              "state one condition for each object the task names"))
-    return out + place_findings(r, goal) + verb_findings(r, goal, reachable)
+    return out + place_findings(r, goal, kinds) + verb_findings(r, goal, reachable, kinds)
 
 
-def place_findings(r: TaskReading, goal) -> list[Finding]:
-    """Where the task says things go, and a task about places alone."""
+def place_findings(r: TaskReading, goal, kinds: set[str]) -> list[Finding]:
+    """Where the task says things go, and a task about places alone (when a skill can reach a
+    condition about a place: ``kinds``, the skills' effect kinds)."""
     out = []
     for c in goal:
         dest = r.destinations(c.subject) if c.kind == "at" else ()
         if dest and c.value not in dest:
             out.append(Finding(None, "goal", f"goal {c.text()}: the task says where it goes: {' or '.join(dest)}"))
-    dest = r.about_places
+    dest = r.about_places if kinds & {"place_is", "robot_at"} else ()
     if dest and not any(c.subject in dest or c.value in dest for c in goal if c.kind in ("place_is", "robot_at")):
         out.append(Finding(None, "goal", f"the task is about {' or '.join(dest)}; the goal says nothing about it"))
     return out
 
 
-def verb_findings(r: TaskReading, goal, reachable) -> list[Finding]:
+def verb_findings(r: TaskReading, goal, reachable, kinds: set[str]) -> list[Finding]:
     """The task's verbs against the goal: "open the cabinet" with no `cabinet open`.
-    reachable(object name) -> the (kind, state) a skill can give it. A verb no referred object
-    can take ("open the trowel") is left to the other checks."""
+    reachable(object name) -> the (kind, state) a skill can give it; kinds: the skills' effect
+    kinds. A verb no referred object can take ("open the trowel") is left to the other checks."""
     out = []
     if not any(c.kind in _OBJECT_KINDS for c in goal) and r.only_missing:
         out.append(Finding(None, "object", "the task mentions no object of this world and asks for no place to be "
                                            'visited or looked at; if what it asks for is not here, the goal is '
                                            '[{"missing": "<it>"}]'))
     for name in r.referred:
-        want = r.verbs_for(name) & (reachable(name) | {("at", None)})
+        want = r.verbs_for(name) & (reachable(name) | ({("at", None)} if "at" in kinds else set()))
         have = {(c.kind, c.value if c.kind == "is" else None) for c in goal if c.subject == name}
         if want and have and not want & have:      # (an object left out is said above)
             said = " or ".join(sorted(st or ("held" if k == "holding" else "at " + " or ".join(r.destinations(name)))
                                       for k, st in want))
             out.append(Finding(None, "goal", f"the task asks for {name} {said}; the goal does not say so"))
-        also = r.also_at(name) if want - {("holding", None), ("at", None)} else ()
+        also = r.also_at(name) if "at" in kinds and want - {("holding", None), ("at", None)} else ()
         if also and not any(c.kind == "at" and c.subject == name and c.value in also for c in goal):
             out.append(Finding(None, "goal", f"the task also puts {name} at {' or '.join(also)}; "
                                              "the goal does not say so"))
-    if r.go_to is not None and r.referred and not any(c.kind == "robot_at" and (not r.go_to or c.value in r.go_to)
+    if r.go_to is not None and r.referred and "robot_at" in kinds and not any(c.kind == "robot_at" and (not r.go_to or c.value in r.go_to)
                                                       for c in goal):
         where = " or ".join(r.go_to) or "a place"
         out.append(Finding(None, "goal", f"the task sends the robot to {where} at the end; the goal does not say so"))

@@ -1,5 +1,6 @@
-"""What a task's words say about this world: a reading done once per request, shared by the
-task-focused goal schema (specialize.py) and the gate's grounding findings (grounding.py).
+"""What a task's words say about this world: one reading, used alike by the task-focused goal
+schema (specialize.py) and the gate's grounding findings (grounding.py), so a plan decoded
+under another schema is held to what the grammar would have asked.
 
 It is a reading of words, not of meaning, and it errs on the side of saying nothing: each
 field is empty when the words do not decide it, and an empty field restricts nothing.

@@ -367,3 +367,5 @@ def test_two_part_goals_in_schema_and_gate():
     assert not ok(task, [end[0], {"robot_at": "bay_2"}], moves)
     f = grounding_findings(task, with_goal(end[0]), LIB, moves)
     assert checks(f) == ["goal"] and "bay_3" in f[0].message
+    # an arm cannot drive: neither the grammar nor the gate asks it for an end place
+    assert ok(task, end[:1]) and grounding_findings(task, with_goal(end[0]), LIB, s) == []
