@@ -214,6 +214,34 @@ def _after(toks: list[str], name: str, lead: tuple) -> bool:
     return False
 
 
+def _head(name: str) -> set[str]:
+    """The last word of a name that can stand for it ("paperback" of mystery_paperback)."""
+    c = _content(name)
+    return {c[-1]} if c else set()
+
+
+def _unknown(toks: list[str], world: World) -> tuple:
+    """TaskReading.unknown: words (and adjacent pairs) no name, type or verb of this world."""
+    known = ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
+             | {t for p in world.places for t in name_words(p.name)}
+             | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
+    odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
+    pairs = [x for i, t in enumerate(odd) if t
+             for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
+    return tuple(dict.fromkeys(pairs))
+
+
+def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken: set[str]):
+    """-> (paired, go_to) from where each referred object and place is said (``at``)."""
+    last = max((at[n] for n in objs), default=len(toks))
+    # a new action: "..., then go back", "and head to"; not "the bundle needs to go on the cart"
+    goes = [i for i, t in enumerate(toks) if i > last and t in MOVE_VERBS - taken
+            and {"then", "and"} & set(toks[max(0, i - 2):i])]
+    ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
+    paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
+    return paired, (tuple(p for p in spots if at[p] > goes[0]) if goes else None)
+
+
 def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
@@ -222,42 +250,29 @@ def read_task(task: str, world: World) -> TaskReading:
     task = task[:aside.start()] if aside else task
     toks, tw = tokens(task), words(task)
     place_words = {t for p in world.places for t in name_words(p.name)}
-    heads = _unique_cues({o.name: ({_content(o.name)[-1]} if _content(o.name) else set())
-                          | set(name_words(o.type) if o.type else ()) for o in world.objects})
-    mentioned = tuple(o.name for o in world.objects if mentions(whole, o.name, o.type))
-    ref = {o.name for o in world.objects if names(tw, o.name)}
+    heads = _unique_cues({o.name: _head(o.name) | set(name_words(o.type or "")) for o in world.objects})
+    pcues = _unique_cues({p.name: _head(p.name) for p in world.places})
+
     def others(name: str) -> set[str]:
         return {t for o in world.objects if o.name != name for t in _content(o.name)}
 
+    ref = {o.name for o in world.objects if names(tw, o.name)}
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c, others(heads[c]))}
     obj_words = {t for n in ref for t in name_words(n)}
-    pcues = _unique_cues({p.name: {_content(p.name)[-1]} if _content(p.name) else set() for p in world.places})
     places = {p.name for p in world.places if names(tw, p.name)}
     places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and _as_noun(toks, c)}
     taken = {t for n in ref | places for t in name_words(n)}
     verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
     if HOLD_PHRASE.search(task.lower()):
         verbs.add(("holding", None))
-    known = ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
-             | place_words | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
-    odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
-    strange = [x for i, t in enumerate(odd) if t
-               for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
     at = {n: _where(toks, n, {c for c, o in heads.items() if o == n}) for n in ref}
     at |= {n: _where(toks, n, {c for c, o in pcues.items() if o == n}) for n in places}
-    order = lambda n: (at[n], n)  # noqa: E731
-    objs, spots = sorted(ref, key=order), sorted(places, key=order)
-    last = max((at[n] for n in objs), default=len(toks))
-    # a new action: "..., then go back", "and head to"; not "the bundle needs to go on the cart"
-    goes = [i for i, t in enumerate(toks) if i > last and t in MOVE_VERBS - taken
-            and {"then", "and"} & set(toks[max(0, i - 2):i])]
-    ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
-    paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
-    go_to = tuple(p for p in spots if at[p] > goes[0]) if goes else None
+    objs, spots = sorted(ref, key=lambda n: (at[n], n)), sorted(places, key=lambda n: (at[n], n))
+    paired, go_to = _layout(toks, at, objs, spots, taken)
     return TaskReading(
-        words=frozenset(tw), mentioned=mentioned,
+        words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS),
         move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS) for p in places),
-        home={o.name: o.at for o in world.objects if o.at}, unknown=tuple(dict.fromkeys(strange)))
+        home={o.name: o.at for o in world.objects if o.at}, unknown=_unknown(toks, world))
