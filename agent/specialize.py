@@ -189,7 +189,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         r = read_task(task, world)
         objs = list(r.mentioned)
         only_missing = r.only_missing
-        where = lambda o: list(r.destinations(o)) or places  # noqa: E731
+        where = lambda o: list(r.destinations(o)) or places
         for n in r.referred:
             verbs = r.verbs_for(n)
             bs = _lead(n, kinds, where, states, verbs)

@@ -9,9 +9,9 @@ from test_agent import ScriptedRuntime, good_plan, world_and_skills
 from agent.evaluation import load_eval_set
 from agent.files import AGENT_DIR
 from agent.grounding import grounding_findings
-from agent.reading import mentions, names, read_task, words
 from agent.planner import Planner
 from agent.prompt import goal_forms, system_prompt
+from agent.reading import mentions, names, read_task, words
 
 
 def with_goal(*conds) -> dict:
@@ -109,7 +109,7 @@ def test_goal_schema_is_focused_on_the_task():
     schema = specialize(base_plan_schema(), w, s, task=task)
     goal = schema["properties"]["goal"]
     assert goal["minItems"] == 2 and len(goal["prefixItems"]) == 2        # apple, then red_cup: the task's order
-    ok = lambda g: not list(PlanValidator(schema).iter_errors({**good_plan(), "goal": g}))  # noqa: E731
+    ok = lambda g: not list(PlanValidator(schema).iter_errors({**good_plan(), "goal": g}))
     assert ok([{"object": "apple", "at": "table"}, {"object": "red_cup", "at": "table"}])
     assert not ok([{"object": "apple", "at": "table"}])                                  # half the task
     assert not ok([{"object": "red_cup", "at": "table"}, {"object": "apple", "at": "table"}])
