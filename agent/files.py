@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +37,11 @@ class WorldObject:
     graspable: bool = True
     at: str | None = None        # the place it rests at initially (None: at no named place)
     state: str | None = None     # open / closed, for drawers, doors, lids (None: not stated)
+    aliases: tuple[str, ...] = ()  # what the people here also call it ("the guitar")
 
     def __post_init__(self):
         _check_xyz(self.position, f"object {self.name!r} position")
+        _check_aliases(self.aliases, f"object {self.name!r}")
         if not (math.isfinite(self.mass_kg) and self.mass_kg >= 0):
             raise ThorError(f"object {self.name!r}: mass_kg must be a finite number >= 0")
         if self.state is not None and self.state not in OBJECT_STATES:
@@ -49,9 +52,11 @@ class WorldObject:
 class Place:
     name: str
     position: tuple[float, float, float]
+    aliases: tuple[str, ...] = ()  # what the people here also call it ("customs")
 
     def __post_init__(self):
         _check_xyz(self.position, f"place {self.name!r} position")
+        _check_aliases(self.aliases, f"place {self.name!r}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class World:
             if n in seen:
                 raise ThorError(f"name {n!r} is used twice (objects and places share one namespace)")
             seen.add(n)
+        # one phrase for two things would let a task's reading pick either
+        called = {" ".join(alias_words(t.name)): t.name for t in self.objects + self.places}
+        for thing in self.objects + self.places:
+            for a in thing.aliases:
+                other = called.setdefault(" ".join(alias_words(a)), thing.name)
+                if other != thing.name:
+                    raise ThorError(f"alias {a!r} of {thing.name!r} also names {other!r}")
         if not self.objects and not self.places:
             raise ThorError("the world has no objects and no places")
         places = {p.name for p in self.places}
@@ -197,6 +209,18 @@ class SkillSet:
         return next((s for s in self.skills if s.name == name), None)
 
 
+def alias_words(alias: str) -> list[str]:
+    """The words of an alias as a task's reading compares them: lower case, letters and digits,
+    no article ("the guitar" is "guitar")."""
+    return [w for w in re.findall(r"[a-z0-9]+", alias.lower()) if w not in ("the", "a", "an")]
+
+
+def _check_aliases(aliases, where: str) -> None:
+    for a in aliases:
+        if not isinstance(a, str) or not re.search(r"[a-z]", a.lower()) or len(a) > 40:
+            raise ThorError(f"{where}: alias {a!r} must be 1-40 characters with at least one letter")
+
+
 # ---- loading --------------------------------------------------------------------------------
 def _check_xyz(v, what: str) -> None:
     if len(v) != 3 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v):
@@ -227,9 +251,10 @@ def world_from_dict(data: dict, source: str = "<memory>", base_dir: Path | None 
     _meta_check(data, "world.schema.json", source)
     try:
         objs = tuple(WorldObject(o["name"], o["type"], tuple(o["position"]), float(o["mass_kg"]),
-                                 bool(o.get("graspable", True)), o.get("at"), o.get("state"))
+                                 bool(o.get("graspable", True)), o.get("at"), o.get("state"),
+                                 tuple(o.get("aliases", ())))
                      for o in data["objects"])
-        places = tuple(Place(p["name"], tuple(p["position"])) for p in data["places"])
+        places = tuple(Place(p["name"], tuple(p["position"]), tuple(p.get("aliases", ()))) for p in data["places"])
         ws = data["robot"]["workspace"]
         robot = Robot(tuple(ws["min"]), tuple(ws["max"]), float(data["robot"]["max_payload_kg"]),
                       data["robot"].get("at"))

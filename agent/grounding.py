@@ -40,6 +40,9 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
     r = read_task(task, world)
+    if r.lacking:       # whatever else the goal says, the thing to carry is not here
+        return [Finding(None, "object", f"the task asks for {' '.join(r.lacking)}, which is no object of this "
+                                        f'world; the goal is [{{"missing": "{r.lacking[-1]}"}}]')]
     kinds = {c.kind for s in skills.skills for c in s.effects} if skills is not None else set()
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []

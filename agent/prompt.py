@@ -58,8 +58,12 @@ def describe_skill(s: Skill) -> str:
 
 def _obj(o) -> str:
     extra = "".join([f", at {o.at}" if o.at else "", f", {o.state}" if o.state else "",
-                     ", fixed" if not o.graspable else ""])
+                     ", fixed" if not o.graspable else "", _called(o)])
     return f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, {_xyz(o.position)}{extra})"
+
+
+def _called(thing) -> str:
+    return ", also called " + " or ".join(f'"{a}"' for a in thing.aliases) if thing.aliases else ""
 
 
 def describe_world(world: World) -> str:
@@ -72,7 +76,7 @@ def describe_world(world: World) -> str:
     if world.objects:
         lines.append("Objects: " + "; ".join(_obj(o) for o in world.objects))
     if world.places:
-        lines.append("Places: " + "; ".join(f"{p.name} {_xyz(p.position)}" for p in world.places))
+        lines.append("Places: " + "; ".join(f"{p.name} {_xyz(p.position)}{_called(p)}" for p in world.places))
     return "\n".join(lines)
 
 

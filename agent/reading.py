@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .files import World
+from .files import World, alias_words
 
 # The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
 STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),
@@ -27,8 +27,10 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
                "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
-               "pull": ("is", "open"),
+               "pull": ("is", "open"), "raise": ("is", "open"),
                "hold": ("holding", None), "holding": ("holding", None)}
+# "push it in", "slide the drawer shut": closing said with a verb of motion
+CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+){0,3}?(?:in|shut|closed)\b")
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
                          r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
@@ -53,6 +55,13 @@ DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my
                          "his", "her", "their", "each", "both"})
 
 
+# A place's word said as a verb on a thing ("quarantine it") sends the thing there.
+PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
+# Where a place's own word may follow and still be a place ("with customs", "to consult 1").
+PREPOSITIONS = frozenset({"to", "at", "in", "into", "on", "onto", "by", "with", "near", "from", "for", "toward",
+                          "towards", "round", "through"})
+
+
 # Words that never name a thing a task could ask for (for `missing`).
 FUNCTION_WORDS = frozenset("""the and but for with into onto from off out over under down back then than
 this that these those there here some any each both all your our their its his her you him them
@@ -62,7 +71,8 @@ what which when where who why how while before after until once again away next 
 
 
 def tokens(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
+    """Lower-case words; a hyphen inside a word joins it ("X-ray" is "xray", as names write it)."""
+    return re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z])-(?=[a-z])", "", text.lower()))
 
 
 def singular(w: str) -> set[str]:
@@ -132,13 +142,17 @@ class TaskReading:
     # are no name, type or verb of this world, in task order. The thing the world lacks is
     # among them when the task names it ("the newspaper", "a baguette").
     unknown: tuple = ()
+    # What a verb of carrying takes that is no word of this world ("put a sunflower in with the
+    # roses"): the thing the task asks for is not here, whatever else it mentions.
+    lacking: tuple = ()
 
     @property
     def only_missing(self) -> bool:
-        """No object of this world is mentioned and the task is neither about the robot going
-        somewhere nor about looking at a place: whatever it asks for is not here."""
+        """The task asks to carry a thing this world lacks, or mentions no object of this world
+        and is neither about the robot going somewhere nor about looking at a place: whatever it
+        asks for is not here."""
         inspect = ("is", "inspected") in self.wanted
-        return not self.mentioned and (self.carry or not (self.move or self.toward or inspect))
+        return bool(self.lacking) or (not self.mentioned and (self.carry or not (self.move or self.toward or inspect)))
 
     @property
     def about_places(self) -> tuple:
@@ -156,10 +170,10 @@ class TaskReading:
 
     def destinations(self, obj: str | None = None) -> tuple:
         """Places the task wants things at: those said right after ``obj``, else all it
-        mentions, less sources and where ``obj`` already is. () when that leaves none (then
-        the words decide nothing)."""
-        home = self.home.get(obj, "")
-        return self._own(obj) or tuple(p for p in self.places if p not in self.sources and p != home)
+        mentions, less sources, where ``obj`` already is and where the robot goes at the end.
+        () when that leaves none (then the words decide nothing)."""
+        home, end = self.home.get(obj, ""), self.go_to or ()
+        return self._own(obj) or tuple(p for p in self.places if p not in self.sources and p != home and p not in end)
 
     def verbs_for(self, obj: str) -> frozenset:
         """What the verbs ask of this object: not to be held when the task says where it goes
@@ -220,11 +234,16 @@ def _head(name: str) -> set[str]:
     return {c[-1]} if c else set()
 
 
-def _unknown(toks: list[str], world: World) -> tuple:
+def _known(world: World) -> set[str]:
+    """Words that are a name, type or alias of this world, or a word of the vocabulary."""
+    return ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
+            | {t for thing in world.objects + world.places for a in thing.aliases for t in alias_words(a)}
+            | {t for p in world.places for t in name_words(p.name)}
+            | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
+
+
+def _unknown(toks: list[str], known: set[str]) -> tuple:
     """TaskReading.unknown: words (and adjacent pairs) no name, type or verb of this world."""
-    known = ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
-             | {t for p in world.places for t in name_words(p.name)}
-             | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
     odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
     pairs = [x for i, t in enumerate(odd) if t
              for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
@@ -239,7 +258,73 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
             and {"then", "and"} & set(toks[max(0, i - 2):i])]
     ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
     paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
-    return paired, (tuple(p for p in spots if at[p] > goes[0]) if goes else None)
+    return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
+
+
+def _said(toks: list[str], phrase: list[str]) -> int | None:
+    """Index where the words of ``phrase`` (an alias) are said in a row, else None."""
+    for i in range(len(toks) - len(phrase) + 1):
+        if phrase and all(w in singular(t) for w, t in zip(phrase, toks[i:i + len(phrase)])):
+            return i
+    return None
+
+
+def _noun_end(toks: list[str], cue: str, name: str, vocab: set[str], leads: frozenset) -> int | None:
+    """Index where a word of ``name`` that is not its head is said as a whole noun: after one of
+    ``leads`` (one word may sit between) and not followed by another word of a name or a
+    number that is not the name's ("the guitar with customs", "to consult 1"; not "the
+    guitar case", "consult 2")."""
+    own = set(name_words(name))
+    for i, t in enumerate(toks):
+        nxt = toks[i + 1] if i + 1 < len(toks) else None
+        between = {w for x in toks[max(0, i - 1):i] if x not in leads for w in singular(x)}
+        if (cue in singular(t) and leads & set(toks[max(0, i - 2):i]) and not between & vocab
+                and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)))):
+            return i
+    return None
+
+
+def _numbered(toks: list[str], names_: list[str]) -> dict[str, int]:
+    """name -> where a word of it is said right before its number, when that pair is no other
+    name's ("consult 2" is consult_room_2 beside consult_room_1)."""
+    cues = _unique_cues({n: {f"{w} {d}" for w in _content(n) for d in name_words(n) if d.isdigit()}
+                         for n in names_})
+    return {cues[f"{w} {d}"]: i for i, (t, d) in enumerate(zip(toks, toks[1:]))
+            for w in singular(t) if f"{w} {d}" in cues}
+
+
+def _verb_place(toks: list[str], cue: str) -> int | None:
+    """Index where a place's word is said as a verb: on a thing ("quarantine it") or as the
+    robot's own going ("go and dock", "then charge")."""
+    for i, t in enumerate(toks):
+        if t != cue:
+            continue
+        if i + 1 < len(toks) and toks[i + 1] in PRONOUNS:
+            return i
+        if cue in MOVE_VERBS and {"and", "then", "to", "please"} & set(toks[max(0, i - 1):i]):
+            return i
+    return None
+
+
+def _lacking(toks: list[str], known: set[str]) -> tuple:
+    """What a verb of carrying takes when none of its words is a word of this world: the words
+    after the verb (and an article), up to the next short or function word."""
+    stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything",
+                                                       "one", "ones", "stuff", "things", "thing", "lot"}
+    for i, t in enumerate(toks):
+        if t not in CARRY_VERBS:
+            continue
+        j = i + 1 + (i + 1 < len(toks) and toks[i + 1] in {"me", "us"})
+        j += j < len(toks) and toks[j] in DETERMINERS | {"some", "another"}
+        phrase = []
+        while j < len(toks) and toks[j] not in stop and len(toks[j]) >= 3 and not toks[j].isdigit():
+            phrase.append(toks[j])
+            j += 1
+            if j + 1 < len(toks) and toks[j] == "of":      # "a bottle of champagne", "a photo of the vase"
+                j += 1 + (toks[j + 1] in DETERMINERS)
+        if phrase and not any(singular(w) & known for w in phrase):
+            return tuple(phrase)
+    return ()
 
 
 def read_task(task: str, world: World) -> TaskReading:
@@ -249,30 +334,63 @@ def read_task(task: str, world: World) -> TaskReading:
     whole = words(task)
     task = task[:aside.start()] if aside else task
     toks, tw = tokens(task), words(task)
+    known = _known(world)
+    things = world.objects + world.places
     place_words = {t for p in world.places for t in name_words(p.name)}
+    vocab = {t for th in things for t in _content(th.name)}
     heads = _unique_cues({o.name: _head(o.name) | set(name_words(o.type or "")) for o in world.objects})
     pcues = _unique_cues({p.name: _head(p.name) for p in world.places})
+    # words only one thing's name has, types included: a non-head one may still stand for it
+    only = _unique_cues({th.name: set(_content(th.name)) | set(name_words(getattr(th, "type", "") or ""))
+                         for th in things})
+    mods = {c: n for c, n in only.items() if c not in _head(n)}
+    is_place = {p.name for p in world.places}
+    hit: dict[str, int] = {}          # name -> where a rule other than the full name found it
+
+    def found(name: str, i: int | None) -> bool:
+        if i is not None:
+            hit[name] = min(i, hit.get(name, i))
+        return i is not None
 
     def others(name: str) -> set[str]:
         return {t for o in world.objects if o.name != name for t in _content(o.name)}
 
-    ref = {o.name for o in world.objects if names(tw, o.name)}
+    def called(th) -> bool:
+        return any(found(th.name, _said(toks, alias_words(a))) for a in th.aliases)
+
+    ref = {o.name for o in world.objects if names(tw, o.name) or called(o)}
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c, others(heads[c]))}
+    ref |= {n for c, n in mods.items() if n not in is_place and c in tw
+            and found(n, _noun_end(toks, c, n, vocab, DETERMINERS))}
     obj_words = {t for n in ref for t in name_words(n)}
-    places = {p.name for p in world.places if names(tw, p.name)}
+    places = {p.name for p in world.places if names(tw, p.name) or called(p)}
     places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and _as_noun(toks, c)}
+    places |= {n for c, n in mods.items() if n in is_place and c in tw
+               and found(n, _noun_end(toks, c, n, vocab, DETERMINERS | PREPOSITIONS))}
+    for n, i in _numbered(toks, [t.name for t in things]).items():
+        (ref if n not in is_place else places).add(n)
+        found(n, i)
+    as_verb = {c: n for c, n in only.items() if n in is_place and found(n, _verb_place(toks, c))}
+    places |= set(as_verb.values())
     taken = {t for n in ref | places for t in name_words(n)}
+    taken |= {t for th in things if th.name in ref | places for a in th.aliases for t in alias_words(a)}
     verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
     if HOLD_PHRASE.search(task.lower()):
         verbs.add(("holding", None))
-    at = {n: _where(toks, n, {c for c, o in heads.items() if o == n}) for n in ref}
-    at |= {n: _where(toks, n, {c for c, o in pcues.items() if o == n}) for n in places}
+    if CLOSE_PHRASE.search(task.lower()):
+        verbs.add(("is", "closed"))
+    at = {n: min(_where(toks, n, {c for c, o in heads.items() if o == n}), hit.get(n, len(toks))) for n in ref}
+    at |= {n: min(_where(toks, n, {c for c, o in pcues.items() if o == n}), hit.get(n, len(toks))) for n in places}
     objs, spots = sorted(ref, key=lambda n: (at[n], n)), sorted(places, key=lambda n: (at[n], n))
-    paired, go_to = _layout(toks, at, objs, spots, taken)
+    # "go and dock": the verb is the robot's going as well as the place
+    paired, go_to = _layout(toks, at, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     return TaskReading(
-        words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)),
+        words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
+                                             or o.name in ref or any(_said(tokens(task), alias_words(a)) is not None
+                                                                     for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
-        carry=bool((tw - taken) & CARRY_VERBS),
+        carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
         move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS) for p in places),
-        home={o.name: o.at for o in world.objects if o.at}, unknown=_unknown(toks, world))
+        home={o.name: o.at for o in world.objects if o.at}, unknown=_unknown(toks, known),
+        lacking=_lacking(toks, known))

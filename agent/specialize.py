@@ -187,10 +187,11 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     only_missing = False
     if task is not None:
         r = read_task(task, world)
-        objs = list(r.mentioned)
         only_missing = r.only_missing
+        # a thing to carry that is not here ("put a sunflower in with the roses"): nothing else
+        objs = [] if only_missing else list(r.mentioned)
         where = lambda o: list(r.destinations(o)) or places
-        for n in r.referred:
+        for n in ([] if only_missing else r.referred):
             verbs = r.verbs_for(n)
             bs = _lead(n, kinds, where, states, verbs)
             lead += [{"anyOf": bs}] if bs else []
@@ -198,7 +199,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
             if said and _object_branches([n], kinds, places, states, said) and r.also_at(n) and "at" in kinds:
                 # "check the lens, then leave it on the desk": its state, then its place
                 lead.append({"anyOf": [_shape({"object": _enum([n]), "at": _enum(list(r.also_at(n)))})]})
-        if r.go_to is not None and "robot_at" in kinds:
+        if r.go_to is not None and "robot_at" in kinds and not only_missing:
             # "..., then head back to the charger": the robot's own end place last
             lead.append({"anyOf": [_shape({"robot_at": _enum(list(r.go_to) or places)})]})
         dest = list(r.about_places)

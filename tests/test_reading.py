@@ -1,0 +1,94 @@
+"""The task's reading on the words people use for things: aliases from the world file, a word of
+a name that is not its head said as a whole noun, a place's word said as a verb, everyday verbs
+of opening and closing, and a thing to carry that the world does not have."""
+from __future__ import annotations
+
+import pytest
+from test_grounding import LIB, _arm_and_mobile_skills, _world, checks, with_goal
+
+from agent.files import world_from_dict
+from agent.grounding import grounding_findings
+from agent.prompt import describe_world
+from agent.reading import read_task
+from agent.specialize import goal_schema
+from thor_runtime.errors import ThorError
+
+CLINIC = _world([{"name": "guitar_case", "type": "case", "at": "reception"},
+                 {"name": "fluid_pump", "type": "pump", "at": "stock_room"},
+                 {"name": "rose_bouquet", "type": "bouquet", "at": "reception"},
+                 {"name": "twine_drawer", "type": "drawer", "state": "open"},
+                 {"name": "xray_cassette", "type": "cassette", "at": "stock_room"}],
+                ["reception", "stock_room", "customs_desk", "kennel_ward", "consult_room_1", "consult_room_2",
+                 "quarantine_crate", "charge_dock", "xray_room"])
+
+
+def test_a_word_of_a_name_said_as_a_whole_noun():
+    r = read_task("Leave the guitar with customs, then go back to the dock.", CLINIC)
+    assert r.referred == ("guitar_case",) and r.destinations("guitar_case") == ("customs_desk",)
+    assert r.go_to == ("charge_dock",)
+    r = read_task("The kennels want the pump.", CLINIC)
+    assert r.referred == ("fluid_pump",) and r.places == ("kennel_ward",)
+    # two consult rooms: the number decides; a number that is no room's decides nothing
+    assert read_task("take the pump to consult 2", CLINIC).places == ("consult_room_2",)
+    assert read_task("take the pump to consult 3", CLINIC).places == ()
+    # followed by another word of a name, it is a modifier again; "X-ray" is written as a name writes it
+    r = read_task("Put the guitar case in the X-ray room", CLINIC)
+    assert r.referred == ("guitar_case",) and r.places == ("xray_room",)
+    # a participle after another thing's name is no noun ("is the spine of the atlas damaged?")
+    assert read_task("Is the spine of the picture book damaged? Take a look at it.", LIB).places == ()
+
+
+def test_aliases_are_read_like_names_and_shown_to_the_model():
+    w = world_from_dict({
+        "name": "t", "objects": [{"name": "instrument_case", "type": "case", "position": [0.1, 0, 0.5],
+                                  "mass_kg": 4, "at": "belt", "aliases": ["the cello"]}],
+        "places": [{"name": "belt", "position": [0, 0, 0.5]},
+                   {"name": "office_2", "position": [1, 0, 0.5], "aliases": ["Sam's office"]}],
+        "robot": {"workspace": {"min": [-2, -2, 0], "max": [2, 2, 2]}, "max_payload_kg": 10}})
+    r = read_task("Could the cello go to Sam's office?", w)
+    assert r.referred == ("instrument_case",) and r.places == ("office_2",) and r.unknown == ()
+    assert 'also called "the cello"' in describe_world(w) and 'also called "Sam\'s office"' in describe_world(w)
+
+
+def test_an_alias_that_names_another_thing_is_refused():
+    data = {"name": "t", "objects": [{"name": "cup", "type": "cup", "position": [0, 0, 0.5], "mass_kg": 0.2,
+                                      "aliases": ["the mug"]},
+                                     {"name": "mug", "type": "mug", "position": [0.1, 0, 0.5], "mass_kg": 0.2}],
+            "places": [], "robot": {"workspace": {"min": [-1, -1, 0], "max": [1, 1, 1]}, "max_payload_kg": 1}}
+    with pytest.raises(ThorError, match="alias 'the mug' of 'cup' also names 'mug'"):
+        world_from_dict(data)
+    data["objects"][0]["aliases"] = [""]
+    with pytest.raises(ThorError, match="aliases"):
+        world_from_dict(data)
+
+
+def test_a_place_word_said_as_a_verb():
+    r = read_task("There are moth larvae in that guitar case. Quarantine it straight away.", CLINIC)
+    assert r.carry and r.destinations("guitar_case") == ("quarantine_crate",)
+    r = read_task("Drop the cassette off in the X-ray room, then go and dock.", CLINIC)
+    assert r.go_to == ("charge_dock",) and r.destinations("xray_cassette") == ("xray_room",)
+
+
+def test_verbs_of_opening_and_closing():
+    assert read_task("Somebody left the twine drawer hanging out; push it in, please.", CLINIC).wanted == {
+        ("is", "closed")}
+    assert read_task("Raise the lid for me", CLINIC).wanted == {("is", "open")}
+    assert read_task("push the pump over to reception", CLINIC).wanted == set()
+
+
+def test_a_thing_to_carry_that_is_not_here():
+    r = read_task("Put a sunflower in with the roses, would you?", CLINIC)
+    assert r.lacking == ("sunflower",) and r.only_missing and r.referred == ("rose_bouquet",)
+    # the goal can only say it is missing, and the gate says what is missing whatever the goal says
+    schema = goal_schema(CLINIC, _arm_and_mobile_skills()[1], "Put a sunflower in with the roses, would you?")
+    assert "prefixItems" not in schema and schema["items"]["anyOf"] == [
+        {"type": "object", "properties": {"missing": {"enum": ["sunflower"]}}, "required": ["missing"],
+         "additionalProperties": False}]
+    f = grounding_findings("Put a sunflower in with the roses", with_goal({"object": "rose_bouquet", "at": "reception"}),
+                           CLINIC)
+    assert checks(f) == ["object"] and '"missing": "sunflower"' in f[0].message
+    for task in ("take a photo of the roses", "put everything back in the stock room", "put it in the X-ray room",
+                 "bring me a fresh guitar case", "take a look at the pump"):
+        assert read_task(task, CLINIC).lacking == (), task
+    assert read_task("Bring me a bottle of champagne", CLINIC).lacking == ("bottle", "champagne")
+
