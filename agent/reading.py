@@ -17,6 +17,7 @@ field is empty when the words do not decide it, and an empty field restricts not
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
@@ -289,7 +290,7 @@ def _numbered(toks: list[str], names_: list[str]) -> dict[str, int]:
     name's ("consult 2" is consult_room_2 beside consult_room_1)."""
     cues = _unique_cues({n: {f"{w} {d}" for w in _content(n) for d in name_words(n) if d.isdigit()}
                          for n in names_})
-    return {cues[f"{w} {d}"]: i for i, (t, d) in enumerate(zip(toks, toks[1:]))
+    return {cues[f"{w} {d}"]: i for i, (t, d) in enumerate(pairwise(toks))
             for w in singular(t) if f"{w} {d}" in cues}
 
 
