@@ -32,12 +32,16 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "hold": ("holding", None), "holding": ("holding", None)}
 # "push it in", "slide the drawer shut": closing said with a verb of motion
 CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+){0,3}?(?:in|shut|closed)\b")
+# "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
+OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
                          r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
 # start on the frame", "until the ward's ready"): what follows is not asked for.
 ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
-                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b")
+                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b"
+                   # the speaker's own next step: ", I want to check the fluid level"
+                   r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
                          "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
@@ -214,18 +218,19 @@ def _as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
                for i, t in enumerate(toks))
 
 
-def _after(toks: list[str], name: str, lead: tuple) -> bool:
-    """Some occurrence of the name comes right after one of the ``lead`` word sequences (a
-    determiner and one more word may sit between: "off the wall shelf")."""
+def _after(toks: list[str], name: str, lead: tuple, also: tuple = ()) -> bool:
+    """Some occurrence of the name (or one said at an index in ``also``: an alias) comes right
+    after one of the ``lead`` word sequences (a determiner and one more word may sit between:
+    "off the wall shelf")."""
     cue = set(name_words(name))
-    for i, t in enumerate(toks):
-        if singular(t) & cue and not (i and singular(toks[i - 1]) & cue):
-            j = i
-            while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
-                j -= 1
-            before = tuple(toks[max(0, j - 2):j])
-            if any(before[len(before) - len(w):] == w for w in lead if len(before) >= len(w)):
-                return True
+    starts = [i for i, t in enumerate(toks) if singular(t) & cue and not (i and singular(toks[i - 1]) & cue)]
+    for i in starts + list(also):
+        j = i
+        while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
+            j -= 1
+        before = tuple(toks[max(0, j - 2):j])
+        if any(before[len(before) - len(w):] == w for w in lead if len(before) >= len(w)):
+            return True
     return False
 
 
@@ -328,12 +333,26 @@ def _lacking(toks: list[str], known: set[str]) -> tuple:
     return ()
 
 
+def _main_clauses(task: str) -> str:
+    """The task up to its first aside; an aside that opens the task ("Before the get-in, can
+    you check ...") ends at the first comma, and what follows is the request."""
+    low = task.lower()
+    aside = ASIDE.search(low)
+    if aside and not low[:aside.start()].strip():
+        comma = re.search(r"[,;:]", low[aside.end():])
+        if comma is None:
+            return task
+        start = aside.end() + comma.end()
+        rest = ASIDE.search(low, start)
+        return task[start:rest.start()] if rest else task[start:]
+    return task[:aside.start()] if aside else task
+
+
 def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
-    aside = ASIDE.search(task.lower())
     whole = words(task)
-    task = task[:aside.start()] if aside else task
+    task = _main_clauses(task)
     toks, tw = tokens(task), words(task)
     known = _known(world)
     things = world.objects + world.places
@@ -352,6 +371,9 @@ def read_task(task: str, world: World) -> TaskReading:
         if i is not None:
             hit[name] = min(i, hit.get(name, i))
         return i is not None
+
+    def at_hit(name: str) -> tuple:
+        return (hit[name],) if name in hit else ()
 
     def others(name: str) -> set[str]:
         return {t for o in world.objects if o.name != name for t in _content(o.name)}
@@ -378,6 +400,8 @@ def read_task(task: str, world: World) -> TaskReading:
     verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
     if HOLD_PHRASE.search(task.lower()):
         verbs.add(("holding", None))
+    if OPEN_PHRASE.search(task.lower()):
+        verbs.add(("is", "open"))
     if CLOSE_PHRASE.search(task.lower()):
         verbs.add(("is", "closed"))
     at = {n: min(_where(toks, n, {c for c, o in heads.items() if o == n}), hit.get(n, len(toks))) for n in ref}
@@ -390,8 +414,8 @@ def read_task(task: str, world: World) -> TaskReading:
                                              or o.name in ref or any(_said(tokens(task), alias_words(a)) is not None
                                                                      for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
-        sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS)), wanted=frozenset(verbs),
+        sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
-        move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS) for p in places),
+        move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=_unknown(toks, known),
         lacking=_lacking(toks, known))
