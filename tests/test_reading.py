@@ -92,3 +92,25 @@ def test_a_thing_to_carry_that_is_not_here():
         assert read_task(task, CLINIC).lacking == (), task
     assert read_task("Bring me a bottle of champagne", CLINIC).lacking == ("bottle", "champagne")
 
+
+
+def test_asides_at_the_start_and_the_speakers_own_step():
+    # an aside that opens the task ends at its comma; the request follows
+    r = read_task("Before the next patient, can you check the X-ray room?", CLINIC)
+    assert r.about_places == ("xray_room",) and r.wanted == {("is", "inspected")}
+    # ", I want to check ..." is what the speaker will do, not what the robot is asked
+    r = read_task("Lift the lid on the twine drawer, I want to check the twine.", CLINIC)
+    assert r.wanted == {("is", "open")}
+    # but "I need the pump ..." is the request itself
+    assert read_task("I need the pump in the X-ray room", CLINIC).destinations("fluid_pump") == ("xray_room",)
+
+
+def test_an_alias_after_to_is_somewhere_to_go():
+    w = world_from_dict({
+        "name": "t", "objects": [{"name": "flight_case", "type": "case", "position": [0, 0, 0.5], "mass_kg": 4}],
+        "places": [{"name": "stage_right_wings", "position": [1, 0, 0.5], "aliases": ["OP side"]},
+                   {"name": "dock", "position": [0, 1, 0.5]}],
+        "robot": {"workspace": {"min": [-2, -2, 0], "max": [2, 2, 2]}, "max_payload_kg": 10}})
+    r = read_task("Make your way to the OP side wings and stand by.", w)
+    assert r.toward and not r.only_missing and r.about_places == ("stage_right_wings",)
+    assert read_task("Bring the flight case from the OP side to the dock", w).sources == {"stage_right_wings"}
