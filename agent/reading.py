@@ -13,116 +13,19 @@ field is empty when the words do not decide it, and an empty field restricts not
   "out of the drop box", "off the wall shelf") rather than where things should end up;
 - the conditions its verbs ask for ("open", "shut", "have a look", "keep it in your hand"),
   and whether it asks for a thing to be moved, the robot to go somewhere, or a look around.
+
+The vocabulary and the rules that find a name in the task's words are in wording.py.
 """
 from __future__ import annotations
 
 import re
-from itertools import pairwise
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-
-# The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
-STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),
-               "close": ("is", "closed"), "closed": ("is", "closed"), "shut": ("is", "closed"),
-               "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
-               "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
-               "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
-               "pull": ("is", "open"), "raise": ("is", "open"),
-               "hold": ("holding", None), "holding": ("holding", None)}
-# "push it in", "slide the drawer shut": closing said with a verb of motion
-CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+){0,3}?(?:in|shut|closed)\b")
-# "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
-OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
-HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
-                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
-# Where a clause about something else begins ("... so I can photograph them", "before I
-# start on the frame", "until the ward's ready"): what follows is not asked for.
-ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
-                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b"
-                   # the speaker's own next step: ", I want to check the fluid level"
-                   r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
-# Words that ask for a thing to be moved.
-CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
-                         "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
-# Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
-# is not "go").
-MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
-                        "park", "visit", "roll"})
-# "from the supply room", "out of the drop box", "off the wall shelf"; "drop it off at the
-# desk" is not a source.
-SOURCE_WORDS = (("from",), ("out", "of"), ("off",))
-# "make your way to the lobby": somewhere to go, whatever the verb.
-TOWARD_WORDS = (("to",), ("toward",), ("towards",))
-# A head word alone refers to a thing only as a noun: after one of these ("set it aside" is
-# not the audiobook set).
-DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my", "your", "our", "its",
-                         "his", "her", "their", "each", "both"})
-
-
-# A place's word said as a verb on a thing ("quarantine it") sends the thing there.
-PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
-# Where a place's own word may follow and still be a place ("with customs", "to consult 1").
-PREPOSITIONS = frozenset({"to", "at", "in", "into", "on", "onto", "by", "with", "near", "from", "for", "toward",
-                          "towards", "round", "through"})
-
-
-# Words that never name a thing a task could ask for (for `missing`).
-FUNCTION_WORDS = frozenset("""the and but for with into onto from off out over under down back then than
-this that these those there here some any each both all your our their its his her you him them
-please could would should can will shall may might must need needs want wants like let make sure
-get got have has had are was were been being not now just also too very quickly soon today
-what which when where who why how while before after until once again away next up""".split())
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-case words; a hyphen inside a word joins it ("X-ray" is "xray", as names write it)."""
-    return re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z])-(?=[a-z])", "", text.lower()))
-
-
-def singular(w: str) -> set[str]:
-    """The word and its singular forms (plural ``s``/``es``/``ies``)."""
-    out = {w}
-    if w.endswith("ies") and len(w) > 4:
-        out.add(w[:-3] + "y")
-    elif w.endswith("es") and len(w) > 3:
-        out.update((w[:-2], w[:-1]))
-    elif w.endswith("s") and len(w) > 2:
-        out.add(w[:-1])
-    return out
-
-
-def words(text: str) -> set[str]:
-    """Lower-case alphanumeric words, each also in its singular form."""
-    return {s for w in tokens(text) for s in singular(w)}
-
-
-def name_words(name: str) -> list[str]:
-    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
-
-
-def _content(name: str) -> list[str]:
-    """The words of a name that can stand for it (3+ letters, not a number)."""
-    return [t for t in name_words(name) if len(t) >= 3 and not t.isdigit()]
-
-
-def mentions(task_words: set[str], name: str, type_: str | None) -> bool:
-    """The task refers to this object by some word of its name (3+ letters) or by its type."""
-    return any(c in task_words for c in _content(name) + (name_words(type_) if type_ else []))
-
-
-def names(task_words: set[str], name: str) -> bool:
-    """The task names this thing in full: every word of its name appears."""
-    return bool(_content(name)) and all(t in task_words for t in name_words(name))
-
-
-def _unique_cues(cues: dict[str, set[str]]) -> dict[str, str]:
-    """cue word -> the one name it belongs to (words shared by two names decide nothing)."""
-    owners: dict[str, set[str]] = {}
-    for name, cs in cues.items():
-        for c in cs:
-            owners.setdefault(c, set()).add(name)
-    return {c: next(iter(n)) for c, n in owners.items() if len(n) == 1}
+from .wording import (ASIDE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
+                      PREPOSITIONS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
+                      head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
+                      said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
 
 
 @dataclass(frozen=True)
@@ -194,68 +97,6 @@ class TaskReading:
         return self._own(obj) if self.carry else ()
 
 
-def _where(toks: list[str], name: str, cues: set[str]) -> int:
-    """Index of the name in the task: its words in a row, else the first of ``cues`` (the
-    words that made it count), else the end."""
-    nw = name_words(name)
-    for i in range(len(toks) - len(nw) + 1):
-        if all(w in singular(t) for w, t in zip(nw, toks[i:i + len(nw)])):
-            return i
-    return _first(toks, sorted(cues))
-
-
-def _first(toks: list[str], cue_words: list[str]) -> int:
-    hits = [i for i, t in enumerate(toks) if singular(t) & set(cue_words)]
-    return min(hits, default=len(toks))
-
-
-def _as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
-    """Some occurrence of ``cue`` follows a determiner, with at most one word between, and
-    that word is no word of another name ("the red mug" with a red cup and a blue mug
-    refers to neither)."""
-    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i])
-               and not {w for x in toks[max(0, i - 2):i] for w in singular(x)} & others
-               for i, t in enumerate(toks))
-
-
-def _after(toks: list[str], name: str, lead: tuple, also: tuple = ()) -> bool:
-    """Some occurrence of the name (or one said at an index in ``also``: an alias) comes right
-    after one of the ``lead`` word sequences (a determiner and one more word may sit between:
-    "off the wall shelf")."""
-    cue = set(name_words(name))
-    starts = [i for i, t in enumerate(toks) if singular(t) & cue and not (i and singular(toks[i - 1]) & cue)]
-    for i in starts + list(also):
-        j = i
-        while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
-            j -= 1
-        before = tuple(toks[max(0, j - 2):j])
-        if any(before[len(before) - len(w):] == w for w in lead if len(before) >= len(w)):
-            return True
-    return False
-
-
-def _head(name: str) -> set[str]:
-    """The last word of a name that can stand for it ("paperback" of mystery_paperback)."""
-    c = _content(name)
-    return {c[-1]} if c else set()
-
-
-def _known(world: World) -> set[str]:
-    """Words that are a name, type or alias of this world, or a word of the vocabulary."""
-    return ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
-            | {t for thing in world.objects + world.places for a in thing.aliases for t in alias_words(a)}
-            | {t for p in world.places for t in name_words(p.name)}
-            | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
-
-
-def _unknown(toks: list[str], known: set[str]) -> tuple:
-    """TaskReading.unknown: words (and adjacent pairs) no name, type or verb of this world."""
-    odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
-    pairs = [x for i, t in enumerate(odd) if t
-             for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
-    return tuple(dict.fromkeys(pairs))
-
-
 def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken: set[str]):
     """-> (paired, go_to) from where each referred object and place is said (``at``)."""
     last = max((at[n] for n in objs), default=len(toks))
@@ -265,72 +106,6 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
     ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
     paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
     return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
-
-
-def _said(toks: list[str], phrase: list[str]) -> int | None:
-    """Index where the words of ``phrase`` (an alias) are said in a row, else None."""
-    for i in range(len(toks) - len(phrase) + 1):
-        if phrase and all(w in singular(t) for w, t in zip(phrase, toks[i:i + len(phrase)])):
-            return i
-    return None
-
-
-def _noun_end(toks: list[str], cue: str, name: str, vocab: set[str], leads: frozenset) -> int | None:
-    """Index where a word of ``name`` that is not its head is said as a whole noun: after one of
-    ``leads`` (one word may sit between) and not followed by another word of a name or a
-    number that is not the name's ("the guitar with customs", "to consult 1"; not "the
-    guitar case", "consult 2")."""
-    own = set(name_words(name))
-    for i, t in enumerate(toks):
-        nxt = toks[i + 1] if i + 1 < len(toks) else None
-        between = {w for x in toks[max(0, i - 1):i] if x not in leads for w in singular(x)}
-        if (cue in singular(t) and leads & set(toks[max(0, i - 2):i]) and not between & vocab
-                and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)))):
-            return i
-    return None
-
-
-def _numbered(toks: list[str], names_: list[str]) -> dict[str, int]:
-    """name -> where a word of it is said right before its number, when that pair is no other
-    name's ("consult 2" is consult_room_2 beside consult_room_1)."""
-    cues = _unique_cues({n: {f"{w} {d}" for w in _content(n) for d in name_words(n) if d.isdigit()}
-                         for n in names_})
-    return {cues[f"{w} {d}"]: i for i, (t, d) in enumerate(pairwise(toks))
-            for w in singular(t) if f"{w} {d}" in cues}
-
-
-def _verb_place(toks: list[str], cue: str) -> int | None:
-    """Index where a place's word is said as a verb: on a thing ("quarantine it") or as the
-    robot's own going ("go and dock", "then charge")."""
-    for i, t in enumerate(toks):
-        if t != cue:
-            continue
-        if i + 1 < len(toks) and toks[i + 1] in PRONOUNS:
-            return i
-        if cue in MOVE_VERBS and {"and", "then", "to", "please"} & set(toks[max(0, i - 1):i]):
-            return i
-    return None
-
-
-def _lacking(toks: list[str], known: set[str]) -> tuple:
-    """What a verb of carrying takes when none of its words is a word of this world: the words
-    after the verb (and an article), up to the next short or function word."""
-    stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything",
-                                                       "one", "ones", "stuff", "things", "thing", "lot"}
-    for i, t in enumerate(toks):
-        if t not in CARRY_VERBS:
-            continue
-        j = i + 1 + (i + 1 < len(toks) and toks[i + 1] in {"me", "us"})
-        j += j < len(toks) and toks[j] in DETERMINERS | {"some", "another"}
-        phrase = []
-        while j < len(toks) and toks[j] not in stop and len(toks[j]) >= 3 and not toks[j].isdigit():
-            phrase.append(toks[j])
-            j += 1
-            if j + 1 < len(toks) and toks[j] == "of":      # "a bottle of champagne", "a photo of the vase"
-                j += 1 + (toks[j + 1] in DETERMINERS)
-        if phrase and not any(singular(w) & known for w in phrase):
-            return tuple(phrase)
-    return ()
 
 
 def _main_clauses(task: str) -> str:
@@ -354,16 +129,16 @@ def read_task(task: str, world: World) -> TaskReading:
     whole = words(task)
     task = _main_clauses(task)
     toks, tw = tokens(task), words(task)
-    known = _known(world)
+    known = known_words(world)
     things = world.objects + world.places
     place_words = {t for p in world.places for t in name_words(p.name)}
-    vocab = {t for th in things for t in _content(th.name)}
-    heads = _unique_cues({o.name: _head(o.name) | set(name_words(o.type or "")) for o in world.objects})
-    pcues = _unique_cues({p.name: _head(p.name) for p in world.places})
+    vocab = {t for th in things for t in content_words(th.name)}
+    heads = unique_cues({o.name: head_words(o.name) | set(name_words(o.type or "")) for o in world.objects})
+    pcues = unique_cues({p.name: head_words(p.name) for p in world.places})
     # words only one thing's name has, types included: a non-head one may still stand for it
-    only = _unique_cues({th.name: set(_content(th.name)) | set(name_words(getattr(th, "type", "") or ""))
+    only = unique_cues({th.name: set(content_words(th.name)) | set(name_words(getattr(th, "type", "") or ""))
                          for th in things})
-    mods = {c: n for c, n in only.items() if c not in _head(n)}
+    mods = {c: n for c, n in only.items() if c not in head_words(n)}
     is_place = {p.name for p in world.places}
     hit: dict[str, int] = {}          # name -> where a rule other than the full name found it
 
@@ -376,24 +151,24 @@ def read_task(task: str, world: World) -> TaskReading:
         return (hit[name],) if name in hit else ()
 
     def others(name: str) -> set[str]:
-        return {t for o in world.objects if o.name != name for t in _content(o.name)}
+        return {t for o in world.objects if o.name != name for t in content_words(o.name)}
 
     def called(th) -> bool:
-        return any(found(th.name, _said(toks, alias_words(a))) for a in th.aliases)
+        return any(found(th.name, said(toks, alias_words(a))) for a in th.aliases)
 
     ref = {o.name for o in world.objects if names(tw, o.name) or called(o)}
-    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and _as_noun(toks, c, others(heads[c]))}
+    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and as_noun(toks, c, others(heads[c]))}
     ref |= {n for c, n in mods.items() if n not in is_place and c in tw
-            and found(n, _noun_end(toks, c, n, vocab, DETERMINERS))}
+            and found(n, noun_end(toks, c, n, vocab, DETERMINERS))}
     obj_words = {t for n in ref for t in name_words(n)}
     places = {p.name for p in world.places if names(tw, p.name) or called(p)}
-    places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and _as_noun(toks, c)}
+    places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and as_noun(toks, c)}
     places |= {n for c, n in mods.items() if n in is_place and c in tw
-               and found(n, _noun_end(toks, c, n, vocab, DETERMINERS | PREPOSITIONS))}
-    for n, i in _numbered(toks, [t.name for t in things]).items():
+               and found(n, noun_end(toks, c, n, vocab, DETERMINERS | PREPOSITIONS))}
+    for n, i in numbered(toks, [t.name for t in things]).items():
         (ref if n not in is_place else places).add(n)
         found(n, i)
-    as_verb = {c: n for c, n in only.items() if n in is_place and found(n, _verb_place(toks, c))}
+    as_verb = {c: n for c, n in only.items() if n in is_place and found(n, verb_place(toks, c))}
     places |= set(as_verb.values())
     taken = {t for n in ref | places for t in name_words(n)}
     taken |= {t for th in things if th.name in ref | places for a in th.aliases for t in alias_words(a)}
@@ -404,18 +179,19 @@ def read_task(task: str, world: World) -> TaskReading:
         verbs.add(("is", "open"))
     if CLOSE_PHRASE.search(task.lower()):
         verbs.add(("is", "closed"))
-    at = {n: min(_where(toks, n, {c for c, o in heads.items() if o == n}), hit.get(n, len(toks))) for n in ref}
-    at |= {n: min(_where(toks, n, {c for c, o in pcues.items() if o == n}), hit.get(n, len(toks))) for n in places}
+    at = {n: min(where_said(toks, n, {c for c, o in heads.items() if o == n}), hit.get(n, len(toks))) for n in ref}
+    at |= {n: min(where_said(toks, n, {c for c, o in pcues.items() if o == n}), hit.get(n, len(toks))) for n in places}
     objs, spots = sorted(ref, key=lambda n: (at[n], n)), sorted(places, key=lambda n: (at[n], n))
     # "go and dock": the verb is the robot's going as well as the place
     paired, go_to = _layout(toks, at, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     return TaskReading(
         words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
-                                             or o.name in ref or any(_said(tokens(task), alias_words(a)) is not None
+                                             or o.name in ref or any(said(tokens(task), alias_words(a)) is not None
                                                                      for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
-        sources=frozenset(p for p in places if _after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),
+        sources=frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
-        move=bool((set(toks) - taken) & MOVE_VERBS), toward=any(_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
-        home={o.name: o.at for o in world.objects if o.at}, unknown=_unknown(toks, known),
-        lacking=_lacking(toks, known))
+        move=bool((set(toks) - taken) & MOVE_VERBS),
+        toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
+        home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
+        lacking=lacking_words(toks, known))

@@ -1,0 +1,242 @@
+"""The words of a task and of a world's names: the vocabulary a task's reading (reading.py)
+knows, and the rules that find where a task names a thing: by its whole name, an alias, a head
+word said as a noun, a word only its name has said as a whole noun, a word before its number,
+or a place's word said as a verb; and what a verb of carrying takes when the world has no such
+thing. Each finder returns where it found the name (an index into the task's words) or nothing.
+"""
+from __future__ import annotations
+
+import re
+from itertools import pairwise
+
+from .files import World, alias_words
+
+# The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
+STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),
+               "close": ("is", "closed"), "closed": ("is", "closed"), "shut": ("is", "closed"),
+               "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
+               "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
+               "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
+               "pull": ("is", "open"), "raise": ("is", "open"),
+               "hold": ("holding", None), "holding": ("holding", None)}
+# "push it in", "slide the drawer shut": closing said with a verb of motion
+CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+){0,3}?(?:in|shut|closed)\b")
+# "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
+OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
+HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
+                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
+# Where a clause about something else begins ("... so I can photograph them", "before I
+# start on the frame", "until the ward's ready"): what follows is not asked for.
+ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
+                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b"
+                   # the speaker's own next step: ", I want to check the fluid level"
+                   r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
+# Words that ask for a thing to be moved.
+CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
+                         "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
+# Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
+# is not "go").
+MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
+                        "park", "visit", "roll"})
+# "from the supply room", "out of the drop box", "off the wall shelf"; "drop it off at the
+# desk" is not a source.
+SOURCE_WORDS = (("from",), ("out", "of"), ("off",))
+# "make your way to the lobby": somewhere to go, whatever the verb.
+TOWARD_WORDS = (("to",), ("toward",), ("towards",))
+# A head word alone refers to a thing only as a noun: after one of these ("set it aside" is
+# not the audiobook set).
+DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my", "your", "our", "its",
+                         "his", "her", "their", "each", "both"})
+
+
+# A place's word said as a verb on a thing ("quarantine it") sends the thing there.
+PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
+# Where a place's own word may follow and still be a place ("with customs", "to consult 1").
+PREPOSITIONS = frozenset({"to", "at", "in", "into", "on", "onto", "by", "with", "near", "from", "for", "toward",
+                          "towards", "round", "through"})
+
+
+# Words that never name a thing a task could ask for (for `missing`).
+FUNCTION_WORDS = frozenset("""the and but for with into onto from off out over under down back then than
+this that these those there here some any each both all your our their its his her you him them
+please could would should can will shall may might must need needs want wants like let make sure
+get got have has had are was were been being not now just also too very quickly soon today
+what which when where who why how while before after until once again away next up""".split())
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-case words; a hyphen inside a word joins it ("X-ray" is "xray", as names write it)."""
+    return re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z])-(?=[a-z])", "", text.lower()))
+
+
+def singular(w: str) -> set[str]:
+    """The word and its singular forms (plural ``s``/``es``/``ies``)."""
+    out = {w}
+    if w.endswith("ies") and len(w) > 4:
+        out.add(w[:-3] + "y")
+    elif w.endswith("es") and len(w) > 3:
+        out.update((w[:-2], w[:-1]))
+    elif w.endswith("s") and len(w) > 2:
+        out.add(w[:-1])
+    return out
+
+
+def words(text: str) -> set[str]:
+    """Lower-case alphanumeric words, each also in its singular form."""
+    return {s for w in tokens(text) for s in singular(w)}
+
+
+def name_words(name: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9]+", name.lower()) if t]
+
+
+def content_words(name: str) -> list[str]:
+    """The words of a name that can stand for it (3+ letters, not a number)."""
+    return [t for t in name_words(name) if len(t) >= 3 and not t.isdigit()]
+
+
+def mentions(task_words: set[str], name: str, type_: str | None) -> bool:
+    """The task refers to this object by some word of its name (3+ letters) or by its type."""
+    return any(c in task_words for c in content_words(name) + (name_words(type_) if type_ else []))
+
+
+def names(task_words: set[str], name: str) -> bool:
+    """The task names this thing in full: every word of its name appears."""
+    return bool(content_words(name)) and all(t in task_words for t in name_words(name))
+
+
+def unique_cues(cues: dict[str, set[str]]) -> dict[str, str]:
+    """cue word -> the one name it belongs to (words shared by two names decide nothing)."""
+    owners: dict[str, set[str]] = {}
+    for name, cs in cues.items():
+        for c in cs:
+            owners.setdefault(c, set()).add(name)
+    return {c: next(iter(n)) for c, n in owners.items() if len(n) == 1}
+
+
+def where_said(toks: list[str], name: str, cues: set[str]) -> int:
+    """Index of the name in the task: its words in a row, else the first of ``cues`` (the
+    words that made it count), else the end."""
+    nw = name_words(name)
+    for i in range(len(toks) - len(nw) + 1):
+        if all(w in singular(t) for w, t in zip(nw, toks[i:i + len(nw)])):
+            return i
+    return first(toks, sorted(cues))
+
+
+def first(toks: list[str], cue_words: list[str]) -> int:
+    hits = [i for i, t in enumerate(toks) if singular(t) & set(cue_words)]
+    return min(hits, default=len(toks))
+
+
+def as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
+    """Some occurrence of ``cue`` follows a determiner, with at most one word between, and
+    that word is no word of another name ("the red mug" with a red cup and a blue mug
+    refers to neither)."""
+    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i])
+               and not {w for x in toks[max(0, i - 2):i] for w in singular(x)} & others
+               for i, t in enumerate(toks))
+
+
+def said_after(toks: list[str], name: str, lead: tuple, also: tuple = ()) -> bool:
+    """Some occurrence of the name (or one said at an index in ``also``: an alias) comes right
+    after one of the ``lead`` word sequences (a determiner and one more word may sit between:
+    "off the wall shelf")."""
+    cue = set(name_words(name))
+    starts = [i for i, t in enumerate(toks) if singular(t) & cue and not (i and singular(toks[i - 1]) & cue)]
+    for i in starts + list(also):
+        j = i
+        while j > 0 and i - j < 2 and toks[j - 1] in DETERMINERS:
+            j -= 1
+        before = tuple(toks[max(0, j - 2):j])
+        if any(before[len(before) - len(w):] == w for w in lead if len(before) >= len(w)):
+            return True
+    return False
+
+
+def head_words(name: str) -> set[str]:
+    """The last word of a name that can stand for it ("paperback" of mystery_paperback)."""
+    c = content_words(name)
+    return {c[-1]} if c else set()
+
+
+def known_words(world: World) -> set[str]:
+    """Words that are a name, type or alias of this world, or a word of the vocabulary."""
+    return ({t for o in world.objects for t in name_words(o.name) + name_words(o.type or "")}
+            | {t for thing in world.objects + world.places for a in thing.aliases for t in alias_words(a)}
+            | {t for p in world.places for t in name_words(p.name)}
+            | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS | FUNCTION_WORDS)
+
+
+def unknown_words(toks: list[str], known: set[str]) -> tuple:
+    """TaskReading.unknown: words (and adjacent pairs) no name, type or verb of this world."""
+    odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
+    pairs = [x for i, t in enumerate(odd) if t
+             for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
+    return tuple(dict.fromkeys(pairs))
+
+
+def said(toks: list[str], phrase: list[str]) -> int | None:
+    """Index where the words of ``phrase`` (an alias) are said in a row, else None."""
+    for i in range(len(toks) - len(phrase) + 1):
+        if phrase and all(w in singular(t) for w, t in zip(phrase, toks[i:i + len(phrase)])):
+            return i
+    return None
+
+
+def noun_end(toks: list[str], cue: str, name: str, vocab: set[str], leads: frozenset) -> int | None:
+    """Index where a word of ``name`` that is not its head is said as a whole noun: after one of
+    ``leads`` (one word may sit between) and not followed by another word of a name or a
+    number that is not the name's ("the guitar with customs", "to consult 1"; not "the
+    guitar case", "consult 2")."""
+    own = set(name_words(name))
+    for i, t in enumerate(toks):
+        nxt = toks[i + 1] if i + 1 < len(toks) else None
+        between = {w for x in toks[max(0, i - 1):i] if x not in leads for w in singular(x)}
+        if (cue in singular(t) and leads & set(toks[max(0, i - 2):i]) and not between & vocab
+                and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)))):
+            return i
+    return None
+
+
+def numbered(toks: list[str], names_: list[str]) -> dict[str, int]:
+    """name -> where a word of it is said right before its number, when that pair is no other
+    name's ("consult 2" is consult_room_2 beside consult_room_1)."""
+    cues = unique_cues({n: {f"{w} {d}" for w in content_words(n) for d in name_words(n) if d.isdigit()}
+                         for n in names_})
+    return {cues[f"{w} {d}"]: i for i, (t, d) in enumerate(pairwise(toks))
+            for w in singular(t) if f"{w} {d}" in cues}
+
+
+def verb_place(toks: list[str], cue: str) -> int | None:
+    """Index where a place's word is said as a verb: on a thing ("quarantine it") or as the
+    robot's own going ("go and dock", "then charge")."""
+    for i, t in enumerate(toks):
+        if t != cue:
+            continue
+        if i + 1 < len(toks) and toks[i + 1] in PRONOUNS:
+            return i
+        if cue in MOVE_VERBS and {"and", "then", "to", "please"} & set(toks[max(0, i - 1):i]):
+            return i
+    return None
+
+
+def lacking_words(toks: list[str], known: set[str]) -> tuple:
+    """What a verb of carrying takes when none of its words is a word of this world: the words
+    after the verb (and an article), up to the next short or function word."""
+    stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything",
+                                                       "one", "ones", "stuff", "things", "thing", "lot"}
+    for i, t in enumerate(toks):
+        if t not in CARRY_VERBS:
+            continue
+        j = i + 1 + (i + 1 < len(toks) and toks[i + 1] in {"me", "us"})
+        j += j < len(toks) and toks[j] in DETERMINERS | {"some", "another"}
+        phrase = []
+        while j < len(toks) and toks[j] not in stop and len(toks[j]) >= 3 and not toks[j].isdigit():
+            phrase.append(toks[j])
+            j += 1
+            if j + 1 < len(toks) and toks[j] == "of":      # "a bottle of champagne", "a photo of the vase"
+                j += 1 + (toks[j + 1] in DETERMINERS)
+        if phrase and not any(singular(w) & known for w in phrase):
+            return tuple(phrase)
+    return ()
