@@ -145,6 +145,11 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                                                  for i in range(len(rs[0]["decode_tok_s"]))],
                      "plan_latency_median_s": _median(lat), "plan_latency_p90_s": _p90(lat),
                      "accept_length": _median(acc) if acc else None,
+                     # per prompt, the median over repeats of speculative / plain in one process;
+                     # the lowest prompt is what "never slower" is judged on
+                     "vs_plain_paired_min": min(_median([r["vs_plain_paired"][i] for r in rs])
+                                                for i in range(len(rs[0]["vs_plain_paired"])))
+                     if rs[0].get("vs_plain_paired") else None,
                      "verify16_x_step": _median([r.get("verify16_x_step") for r in rs]),
                      "accept_by_position": [round(statistics.mean(v), 3) for v in zip(*pos)] if pos else None})
     doc = {"machine": device_info(), "model": Path(path).name, "threads": threads, "short": short, **cfg,
@@ -158,7 +163,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
 
 
 COLUMNS = ["engine", "config", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s", "verify16_x_step",
-           "plan_latency_median_s", "plan_latency_p90_s", "accept_length"]
+           "plan_latency_median_s", "plan_latency_p90_s", "accept_length", "vs_plain_paired_min"]
 
 
 def markdown_table(rows) -> str:
