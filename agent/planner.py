@@ -27,7 +27,7 @@ from .solver import complete as solve_from_goal
 from .solver import goal_reasons, stated_goal
 from .specialize import specialize
 
-_ADDITIVE = ("prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
+_ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
              "committed", "jump_forward", "draft_s", "verify_s", "rest_s")
 
 

@@ -13,6 +13,7 @@ import torch
 
 from .errors import ThorError
 from .kv_cache import KVCache, KVScales
+from .prefix_cache import PrefixCache
 from .model import TargetModel
 from .sampling import SamplingParams, make_generator, target_probs
 from .speculative import PLAIN, Speculation
@@ -62,11 +63,15 @@ class Runtime:
     """Holds the target (and tokenizer); one ``generate`` call per sequence."""
 
     def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
-                 kv_scales: KVScales | None = None, cache_options: dict | None = None):
+                 kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0):
         self.model, self.tok = model, tokenizer
         self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
         # Passed to a model that builds its own cache (hybrid: {"naive": True} = replay rollback).
         self.cache_options = dict(cache_options or {})
+        # The K/V of the last ``prefix_cache`` prompts (0: none). Not for hybrid targets: their
+        # recurrent state cannot be cut back to a shorter common start.
+        self.prefixes = (PrefixCache(prefix_cache) if prefix_cache > 0 and not hasattr(model, "new_cache")
+                         else None)
 
     def new_cache(self, capacity: int) -> KVCache:
         if hasattr(self.model, "new_cache"):  # hybrid targets: KV cache + recurrent state
@@ -99,7 +104,14 @@ class Runtime:
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
-        out = self.model.prefill(ids, cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+        # a start some recent prompt shared comes from the prefix cache; the last row (its
+        # logits) and the drafter's seed rows (their taps) always run
+        reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
+                  if self.prefixes is not None else 0)
+        out = self.model.prefill(ids[reused:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+        if self.prefixes is not None:
+            self.prefixes.store(prompt_ids, cache)
+        stats.cached_prompt_tokens = reused
         if proposer is not None:
             proposer.start(list(prompt_ids), out.taps or None)
         first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,

@@ -122,3 +122,20 @@ class KVCache:
         if n < 0:
             raise ValueError("crop length must be >= 0")
         self.lengths = [min(x, n) for x in self.lengths]
+
+    def snapshot(self, n: int) -> "KVCache":
+        """A new cache of capacity ``n`` holding a copy of the first ``n`` positions."""
+        out = KVCache(self.cfg, n, self.kv_dtype, self.compute_dtype, self.scales, self.k.device)
+        out.load_prefix(self, n)
+        return out
+
+    def load_prefix(self, src: "KVCache", n: int) -> None:
+        """Make this cache hold exactly the first ``n`` positions of ``src`` (same bytes)."""
+        if src.kv_dtype != self.kv_dtype or src.k.shape[:2] != self.k.shape[:2] or not (
+                torch.equal(src.scales.k, self.scales.k) and torch.equal(src.scales.v, self.scales.v)):
+            raise ValueError("prefix from a cache of another model, KV dtype or scales")
+        if n > min(src.length, self.max_len):
+            raise ValueError(f"prefix of {n} positions: the source holds {src.length}, capacity {self.max_len}")
+        self.k[:, :, :n] = src.k[:, :, :n]
+        self.v[:, :, :n] = src.v[:, :, :n]
+        self.lengths = [n] * self.cfg.num_layers

@@ -9,6 +9,7 @@ class Stats:
     kv_dtype: str = "fp32"
     kv_bytes: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0     # of those, taken from the prefix cache instead of prefilled
     generated: int = 0
     ttft_s: float = 0.0
     prefill_s: float = 0.0
@@ -48,9 +49,11 @@ class Stats:
         decode_tokens = max(self.generated - 1, 0)  # the first token comes out of prefill
         return {
             "ttft_s": round(self.ttft_s, 6),
-            "prefill_tok_s": round(self.prompt_tokens / self.prefill_s, 2) if self.prefill_s else 0.0,
+            "prefill_tok_s": round((self.prompt_tokens - self.cached_prompt_tokens) / self.prefill_s, 2)
+            if self.prefill_s else 0.0,
             "decode_tok_s": round(decode_tokens / self.decode_s, 2) if self.decode_s else 0.0,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated,
             "kv_dtype": self.kv_dtype,
             "kv_bytes": self.kv_bytes,

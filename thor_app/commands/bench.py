@@ -22,7 +22,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import SPEC_METHODS, SpecOptions, build_speculation
 from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
-from .common import add_engine_args, positive_int
+from .common import add_engine_args, non_negative_int, positive_int
 
 BENCH_PROMPTS = [
     "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
@@ -49,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefill-tokens", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--prefix-cache", type=non_negative_int, default=0,
+                   help="plan benches: keep the K/V of this many recent prompts, as `thor plan` and "
+                        "`thor serve` do (default 0: every prompt prefilled whole)")
     p.add_argument("--tie-tol", type=float, default=DEFAULT_TIE_TOL,
                    help="losslessness gate: max logit regret for a divergence to count as a numerical tie")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
@@ -258,11 +261,12 @@ def run_eval(args, specs) -> int:
     rows = []
     for m in models:
         loaded = load(m, wdt)
-        rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+        rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv, prefix_cache=args.prefix_cache)
         for r in eval_bench(rt, loaded.tokenizer, specs[0], args.drafter, modes, args.attempts,
                             limit=args.eval_limit, directory=eval_dir):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
     doc = {"device": device_info(), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
+           "prefix_cache": args.prefix_cache,
            "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, EVAL_COLUMNS)
@@ -280,7 +284,7 @@ def run_plan(args, specs) -> int:
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     loaded = load(args.model, wdt)
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv, prefix_cache=args.prefix_cache)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
     doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "layout": loaded.model.layout, "kv": kv,
            "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}

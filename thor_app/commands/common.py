@@ -19,6 +19,16 @@ def positive_int(s: str) -> int:
     return v
 
 
+def non_negative_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
 def add_model_args(p: argparse.ArgumentParser, model_default: str | None = "default",
                    model_help: str = "default (SmolLM2-135M-Instruct), a name from `thor models list`, "
                                      "an HF dir, or a .gguf file") -> None:
@@ -33,6 +43,9 @@ def add_model_args(p: argparse.ArgumentParser, model_default: str | None = "defa
     g.add_argument("--kv-dtype", default="fp32", choices=["fp32", "bf16", "fp16", "fp8"])
     g.add_argument("--kv-scales", default=None, help="FP8 KV scales file (thor calib kv-scales); unit scales if absent")
     g.add_argument("--prefill-chunk", type=int, default=0, help="prefill chunk size in tokens (0 = one pass)")
+    g.add_argument("--prefix-cache", type=non_negative_int, default=2,
+                   help="keep the K/V of this many recent prompts; a prompt that starts like one of them "
+                        "prefills only the rest (a repair, another task in the same world); 0 = off")
     g.add_argument("--weights-layout", default="auto", choices=WEIGHT_LAYOUTS,
                    help="CPU: dense (MKL), packed (oneDNN), dual (both: fastest for fp32, twice the "
                         "memory); auto = dual for fp32, packed for bf16, where oneDNN can pack")
@@ -165,5 +178,5 @@ def build_runtime(args):
     attach_backend(args, loaded)
     scales = KVScales.load(args.kv_scales, loaded.cfg) if args.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=args.kv_dtype, prefill_chunk=args.prefill_chunk,
-                 kv_scales=scales)
+                 kv_scales=scales, prefix_cache=args.prefix_cache)
     return loaded, rt

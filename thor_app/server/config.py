@@ -50,6 +50,7 @@ class ModelSection:
     kv_dtype: str = "fp32"
     weights_layout: str = "auto"
     prefill_chunk: int = 0
+    prefix_cache: int = 2          # recent prompts whose K/V a request with the same start reuses
     kv_scales: str = ""            # FP8 KV scales file; "" = unit scales
     backend: str = "torch"
 
@@ -60,6 +61,7 @@ class ModelSection:
         _check(self.weights_layout in WEIGHT_LAYOUTS,
                f"model.weights_layout must be one of {', '.join(WEIGHT_LAYOUTS)}, got {self.weights_layout!r}")
         _check(_int(self.prefill_chunk) and self.prefill_chunk >= 0, "model.prefill_chunk must be an integer >= 0")
+        _check(_int(self.prefix_cache) and self.prefix_cache >= 0, "model.prefix_cache must be an integer >= 0")
         _check(isinstance(self.kv_scales, str), "model.kv_scales must be a path string")
         _check(self.backend in BACKENDS,
                f"model.backend {self.backend!r} is not available in this build (available: {', '.join(BACKENDS)})")

@@ -40,7 +40,7 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     loaded = load(m.name, m.dtype, layout=m.weights_layout)
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
-                 kv_scales=scales)
+                 kv_scales=scales, prefix_cache=m.prefix_cache)
     opts = SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
                        window=s.window, ngram_k=s.ngram_k, fixed_k=s.fixed_k, lookup_rate=s.lookup_rate)
     return Hosted(loaded, rt, build_speculation(opts, loaded.model))

@@ -1,0 +1,74 @@
+"""Keys and values of recent prompts, so a prompt that starts like one of them prefills only the
+rest.
+
+A robot plans in one world with one skill library: every request's prompt opens with the same
+system text (the world and the skills, several hundred tokens), and a repair repeats the whole
+first exchange. The runtime keeps the K/V of the last few prompts; a new prompt takes the
+longest common start from one of them and prefills the remainder against it, which is exactly
+a chunked prefill whose first chunk is that start (the same rows run the same kernels, so the
+guarantees of `--prefill-chunk` hold: see README "KV cache, FP8 and chunked prefill").
+
+Entries are copies, never shared with a running sequence, so a generation's rollbacks cannot
+touch them; least recently used goes first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .kv_cache import KVCache
+
+
+@dataclass
+class _Entry:
+    ids: tuple[int, ...]
+    cache: KVCache
+
+
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """At most ``entries`` prompts' K/V; a hit must share at least ``min_tokens`` tokens (shorter
+    starts are cheaper to prefill than to copy)."""
+
+    def __init__(self, entries: int = 2, min_tokens: int = 32):
+        if entries < 1 or min_tokens < 1:
+            raise ValueError("a prefix cache needs entries >= 1 and min_tokens >= 1")
+        self.entries, self.min_tokens = entries, min_tokens
+        self._items: list[_Entry] = []          # most recently used last
+        self.hits = self.tokens_reused = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def nbytes(self) -> int:
+        return sum(e.cache.nbytes() for e in self._items)
+
+    def restore(self, ids, cache: KVCache, limit: int) -> int:
+        """Fill the empty ``cache`` with the longest start of ``ids`` (at most ``limit`` tokens)
+        that an entry holds; returns how many positions it now has (0: none was good enough)."""
+        best, n = None, 0
+        for e in self._items:
+            m = min(common_prefix(e.ids, ids), limit)
+            if m > n:
+                best, n = e, m
+        if best is None or n < self.min_tokens:
+            return 0
+        cache.load_prefix(best.cache, n)
+        self._items.remove(best)
+        self._items.append(best)
+        self.hits += 1
+        self.tokens_reused += n
+        return n
+
+    def store(self, ids, cache: KVCache) -> None:
+        """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's)."""
+        ids = tuple(ids)
+        self._items = [e for e in self._items if e.ids != ids and ids[:len(e.ids)] != e.ids]
+        self._items.append(_Entry(ids, cache.snapshot(len(ids))))
+        del self._items[:-self.entries]
