@@ -20,7 +20,7 @@ def test_peers_short_mode(tmp_path, monkeypatch):
     thor = rows[("thor", "int4/none")]
     assert thor["decode_tok_s"] > 0 and thor["peak_rss_mb"] > 0 and thor["load_s"] > 0
     assert thor["verify16_x_step"] > 0
-    assert thor["plan_latency_median_s"] > 0
+    assert thor["plan_latency_median_s"] > 0 and thor["plan_warm_median_s"] > 0
     # speculation is also timed against plain in its own process, prompt by prompt; plain is not
     assert rows[("thor", "int4/auto")]["vs_plain_paired_min"] > 0 and thor["vs_plain_paired_min"] is None
     saved = json.loads((tmp_path / "peers.json").read_text())

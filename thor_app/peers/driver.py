@@ -42,6 +42,10 @@ def _has(python: str, module: str) -> str | None:
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["import failed"])[-1]
 
 
+# The request before each timed one in the warm measure: same world and skills, another task.
+WARM_TASK = "wait here for the next instruction"
+
+
 def make_requests(model: str, cfg: dict) -> dict:
     from agent.bench import plan_cases
     from agent.grammar import GrammarTokenizer
@@ -54,7 +58,9 @@ def make_requests(model: str, cfg: dict) -> dict:
     plans = []
     for _, task, world, skills in plan_cases(cfg["plans"]):
         plans.append({"ids": tok.encode_chat(build_messages(task, world, skills)),
-                      "schema": prepare_request(gtok, world, skills, task=task).schema})
+                      "schema": prepare_request(gtok, world, skills, task=task).schema,
+                      # another request in the same world, run just before for the warm latency
+                      "warm": tok.encode_chat(build_messages(WARM_TASK, world, skills))})
     long = []
     while len(long) < 400:
         long += tok.encode(" ".join(DECODE_PROMPTS))
@@ -144,6 +150,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                      "decode_tok_s_per_prompt": [_median([r["decode_tok_s"][i] for r in rs])
                                                  for i in range(len(rs[0]["decode_tok_s"]))],
                      "plan_latency_median_s": _median(lat), "plan_latency_p90_s": _p90(lat),
+                     "plan_warm_median_s": _median([x for r in rs for x in r.get("plan_warm_latency_s", [])]),
                      "accept_length": _median(acc) if acc else None,
                      # per prompt, the median over repeats of speculative / plain in one process;
                      # the lowest prompt is what "never slower" is judged on
@@ -163,7 +170,8 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
 
 
 COLUMNS = ["engine", "config", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s", "verify16_x_step",
-           "plan_latency_median_s", "plan_latency_p90_s", "accept_length", "vs_plain_paired_min"]
+           "plan_latency_median_s", "plan_latency_p90_s", "plan_warm_median_s", "accept_length",
+           "vs_plain_paired_min"]
 
 
 def markdown_table(rows) -> str:

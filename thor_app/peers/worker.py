@@ -81,6 +81,19 @@ def run_llama(spec: dict) -> dict:
                 break
         lat.append(time.perf_counter() - t)
     out["plan_latency_s"] = lat
+    warm = []
+    for p in spec["requests"]["plans"]:
+        # the same world's prompt just evaluated: generate() reuses the longest common start
+        grammar = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
+        llm.reset()
+        llm.eval(p["warm"])
+        t, n = time.perf_counter(), 0
+        for tok in llm.generate(p["ids"], top_k=1, temp=0.0, grammar=grammar, reset=True):
+            n += 1
+            if tok == llm.token_eos() or n >= spec["plan_max_tokens"]:
+                break
+        warm.append(time.perf_counter() - t)
+    out["plan_warm_latency_s"] = warm
     return out
 
 
@@ -175,6 +188,25 @@ def run_thor(spec: dict) -> dict:
                           limit=len(spec["requests"]["plans"]))
         out["plan_latency_s"] = rows[0]["latencies_s"]
         out["plan_accept_length"] = rows[0]["accept_length_mean"]
+        out["plan_warm_latency_s"] = _warm_plans(loaded, speculation, spec)
+    return out
+
+
+def _warm_plans(loaded, speculation, spec: dict) -> list[float]:
+    """Plan latency with the same world's prompt just run (the prefix cache of `thor plan` and
+    `thor serve`), request by request as llama.cpp's warm measure."""
+    from agent.bench import plan_cases
+    from agent.planner import Planner
+    from thor_runtime.generate import Runtime
+    from thor_runtime.sampling import SamplingParams
+
+    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32", prefix_cache=2)
+    planner = Planner(rt, loaded.tokenizer, speculation, max_tokens=spec["plan_max_tokens"], attempts=0)
+    out = []
+    cases = plan_cases(len(spec["requests"]["plans"]))
+    for (_, task, world, skills), p in zip(cases, spec["requests"]["plans"]):
+        rt.generate(p["warm"], SamplingParams(max_tokens=1))
+        out.append(planner.plan(task, world, skills).stats["plan_latency_s"])
     return out
 
 
