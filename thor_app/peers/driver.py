@@ -151,6 +151,7 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                                                  for i in range(len(rs[0]["decode_tok_s"]))],
                      "plan_latency_median_s": _median(lat), "plan_latency_p90_s": _p90(lat),
                      "plan_warm_median_s": _median([x for r in rs for x in r.get("plan_warm_latency_s", [])]),
+                     "prefix_cache_mb": _median([r.get("prefix_cache_mb") for r in rs]),
                      "accept_length": _median(acc) if acc else None,
                      # per prompt, the median over repeats of speculative / plain in one process;
                      # the lowest prompt is what "never slower" is judged on

@@ -188,11 +188,13 @@ def run_thor(spec: dict) -> dict:
                           limit=len(spec["requests"]["plans"]))
         out["plan_latency_s"] = rows[0]["latencies_s"]
         out["plan_accept_length"] = rows[0]["accept_length_mean"]
-        out["plan_warm_latency_s"] = _warm_plans(loaded, speculation, spec)
+        # the peak RSS of the configuration itself; the warm measure's kept prompts are apart
+        out["peak_rss_mb"] = _rss_mb()
+        out["plan_warm_latency_s"], out["prefix_cache_mb"] = _warm_plans(loaded, speculation, spec)
     return out
 
 
-def _warm_plans(loaded, speculation, spec: dict) -> list[float]:
+def _warm_plans(loaded, speculation, spec: dict) -> tuple[list[float], float]:
     """Plan latency with the same world's prompt just run (the prefix cache of `thor plan` and
     `thor serve`), request by request as llama.cpp's warm measure."""
     from agent.bench import plan_cases
@@ -207,7 +209,7 @@ def _warm_plans(loaded, speculation, spec: dict) -> list[float]:
     for (_, task, world, skills), p in zip(cases, spec["requests"]["plans"]):
         rt.generate(p["warm"], SamplingParams(max_tokens=1))
         out.append(planner.plan(task, world, skills).stats["plan_latency_s"])
-    return out
+    return out, round(rt.prefixes.nbytes() / 2**20, 1)
 
 
 ENGINES = {"llama.cpp": run_llama, "transformers": run_transformers, "thor": run_thor}
@@ -217,7 +219,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(open(argv[0]).read())
     out = ENGINES[spec["engine"]](spec)
-    out["peak_rss_mb"] = _rss_mb()
+    out.setdefault("peak_rss_mb", _rss_mb())
     with open(argv[1], "w") as f:
         json.dump(out, f)
     return 0
