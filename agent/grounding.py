@@ -65,9 +65,12 @@ def place_findings(r: TaskReading, goal, kinds: set[str]) -> list[Finding]:
         dest = r.destinations(c.subject) if c.kind == "at" else ()
         if dest and c.value not in dest:
             out.append(Finding(None, "goal", f"goal {c.text()}: the task says where it goes: {' or '.join(dest)}"))
-    dest = r.about_places if kinds & {"place_is", "robot_at"} else ()
-    if dest and not any(c.subject in dest or c.value in dest for c in goal if c.kind in ("place_is", "robot_at")):
-        out.append(Finding(None, "goal", f"the task is about {' or '.join(dest)}; the goal says nothing about it"))
+    asked = r.place_kinds & kinds
+    dest = r.about_places if asked else ()
+    if dest and not any(c.subject in dest or c.value in dest for c in goal if c.kind in asked):
+        what = {"place_is": "looked at", "robot_at": "gone to"}
+        out.append(Finding(None, "goal", f"the task asks for {' or '.join(dest)} to be "
+                                         f"{' or '.join(what[k] for k in sorted(asked))}; the goal does not say so"))
     return out
 
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-from .wording import (ASIDE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
+from .wording import (ASIDE, DESCRIBED, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
@@ -71,6 +71,13 @@ class TaskReading:
         if self.referred or self.only_missing or (self.mentioned and (self.carry or not (inspect or self.move))):
             return ()
         return self.destinations()
+
+    @property
+    def place_kinds(self) -> frozenset:
+        """What a task about places alone may ask of them: a look (`place_is`), going there
+        (`robot_at`, "head to", "make your way to"), or either when its verbs do not say."""
+        inspect, go = ("is", "inspected") in self.wanted, self.move or self.toward
+        return frozenset(k for k, ok in (("place_is", inspect or not go), ("robot_at", go or not inspect)) if ok)
 
     def _own(self, obj: str | None) -> tuple:
         home = self.home.get(obj, "")
@@ -172,7 +179,9 @@ def read_task(task: str, world: World) -> TaskReading:
     places |= set(as_verb.values())
     taken = {t for n in ref | places for t in name_words(n)}
     taken |= {t for th in things if th.name in ref | places for a in th.aliases for t in alias_words(a)}
-    verbs = {STATE_VERBS[w] for w in tw - taken if w in STATE_VERBS}
+    # "left open", "been left open", "still shut": the state it is in, not the one asked for
+    asked = words(DESCRIBED.sub(" ", task.lower()))
+    verbs = {STATE_VERBS[w] for w in asked - taken if w in STATE_VERBS}
     if HOLD_PHRASE.search(task.lower()):
         verbs.add(("holding", None))
     if OPEN_PHRASE.search(task.lower()):

@@ -205,8 +205,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         dest = list(r.about_places)
         if dest:
             # a task about places alone: go there, or look at it, by its verbs
-            inspect, move = ("is", "inspected") in r.wanted, r.move
-            pb = _place_branches(kinds, dest if inspect or not move else [], dest if move or not inspect else [])
+            pk = r.place_kinds
+            pb = _place_branches(kinds, dest if "place_is" in pk else [], dest if "robot_at" in pk else [])
             lead = [{"anyOf": pb}] if pb else []
             looked_at = dest
     branches = _object_branches(objs, kinds, where, states)

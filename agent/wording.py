@@ -19,6 +19,11 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
                "pull": ("is", "open"), "raise": ("is", "open"),
                "hold": ("holding", None), "holding": ("holding", None)}
+# Words before a state that describe how a thing is, not what the task wants of it ("the drawer's
+# been left open; close it", "the hatch is still shut")
+# (within one clause: "left out; shut it" still asks to shut it)
+DESCRIBED = re.compile(r"\b(?:left|been|still|stuck|hanging|standing|wide)\s+(?:[\w']+\s+){0,3}?"
+                       r"(?:open|opened|closed|shut)\b")
 # "push it in", "slide the drawer shut": closing said with a verb of motion
 CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+){0,3}?(?:in|shut|closed)\b")
 # "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open

@@ -114,3 +114,28 @@ def test_an_alias_after_to_is_somewhere_to_go():
     r = read_task("Make your way to the OP side wings and stand by.", w)
     assert r.toward and not r.only_missing and r.about_places == ("stage_right_wings",)
     assert read_task("Bring the flight case from the OP side to the dock", w).sources == {"stage_right_wings"}
+
+
+def test_a_state_the_task_describes_is_not_asked_for():
+    r = read_task("The twine drawer's been left open; close it before something rolls in.", CLINIC)
+    assert r.wanted == {("is", "closed")}
+    assert read_task("Someone's left the twine drawer open again. Shut it, please.", CLINIC).wanted == {
+        ("is", "closed")}
+    # the clause ends at the semicolon: "left out; shut it" asks to shut it
+    assert read_task("The twine drawer has been left out; shut it", CLINIC).wanted == {("is", "closed")}
+    assert read_task("Open the twine drawer", CLINIC).wanted == {("is", "open")}
+
+
+def test_going_to_a_place_is_asked_as_going_there():
+    r = read_task("Make your way to the kennel ward and stand by.", CLINIC)
+    assert r.about_places == ("kennel_ward",) and r.place_kinds == {"robot_at"}
+    assert read_task("Have a look round the kennel ward", CLINIC).place_kinds == {"place_is"}
+    assert read_task("The kennel ward, please", CLINIC).place_kinds == {"place_is", "robot_at"}
+    # the gate holds a goal decoded under another schema to it
+    looked = with_goal({"place": "kennel_ward", "is": "inspected"})
+    kinds = {c.kind for s in _arm_and_mobile_skills()[1].skills for c in s.effects}
+    assert "robot_at" in kinds
+    f = grounding_findings("Make your way to the kennel ward and stand by.", looked, CLINIC, _arm_and_mobile_skills()[1])
+    assert checks(f) == ["goal"] and "kennel_ward to be gone to" in f[0].message
+    assert grounding_findings("Make your way to the kennel ward and stand by.", with_goal({"robot_at": "kennel_ward"}),
+                              CLINIC, _arm_and_mobile_skills()[1]) == []
