@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-from .wording import (ASIDE, DESCRIBED, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
+from .wording import (ASIDE, DESCRIBED, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
@@ -104,14 +104,24 @@ class TaskReading:
         return self._own(obj) if self.carry else ()
 
 
+def _locative(toks: list[str], i: int) -> bool:
+    """The words before index ``i`` (past its articles) say where something else is."""
+    while i > 0 and toks[i - 1] in DETERMINERS:
+        i -= 1
+    return i > 0 and (toks[i - 1] in LOCATIVE or toks[max(0, i - 2):i] == ["next", "to"])
+
+
 def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken: set[str]):
     """-> (paired, go_to) from where each referred object and place is said (``at``)."""
     last = max((at[n] for n in objs), default=len(toks))
-    # a new action: "..., then go back", "and head to"; not "the bundle needs to go on the cart"
-    goes = [i for i, t in enumerate(toks) if i > last and t in MOVE_VERBS - taken
-            and {"then", "and"} & set(toks[max(0, i - 2):i])]
+    # a new action: "..., then go back", "and head to", "then get back to"; not "the bundle
+    # needs to go on the cart"
+    goes = [i for i, t in enumerate(toks) if i > last and {"then", "and"} & set(toks[max(0, i - 2):i])
+            and (t in MOVE_VERBS - taken or (t == "get" and toks[i + 1:i + 2] in (["back"], ["over"], ["to"])))]
     ends = [at[n] for n in objs[1:]] + [goes[0] if goes else len(toks)]
-    paired = {n: tuple(p for p in spots if at[n] < at[p] < e) for n, e in zip(objs, ends)}
+    # "on the cable tray over row C": the second place says where the first is
+    paired = {n: tuple(p for k, p in enumerate(ps) if not (k and _locative(toks, at[p])))
+              for n, e in zip(objs, ends) for ps in [[p for p in spots if at[n] < at[p] < e]]}
     return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
 
 
@@ -167,6 +177,9 @@ def read_task(task: str, world: World) -> TaskReading:
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words and as_noun(toks, c, others(heads[c]))}
     ref |= {n for c, n in mods.items() if n not in is_place and c in tw
             and found(n, noun_end(toks, c, n, vocab, DETERMINERS))}
+    # a word one object shares only with places, as what "open"/"shut" takes
+    ref |= {n for c, n in unique_cues({o.name: set(content_words(o.name)) for o in world.objects}).items()
+            if c in tw and c not in only and found(n, after_state_verb(toks, c))}
     obj_words = {t for n in ref for t in name_words(n)}
     places = {p.name for p in world.places if names(tw, p.name) or called(p)}
     places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and as_noun(toks, c)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 
-from .files import World, alias_words
+from .files import OBJECT_STATES, World, alias_words
 
 # The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
 STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),
@@ -29,7 +29,7 @@ CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+)
 # "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
 OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
-                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b")
+                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b|\bon\s+your\s+deck\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
 # start on the frame", "until the ward's ready"): what follows is not asked for.
 ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
@@ -37,8 +37,8 @@ ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s
                    # the speaker's own next step: ", I want to check the fluid level"
                    r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
 # Words that ask for a thing to be moved.
-CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver",
-                         "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
+CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
+                         "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
 # Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
 # is not "go").
 MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
@@ -56,6 +56,8 @@ DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my
 
 # A place's word said as a verb on a thing ("quarantine it") sends the thing there.
 PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
+# "the tray over row C", "the shelf by the door": a place said to locate another one
+LOCATIVE = frozenset({"over", "above", "beside", "behind", "near", "by", "opposite", "below", "beneath"})
 # Where a place's own word may follow and still be a place ("with customs", "to consult 1").
 PREPOSITIONS = frozenset({"to", "at", "in", "into", "on", "onto", "by", "with", "near", "from", "for", "toward",
                           "towards", "round", "through"})
@@ -138,9 +140,29 @@ def as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
     """Some occurrence of ``cue`` follows a determiner, with at most one word between, and
     that word is no word of another name ("the red mug" with a red cup and a blue mug
     refers to neither)."""
-    return any(cue in singular(t) and DETERMINERS & set(toks[max(0, i - 2):i])
+    return any(cue in singular(t) and (DETERMINERS & set(toks[max(0, i - 2):i]) or opens(toks, i))
                and not {w for x in toks[max(0, i - 2):i] for w in singular(x)} & others
                for i, t in enumerate(toks))
+
+
+def opens(toks: list[str], i: int) -> bool:
+    """The task starts with the word at ``i`` as a noun ("Sword over to stage right"), not as a
+    verb taking what follows ("Set it aside", "Open the lid")."""
+    return i == 0 and toks[0] not in FUNCTION_WORDS and not (
+        len(toks) > 1 and toks[1] in DETERMINERS | PRONOUNS | {"me", "us", "up", "out"})
+
+
+def after_state_verb(toks: list[str], cue: str) -> int | None:
+    """Index where ``cue`` is what a verb of state takes ("open the ultrasonic", "shut the
+    glasswasher"): only a thing opens or shuts, so a word an object shares with places
+    stands for the object there."""
+    for i, t in enumerate(toks):
+        j = i
+        while j > 0 and toks[j - 1] in DETERMINERS:
+            j -= 1
+        if cue in singular(t) and j < i and j > 0 and STATE_VERBS.get(toks[j - 1], ("", ""))[1] in OBJECT_STATES:
+            return i
+    return None
 
 
 def said_after(toks: list[str], name: str, lead: tuple, also: tuple = ()) -> bool:
@@ -198,7 +220,7 @@ def noun_end(toks: list[str], cue: str, name: str, vocab: set[str], leads: froze
     for i, t in enumerate(toks):
         nxt = toks[i + 1] if i + 1 < len(toks) else None
         between = {w for x in toks[max(0, i - 1):i] if x not in leads for w in singular(x)}
-        if (cue in singular(t) and leads & set(toks[max(0, i - 2):i]) and not between & vocab
+        if (cue in singular(t) and (leads & set(toks[max(0, i - 2):i]) or opens(toks, i)) and not between & vocab
                 and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)))):
             return i
     return None

@@ -139,3 +139,30 @@ def test_going_to_a_place_is_asked_as_going_there():
     assert checks(f) == ["goal"] and "kennel_ward to be gone to" in f[0].message
     assert grounding_findings("Make your way to the kennel ward and stand by.", with_goal({"robot_at": "kennel_ward"}),
                               CLINIC, _arm_and_mobile_skills()[1]) == []
+
+
+BAR = _world([{"name": "shaker_tin", "type": "tin", "at": "back_bar"},
+              {"name": "mixing_glass", "type": "glass", "at": "back_bar"},
+              {"name": "ultrasonic_lid", "type": "lid", "state": "closed"},
+              {"name": "jerry_can", "type": "can", "at": "back_bar"}],
+             ["back_bar", "bus_tub", "ultrasonic_basket", "cable_tray", "row_c", "robot_bay"])
+
+
+def test_words_that_open_a_task_or_follow_open_and_shut():
+    # a task may open with the thing itself; not with a verb ("Set it aside") or "Can you"
+    r = read_task("Shaker and mixing glass are done, stick them in the bus tub.", BAR)
+    assert r.referred == ("shaker_tin", "mixing_glass") and r.carry
+    assert read_task("Can you bring the mixing glass to the bus tub?", BAR).referred == ("mixing_glass",)
+    # "ultrasonic" is an object's and a place's word; what "open" takes is the object
+    r = read_task("Open the ultrasonic and lower the mixing glass into its basket.", BAR)
+    assert r.referred == ("ultrasonic_lid", "mixing_glass") and r.destinations("mixing_glass") == (
+        "ultrasonic_basket",)
+    assert "ultrasonic_lid" not in read_task("Scan the ultrasonic basket", BAR).referred
+
+
+def test_a_place_that_locates_another_is_not_where_things_go():
+    r = read_task("Put the shaker tin up on the cable tray over row C.", BAR)
+    assert r.destinations("shaker_tin") == ("cable_tray",)
+    r = read_task("Drop the shaker tin in the bus tub, then get back to your bay.", BAR)
+    assert r.destinations("shaker_tin") == ("bus_tub",) and r.go_to == ("robot_bay",)
+    assert read_task("Load the shaker tin and keep it on your deck", BAR).wanted == {("holding", None)}
