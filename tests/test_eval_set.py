@@ -1,4 +1,4 @@
-"""agent/eval, eval_b, eval_c, eval_d, eval_e: the held-out evaluation sets are well formed, disjoint from what
+"""agent/eval, eval_b, eval_c, eval_d, eval_e, eval_f: the held-out evaluation sets are well formed, disjoint from what
 prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
 scoring judges plans by the task's own goal."""
 from __future__ import annotations
@@ -122,13 +122,14 @@ def test_eval_bench_wiring(tiny_llama):
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
 
-# ---- agent/eval_b .. agent/eval_e: the later held-out sets ----------------------------------------------
+# ---- agent/eval_b .. agent/eval_f: the later held-out sets ----------------------------------------------
 EVAL_B = AGENT_DIR / "eval_b"
 EVAL_C = AGENT_DIR / "eval_c"
 EVAL_D = AGENT_DIR / "eval_d"
 EVAL_E = AGENT_DIR / "eval_e"
+EVAL_F = AGENT_DIR / "eval_f"
 # in the order they were written: each set must be fresh against the first set and every set before it
-LATER_SETS = (EVAL_B, EVAL_C, EVAL_D, EVAL_E)
+LATER_SETS = (EVAL_B, EVAL_C, EVAL_D, EVAL_E, EVAL_F)
 later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.name)
 
 
