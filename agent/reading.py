@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-from .wording import (ASIDE, DESCRIBED, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
+from .wording import (ASIDE, DESCRIBED, WANTED_THERE, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
@@ -213,7 +213,7 @@ def read_task(task: str, world: World) -> TaskReading:
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
-        move=bool((set(toks) - taken) & MOVE_VERBS),
+        move=bool((set(toks) - taken) & MOVE_VERBS or WANTED_THERE.search(task.lower())),
         toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known))

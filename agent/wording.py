@@ -39,6 +39,8 @@ ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
                          "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
+# "they'd like you there", "we need you in the yard": the robot is wanted at a place
+WANTED_THERE = re.compile(r"\b(?:like|want|need)s?\s+you\s+(?:there|at|in|on|by|over)\b")
 # Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
 # is not "go").
 MOVE_VERBS = frozenset({"go", "head", "drive", "navigate", "return", "come", "travel", "dock", "charge",
@@ -148,8 +150,11 @@ def as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
 def opens(toks: list[str], i: int) -> bool:
     """The task starts with the word at ``i`` as a noun ("Sword over to stage right"), not as a
     verb taking what follows ("Set it aside", "Open the lid")."""
-    return i == 0 and toks[0] not in FUNCTION_WORDS and not (
-        len(toks) > 1 and toks[1] in DETERMINERS | PRONOUNS | {"me", "us", "up", "out"})
+    verbs = FUNCTION_WORDS | set(STATE_VERBS) | CARRY_VERBS | MOVE_VERBS
+    joins = (FUNCTION_WORDS | PREPOSITIONS) - DETERMINERS - PRONOUNS - {"up", "out"}
+    # the next word joins it to the rest ("Shaker and ...", "Coupe on the mat", "Customs
+    # would like ..."), not to a name of its own ("Pump one's a cylinder short")
+    return i == 0 and len(toks) > 1 and toks[0] not in verbs and toks[1] in joins
 
 
 def after_state_verb(toks: list[str], cue: str) -> int | None:

@@ -166,3 +166,13 @@ def test_a_place_that_locates_another_is_not_where_things_go():
     r = read_task("Drop the shaker tin in the bus tub, then get back to your bay.", BAR)
     assert r.destinations("shaker_tin") == ("bus_tub",) and r.go_to == ("robot_bay",)
     assert read_task("Load the shaker tin and keep it on your deck", BAR).wanted == {("holding", None)}
+
+
+def test_context_before_the_request_and_a_robot_wanted_somewhere():
+    # "Pump one's a cylinder short": a name of its own, not the pump as the thing to move
+    w = _world([{"name": "portable_pump", "type": "pump", "at": "yard"},
+                {"name": "ba_cylinder", "type": "cylinder", "at": "yard"}], ["yard", "appliance_bay", "taproom"])
+    r = read_task("Pump one's a cylinder short. Spare BA cylinder to the appliance bay, please.", w)
+    assert r.referred == ("ba_cylinder",)
+    r = read_task("The brewery tour starts in the taproom and they'd like you there.", w)
+    assert r.about_places == ("taproom",) and r.place_kinds == {"robot_at"} and not r.only_missing
