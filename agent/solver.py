@@ -80,8 +80,18 @@ def ground_actions(world: World, skills: SkillSet, objects: set[str], templates:
     return out
 
 
+def relevant(goal: tuple[Cond, ...], actions: list[Action]) -> list[Action]:
+    """The actions that can change a kind of condition the goal or some precondition asks
+    about. Any plan with one of the others still works without it and is shorter, so no
+    shortest plan uses them; dropping them keeps the state space from multiplying by what
+    they change (a scan of each of twelve places: 2^12 states)."""
+    need = {c.kind for c in goal} | {c.kind for a in actions for c in a.pre}
+    return [a for a in actions if any(c.kind in need for c in a.eff)]
+
+
 def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_depth: int) -> list[Action] | None:
     """Shortest action sequence from the world's initial state that reaches the goal."""
+    actions = relevant(goal, actions)
     start = initial_state(world)
     frontier, seen = deque([(start, [])]), {start.key()}
     while frontier:

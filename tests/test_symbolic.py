@@ -283,3 +283,23 @@ def test_goal_beyond_the_robot_names_the_reason():
     # already where the goal wants it: nothing to lift, no payload finding
     p = plan([{"object": "cast_iron_pan", "at": "counter"}], step("s1", "wait", duration=1))
     assert symbolic_findings(p, w, s) == []
+
+
+def test_solver_ignores_what_no_goal_or_precondition_asks_about():
+    """Scans of a dozen places multiplied the states past the search's limit: a two-object
+    task in a twelve-place mobile world found no plan. Actions whose effects nothing asks
+    about are left out, and the plan is found at once (without a step the goal does not need)."""
+    places = [{"name": f"room_{i}", "position": [float(i), 1.0, 0.0]} for i in range(12)]
+    w = world_from_dict({"name": "t", "skills": str(AGENT_DIR / "skills" / "mobile.json"),
+                         "objects": [{"name": n, "type": "bag", "position": [0.0, 1.0, 0.0], "mass_kg": 2, "at": "room_0"}
+                                     for n in ("red_bag", "blue_bag")],
+                         "places": places,
+                         "robot": {"workspace": {"min": [-1, -1, 0], "max": [20, 5, 2]}, "max_payload_kg": 20}})
+    s = load_skills(AGENT_DIR / "skills" / "mobile.json")
+    goal = [{"object": "red_bag", "at": "room_7"}, {"object": "blue_bag", "at": "room_7"}]
+    out = complete({"plan_id": "p", "task": "t", "goal": goal, "steps": []}, w, s)
+    assert out is not None and [st["skill"] for st in out["steps"]] == ["load", "unload", "load", "unload"]
+    # what the goal asks about still gets its steps
+    out = complete({"plan_id": "p", "task": "t", "goal": goal + [{"robot_at": "room_3"}], "steps": []}, w, s)
+    assert [st["skill"] for st in out["steps"]].count("navigate_to") + [st["skill"] for st in out["steps"]].count(
+        "dock") == 1
