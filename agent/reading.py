@@ -208,7 +208,7 @@ def read_task(task: str, world: World) -> TaskReading:
     paired, go_to = _layout(toks, at, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     return TaskReading(
         words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
-                                             or o.name in ref or any(said(tokens(task), alias_words(a)) is not None
+                                             or o.name in ref or any(said(toks, alias_words(a)) is not None
                                                                      for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),

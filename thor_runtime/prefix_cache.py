@@ -69,6 +69,11 @@ class PrefixCache:
     def store(self, ids, cache: KVCache) -> None:
         """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's)."""
         ids = tuple(ids)
-        self._items = [e for e in self._items if e.ids != ids and ids[:len(e.ids)] != e.ids]
+        same = next((e for e in self._items if e.ids == ids), None)
+        if same is not None:            # the same prompt again: its copy is already here
+            self._items.remove(same)
+            self._items.append(same)
+            return
+        self._items = [e for e in self._items if ids[:len(e.ids)] != e.ids]
         self._items.append(_Entry(ids, cache.snapshot(len(ids))))
         del self._items[:-self.entries]

@@ -9,24 +9,20 @@ from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SPEC_METHODS, SpecOptions
 
 
-def positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _int_at_least(low: int, what: str):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+    return parse
 
 
-def non_negative_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def add_model_args(p: argparse.ArgumentParser, model_default: str | None = "default",

@@ -70,30 +70,20 @@ def run_llama(spec: dict) -> dict:
                 break
         rates.append(_decode_rate(n, t_first, time.perf_counter()))
     out["decode_tok_s"] = rates
-    lat = []
-    for p in spec["requests"]["plans"]:
+    def plan_s(p: dict, warm: bool) -> float:
         grammar = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
         llm.reset()
+        if warm:        # the same world's prompt just evaluated: generate() reuses the common start
+            llm.eval(p["warm"])
         t, n = time.perf_counter(), 0
         for tok in llm.generate(p["ids"], top_k=1, temp=0.0, grammar=grammar, reset=True):
             n += 1
             if tok == llm.token_eos() or n >= spec["plan_max_tokens"]:
                 break
-        lat.append(time.perf_counter() - t)
-    out["plan_latency_s"] = lat
-    warm = []
-    for p in spec["requests"]["plans"]:
-        # the same world's prompt just evaluated: generate() reuses the longest common start
-        grammar = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
-        llm.reset()
-        llm.eval(p["warm"])
-        t, n = time.perf_counter(), 0
-        for tok in llm.generate(p["ids"], top_k=1, temp=0.0, grammar=grammar, reset=True):
-            n += 1
-            if tok == llm.token_eos() or n >= spec["plan_max_tokens"]:
-                break
-        warm.append(time.perf_counter() - t)
-    out["plan_warm_latency_s"] = warm
+        return time.perf_counter() - t
+
+    out["plan_latency_s"] = [plan_s(p, False) for p in spec["requests"]["plans"]]
+    out["plan_warm_latency_s"] = [plan_s(p, True) for p in spec["requests"]["plans"]]
     return out
 
 
