@@ -168,8 +168,9 @@ def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
 @pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2"])
 def test_fused_layer_graphs_are_the_projection_path(arch, request):
-    """MatMulNBits models run each layer boundary as one ORT graph: the same math as the
-    per-projection path (to fp32 rounding), and exact verifies where the probe admits it."""
+    """MatMulNBits models run each layer boundary as one ORT graph (for caches the step graph
+    does not take): the same math as the per-projection path (to fp32 rounding), and exact
+    verifies where the probe admits it."""
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
@@ -177,15 +178,56 @@ def test_fused_layer_graphs_are_the_projection_path(arch, request):
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    m.step = None                     # the per-boundary path, as a bf16 or fp8 cache runs it
+    ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
+    fused = _logits(m, ids)           # built on first use
     key = next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))
     assert (m.fused is not None) == m.row_verdicts[key]
     if m.fused is None:
         pytest.skip("the fused graph is not row-invariant on this CPU (the projection path runs)")
     assert len(m.fused) == tiny.cfg.num_layers - 1
-    ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
-    fused = _logits(m, ids)
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2)))
     m.fused = None
     split = _logits(m, ids)
-    # int8 activation rounding turns last-bit differences of the norms into ~0.2 % here
-    assert (fused - split).abs().max() <= 1e-2 * split.abs().max()
+    # int8 activation rounding turns last-bit differences of the norms into ~0.2-1 % here
+    assert (fused - split).abs().max() <= 2e-2 * split.abs().max()
+
+
+@pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2"])
+def test_step_graph_is_the_layer_path(arch, request):
+    """The whole forward as one ORT graph (attention on GroupQueryAttention, appending to our
+    KV cache in place): the layer path's math to int8-activation rounding, the cache's own
+    keys and values, exact verifies with taps where the probe admits it; a cache it cannot
+    bind (fp8) runs the layer path, built on first use."""
+    from pathlib import Path
+
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.model import TargetModel
+
+    tiny = request.getfixturevalue(f"tiny_{arch}")
+    m = TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    key = next(k for k in m.row_verdicts if k.startswith("StepGraph"))
+    assert (m.step is not None) == m.row_verdicts[key]
+    if m.step is None:
+        pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
+    assert m.fused is None                      # not built while only fp32 caches come
+    ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
+    cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
+    whole = m.forward(ids, cache).logits
+    assert cache.length == len(ids)
+    steps, verify = _steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2))
+    _assert_same(steps, verify)
+    assert torch.equal(verify[0], whole[9:])    # a prefill row is a verify row here too
+    step_kv = cache
+    m.step, step = None, m.step
+    ref_cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
+    layers = m.forward(ids, ref_cache).logits
+    assert (whole - layers).abs().max() <= 2e-2 * layers.abs().max()
+    n = len(ids)
+    assert (step_kv.k[:, :, :n] - ref_cache.k[:, :, :n]).abs().max() <= 2e-2 * ref_cache.k[:, :, :n].abs().max()
+    m.step = step
+    fp8 = KVCache(m.cfg, len(ids) + 1, "fp8", m.dtype)
+    assert not m.step.fits(fp8, 1)
+    _assert_same(*_steps_vs_verify(m, ids, 9, "fp8", taps=(1,)))
+    assert m.fused is not None or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]

@@ -94,7 +94,7 @@ def test_cached_starts_hold_no_copy_of_ort_weights(models):
     kept, cold, hit = models
     for m in (cold, hit):
         held, weights = ort_weights(m), _nbits(m)
-        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.fused is not None
+        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.step is not None
         assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
         res, total = _resident(held)
         assert total * PAGE > 100e6 and res <= total // 100, (res, total)

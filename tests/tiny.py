@@ -27,7 +27,7 @@ ARCH_CONFIGS = {
                   rope_theta=10000.0, tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
                   intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False),
+                  head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False),
     # Qwen2 always has q/k/v biases (and no q/k norm); the random init sets them non-zero.
     "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64,
                   intermediate_size=160, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,

@@ -77,9 +77,11 @@ class KVCache:
             raise ThorError(f"unknown KV dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
         self.cfg, self.max_len, self.kv_dtype = cfg, max_len, kv_dtype
         self.store_dtype, self.compute_dtype = KV_DTYPES[kv_dtype], compute_dtype
-        shape = (cfg.num_layers, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S, Dh]
-        self.v = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S, Dh]
+        # One slot past the capacity: a graph that pads a single row to two (lowbit_step.py)
+        # writes the copy's key there; it is never read.
+        shape = (cfg.num_layers, cfg.num_kv_heads, max_len + 1, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S + 1, Dh]
+        self.v = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S + 1, Dh]
         self.lengths = [0] * cfg.num_layers
         self.scales = scales or KVScales.unit(cfg)
         # [L, Hkv, 1, 1] so a whole layer quantizes in one broadcast.

@@ -61,6 +61,73 @@ def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, 
     return nodes, inits
 
 
+def shared_nodes(cfg) -> tuple[list, list]:
+    """What the layer nodes below share in one graph: the split sizes and the RoPE rows
+    cosU/sinU [M, 1, Dh] from the graph inputs cos/sin [M, Dh]."""
+    from onnx import helper, numpy_helper
+
+    H, Hkv, Dh, I = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (
+        ("split", [I, I]), ("qk_v", [H + Hkv, Hkv]), ("q_k", [H, Hkv]), ("q_k_v", [H, Hkv, Hkv]),
+        ("heads3", [0, H + 2 * Hkv, Dh]), ("axis1", [1]), ("rows", [0, -1]))]
+    nodes = [helper.make_node("Unsqueeze", ["cos", "axis1"], ["cosU"]),                 # [M, 1, Dh]
+             helper.make_node("Unsqueeze", ["sin", "axis1"], ["sinU"])]
+    return nodes, inits
+
+
+def post_nodes(model, i: int, h: str, o: str, out: str, p: str) -> tuple[list, list]:
+    """``post_attn(i)``: out = h + o @ wo^T, then out += MLP(RMSNorm(out)) (names under ``p``)."""
+    from onnx import helper
+
+    L, eps = model.layers[i], model.cfg.rms_eps
+    parts = [L.wo.nodes(o, f"{p}PO", f"{p}o_"),
+             _rms_nodes(f"{p}H2", f"{p}X", L.mlp_norm, eps, f"{p}n1_"),
+             L.w_gate_up.nodes(f"{p}X", f"{p}GU", f"{p}gu_"),
+             L.w_down.nodes(f"{p}A", f"{p}PD", f"{p}d_")]
+    n = lambda op, ins, outs, **kw: helper.make_node(op, ins, outs, **kw)  # noqa: E731
+    glue = [n("Add", [h, f"{p}PO"], [f"{p}H2"]),
+            n("Split", [f"{p}GU", "split"], [f"{p}G", f"{p}U"], axis=-1),
+            n("Sigmoid", [f"{p}G"], [f"{p}SG"]),
+            n("Mul", [f"{p}G", f"{p}SG"], [f"{p}SiLU"]),
+            n("Mul", [f"{p}SiLU", f"{p}U"], [f"{p}A"]),
+            n("Add", [f"{p}H2", f"{p}PD"], [out])]
+    return [x for ns, _ in parts for x in ns] + glue, [t for _, ts in parts for t in ts]
+
+
+def pre_nodes(model, j: int, h: str, out: str, p: str) -> tuple[list, list]:
+    """``pre_attn(j)`` up to the head split: out [M, (H + 2Hkv) Dh] = q, k, v of layer j with
+    q/k normed (when the model has those norms) and rotated, row by row."""
+    from onnx import helper, numpy_helper
+
+    cfg, L, eps = model.cfg, model.layers[j], model.cfg.rms_eps
+    H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qkv = f"{p}QKV" if L.bqkv is None else f"{p}QKV0"
+    parts = [_rms_nodes(h, f"{p}X2", L.attn_norm, eps, f"{p}n2_"),
+             L.wqkv.nodes(f"{p}X2", qkv, f"{p}qkv_")]
+    if L.bqkv is not None:
+        parts.append(([helper.make_node("Add", [qkv, f"{p}bqkv"], [f"{p}QKV"])],
+                      [numpy_helper.from_array(L.bqkv.float().numpy(), f"{p}bqkv")]))
+    parts.append(([helper.make_node("Reshape", [f"{p}QKV", "heads3"], [f"{p}QKV3"])], []))  # [M, H + 2Hkv, Dh]
+    if L.q_norm is None:      # q and k heads rotate as one block
+        parts += [([helper.make_node("Split", [f"{p}QKV3", "qk_v"], [f"{p}QK3", f"{p}V3"], axis=1)], []),
+                  _rope_nodes(f"{p}QK3", f"{p}QKr3", H + Hkv, Dh, None, eps, f"{p}qk_"),
+                  ([helper.make_node("Split", [f"{p}QKr3", "q_k"], [f"{p}Q3", f"{p}K3"], axis=1)], [])]
+    else:
+        parts += [([helper.make_node("Split", [f"{p}QKV3", "q_k_v"], [f"{p}Qn3", f"{p}Kn3", f"{p}V3"], axis=1)], []),
+                  _rope_nodes(f"{p}Qn3", f"{p}Q3", H, Dh, L.q_norm, eps, f"{p}q_"),
+                  _rope_nodes(f"{p}Kn3", f"{p}K3", Hkv, Dh, L.k_norm, eps, f"{p}k_")]
+    parts.append(([helper.make_node("Concat", [f"{p}Q3", f"{p}K3", f"{p}V3"], [f"{p}QKVr3"], axis=1),
+                   helper.make_node("Reshape", [f"{p}QKVr3", "rows"], [out])], []))
+    return [x for ns, _ in parts for x in ns], [t for _, ts in parts for t in ts]
+
+
+def graph_key(model, name: str) -> str:
+    """What a probe verdict for a graph of this model's shapes is kept under."""
+    cfg, L = model.cfg, model.layers[-1]
+    return (f"{name}{(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, L.bqkv is not None)}"
+            f"+rope{'+qknorm' if L.q_norm is not None else ''}")
+
+
 class FusedPostPre:
     """(h [T, D], o [T, H Dh], cos/sin rows) -> (next h [T, D], q [H, T, Dh], k/v [Hkv, T, Dh]) of
     layer i + 1, q/k normed (when the model has those norms) and rotated: what ``post_pre`` returns.
@@ -68,54 +135,14 @@ class FusedPostPre:
     per layer (~0.1 ms each, more than the graph's own elementwise work)."""
 
     def __init__(self, model, i: int):
-        from onnx import helper, numpy_helper
-
-        cfg, L, nxt = model.cfg, model.layers[i], model.layers[i + 1]
-        eps, I = cfg.rms_eps, cfg.intermediate_size
+        cfg = model.cfg
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        parts = [L.wo.nodes("O", "PO", "o_"),
-                 _rms_nodes("H2", "X", L.mlp_norm, eps, "n1_"),
-                 L.w_gate_up.nodes("X", "GU", "gu_"),
-                 L.w_down.nodes("A", "PD", "d_"),
-                 _rms_nodes("h", "X2", nxt.attn_norm, eps, "n2_"),
-                 nxt.wqkv.nodes("X2", "QKV" if nxt.bqkv is None else "QKV0", "qkv_")]
-        if nxt.q_norm is None:      # q and k heads rotate as one block
-            parts += [_rope_nodes("QK3", "QKr3", H + Hkv, Dh, None, eps, "qk_"),
-                      ([helper.make_node("Split", ["QKV3", "qk_v"], ["QK3", "V3"], axis=1),
-                        helper.make_node("Split", ["QKr3", "q_k"], ["Q3", "K3"], axis=1)], [])]
-        else:
-            parts += [_rope_nodes("Qn3", "Q3", H, Dh, nxt.q_norm, eps, "q_"),
-                      _rope_nodes("Kn3", "K3", Hkv, Dh, nxt.k_norm, eps, "k_"),
-                      ([helper.make_node("Split", ["QKV3", "q_k_v"], ["Qn3", "Kn3", "V3"], axis=1)], [])]
-        nodes = [ns for ns, _ in parts]
-        inits = [t for _, ts in parts for t in ts] + [
-            numpy_helper.from_array(np.array([I, I], np.int64), "split"),
-            numpy_helper.from_array(np.array([H + Hkv, Hkv], np.int64), "qk_v"),
-            numpy_helper.from_array(np.array([H, Hkv], np.int64), "q_k"),
-            numpy_helper.from_array(np.array([H, Hkv, Hkv], np.int64), "q_k_v"),
-            numpy_helper.from_array(np.array([0, H + 2 * Hkv, Dh], np.int64), "heads3"),
-            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
-            numpy_helper.from_array(np.array([0, -1], np.int64), "rows")]
-        nodes.append([helper.make_node("Add", ["H", "PO"], ["H2"]),
-                      helper.make_node("Split", ["GU", "split"], ["G", "U"], axis=-1),
-                      helper.make_node("Sigmoid", ["G"], ["SG"]),
-                      helper.make_node("Mul", ["G", "SG"], ["SiLU"]),
-                      helper.make_node("Mul", ["SiLU", "U"], ["A"]),
-                      helper.make_node("Add", ["H2", "PD"], ["h"]),
-                      helper.make_node("Reshape", ["QKV", "heads3"], ["QKV3"]),               # [M, H + 2Hkv, Dh]
-                      helper.make_node("Unsqueeze", ["cos", "axis1"], ["cosU"]),                 # [M, 1, Dh]
-                      helper.make_node("Unsqueeze", ["sin", "axis1"], ["sinU"])] +
-                     [helper.make_node("Concat", ["Q3", "K3", "V3"], ["QKVr3"], axis=1),       # [M, H + 2Hkv, Dh]
-                      helper.make_node("Reshape", ["QKVr3", "rows"], ["QKVr"])])
-        if nxt.bqkv is not None:
-            inits.append(numpy_helper.from_array(nxt.bqkv.float().numpy(), "bqkv"))
-            nodes.append([helper.make_node("Add", ["QKV0", "bqkv"], ["QKV"])])
-        D = cfg.hidden_size
+        parts = [shared_nodes(cfg), post_nodes(model, i, "H", "O", "h", ""), pre_nodes(model, i + 1, "h", "QKVr", "")]
         self.heads = (H, Hkv, Dh)
-        self.key = (f"FusedPostPre{(D, H, Hkv, Dh, I, nxt.bqkv is not None)}"
-                    f"+rope{'+qknorm' if nxt.q_norm is not None else ''}")
-        self.session = session(nodes, inits, {"H": D, "O": H * Dh, "cos": Dh, "sin": Dh},
-                               {"h": D, "QKVr": (H + 2 * Hkv) * Dh}, torch.get_num_threads())
+        self.key = graph_key(model, "FusedPostPre")
+        self.session = session([ns for ns, _ in parts], [t for _, ts in parts for t in ts],
+                               {"H": cfg.hidden_size, "O": H * Dh, "cos": Dh, "sin": Dh},
+                               {"h": cfg.hidden_size, "QKVr": (H + 2 * Hkv) * Dh}, torch.get_num_threads())
 
     def __call__(self, h: torch.Tensor, o: torch.Tensor, cos: np.ndarray, sin: np.ndarray):
         """cos/sin: the rows of the positions, as ``as_rows`` gives them ([max(T, 2), Dh]); sin with
@@ -186,14 +213,14 @@ def prepare_sessions(model) -> None:
     """Build, at load, every projection session a forward will call outside the fused graphs
     (the first layer's q/k/v, the last layer's MLP, the head), then hand back what ORT now
     holds its own copy of: the pages of memory-mapped weights (mapped_pages.py; every
-    projection of the model is in a session or a fused graph by now) and the heap memory that
+    projection of the model is in a session, a fused graph or the step graph by now) and the heap memory that
     building the sessions freed: glibc keeps freed blocks of this size (the serialized graphs,
     tens of MB for the head) in its heap, where they would count as resident for the life of
     the process."""
     from .mapped_pages import release_pages
 
     n = model.cfg.num_layers
-    layers = range(n) if model.fused is None else (0, n - 1)
+    layers = () if model.step is not None else range(n) if model.fused is None else (0, n - 1)
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + \
             [model.head_w]:
         if isinstance(w, NBitsWeight):
@@ -207,11 +234,13 @@ def prepare_sessions(model) -> None:
 
 
 def ort_weights(model) -> list[NBitsWeight]:
-    """The model's MatMulNBits weights whose bytes ORT holds (in their own session or in a
-    fused graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
+    """The model's MatMulNBits weights whose bytes ORT holds (in their own session, a fused
+    graph or the step graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
     n = model.cfg.num_layers
     fused = set() if model.fused is None else \
         {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
+    if model.step is not None:
+        fused = {(i, f) for i in range(n) for f in ("wqkv", "wo", "w_gate_up", "w_down")}
     out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and w._session is not None]
     for i, L in enumerate(model.layers):
         for f in ("wqkv", "wo", "w_gate_up", "w_down"):

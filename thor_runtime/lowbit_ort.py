@@ -39,9 +39,10 @@ class External:
         self.array, self.name = np.ascontiguousarray(array), name
 
 
-def session(node_lists: list[list], inits: list, inputs: dict[str, int], outputs: dict[str, int], threads: int):
-    """An ORT CPU session over fp32 [M, width] inputs and outputs (M free). inits: TensorProtos
-    and Externals.
+def session(node_lists: list[list], inits: list, inputs: dict, outputs: dict, threads: int):
+    """An ORT CPU session over fp32 [M, width] inputs and outputs (M free; a value ``width``), or
+    of another type and shape (a value ``(TensorProto type, dims)``). inits: TensorProtos and
+    Externals.
 
     Externals enter the graph as external-data stubs that ``add_external_initializers`` fills:
     ORT then holds one copy of a weight (and MLAS its packed form), where an initializer inside
@@ -52,7 +53,8 @@ def session(node_lists: list[list], inits: list, inputs: dict[str, int], outputs
     from onnx import TensorProto, helper
 
     def io(name, width):
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["M", width])
+        kind, dims = width if isinstance(width, tuple) else (TensorProto.FLOAT, ["M", width])
+        return helper.make_tensor_value_info(name, kind, dims)
 
     def stub(e: External):
         t = TensorProto(name=e.name, data_type=helper.np_dtype_to_tensor_dtype(e.array.dtype),

@@ -438,23 +438,29 @@ class TargetModel:
                 k_norm=norm(p + "self_attn.k_norm.weight") if cfg.qk_norm else None,
                 bqkv=torch.cat([w(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None,
             ))
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
+        self._rope_len = 0
+        self._ensure_rope(min(cfg.max_position_embeddings, 4096))      # (the step graph's probe reads it)
         t0 = time.perf_counter()
         self.row_verdicts = {} if row_verdicts is None else row_verdicts
         self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
-        # MatMulNBits models: one graph per layer boundary (lowbit_fused.py), where row-invariant
-        self.fused = None
+        # MatMulNBits models: the whole forward as one graph for fp32 KV caches
+        # (lowbit_step.py), one graph per layer boundary for the others (lowbit_fused.py),
+        # each where row-invariant. The second is built on first use: it holds its own copy
+        # of the weights.
+        self.step, self.fused, self._fused_built = None, None, False
         if self.int4_kernel == "ort":
-            from .lowbit_fused import fuse_layers, prepare_sessions
-            self.fused = fuse_layers(self, self.row_verdicts)
+            from .lowbit_fused import prepare_sessions
+            from .lowbit_step import step_graph
+            self.step = step_graph(self, self.row_verdicts)
+            if self.step is None:
+                self._build_fused()
             prepare_sessions(self)
         self.probe_s = time.perf_counter() - t0
-        self.inv_freq = rope_inv_freq(cfg).to(self.device)  # [Dh/2]
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
         # None = the torch methods below. Attention stays here: it owns the KV cache.
         self.backend = None
         self.backend_exact = None             # what ``verify`` runs the backend's segments through
-        self._rope_len = 0
-        self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
     def ensure_positions(self, n: int) -> None:
@@ -528,9 +534,15 @@ class TargetModel:
         L = self.layers[i]
         return residual_mlp(h, o, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
+    def _build_fused(self) -> None:
+        from .lowbit_fused import fuse_layers
+        self.fused, self._fused_built = fuse_layers(self, self.row_verdicts), True
+
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
+        if self.int4_kernel == "ort" and not self._fused_built:
+            self._build_fused()
         if self.fused is not None:
             return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
@@ -554,6 +566,13 @@ class TargetModel:
         h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
+        if self.step is not None and self.backend is None and self.step.fits(cache, T):
+            hs = self.step(h, cache)        # row-invariant (probed): ``exact`` holds as it is
+            h, out.taps = hs[-1], {i: hs[i] for i in taps}
+            if logits_rows != "none":
+                rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
+                out.logits = self.head(h[rows])
+            return out
         n = self.cfg.num_layers
         if exact and self.backend is not None:
             seg = self.backend_exact          # row-invariant, or the backend row by row
