@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .lowbit_fused import graph_key
-from .lowbit_ort import MIN_ROWS, as_rows, session
+from .lowbit_ort import MIN_ROWS, NBitsWeight, as_rows, session
 
 # GroupQueryAttention's CPU kernel takes head sizes in multiples of this (others: no graph)
 HEAD_MULTIPLE = 16
@@ -78,8 +78,9 @@ def _layer_nodes(model, i: int, x: str, r: str, p: str) -> tuple[list, list]:
 
 
 class StepGraph:
-    """h [T, D] (embedded ids), positions start..start + T - 1, an fp32 KVCache ->
-    h after every layer (index i: after layer i), appending T keys and values per layer."""
+    """h [T, D] (embedded ids), positions start..start + T - 1, an fp32 KVCache -> the logits
+    of the rows asked for and h after the layers asked for (taps), appending T keys and
+    values per layer."""
 
     def __init__(self, model):
         from onnx import TensorProto, helper, numpy_helper
@@ -102,21 +103,39 @@ class StepGraph:
         inputs = {"h_in": D, "seqlens": (TensorProto.INT32, [1]), "total": (TensorProto.INT32, []),
                   "cos_cache": table, "sin_cache": table}
         outputs = {f"h{i}": D for i in range(n)}
+        # The head, on the rows asked for ("rows" [R], R >= 2: a single row is asked twice,
+        # for the same row-invariance as the layers). A head ORT cannot run stays in torch.
+        self.head = isinstance(model.head_w, NBitsWeight)
+        if self.head:
+            inputs["rows"] = (TensorProto.INT64, ["R"])
+            outputs["logits"] = (TensorProto.FLOAT, ["R", cfg.vocab_size])
+            inits.append(numpy_helper.from_array(model.final_norm.float().numpy(), "final_norm"))
+            ns, its = model.head_w.nodes("xr", "logits", "head_")
+            nodes += [helper.make_node("Gather", [f"h{n - 1}", "rows"], ["hr"], axis=0),
+                      helper.make_node("SimplifiedLayerNormalization", ["hr", "final_norm"], ["xr"],
+                                       epsilon=cfg.rms_eps, axis=-1)] + ns
+            inits += its
         for i in range(n):
             inputs |= {f"pk{i}": kv, f"pv{i}": kv}
             outputs |= {f"ck{i}": kv, f"cv{i}": kv}
         self.model, self.n, self.kv_shape = model, n, (Hkv, Dh)
-        self.key = graph_key(model, "StepGraph")
+        self.key = graph_key(model, "StepGraph" + ("+head" if self.head else ""))
         self.session = session([nodes], inits, inputs, outputs, torch.get_num_threads())
-        self._bound = None           # (cache, its K/V storage pointers, IOBinding)
+        self._bound = (None, None, {})     # (cache, its K/V storage pointers, {taps: IOBinding})
         self._tables = None          # (the model's cos table, cos half, sin half): RoPE for GQA
 
-    def _binding(self, cache):
-        """The IOBinding with ``cache``'s K/V bound as every layer's past and present, made once
-        per cache (a binding per call would be ~120 binds)."""
+    def _outputs(self, taps: tuple[int, ...]) -> list[str]:
+        return ([f"h{i}" for i in taps] + ["logits"]) if self.head else \
+            [f"h{i}" for i in sorted(set(taps) | {self.n - 1})]
+
+    def _binding(self, cache, taps: tuple[int, ...]):
+        """The IOBinding with ``cache``'s K/V bound as every layer's past and present (made once
+        per cache and set of outputs: binding per call would be ~120 binds)."""
         ptrs = (cache.k.data_ptr(), cache.v.data_ptr())
-        if self._bound is not None and self._bound[0] is cache and self._bound[1] == ptrs:
-            return self._bound[2]
+        if self._bound[0] is not cache or self._bound[1] != ptrs:
+            self._bound = (cache, ptrs, {})
+        if taps in self._bound[2]:
+            return self._bound[2][taps]
         b = self.session.io_binding()
         Hkv, Dh = self.kv_shape
         S = cache.k.shape[2]                       # the physical slots, spare included
@@ -126,7 +145,7 @@ class StepGraph:
                 ptr = t[i].data_ptr()
                 b.bind_input(past, "cpu", 0, np.float32, shape, ptr)
                 b.bind_output(present, "cpu", 0, np.float32, shape, ptr)
-        self._bound = (cache, ptrs, b)
+        self._bound[2][taps] = b
         return b
 
     def fits(self, cache, T: int) -> bool:
@@ -134,12 +153,14 @@ class StepGraph:
         return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
                 and cache.length + max(T, MIN_ROWS) <= cache.k.shape[2])
 
-    def __call__(self, h: torch.Tensor, cache) -> list[torch.Tensor]:
-        """h [T, D] -> h after each layer, [T, D] each. Appends to ``cache`` (all layers at one
-        length; the positions follow it)."""
+    def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None)):
+        """h [T, D] -> ({i: h after layer i, [T, D]} for i in taps, logits [R, V] of h[rows] or
+        None for rows=None). Appends to ``cache`` (all layers at one length; the positions
+        follow it)."""
         T, start = h.shape[0], cache.length
         M = max(T, MIN_ROWS)
-        b = self._binding(cache)
+        taps = tuple(taps)
+        b = self._binding(cache, taps)
         b.bind_cpu_input("h_in", as_rows(h))
         m = self.model
         if self._tables is None or self._tables[0] is not m.cos:       # the model grew its table
@@ -150,12 +171,21 @@ class StepGraph:
         b.bind_cpu_input("sin_cache", self._tables[2])
         b.bind_cpu_input("seqlens", np.array([start + M - 1], np.int32))
         b.bind_cpu_input("total", np.array(start + M, np.int32))
-        for i in range(self.n):     # rebound each call: ORT allocates them at this call's row count
-            b.bind_output(f"h{i}", "cpu")
+        want = np.arange(T)[rows if rows is not None else slice(-1, None)]
+        if self.head:
+            b.bind_cpu_input("rows", np.concatenate([want] * MIN_ROWS) if len(want) < MIN_ROWS else want)
+        names = self._outputs(taps)
+        for name in names:          # rebound each call: ORT allocates them at this call's row count
+            b.bind_output(name, "cpu")
         self.session.run_with_iobinding(b)
         cache.lengths = [start + T] * self.n
-        outs = b.get_outputs()[2 * self.n:]             # after the K/V outputs, in bind order
-        return [torch.from_numpy(o.numpy()[:T]) for o in outs]
+        outs = dict(zip(names, (o.numpy() for o in b.get_outputs()[2 * self.n:])))   # after the K/V
+        hs = {i: torch.from_numpy(outs[f"h{i}"][:T]) for i in taps}
+        if rows is None:
+            return hs, None
+        if self.head:
+            return hs, torch.from_numpy(outs["logits"][:len(want)])
+        return hs, m.head(torch.from_numpy(outs[f"h{self.n - 1}"][:T])[rows])
 
 
 def step_graph(model, verdict: dict[str, bool]) -> StepGraph | None:
@@ -172,17 +202,20 @@ def step_graph(model, verdict: dict[str, bool]) -> StepGraph | None:
         return None
     g = StepGraph(model)
     if g.key not in verdict:
-        cfg, R = model.cfg, EXACT_ROWS
+        cfg, R, taps = model.cfg, EXACT_ROWS, tuple(range(model.cfg.num_layers))
         h = torch.randn(3 + R, cfg.hidden_size, generator=torch.Generator().manual_seed(0))   # [3 + R, D]
         cache = KVCache(cfg, 3 + R, "fp32", torch.float32)
-        g(h[:3], cache)
-        alone = [torch.cat(x) for x in zip(*(g(h[3 + r:4 + r], cache) for r in range(R)))]
+        g(h[:3], cache, rows=None)
+
+        def run(a: int, b: int) -> list[torch.Tensor]:      # rows a..b-1: every layer's h, the logits
+            hs, logits = g(h[a:b], cache, taps)
+            return [hs[i] for i in taps] + [logits]
+        alone = [torch.cat(x) for x in zip(*(run(3 + r, 4 + r) for r in range(R)))]
         kv = (cache.k[:, :, :3 + R].clone(), cache.v[:, :, :3 + R].clone())
 
         def same(m: int) -> bool:
             cache.crop(3)
-            outs = g(h[3:3 + m], cache)
-            return (all(torch.equal(a[:m], b) for a, b in zip(alone, outs))
+            return (all(torch.equal(a[:m], b) for a, b in zip(alone, run(3, 3 + m)))
                     and torch.equal(kv[0][:, :, :3 + m], cache.k[:, :, :3 + m])
                     and torch.equal(kv[1][:, :, :3 + m], cache.v[:, :, :3 + m]))
         verdict[g.key] = all(same(m) for m in range(2, R + 1))

@@ -566,12 +566,11 @@ class TargetModel:
         h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
+        rows = None if logits_rows == "none" else \
+            {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
         if self.step is not None and self.backend is None and self.step.fits(cache, T):
-            hs = self.step(h, cache)        # row-invariant (probed): ``exact`` holds as it is
-            h, out.taps = hs[-1], {i: hs[i] for i in taps}
-            if logits_rows != "none":
-                rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
-                out.logits = self.head(h[rows])
+            # row-invariant (probed): ``exact`` holds as it is
+            out.taps, out.logits = self.step(h, cache, taps, rows)
             return out
         n = self.cfg.num_layers
         if exact and self.backend is not None:
@@ -585,8 +584,7 @@ class TargetModel:
                 h = seg.post_attn(i, h, o)
             if i in taps:
                 out.taps[i] = h
-        if logits_rows != "none":
-            rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
+        if rows is not None:
             out.logits = seg.head(h[rows])
         return out
 
