@@ -231,3 +231,25 @@ def test_step_graph_is_the_layer_path(arch, request):
     assert not m.step.fits(fp8, 1)
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp8", taps=(1,)))
     assert m.fused is not None or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]
+
+
+@pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
+def test_step_graph_at_the_end_of_the_context(tiny_llama):
+    """The last position of the model's context: the padded copy of a 1-row step sits one
+    position past it (its RoPE row and its cache slot exist), the step is still a verify row,
+    and one token more is refused."""
+    from pathlib import Path
+
+    from thor_runtime.errors import ThorError
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.model import TargetModel
+
+    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort")
+    if m.step is None:
+        pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
+    n = m.cfg.max_position_embeddings
+    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * n)[:n]
+    steps, verify = _steps_vs_verify(m, ids, n - 5, "fp32")
+    _assert_same(steps, verify)
+    with pytest.raises(ThorError, match="exceeds the model context"):
+        m.forward(ids[:1], steps[2])

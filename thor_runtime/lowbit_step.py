@@ -163,6 +163,7 @@ class StepGraph:
         b = self._binding(cache, taps)
         b.bind_cpu_input("h_in", as_rows(h))
         m = self.model
+        m.ensure_positions(start + M)             # the padded row's position too
         if self._tables is None or self._tables[0] is not m.cos:       # the model grew its table
             half = m.cos.shape[-1] // 2
             self._tables = (m.cos, m.cos[:, :half].float().contiguous().numpy(),
