@@ -253,3 +253,28 @@ def test_step_graph_at_the_end_of_the_context(tiny_llama):
     _assert_same(steps, verify)
     with pytest.raises(ThorError, match="exceeds the model context"):
         m.forward(ids[:1], steps[2])
+
+
+@pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
+def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
+    """A long forward runs in calls of CHUNK_ROWS rows: the same bits as calling it chunk by
+    chunk, with the logits of the rows asked for (across a chunk border) and every tap row."""
+    from pathlib import Path
+
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.lowbit_step import CHUNK_ROWS
+    from thor_runtime.model import TargetModel
+
+    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort")
+    if m.step is None:
+        pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
+    T = 2 * CHUNK_ROWS + 44
+    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * T)[:T]
+    for rows in ("all", slice(CHUNK_ROWS - 5, CHUNK_ROWS + 7), "last"):
+        whole = m.forward(ids, KVCache(m.cfg, T, "fp32", m.dtype), taps=(1,), logits_rows=rows)
+        cache = KVCache(m.cfg, T, "fp32", m.dtype)
+        parts = [m.forward(ids[s:s + CHUNK_ROWS], cache, taps=(1,)) for s in range(0, T, CHUNK_ROWS)]
+        ref = torch.cat([p.logits for p in parts])
+        want = rows if isinstance(rows, slice) else {"all": slice(None), "last": slice(-1, None)}[rows]
+        assert torch.equal(whole.logits, ref[want])
+        assert torch.equal(whole.taps[1], torch.cat([p.taps[1] for p in parts]))

@@ -221,8 +221,8 @@ def prepare_sessions(model) -> None:
 
     n = model.cfg.num_layers
     layers = () if model.step is not None else range(n) if model.fused is None else (0, n - 1)
-    for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + \
-            [model.head_w]:
+    head = [] if model.step is not None and model.step.head else [model.head_w]
+    for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
         if isinstance(w, NBitsWeight):
             w.session
     release_pages([t for w in ort_weights(model) for t in w.tensors().values()])
@@ -241,7 +241,8 @@ def ort_weights(model) -> list[NBitsWeight]:
         {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
     if model.step is not None:
         fused = {(i, f) for i in range(n) for f in ("wqkv", "wo", "w_gate_up", "w_down")}
-    out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and w._session is not None]
+    in_step = model.step is not None and model.step.head
+    out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and (w._session is not None or in_step)]
     for i, L in enumerate(model.layers):
         for f in ("wqkv", "wo", "w_gate_up", "w_down"):
             w = getattr(L, f)

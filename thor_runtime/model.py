@@ -566,8 +566,8 @@ class TargetModel:
         h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
-        rows = None if logits_rows == "none" else \
-            {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
+        rows = logits_rows if isinstance(logits_rows, slice) else \
+            {"all": slice(None), "last": slice(-1, None), "none": None}[logits_rows]
         if self.step is not None and self.backend is None and self.step.fits(cache, T):
             # row-invariant (probed): ``exact`` holds as it is
             out.taps, out.logits = self.step(h, cache, taps, rows)
