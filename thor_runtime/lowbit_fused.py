@@ -20,21 +20,12 @@ import torch
 from .lowbit_ort import NBitsWeight, as_rows, session
 
 
-def _rms_nodes(x: str, y: str, w: torch.Tensor, eps: float, prefix: str) -> tuple[list, list]:
-    """y = x / sqrt(mean(x^2) + eps) * w over the last axis, in fp32 as ``rms_norm``."""
+def rms_nodes(x: str, y: str, w: torch.Tensor, eps: float, prefix: str) -> tuple[list, list]:
+    """y = x / sqrt(mean(x^2) + eps) * w over the last axis (fp32), as one ORT node."""
     from onnx import helper, numpy_helper
 
-    inits = [numpy_helper.from_array(w.float().numpy(), f"{prefix}w"),
-             numpy_helper.from_array(np.array(eps, np.float32), f"{prefix}eps"),
-             numpy_helper.from_array(np.array([-1], np.int64), f"{prefix}ax")]
-    n = lambda op, ins, out, **kw: helper.make_node(op, ins, [out], **kw)  # noqa: E731
-    nodes = [n("Mul", [x, x], f"{prefix}sq"),
-             n("ReduceMean", [f"{prefix}sq", f"{prefix}ax"], f"{prefix}ms", keepdims=1),   # [M, 1]
-             n("Add", [f"{prefix}ms", f"{prefix}eps"], f"{prefix}var"),
-             n("Sqrt", [f"{prefix}var"], f"{prefix}sd"),
-             n("Div", [x, f"{prefix}sd"], f"{prefix}xn"),
-             n("Mul", [f"{prefix}xn", f"{prefix}w"], y)]
-    return nodes, inits
+    return ([helper.make_node("SimplifiedLayerNormalization", [x, f"{prefix}w"], [y], epsilon=eps, axis=-1)],
+            [numpy_helper.from_array(w.float().numpy(), f"{prefix}w")])
 
 
 def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, eps: float,
@@ -50,7 +41,7 @@ def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, 
     inits = [numpy_helper.from_array(np.array([dh // 2, dh // 2], np.int64), f"{prefix}halves")]
     nodes = []
     if norm is not None:
-        nodes, its = _rms_nodes(x, f"{prefix}xn", norm, eps, f"{prefix}norm_")
+        nodes, its = rms_nodes(x, f"{prefix}xn", norm, eps, f"{prefix}norm_")
         inits, x = inits + its, f"{prefix}xn"
     # (a Gather with a swap index is one node fewer, but ORT's runs ~5x slower than these two)
     nodes += [helper.make_node("Split", [x, f"{prefix}halves"], [f"{prefix}x1", f"{prefix}x2"], axis=-1),
@@ -81,7 +72,7 @@ def post_nodes(model, i: int, h: str, o: str, out: str, p: str) -> tuple[list, l
 
     L, eps = model.layers[i], model.cfg.rms_eps
     parts = [L.wo.nodes(o, f"{p}PO", f"{p}o_"),
-             _rms_nodes(f"{p}H2", f"{p}X", L.mlp_norm, eps, f"{p}n1_"),
+             rms_nodes(f"{p}H2", f"{p}X", L.mlp_norm, eps, f"{p}n1_"),
              L.w_gate_up.nodes(f"{p}X", f"{p}GU", f"{p}gu_"),
              L.w_down.nodes(f"{p}A", f"{p}PD", f"{p}d_")]
     n = lambda op, ins, outs, **kw: helper.make_node(op, ins, outs, **kw)  # noqa: E731
@@ -102,7 +93,7 @@ def pre_nodes(model, j: int, h: str, out: str, p: str) -> tuple[list, list]:
     cfg, L, eps = model.cfg, model.layers[j], model.cfg.rms_eps
     H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = f"{p}QKV" if L.bqkv is None else f"{p}QKV0"
-    parts = [_rms_nodes(h, f"{p}X2", L.attn_norm, eps, f"{p}n2_"),
+    parts = [rms_nodes(h, f"{p}X2", L.attn_norm, eps, f"{p}n2_"),
              L.wqkv.nodes(f"{p}X2", qkv, f"{p}qkv_")]
     if L.bqkv is not None:
         parts.append(([helper.make_node("Add", [qkv, f"{p}bqkv"], [f"{p}QKV"])],

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .lowbit_fused import graph_key
+from .lowbit_fused import graph_key, rms_nodes
 from .lowbit_ort import MIN_ROWS, NBitsWeight, as_rows, session
 
 # GroupQueryAttention's CPU kernel takes head sizes in multiples of this (others: no graph)
@@ -51,13 +51,11 @@ def _layer_nodes(model, i: int, x: str, r: str, p: str) -> tuple[list, list]:
     if L.q_norm is None:
         attn_in = [f"{p}P", "", ""]
     else:       # q/k RMSNorm per head before RoPE: q, k, v apart
-        inits += [numpy_helper.from_array(L.q_norm.float().numpy(), f"{p}q_norm"),
-                  numpy_helper.from_array(L.k_norm.float().numpy(), f"{p}k_norm")]
+        qn, kn = rms_nodes(f"{p}Qh", f"{p}Qn", L.q_norm, eps, f"{p}qn_"), rms_nodes(f"{p}Kh", f"{p}Kn", L.k_norm, eps, f"{p}kn_")
+        inits += qn[1] + kn[1]
         nodes += [n("Split", [f"{p}P", "q_k_v"], [f"{p}Q", f"{p}K", f"{p}V"], axis=-1),
                   n("Reshape", [f"{p}Q", "q_heads"], [f"{p}Qh"]),                       # [1, M, H, Dh]
-                  n("Reshape", [f"{p}K", "k_heads"], [f"{p}Kh"]),                       # [1, M, Hkv, Dh]
-                  n("SimplifiedLayerNormalization", [f"{p}Qh", f"{p}q_norm"], [f"{p}Qn"], epsilon=eps, axis=-1),
-                  n("SimplifiedLayerNormalization", [f"{p}Kh", f"{p}k_norm"], [f"{p}Kn"], epsilon=eps, axis=-1),
+                  n("Reshape", [f"{p}K", "k_heads"], [f"{p}Kh"])] + qn[0] + kn[0] + [   # [1, M, Hkv, Dh]
                   n("Reshape", [f"{p}Qn", "q_flat"], [f"{p}Qf"]),                       # [1, M, H Dh]
                   n("Reshape", [f"{p}Kn", "k_flat"], [f"{p}Kf"])]
         attn_in = [f"{p}Qf", f"{p}Kf", f"{p}V"]
@@ -94,9 +92,8 @@ class StepGraph:
             ("axis0", [0]), ("split", [I, I]), ("q_k_v", [H * Dh, Hkv * Dh, Hkv * Dh]),
             ("q_heads", [1, -1, H, Dh]), ("k_heads", [1, -1, Hkv, Dh]),
             ("q_flat", [1, -1, H * Dh]), ("k_flat", [1, -1, Hkv * Dh]))]
-        inits.append(numpy_helper.from_array(model.layers[0].attn_norm.float().numpy(), "first_norm"))
-        nodes = [helper.make_node("SimplifiedLayerNormalization", ["h_in", "first_norm"], ["x0"],
-                                  epsilon=cfg.rms_eps, axis=-1)]
+        nodes, its = rms_nodes("h_in", "x0", model.layers[0].attn_norm, cfg.rms_eps, "first_")
+        inits += its
         for i in range(n):
             ns, its = _layer_nodes(model, i, f"x{i}", "h_in" if i == 0 else f"h{i - 1}", f"L{i}_")
             nodes, inits = nodes + ns, inits + its
@@ -111,12 +108,10 @@ class StepGraph:
         if self.head:
             inputs["rows"] = (TensorProto.INT64, ["R"])
             outputs["logits"] = (TensorProto.FLOAT, ["R", cfg.vocab_size])
-            inits.append(numpy_helper.from_array(model.final_norm.float().numpy(), "final_norm"))
-            ns, its = model.head_w.nodes("xr", "logits", "head_")
-            nodes += [helper.make_node("Gather", [f"h{n - 1}", "rows"], ["hr"], axis=0),
-                      helper.make_node("SimplifiedLayerNormalization", ["hr", "final_norm"], ["xr"],
-                                       epsilon=cfg.rms_eps, axis=-1)] + ns
-            inits += its
+            norm, head = rms_nodes("hr", "xr", model.final_norm, cfg.rms_eps, "final_"), \
+                model.head_w.nodes("xr", "logits", "head_")
+            nodes += [helper.make_node("Gather", [f"h{n - 1}", "rows"], ["hr"], axis=0)] + norm[0] + head[0]
+            inits += norm[1] + head[1]
         for i in range(n):
             inputs |= {f"pk{i}": kv, f"pv{i}": kv}
             outputs |= {f"ck{i}": kv, f"cv{i}": kv}
