@@ -541,8 +541,10 @@ class TargetModel:
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
-        if self.int4_kernel == "ort" and not self._fused_built:
+        if self.int4_kernel == "ort" and not self._fused_built:      # a first bf16/fp8 cache
+            from .lowbit_fused import prepare_sessions
             self._build_fused()
+            prepare_sessions(self)       # the weights' pages it read, handed back again
         if self.fused is not None:
             return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
