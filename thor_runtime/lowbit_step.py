@@ -12,7 +12,7 @@ Exactness. A single row is padded to two as in lowbit_ort: the copy is a second 
 whose key and value land one slot past the sequence (the cache keeps a spare slot for it) and
 are overwritten by the next step. Row t of a T-row call attends over keys 0..start + t only
 (GroupQueryAttention's causal softmax); whether its bits equal a 1-row step's is probed at
-load (``probe``) and the graph is used only where they do.
+load (``step_graph``) and the graph is used only where they do.
 """
 from __future__ import annotations
 
