@@ -455,7 +455,8 @@ class TargetModel:
             self.step = step_graph(self, self.row_verdicts)
             if self.step is None:
                 self._build_fused()
-            prepare_sessions(self)
+            else:
+                prepare_sessions(self)
         self.probe_s = time.perf_counter() - t0
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
         # None = the torch methods below. Attention stays here: it owns the KV cache.
@@ -535,16 +536,17 @@ class TargetModel:
         return residual_mlp(h, o, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
     def _build_fused(self) -> None:
-        from .lowbit_fused import fuse_layers
+        """The per-boundary graphs, then the sessions they leave out, and the weights' pages
+        ORT has read handed back."""
+        from .lowbit_fused import fuse_layers, prepare_sessions
         self.fused, self._fused_built = fuse_layers(self, self.row_verdicts), True
+        prepare_sessions(self)
 
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
         if self.int4_kernel == "ort" and not self._fused_built:      # a first bf16/fp8 cache
-            from .lowbit_fused import prepare_sessions
             self._build_fused()
-            prepare_sessions(self)       # the weights' pages it read, handed back again
         if self.fused is not None:
             return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
@@ -566,7 +568,6 @@ class TargetModel:
         self._ensure_rope(start + T)
         seg = self if self.backend is None else self.backend
         h = seg.embed(ids.to(self.device))
-        pos = torch.arange(start, start + T, device=self.device)      # [T]
         out = ForwardOut(None)
         rows = logits_rows if isinstance(logits_rows, slice) else \
             {"all": slice(None), "last": slice(-1, None), "none": None}[logits_rows]
@@ -574,6 +575,7 @@ class TargetModel:
             # row-invariant (probed): ``exact`` holds as it is
             out.taps, out.logits = self.step(h, cache, taps, rows)
             return out
+        pos = torch.arange(start, start + T, device=self.device)      # [T]
         n = self.cfg.num_layers
         if exact and self.backend is not None:
             seg = self.backend_exact          # row-invariant, or the backend row by row
