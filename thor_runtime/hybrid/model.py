@@ -10,7 +10,9 @@ Segments, as in the dense model (thor_runtime/model.py), with a second kind of m
 replace; ``attention`` and ``gdn`` are the only parts that touch the cache (KV for attention,
 recurrent state for GDN). Norms are zero-centred in these checkpoints (scale 1 + w); the
 weight is stored as 1 + w so the shared ``rms_norm`` applies it. Full attention differs from
-Qwen3 by an output gate (q_proj carries a gate per head) and partial RoPE.
+Qwen3 by an output gate (q_proj carries a gate per head) and partial RoPE. In a layer with
+a mixture-of-experts block (moe.py), ``post_*`` runs it in place of the dense MLP; its shared
+expert takes the dense MLP's slots (``w_gate_up`` / ``w_down``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..model import (ForwardOut, Int8Weight, PackedWeight, TargetModel, Weight, 
                      make_rows_exact, residual_mlp, resolve_layout, rms_norm)
 from . import gdn as G
 from .config import HybridConfig
+from .moe import MoEBlock, residual_moe
 from .state import MAX_SLOTS, HybridCache, RecurrentState
 from .weights import canonical, check_hybrid_weights
 
@@ -36,12 +39,13 @@ class HybridLayer:
     w_in: Weight                     # attn: [2 H Dh + 2 Hkv Dh, D]; gdn: [C + Vd + 2 Hv, D]
     w_out: Weight                    # attn: [D, H Dh]; gdn: [D, Vd]
     mlp_norm: torch.Tensor           # [D]
-    w_gate_up: Weight                # [2 I, D]
+    w_gate_up: Weight                # [2 I, D] (MoE layers: the shared expert's, [2 Is, D])
     w_down: Weight                   # [D, I]
     q_norm: torch.Tensor | None = None   # [Dh] (attn)
     k_norm: torch.Tensor | None = None
     gdn: G.GDNWeights | None = None
     out_norm: torch.Tensor | None = None  # [dv] gated RMSNorm weight (gdn; plain scale)
+    moe: MoEBlock | None = None      # router + routed experts (MoE layers)
 
 
 class HybridModel:
@@ -52,9 +56,6 @@ class HybridModel:
     def __init__(self, cfg: HybridConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
                  layout: str = "auto"):
-        if cfg.moe_layers:
-            raise ThorError(f"{source}: layers {list(cfg.moe_layers)[:4]}... use mixture-of-experts MLP blocks, "
-                            "which hybrid targets do not support yet (dense-MLP Qwen3.5 / Qwen3-Next only)")
         check_hybrid_weights(cfg, weights, source)
         weights = canonical(cfg, weights)
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
@@ -81,10 +82,13 @@ class HybridModel:
         self.layers: list[HybridLayer] = []
         for i, kind in enumerate(cfg.layer_types):
             p = f"model.layers.{i}."
+            m = p + ("mlp.shared_expert." if i in cfg.moe_layers else "mlp.")
             common = dict(in_norm=f32(p + "input_layernorm.weight", True),
                           mlp_norm=f32(p + "post_attention_layernorm.weight", True),
-                          w_gate_up=proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                          w_down=proj(p + "mlp.down_proj.weight"))
+                          w_gate_up=proj(m + "gate_proj.weight", m + "up_proj.weight"),
+                          w_down=proj(m + "down_proj.weight"))
+            if i in cfg.moe_layers:
+                common["moe"] = MoEBlock.build(cfg, weights, p + "mlp.", dtype, self.device, quant, layout)
             if kind == "full_attention":
                 a = p + "self_attn."
                 self.layers.append(HybridLayer(
@@ -100,6 +104,10 @@ class HybridModel:
                     "gdn", w_in=proj(*(g + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a"))),
                     w_out=proj(g + "out_proj.weight"), gdn=gw, out_norm=f32(g + "norm.weight"), **common))
         self.row_loops = make_rows_exact(self, ("w_in", "w_out", "w_gate_up", "w_down"))
+        verdict: dict[str, bool] = {}
+        wrapped = [L.moe.make_rows_exact(verdict, self.device) for L in self.layers if L.moe is not None]
+        if any(wrapped):
+            self.row_loops.append("router")
         self.attn_index = {layer: j for j, layer in enumerate(cfg.attn_layers)}
         self.gdn_index = {layer: j for j, layer in enumerate(cfg.gdn_layers)}
         rot = cfg.rotary_dim
@@ -198,6 +206,8 @@ class HybridModel:
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """h [T, D] residual, o [T, *] mixer output -> next h (out proj, residual, MLP)."""
         L = self.layers[i]
+        if L.moe is not None:
+            return residual_moe(h, o, L.w_out, L.mlp_norm, L.w_gate_up, L.w_down, L.moe, self.cfg.rms_eps)
         return residual_mlp(h, o, L.w_out, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

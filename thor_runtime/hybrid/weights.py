@@ -4,7 +4,8 @@ Names are the HF checkpoint's own. Qwen3.5 stores the GDN input projection as fo
 (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``); Qwen3-Next fuses them as
 ``in_proj_qkvz`` / ``in_proj_ba`` grouped per key head ([q_g, k_g, v_g.., z_g..] for each key
 head g). Both are checked under their own names (so an error names the file's tensor), then
-turned into the Qwen3.5 form, which is what HybridModel reads.
+turned into the Qwen3.5 form, which is what HybridModel reads. MoE layers' expert tensors
+likewise come per expert or fused (moe.py) and are read fused.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from ..errors import ThorError
 from .config import HybridConfig
+from .moe import fuse_experts, is_fused, moe_shapes, per_expert_prefixes
 
 
 def normalize_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -27,18 +29,25 @@ def normalize_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def expected_shapes(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: HybridConfig, weights: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads. ``weights``: the file's tensors, which decide the form
+    each MoE layer's experts are expected in (without: the form published checkpoints use)."""
     D, I, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     H, Hk = cfg.num_heads, cfg.num_kv_heads
     Hv, Kd, Vd, dv = cfg.linear_num_value_heads, cfg.key_dim, cfg.value_dim, cfg.linear_value_head_dim
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    per_expert = per_expert_prefixes(weights) if weights is not None and cfg.moe_layers else set()
     for i, kind in enumerate(cfg.layer_types):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-                       p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
-                       p + "mlp.down_proj.weight": (D, I)})
+        shapes.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,)})
+        if i in cfg.moe_layers:
+            m = p + "mlp."
+            shapes.update(moe_shapes(cfg, m, is_fused(cfg, m, weights, per_expert)))
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
+                           p + "mlp.down_proj.weight": (D, I)})
         if kind == "full_attention":
             a = p + "self_attn."
             shapes.update({a + "q_proj.weight": (2 * H * Dh, D),  # query and its output gate, per head
@@ -58,7 +67,7 @@ def expected_shapes(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_hybrid_weights(cfg: HybridConfig, weights: dict[str, torch.Tensor], source: str) -> None:
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in expected_shapes(cfg, weights).items():
         if name not in weights:
             raise ThorError(f"{source}: missing tensor {name}")
         if tuple(weights[name].shape) != shape:
@@ -67,10 +76,13 @@ def check_hybrid_weights(cfg: HybridConfig, weights: dict[str, torch.Tensor], so
 
 
 def canonical(cfg: HybridConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Qwen3-Next's grouped qkvz/ba -> Qwen3.5's separate qkv, z, b, a (rows reordered, no math)."""
-    if cfg.arch != "qwen3_next":
-        return weights
+    """Qwen3-Next's grouped qkvz/ba -> Qwen3.5's separate qkv, z, b, a (rows reordered, no math);
+    per-expert MoE tensors -> the fused ones."""
     out = dict(weights)
+    for i in cfg.moe_layers:
+        fuse_experts(out, f"model.layers.{i}.mlp.", cfg.num_experts)
+    if cfg.arch != "qwen3_next":
+        return out
     Hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     r = cfg.linear_num_value_heads // Hk          # value heads per key head
     for i in cfg.gdn_layers:
