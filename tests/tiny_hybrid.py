@@ -1,4 +1,5 @@
-"""Tiny random-weight hybrid (Gated-DeltaNet) checkpoints: Qwen3.5 and Qwen3-Next.
+"""Tiny random-weight hybrid (Gated-DeltaNet) checkpoints: Qwen3.5, Qwen3-Next, and both with
+mixture-of-experts MLP blocks.
 
 Real HF directories written by transformers itself, so they go through our loader as a
 user's checkpoint would and transformers can load them as the oracle.
@@ -23,6 +24,15 @@ HYBRID_CONFIGS = {
                        linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=0,
                        tie_word_embeddings=True),
 }
+# MoE: 8 experts, 2 per token. Qwen3-Next: layer 2 keeps a dense MLP (mlp_only_layers), the router
+# weights are not renormalised, and transformers saves one tensor per expert; Qwen3.5-MoE: every
+# layer has a MoE block, renormalised, fused 3-D expert tensors.
+_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+HYBRID_CONFIGS["qwen3_next_moe"] = dict(HYBRID_CONFIGS["qwen3_next"], **_EXPERTS, decoder_sparse_step=1,
+                                        mlp_only_layers=[2], norm_topk_prob=False)
+HYBRID_CONFIGS["qwen3_5_moe"] = dict({k: v for k, v in HYBRID_CONFIGS["qwen3_5"].items() if k != "intermediate_size"},
+                                     architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text",
+                                     **_EXPERTS)
 
 
 def make_hybrid_dir(path: Path, arch: str = "qwen3_5", seed: int = 0, std: float = 0.08, **over) -> Path:
