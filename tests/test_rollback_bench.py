@@ -9,7 +9,12 @@ import torch
 
 from thor_runtime.errors import ThorError
 from thor_runtime.hybrid.config import HybridConfig
-from thor_runtime.hybrid.rollback_bench import BENCH_CONFIG, _cycle_times, bench_rollback, random_hybrid
+from thor_runtime.hybrid.rollback_bench import (
+    BENCH_CONFIG,
+    _cycle_times,
+    bench_rollback,
+    random_hybrid,
+)
 
 SMALL = dict(BENCH_CONFIG, vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4,
              head_dim=16, layer_types=("linear_attention",) * 3 + ("full_attention",), linear_num_key_heads=2,
