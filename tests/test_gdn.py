@@ -74,6 +74,25 @@ def test_logits_match_transformers(arch, kv, tol, loaded, ref_logits):
         assert (verify - ref[106:122]).abs().max() <= tol
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_taps_are_the_layers_hidden_states(arch, dirs, loaded, ref_logits):
+    """What the DFlash drafter reads on a hybrid (its taps) is each layer's output, as
+    transformers computes it, in a one-pass prefill and in step decode: token identity of a
+    speculative run alone would not notice wrong taps."""
+    m = loaded[arch].model
+    ids = ref_logits[arch][0][:40]
+    taps = tuple(range(m.cfg.num_layers - 1))      # transformers' last entry is after the final norm
+    with torch.no_grad():
+        ref = hf_model(dirs[arch])(ids[None], output_hidden_states=True).hidden_states
+    got = m.forward(ids, m.new_cache(64), taps, chunked=True).taps
+    c = m.new_cache(64)
+    m.prefill(ids[:30], c)
+    steps = [m.forward(ids[t:t + 1], c, taps).taps for t in range(30, 40)]
+    for i in taps:
+        assert (got[i] - ref[i + 1][0]).abs().max() <= TOL
+        assert (torch.cat([s[i] for s in steps]) - ref[i + 1][0, 30:40]).abs().max() <= TOL
+
+
 def test_chunked_and_recurrent_forms_agree():
     """The parallel form (prefill) and the row-by-row form (decode/verify) on random inputs."""
     g = torch.Generator().manual_seed(1)

@@ -73,6 +73,8 @@ def register(sub) -> None:
                    help="with --peers: decode tokens per prompt (default 128)")
     p.add_argument("--peers-plans", type=positive_int, default=None, help="with --peers: plan requests (default 6)")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
+    p.add_argument("--accept", default="half", choices=("half", "none", "all-but-one"),
+                   help="with --rollback: drafts accepted per cycle (K//2, 0 or K-1)")
     p.add_argument("--plan-set", choices=["sample", "eval"], default="sample",
                    help="--plan: sample = latency per --spec on the sample worlds; eval = the held-out "
                         "evaluation (agent/eval): task success, refusals, unsafe plans per model")
@@ -106,7 +108,7 @@ def run_rollback(args) -> int:
         raise ThorError(f"bad --ks {args.ks!r}; expected a comma list of integers like 3,7,15") from None
     if not ks or min(ks) < 1 or max(ks) > 63:
         raise ThorError(f"--ks values must be in 1..63, got {args.ks!r}")
-    res = bench_rollback(ks, repeats=args.repeats, log=print)
+    res = bench_rollback(ks, repeats=args.repeats, accept=args.accept, log=print)
     res["device"] = device_info()
     Path(args.json_out).write_text(json.dumps(res, indent=1))
     print(f"results written to {args.json_out}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """Speculative cycle on a hybrid target: checkpoint-slot rollback vs snapshot + re-forward.
 
 Used by ``thor bench --rollback``. One cycle = a verify forward over K+1 rows, then the
-rollback to a partial accept of n drafts (n = K // 2 by default, a typical miss mid-block).
+rollback to a partial accept of n drafts (``accept``: n = K // 2 by default, a typical miss
+mid-block; ``none`` n = 0; ``all-but-one`` n = K - 1). Both paths run the verify as the decode
+loop does (``verify``: exact rows), and the replay's re-forward is exact too.
 The slot path selects the state after row n (an index); the replay path restores the
 snapshot taken before the verify and runs the n+1 accepted rows through the model again.
 The target is a random-weight hybrid large enough that a forward is weight-bound.
@@ -13,9 +15,13 @@ import time
 
 import torch
 
+from ..errors import ThorError
 from .config import HybridConfig
 from .model import HybridModel
 from .weights import expected_shapes
+
+# drafts accepted of K, per --accept
+ACCEPTS = {"half": lambda K: K // 2, "none": lambda K: 0, "all-but-one": lambda K: K - 1}
 
 # ~100M parameters: 6 GDN + 2 full-attention layers, Qwen3.5-like head shapes.
 BENCH_CONFIG = dict(arch="qwen3_5", vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_layers=8,
@@ -51,7 +57,7 @@ def _cycle_times(model: HybridModel, K: int, n: int, naive: bool, repeats: int, 
     for r in range(repeats + 1):                                # the first cycle warms up
         rows = torch.randint(0, V, (K + 1,), generator=g)
         t0 = time.perf_counter()
-        model.forward(rows, cache)
+        model.verify(rows, cache)       # what the decode loop runs: exact rows, as the replay's re-forward
         t1 = time.perf_counter()
         cache.crop(cache.start + n + 1)
         t2 = time.perf_counter()
@@ -66,9 +72,11 @@ def bench_rollback(ks=(3, 7, 15), repeats: int = 5, prompt: int = 64, accept: st
     """-> {"config": ..., "rows": [{K, n, verify/rollback/cycle ms per path, speedup, slot bytes}]}."""
     model = model or random_hybrid(HybridConfig(**BENCH_CONFIG))
     n_params = sum(int(torch.tensor(s).prod()) for s in expected_shapes(model.cfg).values())
+    if accept not in ACCEPTS:
+        raise ThorError(f"unknown accept {accept!r}; choose one of {', '.join(ACCEPTS)}")
     rows = []
     for K in ks:
-        n = {"half": K // 2, "none": 0, "all-but-one": K - 1}[accept]
+        n = ACCEPTS[accept](K)
         ms = {}
         for path, naive in (("slots", False), ("replay", True)):
             v, rb, cache = _cycle_times(model, K, n, naive, repeats, prompt, seed=K)
@@ -88,4 +96,4 @@ def bench_rollback(ks=(3, 7, 15), repeats: int = 5, prompt: int = 64, accept: st
              "gdn_heads_k_v": [c.linear_num_key_heads, c.linear_num_value_heads],
              "gdn_head_dims_k_v": [c.linear_key_head_dim, c.linear_value_head_dim]}
     return {"model": c.name, "shape": shape, "params": n_params, "layout": model.layout,
-            "threads": torch.get_num_threads(), "repeats": repeats, "prompt": prompt, "rows": rows}
+            "threads": torch.get_num_threads(), "repeats": repeats, "prompt": prompt, "accept": accept, "rows": rows}
