@@ -333,18 +333,3 @@ def test_distill_runs_on_hybrid(loaded, tmp_path):
     plain = Runtime(L.model, L.tokenizer).generate(L.tokenizer.encode("pick up"), SamplingParams(max_tokens=12))
     assert out.token_ids == plain.token_ids
 
-
-def test_hybrid_gguf_is_refused_with_a_clear_error(tmp_path):
-    import gguf
-
-    for arch in ("qwen35", "qwen3next"):
-        p = tmp_path / f"{arch}.gguf"
-        w = gguf.GGUFWriter(str(p), arch)
-        w.add_block_count(1)
-        w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        with pytest.raises(ThorError, match=f"{arch}.*not supported from GGUF"):
-            load(str(p))

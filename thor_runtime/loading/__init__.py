@@ -77,6 +77,9 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
     if dtype == AUTO:
         dtype = auto_dtype(p, cache_dir)
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
+    if quant == "int4" and p.is_file() and _hybrid_gguf(p):
+        raise ThorError(f"{p}: --dtype int4 is not supported for hybrid (Gated-DeltaNet) targets; "
+                        "use bf16 or fp32")
     if quant == "int4" and p.is_file() and device == "cpu":
         from .weight_cache import load_int4_gguf
         return load_int4_gguf(p, cache_dir=cache_dir, layout=layout, int4_kernel=int4_kernel)
@@ -89,8 +92,8 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         from .gguf_weights import gguf_config, gguf_weights, open_reader
         reader = open_reader(p)
         cfg = gguf_config(reader, p)
+        tok = Tokenizer.from_gguf_fields(reader)  # first: a refused tokenizer fails before dequantizing
         weights = gguf_weights(reader, cfg, p)
-        tok = Tokenizer.from_gguf_fields(reader)
     from ..hybrid import is_hybrid_config
     if is_hybrid_config(cfg):  # Gated-DeltaNet hybrid (thor_runtime/hybrid)
         from ..hybrid.model import HybridModel
@@ -103,18 +106,27 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
 
 
 def auto_dtype(p: Path, cache_dir=None) -> str:
-    """--dtype auto: int4 for a quantized GGUF (int8 where torch has no int4 CPU kernel), else fp32."""
+    """--dtype auto: int4 for a quantized GGUF (int8 where torch has no int4 CPU kernel), else fp32;
+    fp32 for hybrid GGUFs, quantized or not."""
     if p.is_dir():
         return "fp32"
     from ..lowbit import int4_kernels
     from .gguf_lowbit import is_quantized
     from .gguf_weights import open_reader
     from .weight_cache import has_entry
+    if _hybrid_gguf(p):  # hybrids have no low-bit GGUF path: the file is dequantized
+        return "fp32"
     if has_entry(p, cache_dir, "int4"):  # an int4 entry exists only for a quantized source
         return "int4"
     if not is_quantized(open_reader(p)):
         return "fp32"
     return "int4" if any(k.available() for k in int4_kernels().values()) else "int8"
+
+
+def _hybrid_gguf(p: Path) -> bool:
+    from .gguf_hybrid import is_hybrid_arch
+    from .gguf_weights import field_value, open_reader
+    return is_hybrid_arch(field_value(open_reader(p), "general.architecture"))
 
 
 def gguf_config_and_tokenizer(p: Path):

@@ -2,7 +2,8 @@
 
 Dequantization is the ``gguf`` package's; what is ours is the name mapping and
 undoing llama.cpp's Q/K row permutation (its converter interleaves the two RoPE
-halves; our model, like HF, rotates halves).
+halves; our model, like HF, rotates halves). Gated-DeltaNet hybrids have their own
+mapping (gguf_hybrid.py).
 """
 from __future__ import annotations
 
@@ -23,9 +24,6 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen2": "qwen2"}
-# Hybrid architectures the gguf package names (llama.cpp rewrites their GDN tensors at
-# conversion: A as -exp(A_log), shifted norms, regrouped heads); refused with a clear error.
-_GGUF_HYBRID = ("qwen35", "qwen3next", "qwen35moe")
 
 
 def open_reader(path: str | Path):
@@ -47,12 +45,14 @@ def field_value(reader, key: str, default=None):
 
 
 def gguf_config(reader, path: str | Path) -> ModelConfig:
+    from .gguf_hybrid import HYBRID_GGUF_ARCH, hybrid_gguf_config, is_hybrid_arch
+
     arch = field_value(reader, "general.architecture")
-    if arch in _GGUF_HYBRID:
-        raise ThorError(f"{path}: GGUF architecture {arch!r} (Gated-DeltaNet hybrid) is not supported from GGUF yet; "
-                        "load the HF safetensors checkpoint directory instead")
+    if is_hybrid_arch(arch):
+        return hybrid_gguf_config(reader, path, arch)
     if arch not in _GGUF_ARCH:
-        raise ThorError(f"{path}: unknown architecture {arch!r} (supported: {', '.join(_GGUF_ARCH)})")
+        raise ThorError(f"{path}: unknown architecture {arch!r} "
+                        f"(supported: {', '.join([*_GGUF_ARCH, *HYBRID_GGUF_ARCH])})")
 
     def get(key, default=None, required=True):
         v = field_value(reader, f"{arch}.{key}", default)
@@ -102,6 +102,10 @@ def _hf_name(name: str) -> str | None:
 def gguf_weights(reader, cfg: ModelConfig, path: str | Path) -> dict[str, torch.Tensor]:
     from gguf import GGMLQuantizationType, quants
 
+    from ..hybrid import is_hybrid_config
+    if is_hybrid_config(cfg):
+        from .gguf_hybrid import hybrid_gguf_weights
+        return hybrid_gguf_weights(reader, cfg, path)
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         hf = _hf_name(t.name)
