@@ -1,9 +1,10 @@
 """Backends for the dense segments, behind one interface.
 
 A backend runs the graphs of ``segments.graph_plan`` (``run(segment, layer, *inputs)``) and, on
-top of that, the five methods ``TargetModel.forward`` calls when ``model.backend`` is set:
-embed, pre_attn, post_attn, post_pre, head. Attention, the KV cache, speculation and grammar
-never see which backend ran. ``torch`` is the reference (the model's own methods); the graph
+top of that, the methods the model's ``forward`` calls when ``model.backend`` is set: embed,
+pre_attn, post_attn, post_pre, head (and pre_gdn, post_gdn for hybrid Gated-DeltaNet models).
+Attention, the GDN mixer, the KV cache and recurrent state, speculation and grammar never see
+which backend ran. ``torch`` is the reference (the model's own methods); the graph
 backends load only from the verified engine cache (cache.py), building an entry on first use.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 
-from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, graph_plan
+from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, TOKEN_AXIS, example_inputs, graph_plan
 
 ORT_OPT_LEVELS = ("disable", "basic", "extended", "all")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
@@ -77,11 +78,22 @@ class GraphBackend(ABC):
     def fused(self) -> bool:
         return any(s == "post_pre" for s, _ in self.plan)
 
+    @property
+    def gated(self) -> bool:
+        return any(s == "pre_gattn" for s, _ in self.plan)
+
     def embed(self, ids):
         return self.run("embed", None, ids)[0]                        # [T, D]
 
     def pre_attn(self, i, h, pos):
-        return self.run("pre_attn", i, h, pos)                        # q [H, T, Dh], k/v [Hkv, T, Dh]
+        # q [H, T, Dh], k/v [Hkv, T, Dh]; a hybrid's gated attention adds its gate [T, H Dh]
+        return self.run("pre_gattn" if self.gated else "pre_attn", i, h, pos)
+
+    def pre_gdn(self, i, h):
+        return self.run("pre_gdn", i, h)                              # qkv [T, C], z [T, Vd], b/a [T, Hv]
+
+    def post_gdn(self, i, core, z):
+        return self.run("post_gdn", i, core, z)[0]                    # [T, Vd]
 
     def post_attn(self, i, h, o):
         return self.run("post_attn", i, h, o)[0]                      # [T, D]
@@ -139,11 +151,51 @@ def make_backend(name: str, model, opts: BackendOptions = BackendOptions(), prog
     return BACKENDS[name](model, opts, progress)
 
 
+class RowWiseGraphs(GraphBackend):
+    """``backend`` called one row at a time, for any plan (thor_runtime.model.RowWise does this
+    for the dense model's methods): each call is the very call a 1-row step makes."""
+
+    def __init__(self, backend: GraphBackend):
+        self.b, self.name, self.plan = backend, backend.name, backend.plan
+
+    def run(self, segment, layer, *xs):
+        if segment == "embed":              # a gather: the same bits for any row count
+            return self.b.run(segment, layer, *xs)
+        rows = [self.b.run(segment, layer, *(x[t:t + 1] for x in xs)) for t in range(xs[0].shape[0])]
+        return tuple(torch.cat(parts, dim=TOKEN_AXIS.get(n, 0))
+                     for n, parts in zip(SEGMENTS[segment].outputs, zip(*rows)))
+
+
+def rows_exact(model, backend: GraphBackend) -> GraphBackend:
+    """``backend`` itself if each kind of graph in its plan gives each of 2..EXACT_ROWS rows the
+    bits that row gets alone (one seeded probe per segment and input shape), else RowWiseGraphs."""
+    from thor_runtime.model import EXACT_ROWS
+
+    rw, seen = RowWiseGraphs(backend), set()
+    for segment, layer in backend.plan:
+        xs = example_inputs(model, segment, layer, T=EXACT_ROWS, start=0, seed=1)
+        key = (segment, tuple(tuple(x.shape) for x in xs))
+        if segment == "embed" or key in seen:
+            continue
+        seen.add(key)
+        alone = rw.run(segment, layer, *xs)
+        for m in range(2, EXACT_ROWS + 1):
+            got = backend.run(segment, layer, *(x[:m] for x in xs))
+            if not all(torch.equal(g, a.narrow(TOKEN_AXIS.get(n, 0), 0, m))
+                       for n, g, a in zip(SEGMENTS[segment].outputs, got, alone)):
+                return rw
+    return backend
+
+
 def attach(model, backend: GraphBackend | None) -> None:
     """Route ``model.forward``'s dense segments through ``backend`` (None or torch: the model's
     own methods, the fast path)."""
     model.backend = None if backend is None or type(backend) is TorchBackend else backend
-    if model.backend is not None:  # verify must stay exact: probe the backend's kernels, else row by row
+    if model.backend is None:
+        model.backend_exact = None
+    elif getattr(model, "is_hybrid", False):  # verify must stay exact: probe the kernels, else row by row
+        model.backend_exact = rows_exact(model, model.backend)
+    else:
         from thor_runtime.model import backend_for_verify
 
         model.backend_exact = backend_for_verify(model, model.backend)

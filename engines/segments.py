@@ -1,27 +1,30 @@
 """The dense segments of a TargetModel as ONNX graphs.
 
-Each graph is traced from the model's own segment methods (``TargetModel.embed``,
-``pre_attn``, ``post_attn``, ``post_pre``, ``head``) over plain dense tensors, so the reference
-model stays the one definition of the math: an architecture whose segment code the torch
-model runs exports with no change here, and a new *kind* of layer is one entry in
-LAYER_KINDS. Exporter: torch.onnx's TorchScript exporter (``dynamo=False``: fast, and needs no
-onnxscript), opset ``OPSET``, the token axis ``T`` dynamic on every input and output. RoPE is
-computed in the graph from the ``pos`` input (absolute positions, int64 [T]), so one graph
-serves every position. Weights above ``EXTERNAL_MIN_BYTES`` go to one external data file per
-graph (``NAME.onnx.data``); the ``.onnx`` itself stays small.
+Each graph is traced from the model's own segment methods (``embed``, ``pre_attn``,
+``post_attn``, ``head``; hybrids add ``pre_gdn`` and ``post_gdn``) over plain dense tensors, so
+the reference model stays the one definition of the math: an architecture whose segment code
+the torch model runs exports with one entry in EXPORT_ARCHS, and a new *kind* of layer is one
+entry in LAYER_KINDS. The stateful mixers (attention: the KV cache; the Gated-DeltaNet conv and
+delta rule: the recurrent state) are never exported. Exporter: torch.onnx's TorchScript
+exporter (``dynamo=False``: fast, and needs no onnxscript), opset ``OPSET``, the token axis
+``T`` dynamic on every input and output. RoPE is computed in the graph from the ``pos`` input
+(absolute positions, int64 [T]), so one graph serves every position. Weights above
+``EXTERNAL_MIN_BYTES`` go to one external data file per graph (``NAME.onnx.data``); the
+``.onnx`` itself stays small.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import io
+import types
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.model import Int8Weight, RowLoop, PackedWeight, TargetModel
+from thor_runtime.model import Int8Weight, RowLoop, PackedWeight
 
 OPSET = 18
 # Bumped whenever the graphs change inputs, outputs or math: part of every cache key.
@@ -44,26 +47,60 @@ class SegmentSpec:
 
 
 def _post_pre(m, i, h, o, pos):
-    h = TargetModel.post_attn(m, i, h, o)
-    return (h, *TargetModel.pre_attn(m, i + 1, h, pos))
+    h = m.post_attn(i, h, o)
+    return (h, *m.pre_attn(i + 1, h, pos))
 
 
+# ``run`` calls the segment methods on whatever it is given — the model itself (the torch
+# backend) or a DenseView, which runs the model class's own methods over dense weights.
 SEGMENTS = {
-    "embed": SegmentSpec(("ids",), ("h",), lambda m, i, ids: TargetModel.embed(m, ids)),
-    "pre_attn": SegmentSpec(("h", "pos"), ("q", "k", "v"), lambda m, i, h, pos: TargetModel.pre_attn(m, i, h, pos)),
-    "post_attn": SegmentSpec(("h", "o"), ("h_out",), lambda m, i, h, o: TargetModel.post_attn(m, i, h, o)),
+    "embed": SegmentSpec(("ids",), ("h",), lambda m, i, ids: m.embed(ids)),
+    "pre_attn": SegmentSpec(("h", "pos"), ("q", "k", "v"), lambda m, i, h, pos: m.pre_attn(i, h, pos)),
+    "post_attn": SegmentSpec(("h", "o"), ("h_out",), lambda m, i, h, o: m.post_attn(i, h, o)),
     # post_attn of layer i fused with pre_attn of layer i + 1: one graph between two attentions
     "post_pre": SegmentSpec(("h", "o", "pos"), ("h_out", "q", "k", "v"), _post_pre),
-    "head": SegmentSpec(("h",), ("logits",), lambda m, i, h: TargetModel.head(m, h)),
+    "head": SegmentSpec(("h",), ("logits",), lambda m, i, h: m.head(h)),
+    # hybrids: gated attention (q, k, v and the output gate; attention * sigmoid(gate) stays eager)
+    "pre_gattn": SegmentSpec(("h", "pos"), ("q", "k", "v", "gate"), lambda m, i, h, pos: m.pre_attn(i, h, pos)),
+    # hybrids, GDN layers: the conv inputs, the gate and the delta rule's b / a before the mixer;
+    # the gated RMSNorm of its output after (post_attn then closes the layer: out proj + MLP)
+    "pre_gdn": SegmentSpec(("h",), ("qkv", "z", "b", "a"), lambda m, i, h: m.pre_gdn(i, h)),
+    "post_gdn": SegmentSpec(("core", "z"), ("o",), lambda m, i, core, z: (m.post_gdn(i, core, z),)),
 }
 TOKEN_AXIS = {"q": 1, "k": 1, "v": 1}  # [H, T, Dh]; every other tensor is [T, ...]
+# Segments that hold a layer's MLP (refused for mixture-of-experts layers).
+MLP_SEGMENTS = ("post_attn", "post_pre")
 
-# Per layer kind: the segment that opens a layer, the one that closes it, and the fused pair.
-# Hybrid models add their recurrent layer kind here (and its segments above).
-LAYER_KINDS = {"attention": ("pre_attn", "post_attn", "post_pre")}
-# Architectures the exporter knows, mapped to their layer kind (a callable of the layer index
+
+@dataclass(frozen=True)
+class LayerKind:
+    """The graphs of one kind of layer: those before its mixer, those after it, and the graph
+    fusing the after-part with the next layer's before-part (None: no fused form)."""
+
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+    fused: str | None = None
+
+    def __post_init__(self):
+        if not self.pre or not self.post or any(s not in SEGMENTS for s in (*self.pre, *self.post)):
+            raise ValueError(f"bad layer kind {self}")
+
+
+LAYER_KINDS = {
+    "attention": LayerKind(("pre_attn",), ("post_attn",), "post_pre"),
+    "gated_attention": LayerKind(("pre_gattn",), ("post_attn",)),
+    "gdn": LayerKind(("pre_gdn",), ("post_gdn", "post_attn")),
+}
+
+
+def _hybrid_kind(cfg, i: int) -> str:
+    return "gdn" if cfg.layer_types[i] == "linear_attention" else "gated_attention"
+
+
+# Architectures the exporter knows, mapped to their layer kind (a callable of (cfg, layer)
 # for hybrids). Adding an architecture whose torch segments already work is one entry.
-EXPORT_ARCHS = {"llama": "attention", "qwen3": "attention"}
+EXPORT_ARCHS = {"llama": "attention", "qwen2": "attention", "qwen3": "attention",
+                "qwen3_5": _hybrid_kind, "qwen3_next": _hybrid_kind}
 
 # The graph sequences a model runs: (segment, layer) pairs; layer None for embed/head.
 FORMS = ("segments", "fused")
@@ -74,23 +111,31 @@ def layer_kind(cfg, i: int) -> str:
     if kind is None:
         raise ThorError(f"engines: no ONNX export for architecture {cfg.arch!r} yet "
                         f"(exportable: {', '.join(EXPORT_ARCHS)}); use --backend torch")
-    return kind(i) if callable(kind) else kind
+    return kind(cfg, i) if callable(kind) else kind
 
 
 def graph_plan(cfg, form: str) -> list[tuple[str, int | None]]:
-    """Every graph a model needs in ``form``: 'segments' = embed, each layer's pre and post,
-    head; 'fused' = embed, pre of layer 0, post_i+pre_i+1 fused, post of the last, head."""
+    """Every graph a model needs in ``form``: 'segments' = embed, the graphs before each
+    layer's mixer, those after it, head; 'fused' = embed, pre of layer 0, post_i+pre_i+1 fused,
+    post of the last, head (layer kinds with a fused graph only)."""
     if form not in FORMS:
         raise ThorError(f"unknown engine form {form!r}; choose one of {', '.join(FORMS)}")
     n = cfg.num_layers
     kinds = [LAYER_KINDS[layer_kind(cfg, i)] for i in range(n)]
     plan: list[tuple[str, int | None]] = [("embed", None)]
     if form == "segments":
-        plan += [(kinds[i][0], i) for i in range(n)] + [(kinds[i][1], i) for i in range(n)]
+        plan += [(s, i) for i in range(n) for s in kinds[i].pre] + [(s, i) for i in range(n) for s in kinds[i].post]
     else:
-        plan.append((kinds[0][0], 0))
-        plan += [(kinds[i][2], i) for i in range(n - 1)]
-        plan.append((kinds[n - 1][1], n - 1))
+        if any(k.fused is None for k in kinds):
+            raise ThorError(f"engines: the fused form is not available for {cfg.arch} (its layers are "
+                            "exported per segment, one graph on each side of a mixer); use --engine-form segments")
+        plan += [(s, 0) for s in kinds[0].pre] + [(kinds[i].fused, i) for i in range(n - 1)]
+        plan += [(s, n - 1) for s in kinds[n - 1].post]
+    moe = set(getattr(cfg, "moe_layers", ()))
+    for s, i in plan:
+        if s in MLP_SEGMENTS and i in moe:
+            raise ThorError(f"engines: layer {i} has a mixture-of-experts MLP, which the ONNX export does not "
+                            "cover (dense MLPs only); use --backend torch")
     return plan + [("head", None)]
 
 
@@ -141,22 +186,38 @@ class _Rope:
         return self.fn(torch.cat((f, f), dim=-1)).to(self.dtype)      # [T, Dh]
 
 
+def _is_weight(v) -> bool:
+    """Layer fields a graph may read; the rest (a layer's kind, the GDN mixer's parameters)
+    belong to the eager mixers."""
+    return not isinstance(v, (str, int, float, bool)) and not dataclasses.is_dataclass(v)
+
+
 class DenseView:
     """What the segment methods read from ``self`` — cfg, layers, norms, embedding, head,
-    rope — with every weight as a plain tensor. Weights are shared, not copied, when the
-    model already holds them dense."""
+    rope — with every weight as a plain tensor, and the model class's own segment methods:
+    ``view.pre_attn(...)`` runs ``type(model).pre_attn`` on the view. Weights are shared, not
+    copied, when the model already holds them dense."""
 
-    heads = TargetModel.heads        # pre_attn's second half, called on ``self``
-
-    def __init__(self, model: TargetModel):
+    def __init__(self, model):
+        graph_plan(model.cfg, "segments")     # an architecture or a layer the export cannot cover: refused here
+        self.impl = type(model)
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self.embed_w = model.embed_w
         self.final_norm = model.final_norm
         self.head_w = dense_weight(model.head_w)
-        self.layers = [dataclasses.replace(L, **{f.name: dense_weight(getattr(L, f.name))
-                                                for f in dataclasses.fields(L)}) for L in model.layers]
+        self.layers = [dataclasses.replace(L, **{f.name: dense_weight(getattr(L, f.name)) for f in dataclasses.fields(L)
+                                                if _is_weight(getattr(L, f.name))}) for L in model.layers]
         self.cos = _Rope(model.inv_freq, model.dtype, torch.cos)
         self.sin = _Rope(model.inv_freq, model.dtype, torch.sin)
+
+    def __getattr__(self, name):
+        # Reached only for what the view lacks: the model class's methods, bound to the view
+        # (segments and the helpers they call on ``self``, e.g. TargetModel.heads).
+        impl = self.__dict__.get("impl")
+        attr = getattr(impl, name, None) if impl is not None and not name.startswith("__") else None
+        if not callable(attr):
+            raise AttributeError(name)
+        return types.MethodType(attr, self)
 
     def weights_for(self, segment: str, layer: int | None) -> dict[str, torch.Tensor]:
         """The tensors a segment may read, by stable name (layer i and i + 1 for the fused pair)."""
@@ -167,7 +228,7 @@ class DenseView:
             for i in (layer, layer + 1) if segment == "post_pre" else (layer,):
                 for f in dataclasses.fields(self.layers[i]):
                     t = getattr(self.layers[i], f.name)
-                    if t is not None:
+                    if isinstance(t, torch.Tensor):
                         out[f"layers.{i}.{f.name}"] = t
         return out
 
@@ -190,7 +251,7 @@ class DenseView:
         h = hashlib.sha256()
         ts = [self.embed_w, self.final_norm, self.head_w, self.cos.inv_freq]
         for L in self.layers:
-            ts += [getattr(L, f.name) for f in dataclasses.fields(L)]
+            ts += [getattr(L, f.name) for f in dataclasses.fields(L) if _is_weight(getattr(L, f.name))]
         for t in ts:
             if t is None:
                 h.update(b"-")
@@ -220,12 +281,17 @@ def example_inputs(view: DenseView, segment: str, layer: int | None, T: int = 3,
     """Fixed, seeded inputs of the right shapes and dtypes (tracing and parity checks)."""
     cfg = view.cfg
     g = torch.Generator().manual_seed(seed * 1009 + (layer or 0))
-    D, HD = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+    D = cfg.hidden_size
+    gdn = layer is not None and layer_kind(cfg, layer) == "gdn"
+    HD = cfg.value_dim if gdn else cfg.num_heads * cfg.head_dim          # what the mixer hands post_attn
     make = {
         "ids": lambda: torch.randint(0, cfg.vocab_size, (T,), generator=g),
         "pos": lambda: torch.arange(start, start + T),
         "h": lambda: torch.randn(T, D, generator=g).to(view.dtype),
         "o": lambda: (0.5 * torch.randn(T, HD, generator=g)).to(view.dtype),
+        # the delta rule's output is fp32 whatever the weights
+        "core": lambda: 0.5 * torch.randn(T, cfg.linear_num_value_heads, cfg.linear_value_head_dim, generator=g),
+        "z": lambda: torch.randn(T, cfg.value_dim, generator=g).to(view.dtype),
     }
     return tuple(make[n]() for n in SEGMENTS[segment].inputs)
 
@@ -300,7 +366,10 @@ def output_shapes(cfg, segment: str, T: int) -> dict[str, tuple[int, ...]]:
     """Shape of each output of ``segment`` for T tokens (for binding preallocated outputs)."""
     D, Dh = cfg.hidden_size, cfg.head_dim
     shapes = {"h": (T, D), "h_out": (T, D), "q": (cfg.num_heads, T, Dh), "k": (cfg.num_kv_heads, T, Dh),
-              "v": (cfg.num_kv_heads, T, Dh), "logits": (T, cfg.vocab_size)}
+              "v": (cfg.num_kv_heads, T, Dh), "logits": (T, cfg.vocab_size), "gate": (T, cfg.num_heads * Dh)}
+    if hasattr(cfg, "conv_dim"):  # hybrids' GDN layers
+        Hv = cfg.linear_num_value_heads
+        shapes.update(qkv=(T, cfg.conv_dim), z=(T, cfg.value_dim), b=(T, Hv), a=(T, Hv), o=(T, cfg.value_dim))
     return {n: shapes[n] for n in SEGMENTS[segment].outputs}
 
 

@@ -47,6 +47,29 @@ def tiny_qwen2(tiny_qwen2_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_hybrid_dirs(tmp_path_factory):
+    """{"qwen3_5": Path, "qwen3_next": Path} of random-weight hybrid (Gated-DeltaNet) checkpoints."""
+    from tiny_hybrid import make_hybrid_dir
+
+    root = tmp_path_factory.mktemp("tiny_hybrid")
+    return {a: make_hybrid_dir(root / a, a, seed=i) for i, a in enumerate(("qwen3_5", "qwen3_next"))}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5(tiny_hybrid_dirs):
+    from thor_runtime.loading import load
+
+    return load(str(tiny_hybrid_dirs["qwen3_5"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_next(tiny_hybrid_dirs):
+    from thor_runtime.loading import load
+
+    return load(str(tiny_hybrid_dirs["qwen3_next"]))
+
+
+@pytest.fixture(scope="session")
 def default_model():
     """The embedded SmolLM2-135M-Instruct (fp32)."""
     from thor_runtime.loading import load

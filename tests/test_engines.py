@@ -38,23 +38,59 @@ def default_ort(default_model, engine_dir):
     return make_backend("onnxruntime", default_model.model, BackendOptions(cache_dir=str(engine_dir)))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("form", ["segments", "fused"])
+TINY = [(a, f) for a in ("llama", "qwen2", "qwen3") for f in ("segments", "fused")]
+HYBRIDS = ("qwen3_5", "qwen3_next")
+
+
+@pytest.mark.parametrize("arch,form", TINY + [(a, "segments") for a in HYBRIDS])
 def test_tiny_graphs_match_torch_and_generate_identically(arch, form, tiny_dirs, tmp_path, request):
     loaded = request.getfixturevalue(f"tiny_{arch}")
-    b = make_backend("onnxruntime", loaded.model, BackendOptions(form=form, cache_dir=str(tmp_path)))
-    n = loaded.cfg.num_layers
-    assert len(b.plan) == (2 + 2 * n if form == "segments" else 3 + n)
-    checks = check_segments(loaded.model, b, THRESHOLDS["fp32"])
-    assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
-    ids = loaded.tokenizer.encode("pick up the red cup")
-    ref = _greedy(loaded.model, loaded.tokenizer, ids, 12)
-    with using(loaded.model, b):
-        got = _greedy(loaded.model, loaded.tokenizer, ids, 12)
+    m, tok = loaded.model, loaded.tokenizer
+    b = make_backend("onnxruntime", m, BackendOptions(form=form, cache_dir=str(tmp_path)))
+    cfg, n = loaded.cfg, loaded.cfg.num_layers
+    gdn = len(getattr(cfg, "gdn_layers", ()))        # a GDN layer has three graphs: pre_gdn, post_gdn, post_attn
+    assert len(b.plan) == (2 + 2 * n + gdn if form == "segments" else 3 + n)
+    if arch == "qwen2":  # the q/k/v biases are weights of the graph that opens layer 0
+        import onnx
+
+        g = next(g for g in b.entry.graphs if g["layer"] == 0 and g["segment"] == "pre_attn")
+        assert "layers.0.bqkv" in {t.name for t in onnx.load_from_string(b.entry.read(g["onnx"])).graph.initializer}
+    checks = check_segments(m, b, THRESHOLDS["fp32"])
+    assert len(checks) == len(b.plan) and all(c.passed for c in checks), [c for c in checks if not c.passed]
+    ids = tok.encode("pick up the red cup")
+    ref = _greedy(m, tok, ids, 12)
+    with using(m, b):
+        got = _greedy(m, tok, ids, 12)
+        spec = _greedy(m, tok, ids, 12, build_speculation(SpecOptions(method="ngram", ngram_k=4, fixed_k=True), m))
         # positions are a graph input: a later chunk (start > 0) must see its own positions
-        cache = Runtime(loaded.model, loaded.tokenizer).new_cache(40)
-        loaded.model.prefill(torch.tensor(ids * 3), cache, chunk=4)
-    assert got == ref
+        cache = Runtime(m, tok).new_cache(40)
+        chunked = m.prefill(torch.tensor(ids * 3), cache, chunk=4).logits
+    assert got == ref and spec == got
+    whole = m.prefill(torch.tensor(ids * 3), Runtime(m, tok).new_cache(40)).logits
+    assert torch.allclose(chunked, whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_hybrid_export_keeps_the_mixers_eager_and_refuses_what_it_cannot_cover(arch, request, tmp_path):
+    """The GDN conv + delta rule and attention stay in torch (no graph holds their state); no
+    fused form for hybrids; mixture-of-experts MLPs are refused with a clear error."""
+    import dataclasses
+
+    from engines.segments import graph_plan
+    from thor_runtime.errors import ThorError
+
+    loaded = request.getfixturevalue(f"tiny_{arch}")
+    cfg = loaded.cfg
+    plan = graph_plan(cfg, "segments")
+    assert {s for s, _ in plan} == {"embed", "pre_gdn", "post_gdn", "pre_gattn", "post_attn", "head"}
+    assert [i for s, i in plan if s == "pre_gdn"] == list(cfg.gdn_layers)
+    assert [i for s, i in plan if s == "pre_gattn"] == list(cfg.attn_layers)
+    with pytest.raises(ThorError, match="fused form is not available"):
+        make_backend("onnxruntime", loaded.model, BackendOptions(form="fused", cache_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())                     # refused before anything was built
+    moe = dataclasses.replace(cfg, moe_layers=(1,))
+    with pytest.raises(ThorError, match="layer 1 has a mixture-of-experts MLP"):
+        graph_plan(moe, "segments")
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
@@ -73,6 +109,52 @@ def test_verify_on_onnxruntime_is_bitwise_one_row_steps(tiny_llama, tmp_path, kv
         ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:26]
         _assert_same(*_steps_vs_verify(m, ids, 9, kv))
     assert m.backend is None and m.backend_exact is None
+
+
+class _RowCountBackend(TorchBackend):
+    """Right for one row, off for several: a backend whose kernels depend on the row count
+    (exaggerated, so any verify row that is not computed alone shows)."""
+
+    name = "rowcount"
+
+    def run(self, segment, layer, *xs):
+        out = super().run(segment, layer, *xs)
+        return out if segment == "embed" or xs[0].shape[0] == 1 else tuple(o + 1e-3 for o in out)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize("which", ["onnxruntime", "rowcount"])
+def test_hybrid_verify_on_a_backend_is_bitwise_one_row_steps(arch, which, request, tmp_path):
+    """A hybrid's verify on a backend: each of its 16 rows gets a 1-row step's logits, K/V and
+    recurrent state bit for bit (the kernels probed at attach, else run row by row)."""
+    from engines.backend import RowWiseGraphs
+
+    loaded = request.getfixturevalue(f"tiny_{arch}")
+    m, tok = loaded.model, loaded.tokenizer
+    b = make_backend("onnxruntime", m, BackendOptions(cache_dir=str(tmp_path))) if which == "onnxruntime" \
+        else _RowCountBackend(m)
+    ids = torch.tensor(tok.encode("The robot picks up the red mug and places it in the dish rack, then it goes back"))
+    assert len(ids) >= 25
+    runs = []
+    with using(m, b):
+        assert m.backend is b and (m.backend_exact is b or isinstance(m.backend_exact, RowWiseGraphs))
+        if which == "rowcount":
+            assert isinstance(m.backend_exact, RowWiseGraphs)
+        for one_row in (True, False):
+            cache = m.new_cache(32)
+            m.prefill(ids[:9], cache)
+            if one_row:
+                logits = torch.cat([m.verify(ids[j:j + 1], cache).logits for j in range(9, 25)])
+            else:
+                logits = m.verify(ids[9:25], cache).logits                       # [16, V]
+            state = [cache.kv.view(j) for j in range(len(m.cfg.attn_layers))]
+            state += [cache.rec.current(j) for j in range(len(m.cfg.gdn_layers))]
+            runs.append((logits, state))
+    assert m.backend is None and m.backend_exact is None
+    (la, sa), (lb, sb) = runs
+    assert torch.equal(la, lb)
+    for x, y in zip(sa, sb):
+        assert all(torch.equal(p, q) for p, q in zip(x, y)) if isinstance(x, tuple) else torch.equal(x, y)
 
 
 def test_rowwise_backend_is_the_backend_row_by_row(tiny_llama):
@@ -138,6 +220,58 @@ def test_selftest_names_a_scaled_segment_by_its_norm_ratio(tiny_dirs, monkeypatc
     assert [c["name"] for c in bad] == ["segment post_attn.1"]
     assert "norm_ratio" in bad[0]["failed"] and "cosine" not in bad[0]["failed"]   # cosine alone would pass
     assert bad[0]["figures"]["norm_ratio"] == pytest.approx(1.01, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_selftest_cli_onnxruntime_passes_on_a_hybrid(arch, tiny_hybrid_dirs, tmp_path, capsys):
+    rc = main(["selftest", "--backend", "onnxruntime", "--model", str(tiny_hybrid_dirs[arch]), "--json",
+               "--engine-cache", str(tmp_path)])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["passed"], [c for c in rep["checks"] if not c["passed"]]
+    by = {c["name"]: c for c in rep["checks"]}
+    segs = {n.split()[1].split(".")[0] for n in by if n.startswith("segment ")}
+    assert segs == {"embed", "pre_gdn", "post_gdn", "pre_gattn", "post_attn", "head"}
+    state = by["KV cache and recurrent state after prefill"]
+    assert state["passed"] and state["applicable"] and state["figures"]["cosine"] > 0.9999
+    # the tiny model's 1024-token context cannot hold the planner's prompt: said, not failed
+    plan = by["constrained plan on the kitchen world"]
+    assert not plan["applicable"] and plan["detail"].startswith("not applicable")
+    assert plan["figures"]["prompt_tokens"] + plan["figures"]["plan_budget"] > plan["figures"]["context"]
+    assert all(c["applicable"] for c in rep["checks"] if c is not plan)
+
+
+class _VerifyFlipBackend(TorchBackend):
+    """Multi-row head calls (a verify) give each row's runner-up token a 0.01-logit lead: a
+    backend whose verify is not row-exact, with a probe that missed it."""
+
+    name = "flip"
+
+    def run(self, segment, layer, *xs):
+        out = super().run(segment, layer, *xs)
+        if segment != "head" or xs[0].shape[0] == 1:
+            return out
+        top = out[0].topk(2, dim=-1)                                         # [R, 2]
+        return (out[0].scatter(1, top.indices[:, 1:], top.values[:, :1] + 0.01),)
+
+
+def test_speculative_vs_plain_must_be_identical_at_every_precision(tiny_llama, monkeypatch):
+    """Greedy tokens vs torch may differ by a judged tie outside fp32 (strict=False), but plain
+    vs speculative decoding on one backend must be identical at every precision: a verify is
+    exact by construction on every backend, so any divergence there is a bug."""
+    import thor_runtime.model as tm
+    from engines.selftest import check_generation
+    from thor_runtime.speculative import lossless
+
+    m, tok = tiny_llama.model, tiny_llama.tokenizer
+    prompt = tok.encode("pick up the red cup and place it on the table. pick up the red cup")
+    vs_torch, spec = check_generation(m, tok, _RowCountBackend(m), prompt, 12, strict=False)
+    assert spec.passed and spec.figures["status"] == "identical" and spec.thresholds == {"identical": True}
+    assert "tie_tol_logits" in vs_torch.thresholds                   # that one keeps the precision's rule
+    monkeypatch.setattr(tm, "backend_for_verify", lambda model, backend: backend)
+    monkeypatch.setattr(lossless, "DEFAULT_TIE_TOL", 100.0)     # the gate forgives any divergence as a tie
+    _, spec = check_generation(m, tok, _VerifyFlipBackend(m), prompt, 12, strict=False)
+    assert spec.figures["status"] == "tie" and spec.figures["first_divergence"] >= 1
+    assert not spec.passed and spec.failed == ("tokens",)
 
 
 def test_library_selftest_torch_reference_passes(tiny_llama):

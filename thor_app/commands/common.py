@@ -59,7 +59,8 @@ def add_engine_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
         g.add_argument("--backend", default="torch", choices=list(BACKENDS),
                        help="what runs the dense segments; attention and the KV cache stay in torch")
     g.add_argument("--engine-form", default="segments", choices=FORMS,
-                   help="segments: one graph per segment; fused: post_attn of layer i and pre_attn of i+1 as one")
+                   help="segments: one graph per segment; fused: post_attn of layer i and pre_attn of i+1 as one "
+                        "(dense models)")
     g.add_argument("--engine-cache", default=None, help="engine cache dir (default $THOR_ENGINE_CACHE or "
                                                          "~/.cache/thor/engines)")
     g.add_argument("--engine-threads", type=int, default=0, help="onnxruntime intra-op threads (0 = torch's)")

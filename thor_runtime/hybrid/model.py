@@ -52,6 +52,9 @@ class HybridModel:
     """Batch-1 hybrid decoder; same calling surface as TargetModel (forward, prefill, taps)."""
 
     is_hybrid = True
+    # What runs the dense segments in ``forward`` (engines: ONNX Runtime, TensorRT), and what a
+    # verify runs them through; None = the methods below. The mixers always stay here.
+    backend = backend_exact = None
 
     def __init__(self, cfg: HybridConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
@@ -227,23 +230,24 @@ class HybridModel:
         self._ensure_rope(start + T)
         recurrent = not chunked if chunked is not None else (start > 0 and T <= MAX_SLOTS)
         cache.begin(ids, recurrent)
-        h = self.embed(ids.to(self.device))
+        seg = self if self.backend is None else self.backend_exact if exact else self.backend
+        h = seg.embed(ids.to(self.device))
         pos = torch.arange(start, start + T, device=self.device)                  # [T]
         out = ForwardOut(None)
         for i, L in enumerate(self.layers):
             if L.kind == "attn":
-                q, k, v, gate = self.pre_attn(i, h, pos)
+                q, k, v, gate = seg.pre_attn(i, h, pos)
                 o = self.attention(i, q, k, v, cache, exact) * torch.sigmoid(gate)
             else:
-                qkv, z, b, a = self.pre_gdn(i, h)
-                o = self.post_gdn(i, self.gdn(i, qkv, b, a, cache), z)
-            h = self.post_attn(i, h, o)
+                qkv, z, b, a = seg.pre_gdn(i, h)
+                o = seg.post_gdn(i, self.gdn(i, qkv, b, a, cache), z)
+            h = seg.post_attn(i, h, o)
             if i in taps:
                 out.taps[i] = h
         cache.end()
         if logits_rows != "none":
             rows = {"all": slice(None), "last": slice(-1, None)}.get(logits_rows, logits_rows)
-            out.logits = self.head(h[rows])
+            out.logits = seg.head(h[rows])
         return out
 
     def verify(self, ids: torch.Tensor, cache: HybridCache, taps: tuple[int, ...] = ()) -> ForwardOut:
