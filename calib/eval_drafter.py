@@ -64,7 +64,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     if drafter is None:
         path = cfg.drafter or str(DEFAULT_DRAFTER)
         drafter = load_drafter(path, model.cfg)
-    opts = SpecOptions(method="dflash", block_size=cfg.block_size, window=cfg.window, lookup_rate=cfg.lookup_rate)
+    opts = SpecOptions(method="dflash", block_size=cfg.block_size, window=cfg.window,
+                       lookup_rate=cfg.lookup_rate)
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
