@@ -35,6 +35,17 @@ class GenConfig:
             raise ThorError(f"--batch must be >= 1, got {self.batch}")
 
 
+def plan_constraint(gtok, req: RobotRequest | None):
+    """A fresh plan-grammar constraint for req, built exactly as the planner builds it (None for a
+    general instruction, which has no request). gtok: an ``agent.grammar.GrammarTokenizer``."""
+    from agent.planner import prepare_request
+
+    if req is None:
+        return None
+    return prepare_request(gtok, req.world, req.skills, thinking=gtok.think_ids is not None,
+                           task=req.task).grammar.constraint()
+
+
 class PlanGreedy:
     """The planner's decode path for data: greedy under the request's plan grammar (general
     instructions, which have no request, are decoded unconstrained). The planner's own
@@ -42,7 +53,6 @@ class PlanGreedy:
     lookup) makes it faster and, being greedy and exact, does not change a token."""
 
     def __init__(self, model, tok, max_tokens: int, spec: str = "auto"):
-        """spec "none": only ``constraint`` is wanted (no drafter is loaded)."""
         from agent.grammar import GrammarTokenizer
         from thor_runtime.generate import Runtime
         from thor_runtime.speculative import SpecOptions, build_speculation
@@ -53,13 +63,7 @@ class PlanGreedy:
         self.max_tokens = max_tokens
 
     def constraint(self, req: RobotRequest | None):
-        """A fresh plan-grammar constraint for req, built exactly as the planner builds it."""
-        from agent.planner import prepare_request
-
-        if req is None:
-            return None
-        return prepare_request(self.gtok, req.world, req.skills, thinking=self.gtok.think_ids is not None,
-                               task=req.task).grammar.constraint()
+        return plan_constraint(self.gtok, req)
 
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
         from thor_runtime.sampling import SamplingParams

@@ -15,7 +15,7 @@ without a model step, so the speedup is against that, not against free decoding)
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,7 +23,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
 
-from .datagen import PlanGreedy
+from .datagen import plan_constraint
 from .prompts import general_prompts, robot_requests
 
 
@@ -56,38 +56,38 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
 
-    from thor_runtime.speculative import DEFAULT_DRAFTER, Speculation
-    from thor_runtime.speculative.budget import DraftBudget
-    from thor_runtime.speculative.dflash import DFlashProposer
+    from agent.grammar import GrammarTokenizer
+    from thor_runtime.speculative import DEFAULT_DRAFTER, SpecOptions, build_speculation
     from thor_runtime.speculative.dflash_io import load_drafter
-    from thor_runtime.speculative.hybrid import HybridProposer
 
     model, tok = loaded.model, loaded.tokenizer
     if drafter is None:
         path = cfg.drafter or str(DEFAULT_DRAFTER)
         drafter = load_drafter(path, model.cfg)
+    opts = SpecOptions(method="dflash", block_size=cfg.block_size, window=cfg.window,
+                       lookup_rate=cfg.lookup_rate)
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
     reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
     msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
-    grammar = PlanGreedy(model, tok, cfg.max_tokens, spec="none").constraint if cfg.constrained else (lambda req: None)
+    gtok = GrammarTokenizer(tok) if cfg.constrained else None
     agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0,
            "hyb_tokens": 0, "hyb_s": 0.0, "hyb_cycles": 0, "hyb_committed": 0, "hyb_lookup_cycles": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
     for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
                                  disable=not progress)):
+        req = reqs[i] if cfg.constrained else None
+        # Fresh proposers per prompt (their windows and lookup counters are per sequence).
+        spec_sp = build_speculation(opts, model, drafter=drafter)
+        hyb_sp = build_speculation(replace(opts, method="hybrid"), model, drafter=drafter)
         with torch.inference_mode():
-            plain = rt.generate(ids, params, constraint=grammar(reqs[i] if reqs else None))
-            prop = DFlashProposer(drafter, model, window=cfg.window, block_size=block)
-            spec = rt.generate(ids, params, Speculation(prop, block - 1, DraftBudget()),
-                               constraint=grammar(reqs[i] if reqs else None))
-            hyb_prop = HybridProposer.around(DFlashProposer(drafter, model, window=cfg.window, block_size=block),
-                                             cfg.lookup_rate)
-            hyb = rt.generate(ids, params, Speculation(hyb_prop, block - 1, DraftBudget()),
-                              constraint=grammar(reqs[i] if reqs else None))
+            plain = rt.generate(ids, params, constraint=plan_constraint(gtok, req))
+            spec = rt.generate(ids, params, spec_sp, constraint=plan_constraint(gtok, req))
+            hyb = rt.generate(ids, params, hyb_sp, constraint=plan_constraint(gtok, req))
+        hyb_prop = hyb_sp.proposer
         same = plain.token_ids == spec.token_ids == hyb.token_ids
         identical &= same
         ps, ss = plain.stats, spec.stats

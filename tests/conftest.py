@@ -9,6 +9,21 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_sessionstart(session):
+    """THOR_EXPECT_CPU_CAPABILITY (the CI legs that run as another CPU would): the kernels ATen
+    dispatches to must be that CPU's, or a leg meant to run as an AVX2-only CPU silently runs
+    as this one (a misspelt or ignored ATEN_CPU_CAPABILITY only warns)."""
+    import os
+
+    want = os.environ.get("THOR_EXPECT_CPU_CAPABILITY")
+    if want is None:
+        return
+    got = torch.backends.cpu.get_cpu_capability()
+    if got.upper() != want.strip().upper():
+        pytest.exit(f"THOR_EXPECT_CPU_CAPABILITY={want} but torch.backends.cpu.get_cpu_capability() is {got} "
+                    f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '<unset>')})", returncode=1)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """{"llama": Path, "qwen3": Path} of random-weight HF checkpoints."""

@@ -113,18 +113,19 @@ def test_hybrid_greedy_identical_tiny(tiny_llama, tmp_path, kv):
 def test_hybrid_plans_identical_default(default_model):
     """The planner's decode on a held-out request, with the shipped drafter: identical to plain
     constrained decoding, and lookup takes part of the cycles."""
-    from calib.datagen import PlanGreedy
+    from agent.grammar import GrammarTokenizer
+    from calib.datagen import plan_constraint
     from calib.prompts import robot_requests
 
     tok, model = default_model.tokenizer, default_model.model
     req = robot_requests("heldout", 1, 0)[0]
     ids = tok.encode_chat(req.messages)
-    grammar = PlanGreedy(model, tok, 96, spec="none").constraint
+    gtok = GrammarTokenizer(tok)
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=96)
-    want = rt.generate(ids, params, constraint=grammar(req)).token_ids
+    want = rt.generate(ids, params, constraint=plan_constraint(gtok, req)).token_ids
     p, k = proposer_and_k(SpecOptions(method="auto"), model)
     assert isinstance(p, HybridProposer) and k == 15
-    got = rt.generate(ids, params, speculation=Speculation(p, k, DraftBudget()), constraint=grammar(req))
+    got = rt.generate(ids, params, speculation=Speculation(p, k, DraftBudget()), constraint=plan_constraint(gtok, req))
     assert got.token_ids == want
     assert got.stats.committed / got.stats.cycles > 3 and p.lookup_cycles > 0

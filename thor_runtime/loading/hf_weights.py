@@ -51,16 +51,26 @@ def refuse_pickle(d: Path) -> None:
                         "unpickling runs code. Convert them to safetensors.")
 
 
+def _weight_map(index: Path, what: str) -> dict[str, str]:
+    """The index's tensor name -> shard file name."""
+    wm = read_json(index, "safetensors index").get("weight_map")
+    if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+        raise ThorError(f"{index}: {what} index has no weight_map of tensor name -> shard file")
+    return wm
+
+
 def read_safetensors(d: Path, what: str = "weights") -> dict[str, torch.Tensor]:
-    """Every tensor of a directory's safetensors: the files an index names (sharded), else every
-    *.safetensors file. Tensors keep their stored dtype. Pickle-only directories are refused."""
+    """Every tensor of a directory's safetensors: the shards an index names (sharded), else every
+    *.safetensors file. Tensors keep their stored dtype. Pickle-only directories are refused, and
+    so is an index naming a shard that is missing or a tensor its shard does not hold."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     refuse_pickle(d)
     index = d / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set((read_json(index, "safetensors index").get("weight_map") or {}).values()))
+    weight_map = _weight_map(index, what) if index.exists() else None
+    if weight_map is not None:
+        files = sorted(set(weight_map.values()))
     else:
         files = sorted(p.name for p in d.glob("*.safetensors"))
     if not files:
@@ -71,9 +81,16 @@ def read_safetensors(d: Path, what: str = "weights") -> dict[str, torch.Tensor]:
         if not p.exists():
             raise ThorError(f"{d}: {what} shard {name} named in the index is missing")
         try:
-            out.update(load_file(str(p)))
+            tensors = load_file(str(p))
         except (SafetensorError, OSError, ValueError) as e:
             raise ThorError(f"{p}: cannot read safetensors file (truncated or damaged?): {e}") from None
+        if weight_map is not None:
+            absent = sorted(t for t, f in weight_map.items() if f == name and t not in tensors)
+            if absent:
+                more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
+                raise ThorError(f"{p}: tensor {absent[0]!r}{more}, named in the index for this shard, "
+                                f"is not in it")
+        out.update(tensors)
     return out
 
 

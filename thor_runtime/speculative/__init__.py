@@ -78,33 +78,34 @@ class Speculation:
 PLAIN = Speculation()
 
 
-def _ngram(opts: SpecOptions, model):
+def _ngram(opts: SpecOptions, model, drafter=None):
     from .ngram import NgramConfig, NgramProposer
 
     p = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
     return p, opts.ngram_k
 
 
-def _dflash(opts: SpecOptions, model):
+def _dflash(opts: SpecOptions, model, drafter=None):
     from .dflash import DFlashProposer
     from .dflash_io import load_drafter
 
-    path = Path(opts.drafter) if opts.drafter else DEFAULT_DRAFTER
-    if not path.exists():
-        raise ThorError(f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
-                        "`thor calib distill`)")
-    drafter = load_drafter(path, model.cfg)
+    if drafter is None:
+        path = Path(opts.drafter) if opts.drafter else DEFAULT_DRAFTER
+        if not path.exists():
+            raise ThorError(f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
+                            "`thor calib distill`)")
+        drafter = load_drafter(path, model.cfg)
     block = opts.block_size or drafter.cfg.block_size
     p = DFlashProposer(drafter, model, window=opts.window, seed_window=opts.seed_window, block_size=block)
     return p, block - 1
 
 
-def _hybrid(opts: SpecOptions, model):
+def _hybrid(opts: SpecOptions, model, drafter=None):
     """DFlash, with prompt lookup taking the cycles where the drafter is unsure (hybrid.py)."""
     from .hybrid import HybridProposer
 
-    drafter, k = _dflash(opts, model)
-    return HybridProposer.around(drafter, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
+    dflash, k = _dflash(opts, model, drafter)
+    return HybridProposer.around(dflash, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
 
 
 def weights_kind(model) -> str:
@@ -130,20 +131,25 @@ def shipped_drafter_fits(model) -> bool:
             and doc.get("target_weights", "") in ("", weights_kind(model)))
 
 
-def _auto(opts: SpecOptions, model):
+def _auto(opts: SpecOptions, model, drafter=None):
     """The hybrid where a drafter is given or the shipped one was trained for this target and
     its weight kind, else prompt lookup (a drafter trained for another model would only be
     paused by the budget)."""
-    return _hybrid(opts, model) if opts.drafter or shipped_drafter_fits(model) else _ngram(opts, model)
+    given = opts.drafter or drafter is not None
+    return _hybrid(opts, model, drafter) if given or shipped_drafter_fits(model) else _ngram(opts, model)
 
 
-_BUILDERS = {"none": lambda opts, model: (None, 0), "ngram": _ngram, "dflash": _dflash, "hybrid": _hybrid,
-             "auto": _auto}
+_BUILDERS = {"none": lambda opts, model, drafter=None: (None, 0), "ngram": _ngram, "dflash": _dflash,
+             "hybrid": _hybrid, "auto": _auto}
 
 
-def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None) -> Speculation:
-    """The one constructor of a Speculation from user-facing options."""
-    proposer, k = _BUILDERS[opts.method](opts, model)
+def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None,
+                      drafter=None) -> Speculation:
+    """The one constructor of a Speculation from user-facing options.
+
+    drafter: a DFlash drafter already in memory (one just distilled, evaluated before it is
+    saved), taken instead of loading ``opts.drafter``; only the DFlash-based methods use it."""
+    proposer, k = _BUILDERS[opts.method](opts, model, drafter)
     budget = None if opts.fixed_k or proposer is None else DraftBudget()
     free = None
     if opts.method == "auto" and proposer is not None:
