@@ -68,6 +68,9 @@ async def test_health_waits_for_a_slow_selftest_then_reports_it(start):
     assert status == 200 and body["selftest"] == "PASS: 2/2 parity checks"
     assert body["selftest_report"] == {"passed": True, "note": "2/2 parity checks"}
     assert body["backend"] == "torch" and body["model"] == "default"
+    # what the hosted runtime runs with, read back from it (the loader here builds a bare Runtime)
+    assert {k: body["runtime"][k] for k in ("kv_dtype", "prefix_cache", "speculation", "prefill_chunk")} == \
+        {"kv_dtype": "fp32", "prefix_cache": 0, "speculation": "none", "prefill_chunk": 0}
 
 
 @pytest.mark.parametrize("selftest, reason", [
