@@ -48,6 +48,19 @@ def hosted_loader(loaded, spec: str = "none"):
     return lambda cfg: hosted
 
 
+def long_context_copy(src, dst):
+    """A copy of a tiny checkpoint with a 4k context: its 320-token BPE spells a sample world's
+    plan prompt in ~1.5k tokens. -> the copy's directory."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["max_position_embeddings"] = 4096
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 def config(**tables):
     doc = {"limits": {"max_tokens": 2048, "queue_size": 4}}
     for k, v in tables.items():

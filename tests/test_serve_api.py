@@ -68,6 +68,9 @@ async def test_health_waits_for_a_slow_selftest_then_reports_it(start):
     assert status == 200 and body["selftest"] == "PASS: 2/2 parity checks"
     assert body["selftest_report"] == {"passed": True, "note": "2/2 parity checks"}
     assert body["backend"] == "torch" and body["model"] == "default"
+    # what the hosted runtime runs with, read back from it (the loader here builds a bare Runtime)
+    assert {k: body["runtime"][k] for k in ("kv_dtype", "prefix_cache", "speculation", "prefill_chunk")} == \
+        {"kv_dtype": "fp32", "prefix_cache": 0, "speculation": "none", "prefill_chunk": 0}
 
 
 @pytest.mark.parametrize("selftest, reason", [
@@ -243,6 +246,36 @@ async def test_full_queue_is_429_with_retry_after_and_a_late_request_times_out(s
     assert 'thor_generations_cancelled_total{reason="timeout"} 1.0' in await (await client.get("/metrics")).text()
 
 
+def _metric(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_running_generation_past_its_timeout_is_cut_short(start, stream):
+    """The deadline reaches a generation already running (not only one still queued): it stops
+    at the next committed token and the client gets the timeout error."""
+    client = await start(limits={"request_timeout_s": 0.25})
+    st = client.app[STATE]
+    body = {"messages": MSG, "max_tokens": 900, "stream": stream,       # ~1 s of tokens on this model
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": LONG}}}
+    r = await client.post("/v1/chat/completions", json=body)
+    if stream:       # the headers went out before the deadline: the error comes as the last event
+        events, done = await sse(r)
+        assert r.status == 200 and done and is_error_body(events[-1]) and events[-1]["error"]["code"] == "timeout"
+    else:
+        err = await r.json()
+        assert r.status == 504 and is_error_body(err) and err["error"]["code"] == "timeout"
+        assert "0.25 s" in err["error"]["message"]
+    assert st.engine.cancelled == {"timeout": 1} and st.engine.completed == 0
+    text = await (await client.get("/metrics")).text()
+    assert 'thor_generations_cancelled_total{reason="timeout"} 1.0' in text
+    # it had started (tokens were committed) and was stopped well before its 900 tokens
+    assert 0 < _metric(text, "thor_generated_tokens_total") < 900
+    r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4})
+    assert r.status == 200                     # the worker is free again
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_stops_the_generation(start, stream):
     client = await start()
@@ -276,14 +309,37 @@ async def test_models_and_metrics(start):
     body = await (await client.get("/v1/models")).json()
     assert body["object"] == "list" and body["data"][0]["object"] == "model"
     r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 40})
-    gen = (await r.json())["usage"]["completion_tokens"]
+    use = (await r.json())["usage"]
+    gen = use["completion_tokens"]
     await client.post("/v1/chat/completions", json={"messages": "x"})
     r = await client.get("/metrics")
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
     text = await r.text()
     for line in ('thor_requests_total{route="/v1/chat/completions",status="200"} 1.0',
                  'thor_requests_total{route="/v1/chat/completions",status="400"} 1.0',
-                 f"thor_generated_tokens_total {float(gen)}", "thor_queue_depth 0.0", "thor_ready 1.0",
+                 f"thor_generated_tokens_total {float(gen)}", f"thor_prompt_tokens_total {float(use['prompt_tokens'])}",
+                 "thor_queue_depth 0.0", "thor_ready 1.0",
                  "thor_ttft_seconds_count 1.0", 'thor_request_latency_seconds_bucket{le="0.05",route="/v1/models"}',
                  "thor_drafted_tokens_total", "thor_accepted_tokens_total"):
         assert line in text, line
+
+
+async def test_speculative_request_fills_prompt_tokens_and_acceptance_by_position(start, tiny_llama):
+    from thor_runtime.generate import Runtime
+    from thor_runtime.speculative import SpecOptions, build_speculation
+
+    client = await start(spec="ngram")
+    ids = tiny_llama.tokenizer.encode_chat(MSG)
+    want = Runtime(tiny_llama.model, tiny_llama.tokenizer).generate(
+        ids, SamplingParams(max_tokens=40), build_speculation(SpecOptions("ngram"), tiny_llama.model)).stats
+    assert want.drafted > 0, "the tiny model drafts nothing here: the test would show nothing"
+    r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 40})
+    assert r.status == 200
+    text = await (await client.get("/metrics")).text()
+    assert _metric(text, "thor_prompt_tokens_total") == want.prompt_tokens == (await r.json())["usage"]["prompt_tokens"]
+    assert _metric(text, "thor_drafted_tokens_total") == want.drafted
+    assert _metric(text, "thor_accepted_tokens_total") == want.accepted
+    for j, (o, a) in enumerate(zip(want.pos_offered, want.pos_accepted)):
+        if o:
+            assert _metric(text, f'thor_acceptance_by_position{{position="{j}"}}') == pytest.approx(a / o)
+            assert _metric(text, f'thor_draft_position_offered_total{{position="{j}"}}') == o

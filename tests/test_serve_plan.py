@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_util import config, hosted_loader, is_error_body, passing, wait_health
+from serve_util import (
+    config,
+    hosted_loader,
+    is_error_body,
+    long_context_copy,
+    passing,
+    wait_health,
+)
 
 from thor_app.server.app import make_app
 
@@ -17,17 +24,10 @@ COLOR = {"type": "object", "properties": {"color": {"type": "string", "enum": ["
 
 @pytest.fixture(scope="module")
 def tiny_long(tiny_dirs, tmp_path_factory):
-    """The tiny llama with a 4k context: its 320-token BPE spells a sample world's prompt in ~1.5k tokens."""
-    import shutil
-
+    """The tiny llama with a 4k context (a sample world's plan prompt fits)."""
     from thor_runtime.loading import load
 
-    d = tmp_path_factory.mktemp("serve_tiny_long") / "llama"
-    shutil.copytree(tiny_dirs["llama"], d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["max_position_embeddings"] = 4096
-    (d / "config.json").write_text(json.dumps(cfg))
-    return load(str(d))
+    return load(str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("serve_tiny_long") / "llama")))
 
 
 @pytest.fixture

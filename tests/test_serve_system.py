@@ -149,6 +149,29 @@ async def test_ready_then_watchdog_and_a_stalled_generation_stops_the_pings(aioh
 
 
 @pytest.mark.asyncio
+async def test_a_blocked_event_loop_sends_no_pings_until_it_turns_again(aiohttp_client, tiny_llama,
+                                                                       notify_socket):
+    """The pings come from the serving loop itself, not a thread beside it: a handler that
+    blocks the loop (a synchronous call where an await belonged) silences them."""
+    import time
+
+    from aiohttp import web
+
+    async def stall(request):            # runs on the loop; nothing else on it runs meanwhile
+        _drain(notify_socket)
+        time.sleep(0.6)  # noqa: ASYNC251 - the point: twelve ping intervals with the loop held
+        return web.json_response({"during": _drain(notify_socket)})
+
+    app = make_app(config(), loader=hosted_loader(tiny_llama), selftest=passing)
+    app.router.add_get("/stall", stall)
+    client = await aiohttp_client(app)
+    await _recv_until(notify_socket, lambda g: "WATCHDOG=1" in g[-1] and any("READY=1" in m for m in g))
+    r = await client.get("/stall")
+    assert r.status == 200 and (await r.json())["during"] == []
+    await _recv_until(notify_socket, lambda g: "WATCHDOG=1" in g[-1], timeout_s=5)   # pings resume
+
+
+@pytest.mark.asyncio
 async def test_a_failed_selftest_never_sends_ready(aiohttp_client, tiny_llama, notify_socket):
     app = make_app(config(), loader=hosted_loader(tiny_llama), selftest=failing)
     client = await aiohttp_client(app)

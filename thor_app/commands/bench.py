@@ -49,9 +49,10 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefill-tokens", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument("--prefix-cache", type=non_negative_int, default=0,
+    p.add_argument("--prefix-cache", type=non_negative_int, default=None,
                    help="plan benches: keep the K/V of this many recent prompts, as `thor plan` and "
-                        "`thor serve` do (default 0: every prompt prefilled whole)")
+                        "`thor serve` do (default 0: every prompt prefilled whole; --serve: the service's "
+                        "default, on both sides)")
     p.add_argument("--tie-tol", type=float, default=DEFAULT_TIE_TOL,
                    help="losslessness gate: max logit regret for a divergence to count as a numerical tie")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
@@ -67,7 +68,8 @@ def register(sub) -> None:
     p.add_argument("--peers-python", default=None,
                    help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
     p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
-    p.add_argument("--threads", type=positive_int, default=2, help="with --peers: threads of every engine")
+    p.add_argument("--threads", type=positive_int, default=2, help="with --peers / --serve: threads of every engine (--serve: the server's and the "
+                        "in-process side's)")
     p.add_argument("--peers-repeats", type=positive_int, default=None, help="with --peers: repeats (default 3)")
     p.add_argument("--peers-max-tokens", type=positive_int, default=None,
                    help="with --peers: decode tokens per prompt (default 128)")
@@ -319,6 +321,8 @@ def run(args) -> int:
         from .bench_serve import run_serve
 
         return run_serve(args)
+    if args.prefix_cache is None:
+        args.prefix_cache = 0
     if args.plan:
         return run_plan(args, specs)
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]

@@ -1,13 +1,23 @@
 """`thor bench --serve`: what the local API costs over calling the planner in-process.
 
-Starts `thor serve` (same model, weights, KV dtype and speculation) on a free loopback port,
-waits for its self-test, then measures:
-  * plan requests/s and p50/p99 latency with 1, 4 and 16 concurrent clients;
-  * streaming time to the first content chunk (TTFT) against the runtime's own prefill TTFT;
-  * the same plans in this process, one at a time, and the server's added cost two ways:
-    HTTP latency over in-process latency, and HTTP latency minus the plan time the server
-    itself reports (transport, parsing, queueing: independent of run-to-run decode noise).
-Requests run one at a time on the server, so more clients raise latency, not throughput.
+Both sides are built from one TOML file: `thor serve` reads it in a subprocess on a free
+loopback port, and this process builds its in-process side with the server's own loader and
+warm-up from the same parsed config, so model, weights, layout, KV dtype, prefix cache,
+speculation, thinking and thread count are the same by construction. Each side reports the
+settings it actually runs with (read back from the built runtime; the server's through
+/health), and the run stops if they differ.
+
+Measured:
+  * paired plans: the same plan request over HTTP (one client) and in-process, back to back,
+    alternating which goes first, over several repeats after one unrecorded round on each side
+    (so both prefix caches hold the same prompts). Per pair the difference and the relative
+    overhead HTTP / in-process - 1; the summary is the median of those with its quartiles and
+    range. Pairing cancels the drift of a shared machine that separate runs pick up;
+  * streaming time to the first content chunk against the same chat in-process, paired too;
+  * plan requests/s and p50/p99 latency with 1, 4 and 16 concurrent clients (server only: one
+    generation runs at a time, so more clients raise latency, not throughput);
+  * HTTP latency minus the plan time the server reports for itself: the transport, parsing and
+    queueing alone, a different figure from the paired overhead.
 """
 from __future__ import annotations
 
@@ -26,15 +36,16 @@ from thor_runtime.errors import ThorError
 
 TASKS = ("put the red cup in the sink", "move the apple to the table")
 CHAT = [{"role": "user", "content": "Name three things a kitchen robot can do."}]
+CHAT_TOKENS = 16
 
 
 def _log(msg: str) -> None:
     print(f"bench serve: {msg}", file=sys.stderr, flush=True)
 
 
-def _pct(xs, q):
+def _pct(xs, q, nd: int = 4):
     xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))], 4) if xs else None
+    return round(xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))], nd) if xs else None
 
 
 def _free_port() -> int:
@@ -43,18 +54,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(args, wdt: str, kv: str, spec: str, tmp: Path):
-    port = _free_port()
-    cfg = tmp / "thor.toml"
-    cfg.write_text(f'[server]\nport = {port}\n[model]\nname = "{args.model}"\ndtype = "{wdt}"\n'
-                   f'kv_dtype = "{kv}"\n[speculation]\nmethod = "{spec}"\n'
-                   f'{f"drafter = {json.dumps(args.drafter)}" if args.drafter else ""}\n'
-                   f'[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\n'
-                   f'[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n')
-    log = open(tmp / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg)],
-                            stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ))
-    return proc, port
+def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: int) -> Path:
+    """The one config both sides run (TOML strings written as JSON strings: the same escapes)."""
+    q = json.dumps
+    backend = args.backend.split(",")[0].strip()
+    text = (f"[server]\nport = {_free_port()}\n"
+            f"[model]\nname = {q(str(args.model))}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
+            f"prefix_cache = {prefix_cache}\nbackend = {q(backend)}\n"
+            f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(args.drafter or '')}\n"
+            f"block_size = {args.block_size or 0}\nwindow = {args.window}\n"
+            f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\n"
+            f"[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n")
+    path = tmp / "thor.toml"
+    path.write_text(text)
+    return path
+
+
+def _start_server(cfg_path: Path, threads: int, log: Path) -> subprocess.Popen:
+    # torch sizes its intra-op pool from OMP_NUM_THREADS when it starts: the server's threads
+    # and this process's own thor_app first on the path: both sides run the same code
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with open(log, "w") as err:        # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg_path)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
 def _wait_ready(proc, port: int, log: Path) -> dict:
@@ -76,124 +100,241 @@ def _wait_ready(proc, port: int, log: Path) -> dict:
         time.sleep(0.5)
 
 
-async def _plans(base: str, clients: int, n: int, world: str, max_tokens: int) -> dict:
+class InProcess:
+    """The planner called directly, built as the server builds its own: same parsed config,
+    same loader, same warm-up, same request parsing (outside the timed call)."""
+
+    def __init__(self, cfg):
+        from agent.grammar import GrammarTokenizer
+        from thor_app.server import host
+
+        self.cfg = cfg
+        self.hosted = host.default_loader(cfg)
+        self.gtok = GrammarTokenizer(self.hosted.loaded.tokenizer)
+        host.ModelHost.warm_up(self.hosted, self.gtok)
+        self.thinking = host.resolve_thinking(cfg.planner.thinking, self.gtok)
+        self.settings = host.runtime_settings(self.hosted, self.thinking)
+
+    def plan(self, body: dict):
+        """-> (seconds, PlanResult) for one /v1/plan request body."""
+        from agent.planner import Planner
+        from thor_app.server.plan_api import parse_plan
+
+        h, req = self.hosted, parse_plan(body, self.cfg.planner)
+        planner = Planner(h.runtime, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
+                          attempts=req.attempts, thinking=self.thinking, max_steps=req.max_steps,
+                          grammar_tokenizer=self.gtok)
+        t = time.perf_counter()
+        res = planner.plan(req.task, req.world, req.skills, req.schema)
+        return time.perf_counter() - t, res
+
+    def ttft(self) -> float:
+        """Seconds to the first non-empty text, cut into deltas as the server streams them."""
+        from thor_app.server.openai_api import TextStreamer
+        from thor_runtime.sampling import SamplingParams
+
+        h = self.hosted
+        streamer, first = TextStreamer(h.loaded.tokenizer), []
+        ids = h.loaded.tokenizer.encode_chat(CHAT)
+        t = time.perf_counter()
+
+        def on_token(tok):
+            if not first and streamer.push(tok):
+                first.append(time.perf_counter() - t)
+        h.runtime.generate(ids, SamplingParams(max_tokens=CHAT_TOKENS), h.speculation, on_token=on_token)
+        return first[0] if first else float("nan")
+
+
+def _plan_body(task: str, world: str, max_tokens: int) -> dict:
+    return {"task": task, "world": world, "max_tokens": max_tokens, "attempts": 0}
+
+
+async def _post_plan(s, base: str, body: dict):
+    t = time.perf_counter()
+    async with s.post(f"{base}/v1/plan", json=body) as r:
+        doc = await r.json()
+    if r.status not in (200, 422):
+        raise ThorError(f"plan request failed with {r.status}: {doc}")
+    return time.perf_counter() - t, doc
+
+
+async def _http_ttft(s, base: str) -> float:
+    t = time.perf_counter()
+    async with s.post(f"{base}/v1/chat/completions",
+                      json={"messages": CHAT, "max_tokens": CHAT_TOKENS, "stream": True}) as r:
+        out = float("nan")
+        async for raw in r.content:
+            if b'"content": "' in raw and b'"content": ""' not in raw:
+                out = time.perf_counter() - t
+                break
+        await r.read()
+    return out
+
+
+async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, repeats: int):
+    """-> (plan pairs, TTFT pairs). Each pair runs its two sides back to back, the first side
+    alternating from pair to pair."""
     import aiohttp
 
-    lat, server_s, todo = [], [], list(range(n))
+    pairs, ttft = [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
+        for task in TASKS:                      # unrecorded: the same prompts enter both caches
+            await _post_plan(s, base, _plan_body(task, world, max_tokens))
+            inproc.plan(_plan_body(task, world, max_tokens))
+        for r in range(repeats):
+            for i, task in enumerate(TASKS):
+                body, http_first = _plan_body(task, world, max_tokens), (r + i) % 2 == 0
+                if http_first:
+                    h_s, doc = await _post_plan(s, base, body)
+                    i_s, res = inproc.plan(body)
+                else:
+                    i_s, res = inproc.plan(body)
+                    h_s, doc = await _post_plan(s, base, body)
+                st = doc["stats"]
+                pairs.append({
+                    "repeat": r, "task": task, "first": "http" if http_first else "in_process",
+                    "http_s": round(h_s, 4), "in_process_s": round(i_s, 4), "diff_s": round(h_s - i_s, 4),
+                    "overhead": round(h_s / i_s - 1, 5),
+                    # the server compiles the grammar before queueing, outside the planner's timer
+                    "server_reported_s": round(st["plan_latency_s"] + st["grammar_compile_s"], 4),
+                    "same_plan": doc["plan"] == res.plan and doc["valid"] == res.valid
+                    and st["generated_tokens"] == res.stats["generated_tokens"],
+                    "generated_tokens": st["generated_tokens"]})
+        for r in range(repeats):
+            if r % 2 == 0:
+                h, i = await _http_ttft(s, base), inproc.ttft()
+            else:
+                i, h = inproc.ttft(), await _http_ttft(s, base)
+            ttft.append({"http_s": round(h, 4), "in_process_s": round(i, 4)})
+    return pairs, ttft
+
+
+async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int) -> dict:
+    import aiohttp
+
+    lat, todo = [], list(range(n))
 
     async def client(s):
         while todo:
             i = todo.pop()
-            t = time.perf_counter()
-            async with s.post(f"{base}/v1/plan", json={"task": TASKS[i % len(TASKS)], "world": world,
-                                                       "max_tokens": max_tokens, "attempts": 0}) as r:
-                body = await r.json()
-            if r.status not in (200, 422):
-                raise ThorError(f"plan request failed with {r.status}: {body}")
-            lat.append(time.perf_counter() - t)
-            # the server compiles the grammar before queueing, outside the planner's own timer;
-            # in-process planning pays it inside: count it on the server's side of the ledger
-            server_s.append(body["stats"]["plan_latency_s"] + body["stats"]["grammar_compile_s"])
+            dt, _ = await _post_plan(s, base, _plan_body(TASKS[i % len(TASKS)], world, max_tokens))
+            lat.append(dt)
 
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
         await asyncio.gather(*(client(s) for _ in range(clients)))
     wall = time.perf_counter() - t0
     return {"clients": clients, "requests": n, "req_per_s": round(n / wall, 4), "p50_s": _pct(lat, 0.5),
-            "p99_s": _pct(lat, 0.99), "server_plan_p50_s": _pct(server_s, 0.5),
-            "_lat": lat, "_server": server_s}
+            "p99_s": _pct(lat, 0.99)}
 
 
-async def _ttft(base: str, n: int) -> list[float]:
-    import aiohttp
+def summarize(pairs: list[dict], ttft: list[dict]) -> dict:
+    over = [p["overhead"] for p in pairs]
+    added = [p["http_s"] - p["server_reported_s"] for p in pairs]
+    return {
+        "pairs": len(pairs), "plans_identical": sum(p["same_plan"] for p in pairs),
+        "http_p50_s": _pct([p["http_s"] for p in pairs], 0.5),
+        "in_process_p50_s": _pct([p["in_process_s"] for p in pairs], 0.5),
+        "diff_median_s": round(statistics.median(p["diff_s"] for p in pairs), 4),
+        "overhead_median": round(statistics.median(over), 5), "overhead_p25": _pct(over, 0.25, 5),
+        "overhead_p75": _pct(over, 0.75, 5), "overhead_min": min(over), "overhead_max": max(over),
+        "http_minus_server_reported_p50_s": _pct(added, 0.5),
+        "http_minus_server_reported_fraction": round(
+            statistics.median(added) / statistics.median(p["server_reported_s"] for p in pairs), 5),
+        "ttft_stream_p50_s": _pct([t["http_s"] for t in ttft], 0.5),
+        "ttft_in_process_p50_s": _pct([t["in_process_s"] for t in ttft], 0.5),
+        "ttft_diff_median_s": round(statistics.median(t["http_s"] - t["in_process_s"] for t in ttft), 4)}
 
-    out = []
-    async with aiohttp.ClientSession() as s:
-        for _ in range(n):
-            t = time.perf_counter()
-            async with s.post(f"{base}/v1/chat/completions",
-                              json={"messages": CHAT, "max_tokens": 16, "stream": True}) as r:
-                async for raw in r.content:
-                    if b'"content": "' in raw and b'"content": ""' not in raw:
-                        out.append(time.perf_counter() - t)
-                        break
-                await r.read()
-    return out
+
+def markdown(doc: dict) -> str:
+    s, srv, inp = doc["summary"], doc["settings"]["server"], doc["settings"]["in_process"]
+    out = ["## thor bench --serve", "", (f"model {doc['model']}, world {doc['world']}, plan max_tokens "
+           f"{doc['max_tokens']}, {s['pairs']} paired plans ({doc['repeats']} repeats x {len(TASKS)} tasks)"), "",
+           "| setting | server | in-process |", "|---|---|---|"]
+    out += [f"| {k} | {srv.get(k)} | {inp.get(k)} |" for k in sorted(set(srv) | set(inp))]
+    out += ["", "| paired plans | value |", "|---|---|",
+            f"| in-process p50 s | {s['in_process_p50_s']} |", f"| HTTP p50 s | {s['http_p50_s']} |",
+            f"| HTTP - in-process, median of pairs s | {s['diff_median_s']} |",
+            f"| overhead (HTTP / in-process - 1), median of pairs | {s['overhead_median']:+.2%} |",
+            f"| overhead quartiles | {s['overhead_p25']:+.2%} .. {s['overhead_p75']:+.2%} |",
+            f"| overhead range | {s['overhead_min']:+.2%} .. {s['overhead_max']:+.2%} |",
+            f"| plans identical on both sides | {s['plans_identical']}/{s['pairs']} |",
+            (f"| HTTP - server-reported plan time, p50 s (transport and parsing only) | "
+             f"{s['http_minus_server_reported_p50_s']} ({s['http_minus_server_reported_fraction']:.2%}) |"),
+            f"| streaming TTFT p50 s, HTTP / in-process | {s['ttft_stream_p50_s']} / {s['ttft_in_process_p50_s']} |",
+            "", "| repeat | task | first | HTTP s | in-process s | diff s | overhead |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | {p['diff_s']} | "
+            f"{p['overhead']:+.2%} |" for p in doc["pairs"]]
+    out += ["", "| clients | requests | req/s | p50 s | p99 s |", "|---|---|---|---|---|"]
+    out += [f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} |"
+            for r in doc["levels"]]
+    return "\n".join(out) + "\n"
 
 
-def _in_process(args, wdt: str, kv: str, spec: str, world_name: str, n: int):
-    from agent.files import AGENT_DIR, load_skills, load_world, resolve_skills_path
-    from agent.planner import Planner
-    from thor_runtime.generate import Runtime
-    from thor_runtime.loading import load
-    from thor_runtime.sampling import SamplingParams
-    from thor_runtime.speculative import SpecOptions, build_speculation
+def check_same_settings(server: dict, local: dict) -> None:
+    """A comparison is only fair between sides that run the same way: refuse any other."""
+    differ = sorted(k for k in set(server) | set(local) if server.get(k) != local.get(k))
+    if differ or not server:
+        raise ThorError("the server and the in-process side run with different settings: " + (", ".join(
+            f"{k} {server.get(k)!r} vs {local.get(k)!r}" for k in differ) or "the server reported none"))
 
-    loaded = load(args.model, wdt)
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
-    speculation = build_speculation(SpecOptions(method=spec, drafter=args.drafter), loaded.model)
-    world = load_world(AGENT_DIR / "worlds" / f"{world_name}.json")
-    skills = load_skills(resolve_skills_path(world, None))
-    planner = Planner(rt, loaded.tokenizer, speculation, max_tokens=max(args.max_tokens, 16), attempts=0)
-    planner.plan(TASKS[0], world, skills)                 # warm-up, as the server's
-    lat = []
-    for i in range(n):
-        t = time.perf_counter()
-        planner.plan(TASKS[i % len(TASKS)], world, skills)
-        lat.append(time.perf_counter() - t)
-    ids = loaded.tokenizer.encode_chat(CHAT)
-    ttft = [rt.generate(ids, SamplingParams(max_tokens=2), speculation).stats.ttft_s for _ in range(n)]
-    return lat, ttft
+
+def _levels_arg(text: str) -> list[int]:
+    try:
+        levels = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise ThorError(f"--serve-clients must be a comma list of integers, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ThorError("--serve-clients: every client count must be >= 1")
+    return levels
 
 
 def run_serve(args) -> int:
+    import torch
+
+    from thor_app.server.config import ModelSection, load_config
+
     from .bench import device_info
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     spec = args.spec.split(",")[0].strip()
-    try:
-        levels = [int(c) for c in args.serve_clients.split(",")]
-    except ValueError:
-        raise ThorError(f"--serve-clients must be a comma list of integers, got {args.serve_clients!r}") from None
-    if not levels or min(levels) < 1:
-        raise ThorError("--serve-clients: every client count must be >= 1")
-    world = args.serve_world
+    levels = _levels_arg(args.serve_clients)
+    prefix = ModelSection().prefix_cache if args.prefix_cache is None else args.prefix_cache
+    world, threads_before = args.serve_world, torch.get_num_threads()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        proc, port = _start_server(args, wdt, kv, spec, tmp)
+        cfg_path = _write_config(args, tmp, wdt, kv, spec, prefix)
+        cfg = load_config(str(cfg_path))                  # a bad setting fails here, before any load
+        port = cfg.server.port
+        proc = _start_server(cfg_path, args.threads, tmp / "serve.log")
         base = f"http://127.0.0.1:{port}"
         try:
+            torch.set_num_threads(args.threads)
+            _log("loading the in-process side (the server loads alongside) ...")
+            inproc = InProcess(cfg)
             _log(f"waiting for thor serve on port {port} (load, warm-up, self-test) ...")
             health = _wait_ready(proc, port, tmp / "serve.log")
+            served = health.get("runtime") or {}
+            check_same_settings(served, inproc.settings)
+            _log(f"{args.repeats} x {len(TASKS)} paired plans and {args.repeats} paired TTFTs ...")
+            pairs, ttft = asyncio.run(_paired(base, inproc, world, args.max_tokens, args.repeats))
             rows = []
             for c in levels:
                 n = max(c, args.repeats)
                 _log(f"{c} client(s), {n} plan requests ...")
-                rows.append(asyncio.run(_plans(base, c, n, world, args.max_tokens)))
-            _log("streaming TTFT ...")
-            ttft_http = asyncio.run(_ttft(base, args.repeats))
+                rows.append(asyncio.run(_levels(base, c, n, world, args.max_tokens)))
         finally:
+            torch.set_num_threads(threads_before)
             proc.terminate()
             proc.wait(120)
-    _log("the same plans in-process ...")
-    inproc, ttft_inproc = _in_process(args, wdt, kv, spec, world, args.repeats)
-    one = next((r for r in rows if r["clients"] == 1), rows[0])
-    added = [h - s for h, s in zip(one["_lat"], one["_server"])]
     doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "kv": kv, "spec": spec,
-           "speculation_served": health.get("speculation"), "world": world, "max_tokens": args.max_tokens,
-           "levels": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
-           "in_process_p50_s": _pct(inproc, 0.5),
-           "http_over_in_process": round(one["p50_s"] / statistics.median(inproc) - 1, 4),
-           "added_by_server_p50_s": _pct(added, 0.5),
-           "added_by_server_fraction": round(statistics.median(added) / statistics.median(one["_server"]), 5),
-           "ttft_stream_p50_s": _pct(ttft_http, 0.5), "ttft_in_process_p50_s": _pct(ttft_inproc, 0.5)}
-    Path(args.json_out).write_text(json.dumps(doc, indent=1))
-    print(f"{'clients':>7}  {'requests':>8}  {'req/s':>7}  {'p50 s':>7}  {'p99 s':>7}")
-    for r in doc["levels"]:
-        print(f"{r['clients']:>7}  {r['requests']:>8}  {r['req_per_s']:>7.3f}  {r['p50_s']:>7.3f}  {r['p99_s']:>7.3f}")
-    print(f"in-process plan p50 {doc['in_process_p50_s']:.3f} s; over HTTP (1 client) "
-          f"{doc['http_over_in_process']:+.1%}; added by the server (HTTP - server's own plan time) "
-          f"p50 {doc['added_by_server_p50_s'] * 1000:.1f} ms = {doc['added_by_server_fraction']:.2%}")
-    print(f"TTFT streaming p50 {doc['ttft_stream_p50_s']:.3f} s vs in-process prefill {doc['ttft_in_process_p50_s']:.3f} s")
-    _log(f"results written to {args.json_out}")
+           "world": world, "max_tokens": args.max_tokens, "repeats": args.repeats, "tasks": list(TASKS),
+           "settings": {"server": served, "in_process": inproc.settings, "identical": served == inproc.settings},
+           "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows}
+    out = Path(args.json_out)
+    out.write_text(json.dumps(doc, indent=1))
+    md = out.with_suffix(".md")
+    md.write_text(markdown(doc))
+    print(markdown(doc))
+    _log(f"results written to {out} and {md}")
     return 0

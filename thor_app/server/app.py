@@ -227,7 +227,8 @@ async def health(request: web.Request) -> web.Response:
         "status": "ok", "model": h.model_id, "source": h.hosted.loaded.source, "backend": st.cfg.model.backend,
         "speculation": h.hosted.speculation.name, "selftest": h.reason.removeprefix("self-test passed: "),
         "selftest_report": rep.to_dict() if callable(getattr(rep, "to_dict", None)) else None,
-        "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()}, "queue_depth": st.engine.depth,
+        "runtime": h.settings(), "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()},
+        "queue_depth": st.engine.depth,
         "generating": st.engine.busy})
 
 

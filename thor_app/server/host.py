@@ -46,6 +46,25 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     return Hosted(loaded, rt, build_speculation(opts, loaded.model))
 
 
+def resolve_thinking(mode: str, gtok) -> bool:
+    """planner.thinking: ``auto`` thinks when the tokenizer has the think tokens."""
+    return gtok.think_ids is not None if mode == "auto" else mode == "on"
+
+
+def runtime_settings(h: Hosted, thinking: bool) -> dict:
+    """What a hosted model actually runs with, read back from the built objects (not the
+    config): /health reports it, and `thor bench --serve` compares its in-process side to it."""
+    import torch
+
+    rt, spec, model = h.runtime, h.speculation, h.loaded.model
+    return {"source": str(h.loaded.source), "dtype": str(model.dtype).removeprefix("torch."),
+            "weights_layout": model.layout, "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
+            "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
+            "speculation": spec.name, "spec_k": spec.k,
+            "speculation_free_text": spec.free_text.name if spec.free_text is not None else spec.name,
+            "thinking": thinking, "threads": torch.get_num_threads()}
+
+
 def default_selftest(loaded, backend: str):
     try:
         from engines.selftest import run_selftest
@@ -126,7 +145,7 @@ class ModelHost:
             self.startup_s["load"] = time.perf_counter() - t
             t = time.perf_counter()
             self._set("warming_up", "warming up")
-            self._warm_up(hosted, gtok)
+            self.warm_up(hosted, gtok)
             self.startup_s["warm_up"] = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 - any start-up failure is reported, never served past
             return self._failed("start-up failed", e)
@@ -153,7 +172,7 @@ class ModelHost:
         return False
 
     @staticmethod
-    def _warm_up(h: Hosted, gtok) -> None:
+    def warm_up(h: Hosted, gtok) -> None:
         """One short plain and one constrained generation: allocator, kernels, grammar engine."""
         from agent.grammar import Grammar
         from thor_runtime.sampling import SamplingParams
@@ -212,8 +231,10 @@ class ModelHost:
                                req.task)
 
     def _thinking(self) -> bool:
-        mode = self.cfg.planner.thinking
-        return self.gtok.think_ids is not None if mode == "auto" else mode == "on"
+        return resolve_thinking(self.cfg.planner.thinking, self.gtok)
+
+    def settings(self) -> dict:
+        return runtime_settings(self.hosted, self._thinking())
 
     def plan_job(self, req, prepared):
         from agent.planner import Planner

@@ -1,0 +1,70 @@
+"""`thor bench --serve` end to end on a tiny model: a real `thor serve` subprocess against the
+same plans in-process, paired, both sides on the same settings, JSON + Markdown written."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from serve_util import long_context_copy
+
+from thor_app.cli import main
+from thor_app.commands.bench_serve import TASKS, check_same_settings
+from thor_app.server.config import ModelSection
+from thor_runtime.errors import ThorError
+
+
+def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_path, capsys):
+    model = long_context_copy(tiny_dirs["llama"], tmp_path / "llama")
+    out = tmp_path / "serve.json"
+    repeats = 2
+    rc = main(["bench", "--serve", "--model", str(model), "--configs", "fp32/fp8", "--spec", "ngram",
+               "--repeats", str(repeats), "--max-tokens", "16", "--serve-clients", "1,2", "--threads", "1",
+               "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+
+    # both sides report what they run with; equal, and what was asked (prefix cache: the service's default)
+    s = doc["settings"]
+    assert s["identical"] is True and s["server"] == s["in_process"]
+    want = {"source": str(model), "kv_dtype": "fp8", "dtype": "float32", "speculation": "ngram",
+            "prefix_cache": ModelSection().prefix_cache, "threads": 1, "prefill_chunk": 0}
+    assert {k: s["server"][k] for k in want} == want and ModelSection().prefix_cache > 0
+
+    # every task in every repeat, each side going first equally often, per-pair figures consistent
+    pairs = doc["pairs"]
+    assert len(pairs) == repeats * len(TASKS)
+    assert sorted((p["repeat"], p["task"]) for p in pairs) == sorted((r, t) for r in range(repeats) for t in TASKS)
+    assert sum(p["first"] == "http" for p in pairs) == sum(p["first"] == "in_process" for p in pairs)
+    for p in pairs:
+        assert p["http_s"] > 0 and p["in_process_s"] > 0 and p["server_reported_s"] > 0
+        assert p["diff_s"] == pytest.approx(p["http_s"] - p["in_process_s"], abs=2e-4)
+        assert p["overhead"] == pytest.approx(p["http_s"] / p["in_process_s"] - 1, abs=5e-3)
+        assert p["same_plan"] is True and p["generated_tokens"] > 0   # greedy, same settings: same work
+    sm = doc["summary"]
+    over = [p["overhead"] for p in pairs]
+    assert sm["pairs"] == len(pairs) and sm["plans_identical"] == len(pairs)
+    assert sm["overhead_median"] == pytest.approx(statistics.median(over), abs=1e-5)
+    assert sm["overhead_min"] <= sm["overhead_p25"] <= sm["overhead_median"] <= sm["overhead_p75"] <= sm["overhead_max"]
+    assert sm["diff_median_s"] == pytest.approx(statistics.median(p["diff_s"] for p in pairs), abs=1e-4)
+    assert "http_minus_server_reported_p50_s" in sm and sm["ttft_stream_p50_s"] > 0 and sm["ttft_in_process_p50_s"] > 0
+    assert len(doc["ttft_pairs"]) == repeats
+
+    # the throughput levels are still there
+    assert [r["clients"] for r in doc["levels"]] == [1, 2]
+    for r in doc["levels"]:
+        assert r["requests"] == max(r["clients"], repeats) and r["req_per_s"] > 0 and r["p50_s"] <= r["p99_s"]
+
+    md = out.with_suffix(".md").read_text()
+    assert f"| prefix_cache | {ModelSection().prefix_cache} | {ModelSection().prefix_cache} |" in md
+    assert "| overhead (HTTP / in-process - 1), median of pairs |" in md and "| clients | requests |" in md
+    assert md in capsys.readouterr().out
+
+
+def test_sides_on_different_settings_are_refused():
+    a = {"prefix_cache": 2, "kv_dtype": "fp32", "threads": 2}
+    check_same_settings(a, dict(a))
+    with pytest.raises(ThorError, match="prefix_cache 2 vs 0"):
+        check_same_settings(a, {**a, "prefix_cache": 0})
+    with pytest.raises(ThorError, match="reported none"):
+        check_same_settings({}, {})
