@@ -196,7 +196,7 @@ def register(sub) -> None:
     f.add_argument("--out", required=True)
     f.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
     f.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the report")
-    f.add_argument("--margin", type=float, default=1.0, help="scale = amax * margin / 448")
+    f.add_argument("--margin", type=float, default=4.0, help="scale = amax * margin / 448 (headroom: see calib/act_scales.py)")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
     f.add_argument("--quiet", action="store_true")
