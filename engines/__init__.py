@@ -5,3 +5,6 @@ tensorrt); cache.py is the hash-pinned engine cache every non-torch backend load
 selftest.py is the on-device parity self-test. Heavy dependencies (onnx, onnxruntime,
 tensorrt) are imported only where used.
 """
+
+# The names of backend.BACKENDS, importable without torch (config checks that must be fast).
+BACKEND_NAMES = ("torch", "onnxruntime", "tensorrt")

@@ -26,10 +26,38 @@ ORT_OPT_LEVELS = ("disable", "basic", "extended", "all")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 
 
+# TensorRT's prefill profile when the runtime prefills in one pass: longer inputs run in pieces
+# of this many tokens (every dense segment is row-wise).
+PREFILL_PROFILE = 256
+
+
 def default_cache_dir() -> Path:
-    """$THOR_ENGINE_CACHE, else ~/.cache/thor/engines (read by the entry points, passed down)."""
+    """$THOR_ENGINE_CACHE, else $XDG_CACHE_HOME/thor/engines, else ~/.cache/thor/engines (read by
+    the entry points, passed down)."""
     env = os.environ.get("THOR_ENGINE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "thor" / "engines"
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "thor" / "engines"
+
+
+def profile_tokens(spec_k: int, prefill_chunk: int) -> tuple[int, int, int]:
+    """TensorRT's token counts (decode, verify, prefill) for a runtime that verifies up to
+    ``spec_k`` drafts per cycle (K + 1 rows) and prefills in chunks of ``prefill_chunk``
+    tokens (0 = one pass, run in PREFILL_PROFILE pieces)."""
+    if spec_k < 0 or prefill_chunk < 0:
+        raise ThorError(f"engine profiles: K and the prefill chunk must be >= 0, got {spec_k}, {prefill_chunk}")
+    verify = spec_k + 1
+    return 1, verify, max(prefill_chunk or PREFILL_PROFILE, verify)
+
+
+def spec_width(spec) -> int:
+    """The most drafts one verify checks under ``spec`` (a Speculation; its free-text
+    counterpart included), 0 for plain decoding."""
+    if spec is None:
+        return 0
+    free = getattr(spec, "free_text", None)
+    return max(spec.k, free.k if free is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -40,8 +68,9 @@ class BackendOptions:
     threads: int = 0                # onnxruntime intra-op threads; 0 = torch's count
     opt_level: str = "all"          # onnxruntime graph optimizations (ORT_OPT_LEVELS)
     precision: str | None = None    # tensorrt: fp32|bf16|fp16|fp8 (None = the model's dtype)
-    profiles: tuple[int, int, int] = (1, 9, 256)  # tensorrt token counts: decode, verify K+1, prefill chunk
-    fp8_scales: str | None = None   # tensorrt fp8: activation scales file (engines.fp8)
+    profiles: tuple[int, int, int] = (1, 1, PREFILL_PROFILE)  # tensorrt token counts: decode, verify K+1,
+    #                                                    prefill chunk (profile_tokens)
+    fp8_scales: str | None = None   # fp8 GEMMs: activation scales file (engines.qdq; both graph backends)
 
     def __post_init__(self):
         from .segments import FORMS
@@ -55,6 +84,12 @@ class BackendOptions:
                             f"{', '.join(ORT_OPT_LEVELS)}")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ThorError(f"unknown engine precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.precision == "fp8" and not self.fp8_scales:
+            raise ThorError("fp8 GEMMs need calibrated activation scales: pass --fp8-scales FILE "
+                            "(write one with `thor calib fp8-scales`)")
+        if self.fp8_scales and self.precision not in (None, "fp8"):
+            raise ThorError(f"--fp8-scales asks for fp8 GEMMs but the precision is {self.precision}; "
+                            "drop one of them")
         a, b, c = self.profiles
         if not 1 <= a <= b <= c:
             raise ThorError(f"engine profiles must satisfy 1 <= decode <= verify <= prefill, got {self.profiles}")

@@ -1,7 +1,8 @@
 """ONNX Runtime backend: one InferenceSession per graph, created only from verified cache bytes.
 
 CPU provider everywhere; the CUDA provider when the model lives on a CUDA device and this
-onnxruntime build has it. Inputs and outputs are bound in place to torch tensors (IO binding):
+onnxruntime build has it. With ``--fp8-scales`` the graphs carry the fp8 Q/DQ of engines.qdq:
+ONNX Runtime then runs the twin of TensorRT's FP8 GEMMs (each operand rounded to e4m3). Inputs and outputs are bound in place to torch tensors (IO binding):
 no copies between torch and ONNX Runtime on either device.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from thor_runtime.errors import ThorError
+from . import qdq
 from .backend import BackendOptions, GraphBackend, key_fields
 from .cache import EngineCache, make_key
 from .segments import SEGMENTS, DenseView, export_all, graph_plan, output_shapes
@@ -36,30 +38,35 @@ def providers_for(ort, device: torch.device) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def ort_key(model, opts: BackendOptions, weights_sha256: str):
+def ort_key(model, opts: BackendOptions, weights_sha256: str, scales=None):
+    """``scales`` (engines.qdq.Fp8Scales): the graphs carry fp8 Q/DQ, the twin of TensorRT's FP8 GEMMs."""
     ort = import_ort()
     if model.dtype not in _NP or (model.dtype == torch.float16 and model.device.type == "cpu"):
         raise ThorError(f"the onnxruntime backend runs fp32 weights on CPU (fp16 on CUDA); "
                         f"the model has {str(model.dtype).replace('torch.', '')}: use --dtype fp32")
     device = "cpu" if model.device.type == "cpu" else f"cuda sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
-    precision = str(model.dtype).replace("torch.", "").replace("float", "fp")
+    precision = "fp8" if scales is not None else str(model.dtype).replace("torch.", "").replace("float", "fp")
     fields = key_fields(model, "onnxruntime", f"onnxruntime {ort.__version__}", device, precision, opts.form,
-                        weights_sha256=weights_sha256)
+                        weights_sha256=weights_sha256, extra=qdq.key_fields(scales) if scales is not None else None)
     return make_key(fields), fields
 
 
 def ensure_entry(model, opts: BackendOptions, progress=None):
     """The verified-on-read cache entry for this model and options, built if missing."""
     view = DenseView(model)
-    key, fields = ort_key(model, opts, view.weights_digest())
+    plan = graph_plan(model.cfg, opts.form)
+    scales = qdq.scales_for(opts, view, plan)
+    key, fields = ort_key(model, opts, view.weights_digest(), scales)
     cache = EngineCache(opts.root)
     entry = cache.lookup(key)
     if entry is None:
         if not opts.build:
             raise ThorError(f"no onnxruntime engines for this model in {opts.root} (key {key}); "
                             "run `thor engines build --backend onnxruntime`")
-        plan = graph_plan(model.cfg, opts.form)
-        entry = cache.build(key, fields, lambda d: {"graphs": export_all(view, plan, d, progress)})
+        if scales is None:
+            entry = cache.build(key, fields, lambda d: {"graphs": export_all(view, plan, d, progress)})
+        else:
+            entry = cache.build(key, fields, lambda d: {"graphs": qdq.export_all(view, plan, d, scales, progress)})
     return entry
 
 

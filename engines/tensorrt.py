@@ -4,10 +4,12 @@ Written against the documented TensorRT 10 Python API; TensorRT and a GPU are ne
 it, and every entry point raises a ThorError naming what is missing otherwise.
 
 Build: a strongly typed network (precision comes from the graph's own types: export the model
-in bf16 or fp16; fp8 GEMMs come from explicit Q/DQ nodes, see fp8.py) parsed by the OnnxParser;
-three optimization profiles over the token axis — decode (1), verify (2..K+1) and prefill
-(K+2..chunk); a timing cache persisted per TensorRT version and GPU next to the entries. The
-plans go into the same hash-pinned cache entry as their ONNX graphs.
+in bf16 or fp16; fp8 GEMMs come from the explicit Q/DQ nodes engines.qdq inserts from a
+calibrated scales file, ``--fp8-scales``) parsed by the OnnxParser; three optimization profiles
+over the token axis — decode (1), verify (2..K+1) and prefill (K+2..chunk), with K and the
+chunk those of the command's runtime (backend.profile_tokens); a timing cache persisted per
+TensorRT version and GPU next to the entries. The plans go into the same hash-pinned cache
+entry as their ONNX graphs.
 Run: one execution context per profile; ``set_input_shape`` / ``set_tensor_address`` on torch
 tensors, ``execute_async_v3`` on torch's current stream. Inputs longer than the prefill
 profile are split along the token axis: every dense segment is row-wise.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from thor_runtime.errors import ThorError
+from . import qdq
 from .backend import BackendOptions, GraphBackend, key_fields
 from .cache import EngineCache, make_key, sha256_bytes
 from .segments import SEGMENTS, TOKEN_AXIS, DenseView, export_all, graph_plan, output_shapes
@@ -111,28 +114,34 @@ def build_plan(trt, onnx_path, inputs: tuple[str, ...], ranges, timing_path, log
     return bytes(memoryview(plan))
 
 
-def trt_key(model, opts: BackendOptions, weights_sha256: str):
-    trt = import_trt()
-    precision = opts.precision or str(model.dtype).replace("torch.", "").replace("float", "fp").replace("bfloat", "bf")
+def trt_precision(model, opts: BackendOptions) -> str:
+    """The engine precision: the graph's dtype, or fp8 GEMMs (Q/DQ) in a graph of that dtype."""
     native = str(model.dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float", "fp")
+    precision = "fp8" if opts.fp8_scales else opts.precision or native
     if precision not in (native, "fp8"):
         raise ThorError(f"tensorrt precision {precision} needs the model exported in that dtype: "
                         f"load it with --dtype {precision} (it is {native})")
-    if precision == "fp8" or opts.fp8_scales:
-        # The builder takes explicit Q/DQ graphs (strongly typed); the pass that inserts them
-        # from calibrated activation scales is not written yet.
-        raise ThorError("tensorrt fp8 (explicit Q/DQ from calibration) is not available yet; "
-                        "use --trt-precision bf16 or fp16")
-    extra = {}
+    return precision
+
+
+def trt_key(model, opts: BackendOptions, weights_sha256: str, scales=None):
+    trt = import_trt()
+    precision = trt_precision(model, opts)
+    extra = qdq.key_fields(scales) if scales is not None else None
     fields = key_fields(model, "tensorrt", f"tensorrt {trt.__version__}", _sm(), precision, opts.form,
                         profiles=opts.profiles, weights_sha256=weights_sha256, extra=extra)
     return make_key(fields), fields, precision
 
 
 def ensure_entry(model, opts: BackendOptions, progress=None):
-    trt = import_trt()
+    # Everything that can be refused without TensorRT is refused first (BackendOptions already
+    # refused fp8 without a scales file): the precision, then the scales against this model.
+    trt_precision(model, opts)
     view = DenseView(model)
-    key, fields, precision = trt_key(model, opts, view.weights_digest())
+    plan = graph_plan(model.cfg, opts.form)
+    scales = qdq.scales_for(opts, view, plan)
+    trt = import_trt()
+    key, fields, precision = trt_key(model, opts, view.weights_digest(), scales)
     cache = EngineCache(opts.root)
     entry = cache.lookup(key)
     if entry is not None:
@@ -140,13 +149,13 @@ def ensure_entry(model, opts: BackendOptions, progress=None):
     if not opts.build:
         raise ThorError(f"no tensorrt engines for this model in {opts.root} (key {key}); "
                         "run `thor engines build --backend tensorrt`")
-    plan = graph_plan(model.cfg, opts.form)
     ranges = profile_ranges(opts.profiles)
     logger = _Logger.make(trt)
     cache.root.mkdir(parents=True, exist_ok=True)
 
     def write(d):
-        graphs = export_all(view, plan, d, progress)
+        graphs = export_all(view, plan, d, progress) if scales is None else \
+            qdq.export_all(view, plan, d, scales, progress)
         for n, g in enumerate(graphs):
             if progress is not None:
                 progress(f"tensorrt {g['onnx']}", n, len(graphs))

@@ -40,7 +40,8 @@ def test_the_documented_example_is_exactly_the_defaults():
     ({"server": {"prot": 1}}, "unknown key server.prot"),
     ({"server": {"port": "8700"}}, "server.port"),
     ({"model": {"dtype": "fp8"}}, "model.dtype"),
-    ({"model": {"backend": "tensorrt"}}, "not available in this build"),
+    ({"model": {"backend": "openvino"}}, "model.backend must be one of torch, onnxruntime, tensorrt"),
+    ({"model": {"backend": "onnxruntime", "dtype": "int8"}}, "not model.dtype int8"),
     ({"limits": {"queue_size": 0}}, "limits.queue_size"),
     ({"limits": {"default_max_tokens": 4096}}, "limits.max_tokens"),
     ({"speculation": {"method": "magic"}}, "speculation.method"),
@@ -323,6 +324,12 @@ def test_install_dry_run_prints_every_step_and_changes_nothing(tmp_path):
         assert words in out, words
     assert not prefix.exists() and "nothing was changed" in out
     assert subprocess.run(["bash", str(DEPLOY / "install.sh"), "--bogus"], capture_output=True).returncode == 2
+    # The build names its backend (the default, torch, needs no engines and exits 2) and writes
+    # where the unit's service looks for engines.
+    build = next(ln for ln in out.splitlines() if "engines build" in ln)
+    cache = re.search(r"^Environment=THOR_ENGINE_CACHE=(\S+)$", (DEPLOY / "thor-runtime.service").read_text(),
+                      re.M).group(1)
+    assert "--backend tensorrt" in build and f"--engine-cache {cache}" in build, build
 
 
 # ---- a real process -------------------------------------------------------------------------

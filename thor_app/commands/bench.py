@@ -451,7 +451,8 @@ def run_backends(args, configs, backends) -> int:
     for label, name, form, threads, level in _backend_variants(args, backends):
         print(f"bench: {label} ({wdt} weights, {kv} KV) ...", file=sys.stderr)
         t0 = time.perf_counter()
-        b = attach_backend(args, loaded, name, form=form, threads=threads, opt_level=level) if name != "torch" \
+        b = attach_backend(args, loaded, name, form=form, threads=threads, opt_level=level, spec_k=0) \
+            if name != "torch" \
             else attach_backend(args, loaded, "torch")
         load_s = time.perf_counter() - t0
         try:

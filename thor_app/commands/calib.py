@@ -1,4 +1,4 @@
-"""`thor calib {gen-data,distill,draft-vocab,eval-drafter,kv-scales}` — offline calibration and drafter training.
+"""`thor calib {gen-data,distill,draft-vocab,eval-drafter,kv-scales,fp8-scales}` — offline calibration and drafter training.
 
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
@@ -85,8 +85,22 @@ def _kv_scales(args) -> int:
     return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
 
 
+# ---- fp8-scales ------------------------------------------------------------------------------
+def _fp8_scales(args) -> int:
+    import torch
+
+    from calib.act_scales import ActCalibConfig, calibrate_and_report
+    from thor_runtime.loading import load
+
+    cfg = ActCalibConfig(args.n, args.eval_n, args.margin, args.seed, args.general_frac)
+    torch.set_num_threads(args.threads)
+    # Dense fp32 weights: the projections the graphs export, read as plain tensors.
+    loaded = load(args.target, "fp32", layout="dense")
+    return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
+
+
 def register(sub) -> None:
-    p = sub.add_parser("calib", help="calibration: training data, DFlash distillation, FP8 KV scales")
+    p = sub.add_parser("calib", help="calibration: training data, DFlash distillation, FP8 KV and GEMM scales")
     cs = p.add_subparsers(dest="calib_command", required=True, parser_class=type(p))
     common = type(p)(add_help=False)
     common.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
@@ -175,3 +189,15 @@ def register(sub) -> None:
     k.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
     k.add_argument("--quiet", action="store_true")
     k.set_defaults(func=_kv_scales)
+
+    f = cs.add_parser("fp8-scales", parents=[common],
+                      help="per-projection FP8 activation scales for the Q/DQ engine graphs (--fp8-scales)")
+    f.add_argument("--target", default="default")
+    f.add_argument("--out", required=True)
+    f.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
+    f.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the report")
+    f.add_argument("--margin", type=float, default=4.0, help="scale = amax * margin / 448 (headroom: see calib/act_scales.py)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(func=_fp8_scales)

@@ -66,17 +66,33 @@ def add_engine_args(p: argparse.ArgumentParser, multi: bool = False) -> None:
     g.add_argument("--engine-threads", type=int, default=0, help="onnxruntime intra-op threads (0 = torch's)")
     g.add_argument("--ort-opt-level", default="all", choices=ORT_OPT_LEVELS, help="onnxruntime graph optimizations")
     g.add_argument("--trt-precision", default=None, choices=["fp32", "bf16", "fp16", "fp8"],
-                   help="tensorrt precision (default: the weights' dtype)")
-    g.add_argument("--fp8-scales", default=None, help="tensorrt fp8: activation scales file")
+                   help="tensorrt precision (default: the weights' dtype; fp8 needs --fp8-scales)")
+    g.add_argument("--fp8-scales", default=None,
+                   help="fp8 GEMMs through Q/DQ graphs with these activation scales (`thor calib fp8-scales`): "
+                        "tensorrt builds FP8 engines, onnxruntime runs the same graphs as their twin")
 
 
-def backend_options(args, form: str | None = None, threads: int | None = None, opt_level: str | None = None):
-    from engines.backend import BackendOptions
+def add_runtime_shape_args(p: argparse.ArgumentParser) -> None:
+    """For commands that build engines without running a generation (engines build, selftest):
+    the runtime the engines will serve, which sets TensorRT's optimization profiles. The
+    defaults are those of `thor serve`'s config, so the service finds the engines built here."""
+    p.add_argument("--prefill-chunk", type=non_negative_int, default=0,
+                   help="the runtime's prefill chunk in tokens: TensorRT's prefill profile (0 = one pass, "
+                        "run in 256-token pieces)")
+    add_spec_args(p, default="auto", title="the runtime's speculation (K + 1 is TensorRT's verify profile)")
+
+
+def backend_options(args, form: str | None = None, threads: int | None = None, opt_level: str | None = None,
+                    spec_k: int = 0):
+    """``spec_k``: the most drafts the command's runtime verifies per cycle; with its
+    ``--prefill-chunk`` it sets TensorRT's optimization profiles."""
+    from engines.backend import BackendOptions, profile_tokens
 
     return BackendOptions(form=form or args.engine_form, cache_dir=args.engine_cache,
                           threads=args.engine_threads if threads is None else threads,
                           opt_level=opt_level or args.ort_opt_level, precision=args.trt_precision,
-                          fp8_scales=args.fp8_scales)
+                          fp8_scales=args.fp8_scales,
+                          profiles=profile_tokens(spec_k, getattr(args, "prefill_chunk", 0) or 0))
 
 
 def progress_bar(desc: str, unit: str = "graph"):
@@ -100,6 +116,13 @@ def progress_bar(desc: str, unit: str = "graph"):
     return progress
 
 
+def command_spec_k(args, loaded) -> int:
+    """K of the command's own speculation (its --spec flags), 0 when it has none."""
+    from engines.backend import spec_width
+
+    return spec_width(speculation(args, loaded)) if getattr(args, "spec_flags", False) else 0
+
+
 def attach_backend(args, loaded, name: str | None = None, **overrides):
     """Route the model's dense segments through ``--backend`` (no-op for torch). -> the backend."""
     from engines.backend import attach, make_backend
@@ -108,13 +131,15 @@ def attach_backend(args, loaded, name: str | None = None, **overrides):
     if name == "torch":
         attach(loaded.model, None)
         return None
+    overrides.setdefault("spec_k", command_spec_k(args, loaded))
     b = make_backend(name, loaded.model, backend_options(args, **overrides), progress_bar(f"{name} engines"))
     attach(loaded.model, b)
     return b
 
 
-def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
-    g = p.add_argument_group("speculative decoding")
+def add_spec_args(p: argparse.ArgumentParser, default: str = "none", title: str = "speculative decoding") -> None:
+    p.set_defaults(spec_flags=True)
+    g = p.add_argument_group(title)
     g.add_argument("--spec", default=default, choices=SPEC_METHODS)
     g.add_argument("--drafter", default=None, help="DFlash drafter dir (default: the shipped one)")
     g.add_argument("--block-size", type=positive_int, default=None, help="DFlash block size B (K = B-1)")
@@ -140,10 +165,15 @@ def spec_options(args) -> SpecOptions:
 
 
 def speculation(args, loaded):
-    """The one Speculation for a command's arguments (proposer, K, budget, relaxed acceptance)."""
+    """The one Speculation for a command's arguments (proposer, K, budget, relaxed acceptance),
+    built once per model: the engine profiles read its K before the command runs it."""
     from thor_runtime.speculative import build_speculation
 
-    return build_speculation(spec_options(args), loaded.model, relaxed_config(args, loaded.tokenizer))
+    built = getattr(args, "_speculation", None)
+    if built is None or built[0] is not loaded.model:
+        built = args._speculation = (loaded.model, build_speculation(spec_options(args), loaded.model,
+                                                                     relaxed_config(args, loaded.tokenizer)))
+    return built[1]
 
 
 def relaxed_config(args, tokenizer):

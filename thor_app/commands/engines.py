@@ -1,7 +1,8 @@
 """`thor engines build|list|verify|prune` — the hash-pinned engine cache.
 
 build exports (and for tensorrt, builds) every graph of a model into one cache entry, with a
-progress bar; list shows the usable entries (interrupted builds are never shown as usable);
+progress bar (TensorRT's profiles follow --prefill-chunk and the --spec flags, by default those
+of `thor serve`'s config); list shows the usable entries (interrupted builds are never shown as usable);
 verify re-hashes every file against its manifest (exit 2 on any mismatch); prune removes
 interrupted builds and entries that fail verification (--all: everything).
 """
@@ -11,7 +12,7 @@ import json
 import sys
 
 from thor_runtime.errors import ThorError
-from .common import add_engine_args, backend_options, progress_bar
+from .common import add_engine_args, add_runtime_shape_args, backend_options, command_spec_k, progress_bar
 
 
 def register(sub) -> None:
@@ -21,6 +22,7 @@ def register(sub) -> None:
     b.add_argument("--model", default="default")
     b.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     add_engine_args(b)
+    add_runtime_shape_args(b)
     b.set_defaults(func=run_build)
     for name, fn, helptext in (("list", run_list, "list cache entries"),
                                ("verify", run_verify, "re-hash every file against its manifest"),
@@ -48,8 +50,10 @@ def run_build(args) -> int:
 
     if args.backend == "torch":
         raise ThorError("the torch backend needs no engines; choose --backend onnxruntime or tensorrt")
+    backend_options(args)                       # a bad option combination fails before the model loads
     loaded = load(args.model, args.dtype, layout="dense")
-    b = make_backend(args.backend, loaded.model, backend_options(args), progress_bar(f"{args.backend} build"))
+    opts = backend_options(args, spec_k=command_spec_k(args, loaded))
+    b = make_backend(args.backend, loaded.model, opts, progress_bar(f"{args.backend} build"))
     print(f"{b.entry.key}  {b.name}  {len(b.plan)} graphs  {b.entry.path}")
     return 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .common import add_engine_args, attach_backend, backend_options, progress_bar
+from .common import add_engine_args, add_runtime_shape_args, attach_backend, backend_options, progress_bar
 
 
 def register(sub) -> None:
@@ -19,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--no-plan", action="store_true", help="skip the constrained-plan check")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     add_engine_args(p)
+    add_runtime_shape_args(p)
     p.set_defaults(func=run)
 
 
@@ -56,6 +57,7 @@ def run(args) -> int:
     from engines.selftest import run_selftest
     from thor_runtime.loading import load
 
+    backend_options(args)                       # a bad option combination fails before the model loads
     layout = "dense" if args.backend != "torch" else "auto"
     loaded = load(args.model, args.dtype, layout=layout)
     backend = attach_backend(args, loaded)

@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from engines import BACKEND_NAMES
 from thor_runtime.config import WEIGHT_LAYOUTS
 from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SPEC_METHODS
@@ -18,9 +19,6 @@ from thor_runtime.speculative import SPEC_METHODS
 CONFIG_ENV = "THOR_CONFIG"
 WEIGHT_DTYPES = ("fp32", "bf16", "int8")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8")
-# Only the torch backend runs the dense segments in this build; others are named so a config
-# written for an engine-enabled build fails with a clear message instead of a KeyError.
-BACKENDS = ("torch",)
 THINKING = ("auto", "on", "off")
 
 
@@ -63,8 +61,11 @@ class ModelSection:
         _check(_int(self.prefill_chunk) and self.prefill_chunk >= 0, "model.prefill_chunk must be an integer >= 0")
         _check(_int(self.prefix_cache) and self.prefix_cache >= 0, "model.prefix_cache must be an integer >= 0")
         _check(isinstance(self.kv_scales, str), "model.kv_scales must be a path string")
-        _check(self.backend in BACKENDS,
-               f"model.backend {self.backend!r} is not available in this build (available: {', '.join(BACKENDS)})")
+        _check(self.backend in BACKEND_NAMES,
+               f"model.backend must be one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}")
+        # The graph backends export plain fp32/bf16 weights; int8 weight-only is torch's alone.
+        _check(self.backend == "torch" or self.dtype != "int8",
+               f"model.backend {self.backend} runs fp32 or bf16 weights, not model.dtype int8")
 
 
 @dataclass(frozen=True)

@@ -24,26 +24,37 @@ STARTUP = ("starting", "loading", "warming_up", "self_test")
 
 @dataclass(frozen=True)
 class Hosted:
-    """What a loader returns: the loaded model and the runtime and speculation over it."""
+    """What a loader returns: the loaded model and the runtime and speculation over it, and the
+    backend its dense segments run on (None: torch's own methods)."""
     loaded: object            # thor_runtime.loading.Loaded
     runtime: object           # thor_runtime.generate.Runtime
     speculation: object       # thor_runtime.speculative.Speculation
+    backend: object = None    # engines.backend.GraphBackend, attached to the model
 
 
 def default_loader(cfg: ServeConfig) -> Hosted:
+    from engines.backend import BackendOptions, attach, make_backend, profile_tokens, spec_width
     from thor_runtime.generate import Runtime
     from thor_runtime.kv_cache import KVScales
     from thor_runtime.loading import load
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     m, s = cfg.model, cfg.speculation
-    loaded = load(m.name, m.dtype, layout=m.weights_layout)
+    graphs = m.backend != "torch"
+    # A graph backend holds its own copy of the weights: torch's needs no packed second one.
+    loaded = load(m.name, m.dtype, layout="dense" if graphs and m.weights_layout == "auto" else m.weights_layout)
+    opts = SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
+                       window=s.window, ngram_k=s.ngram_k, fixed_k=s.fixed_k, lookup_rate=s.lookup_rate)
+    spec = build_speculation(opts, loaded.model)
+    backend = None
+    if graphs:  # the engines (cache dir: $THOR_ENGINE_CACHE) for this runtime's K and prefill chunk
+        backend = make_backend(m.backend, loaded.model,
+                               BackendOptions(profiles=profile_tokens(spec_width(spec), m.prefill_chunk)))
+        attach(loaded.model, backend)
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
                  kv_scales=scales, prefix_cache=m.prefix_cache)
-    opts = SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
-                       window=s.window, ngram_k=s.ngram_k, fixed_k=s.fixed_k, lookup_rate=s.lookup_rate)
-    return Hosted(loaded, rt, build_speculation(opts, loaded.model))
+    return Hosted(loaded, rt, spec, backend)
 
 
 def resolve_thinking(mode: str, gtok) -> bool:
@@ -62,15 +73,17 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
             "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
             "speculation": spec.name, "spec_k": spec.k,
             "speculation_free_text": spec.free_text.name if spec.free_text is not None else spec.name,
-            "thinking": thinking, "threads": torch.get_num_threads()}
+            "thinking": thinking, "threads": torch.get_num_threads(),
+            "backend": h.backend.name if h.backend is not None else "torch"}
 
 
-def default_selftest(loaded, backend: str):
+def default_selftest(loaded, backend):
+    """``backend``: the attached backend object (what is served), or a backend name."""
     try:
         from engines.selftest import run_selftest
     except ImportError:
         raise ThorError("the self-test is unavailable (engines.selftest is not installed)") from None
-    return run_selftest(loaded, backend=backend, quick=True)
+    return run_selftest(loaded, backend=backend if backend is not None else "torch", quick=True)
 
 
 class _Checked:
@@ -152,7 +165,9 @@ class ModelHost:
         try:
             t = time.perf_counter()
             self._set("self_test", "running the on-device self-test")
-            report = self.selftest(hosted.loaded, self.cfg.model.backend)
+            # The backend the requests will run on, not a fresh one: same engines, same options.
+            served = hosted.backend if hosted.backend is not None else self.cfg.model.backend
+            report = self.selftest(hosted.loaded, served)
             self.startup_s["self_test"] = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
             return self._failed("self-test failed", e)
