@@ -88,7 +88,8 @@ def test_hybrid_export_keeps_the_mixers_eager_and_refuses_what_it_cannot_cover(a
     with pytest.raises(ThorError, match="fused form is not available"):
         make_backend("onnxruntime", loaded.model, BackendOptions(form="fused", cache_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())                     # refused before anything was built
-    moe = dataclasses.replace(cfg, moe_layers=(1,))
+    moe = dataclasses.replace(cfg, moe_layers=(1,), num_experts=4, num_experts_per_tok=2,
+                              moe_intermediate_size=32, shared_expert_intermediate_size=32)
     with pytest.raises(ThorError, match="layer 1 has a mixture-of-experts MLP"):
         graph_plan(moe, "segments")
 
