@@ -42,6 +42,7 @@ def test_the_documented_example_is_exactly_the_defaults():
     ({"model": {"dtype": "fp8"}}, "model.dtype"),
     ({"model": {"backend": "openvino"}}, "model.backend must be one of torch, onnxruntime, tensorrt"),
     ({"model": {"backend": "onnxruntime", "dtype": "int8"}}, "not model.dtype int8"),
+    ({"model": {"backend": "onnxruntime", "dtype": "auto"}}, "not model.dtype auto"),
     ({"limits": {"queue_size": 0}}, "limits.queue_size"),
     ({"limits": {"default_max_tokens": 4096}}, "limits.max_tokens"),
     ({"speculation": {"method": "magic"}}, "speculation.method"),
@@ -52,6 +53,12 @@ def test_config_errors_name_the_key(doc, words):
     with pytest.raises(ThorError) as e:
         config_from_dict(doc, "x.toml")
     assert words in str(e.value) and str(e.value).startswith("x.toml")
+
+
+@pytest.mark.parametrize("dtype", ["auto", "int4", "int8", "bf16"])
+def test_every_weight_dtype_of_the_cli_is_a_service_dtype(dtype):
+    """The service loads what `thor generate --dtype` loads, low-bit GGUF weights included."""
+    assert config_from_dict({"model": {"dtype": dtype}}, "x.toml").model.dtype == dtype
 
 
 def test_thor_config_env_points_at_the_file(tmp_path, monkeypatch):

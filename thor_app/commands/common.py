@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from thor_runtime.config import WEIGHT_LAYOUTS
+from thor_runtime.config import WEIGHT_DTYPES, WEIGHT_LAYOUTS
 from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SPEC_METHODS, SpecOptions
 
@@ -30,7 +30,7 @@ def add_model_args(p: argparse.ArgumentParser, model_default: str | None = "defa
                                      "an HF dir, or a .gguf file") -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=model_default, help=model_help)
-    g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "int8", "int4"],
+    g.add_argument("--dtype", default="auto", choices=WEIGHT_DTYPES,
                    help="weights: auto (a quantized GGUF runs int4 with its own group scales, other "
                         "checkpoints fp32), fp32, bf16, int8 or int4 (weight-only, bf16 activations)")
     g.add_argument("--cache-dir", default=None,

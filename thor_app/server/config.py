@@ -12,12 +12,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from engines import BACKEND_NAMES
-from thor_runtime.config import WEIGHT_LAYOUTS
+from thor_runtime.config import WEIGHT_DTYPES, WEIGHT_LAYOUTS
 from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SPEC_METHODS
 
 CONFIG_ENV = "THOR_CONFIG"
-WEIGHT_DTYPES = ("fp32", "bf16", "int8")
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 THINKING = ("auto", "on", "off")
 
@@ -63,9 +62,10 @@ class ModelSection:
         _check(isinstance(self.kv_scales, str), "model.kv_scales must be a path string")
         _check(self.backend in BACKEND_NAMES,
                f"model.backend must be one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}")
-        # The graph backends export plain fp32/bf16 weights; int8 weight-only is torch's alone.
-        _check(self.backend == "torch" or self.dtype != "int8",
-               f"model.backend {self.backend} runs fp32 or bf16 weights, not model.dtype int8")
+        # The graph backends export plain fp32/bf16 weights; weight-only int8/int4 (and auto, which
+        # picks int4 for a quantized GGUF) run on torch.
+        _check(self.backend == "torch" or self.dtype in ("fp32", "bf16"),
+               f"model.backend {self.backend} runs fp32 or bf16 weights, not model.dtype {self.dtype}")
 
 
 @dataclass(frozen=True)
