@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from thor_runtime.errors import ThorError
@@ -68,7 +69,8 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
     import torch
 
     rt, spec, model = h.runtime, h.speculation, h.loaded.model
-    return {"source": str(h.loaded.source), "dtype": str(model.dtype).removeprefix("torch."),
+    return {"source": Path(str(h.loaded.source)).name,      # the file, not where it lives
+            "weights": getattr(model, "quant", None) or "float", "dtype": str(model.dtype).removeprefix("torch."),
             "weights_layout": model.layout, "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
             "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
             "speculation": spec.name, "spec_k": spec.k,
