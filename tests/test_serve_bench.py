@@ -27,7 +27,7 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     # both sides report what they run with; equal, and what was asked (prefix cache: the service's default)
     s = doc["settings"]
     assert s["identical"] is True and s["server"] == s["in_process"]
-    want = {"source": str(model), "kv_dtype": "fp8", "dtype": "float32", "speculation": "ngram",
+    want = {"source": model.name, "kv_dtype": "fp8", "dtype": "float32", "speculation": "ngram",
             "prefix_cache": ModelSection().prefix_cache, "threads": 1, "prefill_chunk": 0}
     assert {k: s["server"][k] for k in want} == want and ModelSection().prefix_cache > 0
 
