@@ -14,10 +14,20 @@ Qwen3NextModel, and Qwen3_5TextModel on top of it); each rewrite is undone here:
   the conv, ``attn_gate``, ``ssm_beta``/``ssm_alpha`` rows, ``ssm_a``, ``ssm_dt``, ``ssm_out``
   columns) is reordered from grouped by key head (value head g*r + j) to tiled (j*Hk + g).
 
-Mixture-of-experts blocks (``qwen35moe``, Qwen3-Next's experts) are refused. The gguf package
-names only expert FFNs for ``qwen3next``, so a dense-MLP Qwen3-Next file uses the ``ffn_gate`` /
-``ffn_up`` / ``ffn_down`` names ``qwen35`` has. Multi-token-prediction blocks that a converter
-appends after the decoder layers are skipped.
+Mixture-of-experts blocks (``qwen35moe``; ``qwen3next`` with ``expert_count`` > 0): the converter
+stacks the per-expert weights into 3-D ``ffn_{gate,up,down}_exps`` ([E, I, D], [E, I, D],
+[E, D, I]; a fused ``gate_up_proj`` is split into its gate and up halves first), and keeps the
+router (``ffn_gate_inp``), the shared expert (``ffn_*_shexp``) and its one-row gate
+(``ffn_gate_inp_shexp``, [1, D]; quantizing tools may store it as [D]) as they are. The experts
+come back in the fused form HybridModel reads (gate_up [E, 2 I, D], gate rows first). A layer
+is a MoE layer where the file has any of its router / expert tensors (every layer for
+``qwen35moe``), so Qwen3-Next's dense layers (``mlp_only_layers``) keep their dense MLP. The
+converter writes no ``norm_topk_prob``; ``expert_weights_norm`` is read where present, else the
+router renormalises, as the published checkpoints do (Qwen3.5-MoE's always does).
+
+The gguf package names only expert FFNs for ``qwen3next``, so a dense-MLP Qwen3-Next file (or
+layer) uses the ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` names ``qwen35`` has. Multi-token-prediction
+blocks that a converter appends after the decoder layers are skipped.
 """
 from __future__ import annotations
 
@@ -30,26 +40,30 @@ import torch
 from ..errors import ThorError
 from ..hybrid.config import HybridConfig
 
-# llama.cpp architecture -> our arch name
-HYBRID_GGUF_ARCH = {"qwen35": "qwen3_5", "qwen3next": "qwen3_next"}
-MOE_GGUF_ARCH = ("qwen35moe",)
-_MOE_TENSORS = ("ffn_gate_inp", "_exps", "_shexp")  # router, experts, shared expert
+# llama.cpp architecture -> our arch name (Qwen3.5-MoE has Qwen3.5's layers, as from HF)
+HYBRID_GGUF_ARCH = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5", "qwen3next": "qwen3_next"}
+MOE_EVERY_LAYER = ("qwen35moe",)
+_MOE_KINDS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
+              "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
 
 def is_hybrid_arch(arch) -> bool:
-    return arch in HYBRID_GGUF_ARCH or arch in MOE_GGUF_ARCH
+    return arch in HYBRID_GGUF_ARCH
 
 
-def _refuse_moe(path, what: str):
-    raise ThorError(f"{path}: {what}: mixture-of-experts MLP blocks are not supported from GGUF yet "
-                    "(dense-MLP Qwen3.5 / Qwen3-Next GGUFs load)")
+def _moe_layers(reader, arch: str, n: int) -> tuple[int, ...]:
+    if arch in MOE_EVERY_LAYER:
+        return tuple(range(n))
+    found = set()
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if len(parts) >= 3 and parts[0] == "blk" and parts[2] in _MOE_KINDS and int(parts[1]) < n:
+            found.add(int(parts[1]))
+    return tuple(sorted(found))
 
 
 def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
     from .gguf_weights import field_value
-
-    if arch in MOE_GGUF_ARCH:
-        _refuse_moe(path, f"architecture {arch!r}")
 
     def get(key, default=None):
         v = field_value(reader, f"{arch}.{key}", default)
@@ -57,8 +71,6 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
             raise ThorError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return v
 
-    if int(get("expert_count", 0)) > 0:
-        _refuse_moe(path, f"{arch}.expert_count = {get('expert_count')}")
     scaling = field_value(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise ThorError(f"{path}: rope scaling {scaling!r} is not supported for hybrid targets (default only)")
@@ -77,9 +89,20 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise ThorError(f"{path}: GGUF has no token_embd.weight")
+    moe, experts = _moe_layers(reader, arch, n), {}
+    if moe:
+        if int(get("expert_count", 0)) <= 0:
+            raise ThorError(f"{path}: layer {moe[0]} has mixture-of-experts tensors but {arch}.expert_count "
+                            f"is {get('expert_count', 0)}")
+        experts = dict(num_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                       moe_intermediate_size=int(get("expert_feed_forward_length")),
+                       shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length")),
+                       norm_topk_prob=arch in MOE_EVERY_LAYER or bool(get("expert_weights_norm", True)))
+    # Qwen3.5-MoE has no dense MLP: the shared expert's width stands in, as for its HF config
+    dense_i = experts["shared_expert_intermediate_size"] if arch in MOE_EVERY_LAYER else int(get("feed_forward_length"))
     return HybridConfig(
         arch=HYBRID_GGUF_ARCH[arch], vocab_size=int(get("vocab_size", int(emb.shape[-1]))), hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")), num_layers=n, num_heads=heads,
+        intermediate_size=dense_i, num_layers=n, num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         # stored as f32: its shortest decimal is the checkpoint's value (1e-6, not 9.99999997e-7)
         rms_eps=float(str(np.float32(get("attention.layer_norm_rms_epsilon", 1e-6)))),
@@ -91,6 +114,7 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
         linear_key_head_dim=int(get("ssm.state_size")), linear_value_head_dim=inner // hv,
         linear_conv_kernel=int(get("ssm.conv_kernel")),
         partial_rotary_factor=_rotary_factor(int(get("rope.dimension_count", head_dim)), head_dim),
+        moe_layers=moe, **experts,
     )
 
 
@@ -104,11 +128,14 @@ def _rotary_factor(rot: int, head_dim: int) -> float:
 SHIFTED = "shifted"   # stored w + 1
 NEG_EXP = "neg_exp"   # stored -exp(A_log)
 CONV = "conv"         # stored squeezed
+ROW = "row"           # [1, D], may be stored as [D]
+GATE_UP = "mlp.experts.gate_up_proj"   # fed by ffn_gate_exps then ffn_up_exps (fused in hybrid_gguf_weights)
 
 
 def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str | None]]:
     """{GGUF name: (HF name, shape as stored rows-first, how it was rewritten)}. Qwen3-Next's
-    ``attn_qkv`` / ``attn_gate`` both feed ``in_proj_qkvz`` (fused again in hybrid_gguf_weights)."""
+    ``attn_qkv`` / ``attn_gate`` both feed ``in_proj_qkvz``, and the experts' stacked gate / up
+    both feed ``gate_up_proj`` (fused again in hybrid_gguf_weights)."""
     import gguf
 
     T, M = gguf.TENSOR_NAMES, gguf.MODEL_TENSOR
@@ -126,9 +153,20 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
     for i, kind in enumerate(cfg.layer_types):
         put(i, M.ATTN_NORM, "input_layernorm.weight", (D,), SHIFTED)
         put(i, M.ATTN_POST_NORM, "post_attention_layernorm.weight", (D,), SHIFTED)
-        put(i, M.FFN_GATE, "mlp.gate_proj.weight", (I, D))
-        put(i, M.FFN_UP, "mlp.up_proj.weight", (I, D))
-        put(i, M.FFN_DOWN, "mlp.down_proj.weight", (D, I))
+        if i in cfg.moe_layers:
+            E, Ie, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            put(i, M.FFN_GATE_INP, "mlp.gate.weight", (E, D))
+            put(i, M.FFN_GATE_EXP, GATE_UP, (E, Ie, D), suffix=".weight")
+            put(i, M.FFN_UP_EXP, GATE_UP, (E, Ie, D), suffix=".weight")
+            put(i, M.FFN_DOWN_EXP, "mlp.experts.down_proj", (E, D, Ie), suffix=".weight")
+            put(i, M.FFN_GATE_INP_SHEXP, "mlp.shared_expert_gate.weight", (1, D), ROW)
+            put(i, M.FFN_GATE_SHEXP, "mlp.shared_expert.gate_proj.weight", (Is, D))
+            put(i, M.FFN_UP_SHEXP, "mlp.shared_expert.up_proj.weight", (Is, D))
+            put(i, M.FFN_DOWN_SHEXP, "mlp.shared_expert.down_proj.weight", (D, Is))
+        else:
+            put(i, M.FFN_GATE, "mlp.gate_proj.weight", (I, D))
+            put(i, M.FFN_UP, "mlp.up_proj.weight", (I, D))
+            put(i, M.FFN_DOWN, "mlp.down_proj.weight", (D, I))
         if kind == "full_attention":
             put(i, M.ATTN_Q, "self_attn.q_proj.weight", (2 * H * Dh, D))   # query and its gate, per head
             put(i, M.ATTN_K, "self_attn.k_proj.weight", (Hk * Dh, D))
@@ -197,27 +235,24 @@ def _preimage(stored: torch.Tensor, forward, guess: torch.Tensor, steps: int = 4
 
 
 def _check(tensors: dict, plan: dict, path) -> None:
-    for name, (_, shape, _) in plan.items():
+    for name, (_, shape, how) in plan.items():
         t = tensors.get(name)
         if t is None:
             raise ThorError(f"{path}: missing tensor {name}")
-        if _stored_shape(t) != shape:
+        if _stored_shape(t) != shape and not (how == ROW and _stored_shape(t) == shape[1:]):
             raise ThorError(f"{path}: tensor {name} has shape {list(_stored_shape(t))}, expected {list(shape)}")
 
 
 def hybrid_gguf_weights(reader, cfg: HybridConfig, path: str | Path) -> dict[str, torch.Tensor]:
     """Dequantized fp32 tensors under their HF names, every converter rewrite undone."""
     tensors = {t.name: t for t in reader.tensors}
-    moe = next((n for n in tensors if any(m in n for m in _MOE_TENSORS)), None)
-    if moe is not None:
-        _refuse_moe(path, f"tensor {moe}")
     plan = tensor_plan(cfg)
     _check(tensors, plan, path)
     Hk, dv = cfg.linear_num_key_heads, cfg.linear_value_head_dim
     r = cfg.linear_num_value_heads // Hk
     tiled = cfg.arch == "qwen3_5" and r > 1
     out: dict[str, torch.Tensor] = {}
-    halves: dict[str, dict[str, torch.Tensor]] = {}   # Qwen3-Next: the two parts of in_proj_qkvz
+    halves: dict[str, dict[str, torch.Tensor]] = {}   # in_proj_qkvz's two parts; gate_up_proj's
     for name, (hf, _, how) in plan.items():
         x = _dequantize(tensors[name], path)
         kind = name.split(".")[2] if name.startswith("blk.") else ""
@@ -236,11 +271,18 @@ def hybrid_gguf_weights(reader, cfg: HybridConfig, path: str | Path) -> dict[str
             x = _preimage(x, lambda a: -a.exp(), torch.log(-x.double()).float())
         elif how == CONV:
             x = x.unsqueeze(1)                                    # [C, 1, k] as HF's Conv1d
-        if cfg.arch == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
+        elif how == ROW:
+            x = x.reshape(1, -1)                                  # [1, D]
+        if hf.endswith(GATE_UP):
+            halves.setdefault(hf, {})[kind] = x
+        elif cfg.arch == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
             halves.setdefault(hf, {})[kind] = x
         else:
             out[hf] = x
     for hf, parts in halves.items():
+        if hf.endswith(GATE_UP):                                  # [E, I, D] each -> [E, 2 I, D]
+            out[hf] = torch.cat([parts["ffn_gate_exps"], parts["ffn_up_exps"]], dim=1)
+            continue
         qkv, z = parts["attn_qkv"], parts["attn_gate"]                      # [C, D], [Vd, D]
         D, Kd = qkv.shape[-1], cfg.key_dim
         q, k, v = (t.reshape(Hk, -1, D) for t in qkv.split([Kd, Kd, cfg.value_dim]))  # [Hk, rows, D]
