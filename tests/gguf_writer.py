@@ -92,7 +92,8 @@ def random_kquant(rows: int, cols: int, qtype: str, seed: int = 0) -> np.ndarray
 # What llama.cpp's converter writes for these checkpoints (its Qwen3NextModel and, for Qwen3.5,
 # the value-head reorder of _LinearAttentionVReorderBase), restated here so the loader is tested
 # against files laid out as a converted checkpoint is, not against its own inverse.
-HYBRID_GGUF_ARCH = {"qwen3_5_text": "qwen35", "qwen3_next": "qwen3next"}
+HYBRID_GGUF_ARCH = {"qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}
+_GGUF_MODEL_ARCH = {"qwen35": "QWEN35", "qwen35moe": "QWEN35MOE", "qwen3next": "QWEN3NEXT"}
 
 
 def tile_value_heads(x: torch.Tensor, dim: int, num_k_heads: int, per_k: int, head_dim: int) -> torch.Tensor:
@@ -122,8 +123,31 @@ def _tile_for_qwen35(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
     return w
 
 
+def _stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The converter's expert handling (its Qwen2MoeModel): one tensor per expert is stacked into
+    ``mlp.experts.{gate,up,down}_proj.weight`` ([E, I, D], [E, I, D], [E, D, I]); a fused
+    ``gate_up_proj`` [E, 2 I, D] is split into its gate rows and its up rows."""
+    out, per = {}, {}
+    for name, w in weights.items():
+        head, sep, tail = name.partition(".mlp.experts.")
+        if not sep:
+            out[name] = w
+        elif tail == "gate_up_proj":
+            i = w.shape[-2] // 2
+            out[head + ".mlp.experts.gate_proj.weight"] = w[:, :i].contiguous()
+            out[head + ".mlp.experts.up_proj.weight"] = w[:, i:].contiguous()
+        elif tail == "down_proj":
+            out[head + ".mlp.experts.down_proj.weight"] = w
+        else:
+            e, proj, _ = tail.split(".")
+            per.setdefault(f"{head}.mlp.experts.{proj}.weight", {})[int(e)] = w
+    for name, ws in per.items():
+        out[name] = torch.stack([ws[e] for e in range(len(ws))])
+    return out
+
+
 def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
-    """-> (GGUF arch, HF config, {GGUF name: tensor}) as the converter writes a dense hybrid."""
+    """-> (GGUF arch, HF config, {GGUF name: tensor}) as the converter writes a hybrid, dense or MoE."""
     import json
 
     import gguf
@@ -131,12 +155,11 @@ def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
 
     c = json.loads((hf_dir / "config.json").read_text())
     arch = HYBRID_GGUF_ARCH[c["model_type"]]
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35 if arch == "qwen35" else gguf.MODEL_ARCH.QWEN3NEXT,
-                                     c["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _GGUF_MODEL_ARCH[arch]), c["num_hidden_layers"])
     out = {}
-    for name, w in load_file(str(hf_dir / "model.safetensors")).items():
+    for name, w in _stack_experts(load_file(str(hf_dir / "model.safetensors"))).items():
         w = w.float()
-        if arch == "qwen35":
+        if arch in ("qwen35", "qwen35moe"):
             w = _tile_for_qwen35(name, w, c)
         if name.endswith(".A_log"):
             w = -torch.exp(w)
@@ -167,7 +190,7 @@ def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
 def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool = False,
                       edit=None, meta: dict | None = None, mtp_blocks: int = 0) -> None:
     """The tiny hybrid at ``hf_dir`` as a converted GGUF, with its tokenizer. qtype: F32 | F16 | a type
-    gguf can quantize, for 2-D weights except the conv (kept F32, as llama.cpp keeps it);
+    gguf can quantize, for 2-D and stacked 3-D expert weights except the conv (kept F32, as llama.cpp keeps it);
     store_dequantized: write those weights' quantize -> dequantize round trip as F32 instead.
     ``edit(tensors)`` may change the tensor dict before writing; ``meta``: extra {key: int};
     ``mtp_blocks``: multi-token-prediction blocks appended after the decoder layers, as newer
@@ -188,7 +211,17 @@ def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool 
         w.add_nextn_predict_layers(mtp_blocks)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
+    if "intermediate_size" in c:   # Qwen3.5-MoE has no dense MLP
+        w.add_feed_forward_length(c["intermediate_size"])
+    if c.get("num_experts"):
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+        if arch == "qwen3next" and not c.get("norm_topk_prob", True):
+            # the converter writes no norm flag (the published checkpoints renormalise); this
+            # tiny model does not, so the file says so under llama.cpp's key for it
+            w.add_expert_weights_norm(False)
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_key_length(c["head_dim"])
@@ -197,7 +230,7 @@ def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool 
     rope = c.get("rope_parameters") or {}
     w.add_rope_freq_base(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
     w.add_rope_dimension_count(int(c["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         w.add_rope_dimension_sections([11, 11, 10, 0])  # multimodal RoPE sections; text positions ignore them
     w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
     w.add_ssm_state_size(c["linear_key_head_dim"])
@@ -211,10 +244,11 @@ def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool 
     _add_tokenizer(w, hf_dir)
     for name, t in tensors.items():
         a = t.numpy()
-        if a.ndim == 2 and qtype != "F32" and "ssm_conv1d" not in name:
+        if a.ndim in (2, 3) and qtype != "F32" and "ssm_conv1d" not in name:
             if qtype == "F16":
                 a = a.astype(np.float16)
-            else:
+            elif a.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0] == 0:
+                # rows not a whole number of blocks stay F32, as the converter falls back
                 qt = gguf.GGMLQuantizationType[qtype]
                 q = gguf.quants.quantize(a, qt)
                 if not store_dequantized:

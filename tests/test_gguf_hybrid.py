@@ -1,6 +1,7 @@
 """GGUF hybrids (llama.cpp's qwen35 / qwen3next): a tiny random checkpoint written as the converter
 writes it (gguf_writer.converted_hybrid) loads into the same model as its safetensors, bit for bit;
-quantized files match their dequantized values; bad files are refused naming the tensor."""
+quantized files match their dequantized values; bad files are refused naming the tensor. Mixture-of-experts
+files (qwen3next with experts, qwen35moe) likewise."""
 from __future__ import annotations
 
 import dataclasses
@@ -198,25 +199,118 @@ def test_positive_ssm_a_is_refused(dirs, tmp_path):
         load(str(p))
 
 
-def test_mixture_of_experts_is_refused(dirs, tmp_path):
-    import gguf
+# ---- mixture of experts ------------------------------------------------------------------------
+MOE_ARCHS = ("qwen3_next_moe", "qwen3_5_moe")
 
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """{arch: (HF dir, GGUF)}: Qwen3-Next keeps one tensor per expert and a dense layer 2 with an
+    un-renormalised router; Qwen3.5-MoE fused 3-D experts in every layer."""
+    root = tmp_path_factory.mktemp("moe_gguf")
+    out = {}
+    for i, a in enumerate(MOE_ARCHS):
+        d = make_hybrid_dir(root / a, a, seed=20 + i)
+        write_hybrid_gguf(root / f"{a}.gguf", d)
+        out[a] = (d, root / f"{a}.gguf")
+    return out
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_gguf_logits_equal_safetensors_and_transformers(arch, moe, ids):
+    from thor_runtime.loading.gguf_weights import open_reader
+
+    d, p = moe[arch]
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_inp_shexp.weight"} <= {t.name for t in open_reader(p).tensors}
+    g, h = load(str(p)), load(str(d))
+    assert dataclasses.replace(g.cfg, name=h.cfg.name) == h.cfg
+    assert g.cfg.moe_layers == ((0, 1, 3) if arch == "qwen3_next_moe" else (0, 1, 2, 3))
+    assert g.cfg.norm_topk_prob == (arch == "qwen3_5_moe")
+    ours = _logits(g.model, ids)
+    assert torch.equal(ours, _logits(h.model, ids))              # fp32 file: bit for bit
+    with torch.no_grad():
+        ref = hf_model(d)(ids[None]).logits[0]
+    assert (ours - ref).abs().max() < 1e-4 and ref.abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_expert_tensors_come_back_fused(arch, moe):
+    """The converter's stacking (and, for fused checkpoints, its gate / up split) is undone into
+    the fused form: gate_up [E, 2 I, D] (gate rows first), down [E, D, I], router and shared
+    expert as saved."""
+    from thor_runtime.hybrid.weights import canonical
+    from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
+
+    d, p = moe[arch]
+    r = open_reader(p)
+    cfg = gguf_config(r, p)
+    got = gguf_weights(r, cfg, p)
+    want = canonical(cfg, {k: v.float() for k, v in load_file(str(d / "model.safetensors")).items()})
+    for i in cfg.moe_layers:
+        m = f"model.layers.{i}.mlp."
+        for k in ("experts.gate_up_proj", "experts.down_proj", "gate.weight", "shared_expert_gate.weight",
+                  "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight"):
+            assert torch.equal(got[m + k], want[m + k]), m + k
+    assert got["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
+
+
+def test_quantized_moe_gguf_equals_its_dequantized_values(moe, tmp_path, ids):
+    """Stacked 3-D expert tensors quantize per row like 2-D ones and dequantize on load."""
+    from thor_runtime.loading.gguf_weights import open_reader
+
+    d = moe["qwen3_5_moe"][0]
+    q, f = tmp_path / "q.gguf", tmp_path / "f.gguf"
+    write_hybrid_gguf(q, d, "Q8_0")
+    write_hybrid_gguf(f, d, "Q8_0", store_dequantized=True)
+    assert next(t for t in open_reader(q).tensors if t.name == "blk.0.ffn_up_exps.weight").tensor_type.name == "Q8_0"
+    assert torch.equal(_logits(load(str(q)).model, ids[:40]), _logits(load(str(f)).model, ids[:40]))
+
+
+def test_shared_expert_gate_stored_as_a_vector_loads(moe, tmp_path, ids):
+    """Quantizing tools may keep the shared expert's one-row gate as [D]; it reads as [1, D]."""
+    d, p = moe["qwen3_next_moe"]
+    v = tmp_path / "vec.gguf"
+    write_hybrid_gguf(v, d, edit=lambda t: t.update({k: t[k].reshape(-1) for k in t if "ffn_gate_inp_shexp" in k}))
+    assert torch.equal(_logits(load(str(v)).model, ids[:30]), _logits(load(str(p)).model, ids[:30]))
+
+
+def test_router_renormalises_unless_the_file_says_not(moe, tmp_path):
+    """The converter writes no norm_topk_prob: without expert_weights_norm the router renormalises
+    (the published checkpoints' setting); the tiny Qwen3-Next file says false and is read so."""
+    from thor_runtime.loading.gguf_weights import field_value, gguf_config, open_reader
+
+    d, p = moe["qwen3_next_moe"]
+    r = open_reader(p)
+    assert field_value(r, "qwen3next.expert_weights_norm") is False and not gguf_config(r, p).norm_topk_prob
+    d2 = make_hybrid_dir(tmp_path / "norm", "qwen3_next_moe", seed=3, norm_topk_prob=True)
+    p2 = tmp_path / "norm.gguf"
+    write_hybrid_gguf(p2, d2)
+    r2 = open_reader(p2)
+    assert field_value(r2, "qwen3next.expert_weights_norm") is None
+    assert gguf_config(r2, p2).norm_topk_prob and load(str(d2)).cfg.norm_topk_prob
+
+
+@pytest.mark.parametrize("arch,name", [("qwen3_next_moe", "blk.1.ffn_down_exps.weight"),
+                                       ("qwen3_next_moe", "blk.3.ffn_gate_inp_shexp.weight"),
+                                       ("qwen3_5_moe", "blk.0.ffn_gate_inp.weight"),
+                                       ("qwen3_5_moe", "blk.2.ffn_up_exps.weight")])
+def test_bad_expert_tensor_is_refused(arch, name, moe, tmp_path):
+    d = moe[arch][0]
+    missing, bent = tmp_path / "missing.gguf", tmp_path / "bent.gguf"
+    write_hybrid_gguf(missing, d, edit=lambda t: t.pop(name))
+    with pytest.raises(ThorError, match=f"missing tensor {name}$"):
+        load(str(missing))
+    write_hybrid_gguf(bent, d, edit=lambda t: t.__setitem__(name, t[name][:-1]))
+    with pytest.raises(ThorError, match=f"tensor {name} has shape"):
+        load(str(bent))
+    if "down_exps" in name:
+        r = _cli("generate", "hi", "--model", str(bent))
+        assert r.returncode == 2 and name in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_expert_tensors_without_expert_count_are_refused(dirs, tmp_path):
     p = tmp_path / "router.gguf"
     write_hybrid_gguf(p, dirs["qwen3_next"], edit=lambda t: t.__setitem__("blk.0.ffn_gate_inp.weight",
                                                                           torch.zeros(4, 64)))
-    with pytest.raises(ThorError, match="tensor blk.0.ffn_gate_inp.weight: mixture-of-experts"):
-        load(str(p))
-    p = tmp_path / "experts.gguf"
-    write_hybrid_gguf(p, dirs["qwen3_next"], meta={"{arch}.expert_count": 4})
-    with pytest.raises(ThorError, match="expert_count = 4: mixture-of-experts"):
-        load(str(p))
-    p = tmp_path / "qwen35moe.gguf"
-    w = gguf.GGUFWriter(str(p), "qwen35moe")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(ThorError, match="'qwen35moe': mixture-of-experts"):
+    with pytest.raises(ThorError, match="layer 0 has mixture-of-experts tensors but qwen3next.expert_count is 0"):
         load(str(p))
