@@ -279,7 +279,7 @@ def test_router_renormalises_unless_the_file_says_not(moe, tmp_path):
     (the published checkpoints' setting); the tiny Qwen3-Next file says false and is read so."""
     from thor_runtime.loading.gguf_weights import field_value, gguf_config, open_reader
 
-    d, p = moe["qwen3_next_moe"]
+    p = moe["qwen3_next_moe"][1]
     r = open_reader(p)
     assert field_value(r, "qwen3next.expert_weights_norm") is False and not gguf_config(r, p).norm_topk_prob
     d2 = make_hybrid_dir(tmp_path / "norm", "qwen3_next_moe", seed=3, norm_topk_prob=True)

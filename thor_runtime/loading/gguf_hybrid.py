@@ -94,10 +94,10 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
         if int(get("expert_count", 0)) <= 0:
             raise ThorError(f"{path}: layer {moe[0]} has mixture-of-experts tensors but {arch}.expert_count "
                             f"is {get('expert_count', 0)}")
-        experts = dict(num_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
-                       moe_intermediate_size=int(get("expert_feed_forward_length")),
-                       shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length")),
-                       norm_topk_prob=arch in MOE_EVERY_LAYER or bool(get("expert_weights_norm", True)))
+        experts = {"num_experts": int(get("expert_count")), "num_experts_per_tok": int(get("expert_used_count")),
+                   "moe_intermediate_size": int(get("expert_feed_forward_length")),
+                   "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length")),
+                   "norm_topk_prob": arch in MOE_EVERY_LAYER or bool(get("expert_weights_norm", True))}
     # Qwen3.5-MoE has no dense MLP: the shared expert's width stands in, as for its HF config
     dense_i = experts["shared_expert_intermediate_size"] if arch in MOE_EVERY_LAYER else int(get("feed_forward_length"))
     return HybridConfig(
@@ -273,9 +273,7 @@ def hybrid_gguf_weights(reader, cfg: HybridConfig, path: str | Path) -> dict[str
             x = x.unsqueeze(1)                                    # [C, 1, k] as HF's Conv1d
         elif how == ROW:
             x = x.reshape(1, -1)                                  # [1, D]
-        if hf.endswith(GATE_UP):
-            halves.setdefault(hf, {})[kind] = x
-        elif cfg.arch == "qwen3_next" and kind in ("attn_qkv", "attn_gate"):
+        if hf.endswith(GATE_UP) or (cfg.arch == "qwen3_next" and kind in ("attn_qkv", "attn_gate")):
             halves.setdefault(hf, {})[kind] = x
         else:
             out[hf] = x
