@@ -2,7 +2,8 @@
 
 A backend runs the graphs of ``segments.graph_plan`` (``run(segment, layer, *inputs)``) and, on
 top of that, the methods the model's ``forward`` calls when ``model.backend`` is set: embed,
-pre_attn, post_attn, post_pre, head (and pre_gdn, post_gdn for hybrid Gated-DeltaNet models).
+pre_attn, post_attn, post_pre, head (and pre_gdn, post_gdn for hybrid Gated-DeltaNet models,
+pre_moe for their mixture-of-experts layers, whose MoE block the model runs itself).
 Attention, the GDN mixer, the KV cache and recurrent state, speculation and grammar never see
 which backend ran. ``torch`` is the reference (the model's own methods); the graph
 backends load only from the verified engine cache (cache.py), building an entry on first use.
@@ -132,6 +133,9 @@ class GraphBackend(ABC):
 
     def post_attn(self, i, h, o):
         return self.run("post_attn", i, h, o)[0]                      # [T, D]
+
+    def pre_moe(self, i, h, o):
+        return self.run("pre_moe", i, h, o)                           # h_out [T, D], x [T, D]
 
     def post_pre(self, i, h, o, pos):
         if self.fused:

@@ -1,11 +1,12 @@
 """The dense segments of a TargetModel as ONNX graphs.
 
 Each graph is traced from the model's own segment methods (``embed``, ``pre_attn``,
-``post_attn``, ``head``; hybrids add ``pre_gdn`` and ``post_gdn``) over plain dense tensors, so
+``post_attn``, ``head``; hybrids add ``pre_gdn``, ``post_gdn`` and ``pre_moe``) over plain dense tensors, so
 the reference model stays the one definition of the math: an architecture whose segment code
 the torch model runs exports with one entry in EXPORT_ARCHS, and a new *kind* of layer is one
 entry in LAYER_KINDS. The stateful mixers (attention: the KV cache; the Gated-DeltaNet conv and
-delta rule: the recurrent state) are never exported. Exporter: torch.onnx's TorchScript
+delta rule: the recurrent state) are never exported, nor is a mixture-of-experts block (its
+routing is data-dependent): a MoE layer's graph ends at the block's input. Exporter: torch.onnx's TorchScript
 exporter (``dynamo=False``: fast, and needs no onnxscript), opset ``OPSET``, the token axis
 ``T`` dynamic on every input and output. RoPE is computed in the graph from the ``pos`` input
 (absolute positions, int64 [T]), so one graph serves every position. Weights above
@@ -66,10 +67,11 @@ SEGMENTS = {
     # the gated RMSNorm of its output after (post_attn then closes the layer: out proj + MLP)
     "pre_gdn": SegmentSpec(("h",), ("qkv", "z", "b", "a"), lambda m, i, h: m.pre_gdn(i, h)),
     "post_gdn": SegmentSpec(("core", "z"), ("o",), lambda m, i, core, z: (m.post_gdn(i, core, z),)),
+    # hybrids, mixture-of-experts layers: out proj + residual and the MLP's RMSNorm; the MoE block
+    # (router, experts, shared expert) and its residual add stay eager
+    "pre_moe": SegmentSpec(("h", "o"), ("h_out", "x"), lambda m, i, h, o: m.pre_moe(i, h, o)),
 }
 TOKEN_AXIS = {"q": 1, "k": 1, "v": 1}  # [H, T, Dh]; every other tensor is [T, ...]
-# Segments that hold a layer's MLP (refused for mixture-of-experts layers).
-MLP_SEGMENTS = ("post_attn", "post_pre")
 
 
 @dataclass(frozen=True)
@@ -90,11 +92,15 @@ LAYER_KINDS = {
     "attention": LayerKind(("pre_attn",), ("post_attn",), "post_pre"),
     "gated_attention": LayerKind(("pre_gattn",), ("post_attn",)),
     "gdn": LayerKind(("pre_gdn",), ("post_gdn", "post_attn")),
+    # the same with a mixture-of-experts MLP: the graph after the mixer stops at the MoE block
+    "gated_attention_moe": LayerKind(("pre_gattn",), ("pre_moe",)),
+    "gdn_moe": LayerKind(("pre_gdn",), ("post_gdn", "pre_moe")),
 }
 
 
 def _hybrid_kind(cfg, i: int) -> str:
-    return "gdn" if cfg.layer_types[i] == "linear_attention" else "gated_attention"
+    kind = "gdn" if cfg.layer_types[i] == "linear_attention" else "gated_attention"
+    return kind + "_moe" if i in cfg.moe_layers else kind
 
 
 # Architectures the exporter knows, mapped to their layer kind (a callable of (cfg, layer)
@@ -131,11 +137,6 @@ def graph_plan(cfg, form: str) -> list[tuple[str, int | None]]:
                             "exported per segment, one graph on each side of a mixer); use --engine-form segments")
         plan += [(s, 0) for s in kinds[0].pre] + [(kinds[i].fused, i) for i in range(n - 1)]
         plan += [(s, n - 1) for s in kinds[n - 1].post]
-    moe = set(getattr(cfg, "moe_layers", ()))
-    for s, i in plan:
-        if s in MLP_SEGMENTS and i in moe:
-            raise ThorError(f"engines: layer {i} has a mixture-of-experts MLP, which the ONNX export does not "
-                            "cover (dense MLPs only); use --backend torch")
     return plan + [("head", None)]
 
 
@@ -282,7 +283,7 @@ def example_inputs(view: DenseView, segment: str, layer: int | None, T: int = 3,
     cfg = view.cfg
     g = torch.Generator().manual_seed(seed * 1009 + (layer or 0))
     D = cfg.hidden_size
-    gdn = layer is not None and layer_kind(cfg, layer) == "gdn"
+    gdn = layer is not None and "pre_gdn" in LAYER_KINDS[layer_kind(cfg, layer)].pre
     HD = cfg.value_dim if gdn else cfg.num_heads * cfg.head_dim          # what the mixer hands post_attn
     make = {
         "ids": lambda: torch.randint(0, cfg.vocab_size, (T,), generator=g),
@@ -366,7 +367,8 @@ def output_shapes(cfg, segment: str, T: int) -> dict[str, tuple[int, ...]]:
     """Shape of each output of ``segment`` for T tokens (for binding preallocated outputs)."""
     D, Dh = cfg.hidden_size, cfg.head_dim
     shapes = {"h": (T, D), "h_out": (T, D), "q": (cfg.num_heads, T, Dh), "k": (cfg.num_kv_heads, T, Dh),
-              "v": (cfg.num_kv_heads, T, Dh), "logits": (T, cfg.vocab_size), "gate": (T, cfg.num_heads * Dh)}
+              "v": (cfg.num_kv_heads, T, Dh), "logits": (T, cfg.vocab_size), "gate": (T, cfg.num_heads * Dh),
+              "x": (T, D)}
     if hasattr(cfg, "conv_dim"):  # hybrids' GDN layers
         Hv = cfg.linear_num_value_heads
         shapes.update(qkv=(T, cfg.conv_dim), z=(T, cfg.value_dim), b=(T, Hv), a=(T, Hv), o=(T, cfg.value_dim))

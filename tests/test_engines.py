@@ -73,7 +73,8 @@ def test_tiny_graphs_match_torch_and_generate_identically(arch, form, tiny_dirs,
 @pytest.mark.parametrize("arch", HYBRIDS)
 def test_hybrid_export_keeps_the_mixers_eager_and_refuses_what_it_cannot_cover(arch, request, tmp_path):
     """The GDN conv + delta rule and attention stay in torch (no graph holds their state); no
-    fused form for hybrids; mixture-of-experts MLPs are refused with a clear error."""
+    fused form for hybrids; a mixture-of-experts layer's graph stops at the MoE block's input
+    (``pre_moe``), the block stays in torch too."""
     import dataclasses
 
     from engines.segments import graph_plan
@@ -90,8 +91,11 @@ def test_hybrid_export_keeps_the_mixers_eager_and_refuses_what_it_cannot_cover(a
     assert not any(tmp_path.iterdir())                     # refused before anything was built
     moe = dataclasses.replace(cfg, moe_layers=(1,), num_experts=4, num_experts_per_tok=2,
                               moe_intermediate_size=32, shared_expert_intermediate_size=32)
-    with pytest.raises(ThorError, match="layer 1 has a mixture-of-experts MLP"):
-        graph_plan(moe, "segments")
+    moe_plan = graph_plan(moe, "segments")
+    assert ("pre_moe", 1) in moe_plan and ("post_attn", 1) not in moe_plan
+    assert [p for p in moe_plan if p[1] != 1] == [p for p in plan if p[1] != 1]
+    with pytest.raises(ThorError, match="fused form is not available"):
+        graph_plan(moe, "fused")
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])

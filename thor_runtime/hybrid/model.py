@@ -11,8 +11,9 @@ replace; ``attention`` and ``gdn`` are the only parts that touch the cache (KV f
 recurrent state for GDN). Norms are zero-centred in these checkpoints (scale 1 + w); the
 weight is stored as 1 + w so the shared ``rms_norm`` applies it. Full attention differs from
 Qwen3 by an output gate (q_proj carries a gate per head) and partial RoPE. In a layer with
-a mixture-of-experts block (moe.py), ``post_*`` runs it in place of the dense MLP; its shared
-expert takes the dense MLP's slots (``w_gate_up`` / ``w_down``).
+a mixture-of-experts block (moe.py), it replaces the dense MLP; its shared expert takes the
+dense MLP's slots (``w_gate_up`` / ``w_down``). ``forward`` runs such a layer as the dense
+``pre_moe`` (out proj, residual, norm), then ``moe_block`` here, then the residual add.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ..model import (ForwardOut, Int8Weight, PackedWeight, TargetModel, Weight, 
                      make_rows_exact, residual_mlp, resolve_layout, rms_norm)
 from . import gdn as G
 from .config import HybridConfig
-from .moe import MoEBlock, residual_moe
+from .moe import MoEBlock
 from .state import MAX_SLOTS, HybridCache, RecurrentState
 from .weights import canonical, check_hybrid_weights
 
@@ -210,8 +211,23 @@ class HybridModel:
         """h [T, D] residual, o [T, *] mixer output -> next h (out proj, residual, MLP)."""
         L = self.layers[i]
         if L.moe is not None:
-            return residual_moe(h, o, L.w_out, L.mlp_norm, L.w_gate_up, L.w_down, L.moe, self.cfg.rms_eps)
+            h, x = self.pre_moe(i, h, o)
+            return h + self.moe_block(i, x)
         return residual_mlp(h, o, L.w_out, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
+
+    def pre_moe(self, i: int, h: torch.Tensor, o: torch.Tensor):
+        """A MoE layer's dense part after its mixer: h [T, D], o [T, *] -> h + out proj [T, D]
+        and its RMSNorm x [T, D], the MoE block's input."""
+        L = self.layers[i]
+        h = h + linear(o, L.w_out)
+        return h, rms_norm(h, L.mlp_norm, self.cfg.rms_eps)
+
+    def moe_block(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> the MoE block's output [T, D] (shared expert, router, routed experts). Stays
+        eager under a backend: routing is data-dependent and exact per row (moe.py)."""
+        L = self.layers[i]
+        gate, up = linear(x, L.w_gate_up).chunk(2, dim=-1)                        # [T, Is] each
+        return L.moe(x, linear(F.silu(gate) * up, L.w_down))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return linear(rms_norm(h, self.final_norm, self.cfg.rms_eps), self.head_w).float()  # [R, V]
@@ -241,7 +257,11 @@ class HybridModel:
             else:
                 qkv, z, b, a = seg.pre_gdn(i, h)
                 o = seg.post_gdn(i, self.gdn(i, qkv, b, a, cache), z)
-            h = seg.post_attn(i, h, o)
+            if L.moe is not None:
+                h, x = seg.pre_moe(i, h, o)
+                h = h + self.moe_block(i, x)
+            else:
+                h = seg.post_attn(i, h, o)
             if i in taps:
                 out.taps[i] = h
         cache.end()

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model import (EXACT_ROWS, Int8Weight, PackedWeight, RowLoop, Weight, linear, rms_norm,
-                     rows_invariant)
+from ..model import EXACT_ROWS, Int8Weight, PackedWeight, RowLoop, Weight, linear, rows_invariant
 
 GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
 PER_EXPERT = ("gate_proj", "up_proj", "down_proj")
@@ -168,12 +167,3 @@ class MoEBlock:
             out.index_add_(0, tok, self.experts(e, x[tok]).float() * w[tok, slot, None])
         return out
 
-
-def residual_moe(h: torch.Tensor, o: torch.Tensor, w_out, mlp_norm: torch.Tensor, w_gate_up, w_down,
-                 moe: MoEBlock, eps: float) -> torch.Tensor:
-    """residual_mlp's MoE counterpart: out projection + residual, then the MoE block (shared
-    expert ``w_gate_up`` / ``w_down``) + residual. h [T, D], o [T, *] -> next h [T, D]."""
-    h = h + linear(o, w_out)
-    x = rms_norm(h, mlp_norm, eps)
-    gate, up = linear(x, w_gate_up).chunk(2, dim=-1)                                        # [T, Is] each
-    return h + moe(x, linear(F.silu(gate) * up, w_down))
