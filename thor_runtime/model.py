@@ -124,7 +124,8 @@ class Int8Weight:
         lead, d = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, d)                                        # [M, in]
         if self.kernel and x2.shape[0] <= INT8_MAX_ROWS:
-            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16), self.q, self.s)
+            # the kernel takes row-major rows only (a hybrid's gated attention output is a view)
+            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.q, self.s)
         else:
             w = self.dense if self.dense is not None else self.q.float() * self.s.float()[:, None]
             y = F.linear(x2.float(), w)

@@ -79,7 +79,7 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
     if quant == "int4" and p.is_file() and _hybrid_gguf(p):
         raise ThorError(f"{p}: --dtype int4 is not supported for hybrid (Gated-DeltaNet) targets; "
-                        "use bf16 or fp32")
+                        "use int8, bf16 or fp32")
     if quant == "int4" and p.is_file() and device == "cpu":
         from .weight_cache import load_int4_gguf
         return load_int4_gguf(p, cache_dir=cache_dir, layout=layout, int4_kernel=int4_kernel)
