@@ -42,6 +42,7 @@ from engines.segments import SEGMENTS, DenseView, graph_plan
 from thor_runtime.errors import ThorError
 from thor_runtime.kv_cache import KVCache, prompt_set_hash
 
+from .kv_scales import scales_out_path
 from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts
 
 
@@ -165,10 +166,7 @@ def report(model, tok, scales: Fp8Scales, cfg: ActCalibConfig, progress: bool = 
 
 
 def calibrate_and_report(loaded, cfg: ActCalibConfig, out: str | Path, progress: bool = True) -> dict:
-    out = Path(out)
-    if out.is_dir():
-        raise ThorError(f"--out {out} is a directory; give a file path (e.g. fp8_scales.json)")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = scales_out_path(out, "fp8_scales.json")
     scales = calibrate(loaded.model, loaded.tokenizer, cfg, progress)
     scales.save(out)
     Fp8Scales.load(out)                         # what we wrote must read back

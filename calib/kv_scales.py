@@ -121,11 +121,17 @@ def report(model, tok, scales: KVScales, cfg: KVCalibConfig, progress: bool = Fa
             "fp8_unit": agreement(outs["bf16"], outs["fp8_unit"]), "fp8_calibrated_finite": finite}
 
 
-def calibrate_and_report(loaded, cfg: KVCalibConfig, out: str | Path, progress: bool = True) -> dict:
+def scales_out_path(out: str | Path, example: str) -> Path:
+    """--out of a scales command: a file path (its directory made), never a directory."""
     out = Path(out)
     if out.is_dir():
-        raise ThorError(f"--out {out} is a directory; give a file path (e.g. kv_scales.json)")
+        raise ThorError(f"--out {out} is a directory; give a file path (e.g. {example})")
     out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def calibrate_and_report(loaded, cfg: KVCalibConfig, out: str | Path, progress: bool = True) -> dict:
+    out = scales_out_path(out, "kv_scales.json")
     scales = calibrate(loaded.model, loaded.tokenizer, cfg, progress)
     scales.save(out)
     KVScales.load(out, loaded.cfg)              # what we wrote must read back

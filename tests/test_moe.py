@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_gdn import Steered
+from test_gdn import Steered, _variant
 from tiny_hybrid import HYBRID_CONFIGS, hf_model, make_hybrid_dir
 
 from thor_runtime.errors import ThorError
@@ -186,17 +186,6 @@ def test_speculative_equals_plain(arch, loaded):
 
 
 # ---- refusals ----------------------------------------------------------------------------------------
-def _edited(src: Path, dst: Path, edit) -> Path:
-    dst.mkdir()
-    for f in src.iterdir():
-        if f.suffix != ".safetensors":
-            (dst / f.name).write_bytes(f.read_bytes())
-    w = load_file(str(src / "model.safetensors"))
-    edit(w)
-    save_file(w, str(dst / "model.safetensors"))
-    return dst
-
-
 @pytest.mark.parametrize("form,name", [
     ("per_expert", "model.layers.3.mlp.experts.5.up_proj.weight"),
     ("per_expert", "model.layers.0.mlp.gate.weight"),
@@ -206,10 +195,10 @@ def _edited(src: Path, dst: Path, edit) -> Path:
 ])
 def test_bad_expert_tensor_is_refused(form, name, dirs, tmp_path):
     src = dirs["qwen3_next_moe"] if form == "per_expert" else _fused_copy(dirs["qwen3_5_moe"], tmp_path / "f")
-    missing = _edited(src, tmp_path / "missing", lambda w: w.pop(name))
+    missing = _variant(src, tmp_path / "missing", lambda w: w.pop(name))
     with pytest.raises(ThorError, match=f"missing tensor {name}"):
         load(str(missing))
-    bent = _edited(src, tmp_path / "bent", lambda w: w.__setitem__(name, w[name][..., :-1].contiguous()))
+    bent = _variant(src, tmp_path / "bent", lambda w: w.__setitem__(name, w[name][..., :-1].contiguous()))
     with pytest.raises(ThorError, match=f"tensor {name} has shape"):
         load(str(bent))
     if name.endswith("experts.5.up_proj.weight"):        # once through the CLI: exit 2, the name, no traceback

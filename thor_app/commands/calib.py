@@ -178,26 +178,23 @@ def register(sub) -> None:
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 
-    k = cs.add_parser("kv-scales", parents=[common], help="per-layer, per-KV-head FP8 scales from calibration prompts")
-    k.add_argument("--target", default="default")
-    k.add_argument("--out", required=True)
-    k.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
-    k.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the agreement report")
+    # what the two FP8 scale commands share: the target, the prompts, the report's held-out split
+    scales = type(p)(add_help=False)
+    scales.add_argument("--target", default="default")
+    scales.add_argument("--out", required=True)
+    scales.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
+    scales.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the agreement report")
+    scales.add_argument("--seed", type=int, default=0)
+    scales.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
+    scales.add_argument("--quiet", action="store_true")
+
+    k = cs.add_parser("kv-scales", parents=[common, scales],
+                      help="per-layer, per-KV-head FP8 scales from calibration prompts")
     k.add_argument("--max-tokens", type=positive_int, default=64, help="greedy tokens per report prompt")
     k.add_argument("--margin", type=float, default=1.0, help="scale = amax * margin / 448")
-    k.add_argument("--seed", type=int, default=0)
-    k.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
-    k.add_argument("--quiet", action="store_true")
     k.set_defaults(func=_kv_scales)
 
-    f = cs.add_parser("fp8-scales", parents=[common],
+    f = cs.add_parser("fp8-scales", parents=[common, scales],
                       help="per-projection FP8 activation scales for the Q/DQ engine graphs (--fp8-scales)")
-    f.add_argument("--target", default="default")
-    f.add_argument("--out", required=True)
-    f.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
-    f.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the report")
     f.add_argument("--margin", type=float, default=4.0, help="scale = amax * margin / 448 (headroom: see calib/act_scales.py)")
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
-    f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=_fp8_scales)
