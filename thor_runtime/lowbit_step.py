@@ -199,35 +199,39 @@ class StepGraph:
         return hs, m.head(torch.from_numpy(outs[f"h{self.n - 1}"][:T])[torch.from_numpy(want)])
 
 
+def rows_invariant(g, cfg, rows: int) -> bool:
+    """The probe of a whole-forward kernel g (StepGraph's call): ``rows`` random rows after a
+    3-row start, each alone and then the first m of them together for every m in 2..rows;
+    every layer's output, the logits and every cached key and value must be the same bits."""
+    from .kv_cache import KVCache
+
+    taps = tuple(range(cfg.num_layers))
+    h = torch.randn(3 + rows, cfg.hidden_size, generator=torch.Generator().manual_seed(0))   # [3 + R, D]
+    cache = KVCache(cfg, 3 + rows, "fp32", torch.float32)
+    g(h[:3], cache, rows=None)
+
+    def run(a: int, b: int) -> list[torch.Tensor]:      # rows a..b-1: every layer's h, the logits
+        hs, logits = g(h[a:b], cache, taps)
+        return [hs[i] for i in taps] + [logits]
+    alone = [torch.cat(x) for x in zip(*(run(3 + r, 4 + r) for r in range(rows)))]
+    kv = (cache.k[:, :, :3 + rows].clone(), cache.v[:, :, :3 + rows].clone())
+
+    def same(m: int) -> bool:
+        cache.crop(3)
+        return (all(torch.equal(a[:m], b) for a, b in zip(alone, run(3, 3 + m)))
+                and torch.equal(kv[0][:, :, :3 + m], cache.k[:, :, :3 + m])
+                and torch.equal(kv[1][:, :, :3 + m], cache.v[:, :, :3 + m]))
+    return all(same(m) for m in range(2, rows + 1))
+
+
 def step_graph(model, verdict: dict[str, bool]) -> StepGraph | None:
     """The model's step graph, or None when its rows are not row-invariant here (then the
-    per-boundary graphs run). verdict: as in make_rows_exact (kept per CPU environment).
-
-    The probe: R random rows after a 3-row start, each alone (padded) and then the first m
-    of them together for every m in 2..R; every layer's output and every cached key and
-    value must be the same bits."""
-    from .kv_cache import KVCache
+    per-boundary graphs run). verdict: as in make_rows_exact (kept per CPU environment)."""
     from .model import EXACT_ROWS
 
     if model.cfg.head_dim % HEAD_MULTIPLE:
         return None
     g = StepGraph(model)
     if g.key not in verdict:
-        cfg, R, taps = model.cfg, EXACT_ROWS, tuple(range(model.cfg.num_layers))
-        h = torch.randn(3 + R, cfg.hidden_size, generator=torch.Generator().manual_seed(0))   # [3 + R, D]
-        cache = KVCache(cfg, 3 + R, "fp32", torch.float32)
-        g(h[:3], cache, rows=None)
-
-        def run(a: int, b: int) -> list[torch.Tensor]:      # rows a..b-1: every layer's h, the logits
-            hs, logits = g(h[a:b], cache, taps)
-            return [hs[i] for i in taps] + [logits]
-        alone = [torch.cat(x) for x in zip(*(run(3 + r, 4 + r) for r in range(R)))]
-        kv = (cache.k[:, :, :3 + R].clone(), cache.v[:, :, :3 + R].clone())
-
-        def same(m: int) -> bool:
-            cache.crop(3)
-            return (all(torch.equal(a[:m], b) for a, b in zip(alone, run(3, 3 + m)))
-                    and torch.equal(kv[0][:, :, :3 + m], cache.k[:, :, :3 + m])
-                    and torch.equal(kv[1][:, :, :3 + m], cache.v[:, :, :3 + m]))
-        verdict[g.key] = all(same(m) for m in range(2, R + 1))
+        verdict[g.key] = rows_invariant(g, model.cfg, EXACT_ROWS)
     return g if verdict[g.key] else None

@@ -450,6 +450,7 @@ class TargetModel:
         # each where row-invariant. The second is built on first use: it holds its own copy
         # of the weights.
         self.step, self.fused, self._fused_built = None, None, False
+        self.rows, self.rows_why = None, "weights are not MatMulNBits blocks"
         if self.int4_kernel == "ort":
             from .lowbit_fused import prepare_sessions
             from .lowbit_step import step_graph
@@ -458,6 +459,8 @@ class TargetModel:
                 self._build_fused()
             else:
                 prepare_sessions(self)
+            from .rowstep import row_step
+            self.rows, self.rows_why = row_step(self, self.row_verdicts)
         self.probe_s = time.perf_counter() - t0
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
         # None = the torch methods below. Attention stays here: it owns the KV cache.
@@ -572,6 +575,10 @@ class TargetModel:
         out = ForwardOut(None)
         rows = logits_rows if isinstance(logits_rows, slice) else \
             {"all": slice(None), "last": slice(-1, None), "none": None}[logits_rows]
+        if exact and self.rows is not None and self.backend is None and self.rows.fits(cache, T):
+            # steps and verifies: each row alone on our kernel (rowstep.py), no padding
+            out.taps, out.logits = self.rows(h, cache, taps, rows)
+            return out
         if self.step is not None and self.backend is None and self.step.fits(cache, T):
             # row-invariant (probed): ``exact`` holds as it is
             out.taps, out.logits = self.step(h, cache, taps, rows)

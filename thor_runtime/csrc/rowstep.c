@@ -1,0 +1,522 @@
+/* The decode and verify forward of a MatMulNBits llama-family model, rows computed one by one.
+
+   Why: ONNX Runtime's step graph spends most of a decode step in per-node costs and in a
+   GEMM path padded to two rows; a 1-row step here is a handful of memory-bound loops. Every
+   row runs the same instruction sequence whatever the row count (rows never share a
+   reduction), so a verify row gets a 1-row step's bits by construction; the model's load
+   probe checks it anyway.
+
+   Weights are the MatMulNBits blobs as they are (no second copy): 4-bit, byte j of a 32-block
+   holding inputs 2j (low nibble) and 2j+1 (high), w = s (q - 8) + c (c: Q4_1's minimum plus
+   8s, zero for Q4_0); 8-bit (the head), w = s (q - 128). Activations are quantized to int8
+   per block of 32 (absmax / 127), stored with the even inputs first so a block's nibbles
+   unpack in place. y = sum_b s sx (dot(q, qx) - zp sum(qx)) + c sx sum(qx). */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define PAUSE() __asm__ __volatile__("yield")
+#else
+#define PAUSE() ((void)0)
+#endif
+
+#define MAXT 64
+#define BLK 32
+
+/* ---------------------------------------------------------------- a fork-join pool */
+typedef void (*task_fn)(void *arg, int tid, int nth);
+typedef struct {
+    int n;
+    pthread_t th[MAXT];
+    atomic_int gen, done, active, stop;
+    task_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Pool;
+
+typedef struct { Pool *p; int tid; } WorkerArg;
+
+static void *worker(void *a) {
+    Pool *p = ((WorkerArg *)a)->p;
+    int tid = ((WorkerArg *)a)->tid, seen = 0;
+    for (;;) {
+        /* spin while a forward runs (many short tasks), sleep between forwards */
+        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
+            if (!atomic_load(&p->active)) {
+                pthread_mutex_lock(&p->mu);
+                while (atomic_load(&p->gen) == seen && !atomic_load(&p->active))
+                    pthread_cond_wait(&p->cv, &p->mu);
+                pthread_mutex_unlock(&p->mu);
+            } else {
+                PAUSE();
+            }
+        }
+        seen = atomic_load(&p->gen);
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->arg, tid, p->n);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+}
+
+static void pool_active(Pool *p, int on) {
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->active, on);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_run(Pool *p, task_fn fn, void *arg) {
+    if (p->n == 1) { fn(arg, 0, 1); return; }
+    p->fn = fn; p->arg = arg;
+    atomic_store(&p->done, 0);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    if (!atomic_load(&p->active)) {
+        pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->cv); pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) PAUSE();
+}
+
+/* [lo, hi) of n items for thread tid, in chunks of `align` */
+static void share(int n, int align, int tid, int nth, int *lo, int *hi) {
+    int chunks = (n + align - 1) / align, per = chunks / nth, rem = chunks % nth;
+    int c0 = tid * per + (tid < rem ? tid : rem), c1 = c0 + per + (tid < rem);
+    *lo = c0 * align < n ? c0 * align : n;
+    *hi = c1 * align < n ? c1 * align : n;
+}
+
+/* ---------------------------------------------------------------- kernels */
+static inline float dot_f32(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#elif defined(__aarch64__)
+    float32x4_t acc = vdupq_n_f32(0.f);
+    for (; i + 4 <= n; i += 4) acc = vfmaq_f32(acc, vld1q_f32(a + i), vld1q_f32(b + i));
+    s = vaddvq_f32(acc);
+#endif
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {   /* y += a x */
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#elif defined(__aarch64__)
+    float32x4_t va = vdupq_n_f32(a);
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), va, vld1q_f32(x + i)));
+#endif
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* x[i] = exp(x[i]) in place. One polynomial for every element (vector lanes and tail
+   alike): exp(x) = 2^n exp(r), r = x - n ln2, |r| <= ln2 / 2, degree 6 (rel. error ~2e-7). */
+static inline float exp_poly(float x) {
+    x = fminf(fmaxf(x, -87.3f), 88.3f);
+    float n = nearbyintf(x * 1.44269504f), r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(1.f / 720, r, 1.f / 120), r, 1.f / 24), r, 1.f / 6), r, 0.5f), r, 1.f), r, 1.f);
+    union { float f; int32_t i; } u = {p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+static void vexp(float *x, int n) {
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), lo), hi);
+        __m256 nn = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-0.693145751953125f), v);
+        r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-1.428606765330187e-06f), r);
+        __m256 p = _mm256_set1_ps(1.f / 720);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+        __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(nn), 23);
+        _mm256_storeu_ps(x + i, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)));
+    }
+#endif
+    for (; i < n; i++) x[i] = exp_poly(x[i]);
+}
+
+/* s[p] = q . K[p] for p < n (K rows of Dh floats) */
+static void scores(const float *q, const float *K, int n, int Dh, float *s) {
+    int p = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (Dh % 8 == 0)
+        for (; p + 8 <= n; p += 8) {
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int c = 0; c < Dh; c += 8) {
+                __m256 qv = _mm256_loadu_ps(q + c);
+                for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (size_t)(p + i) * Dh + c), a[i]);
+            }
+            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            _mm256_storeu_ps(s + p, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+        }
+#endif
+    for (; p < n; p++) s[p] = dot_f32(q, K + (size_t)p * Dh, Dh);
+}
+
+/* one row x [K] -> qx [K] int8 (4-bit weights: per block the even inputs, then the odd, as a
+   block's nibbles unpack), sx [K/32] = absmax / 127, zs [K/32] = sx * sum(qx) */
+static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs) {
+    for (int b = 0; b < K / BLK; b++) {
+        const float *p = x + b * BLK;
+        float amax = 0.f;
+        for (int i = 0; i < BLK; i++) amax = fmaxf(amax, fabsf(p[i]));
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int s = 0;
+        int8_t *q = qx + b * BLK;
+        for (int j = 0; j < BLK / 2; j++) {
+            int e = (int)nearbyintf(p[2 * j] * id), o = (int)nearbyintf(p[2 * j + 1] * id);
+            if (split) { q[j] = (int8_t)e; q[j + BLK / 2] = (int8_t)o; }
+            else { q[2 * j] = (int8_t)e; q[2 * j + 1] = (int8_t)o; }
+            s += e + o;
+        }
+        sx[b] = d; zs[b] = d * (float)s;
+    }
+}
+
+#if defined(__AVX2__)
+static inline __m256i unpack4(const uint8_t *w) {        /* 16 bytes -> 32 codes: low nibbles, then high */
+    __m128i bytes = _mm_loadu_si128((const __m128i *)w), m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), _mm_and_si128(bytes, m));
+}
+
+static inline __m256i dot_u8s8(__m256i w, __m256i x, int bits) {   /* 8 partial sums of w_i x_i */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    (void)bits;
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#elif defined(__AVXVNNI__)
+    (void)bits;
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
+#else
+    __m256i one = _mm256_set1_epi16(1);
+    if (bits == 4) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), one);
+    /* bytes up to 255: pairs of u8 x s8 overflow int16, so the top bit goes apart */
+    __m256i lo7 = _mm256_and_si256(w, _mm256_set1_epi8(0x7F));
+    __m256i top = _mm256_srli_epi16(_mm256_and_si256(w, _mm256_set1_epi8((char)0x80)), 7);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo7, x), one),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), _mm256_set1_epi16(128)));
+#endif
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+/* sum_i w_i qx_i over one block, for the portable path */
+static inline int32_t block_dot(const uint8_t *w, const int8_t *qx, int bits) {
+    int32_t s = 0;
+    if (bits == 4)
+        for (int j = 0; j < BLK / 2; j++) s += (w[j] & 15) * qx[j] + (w[j] >> 4) * qx[j + BLK / 2];
+    else
+        for (int j = 0; j < BLK; j++) s += w[j] * qx[j];
+    return s;
+}
+
+typedef struct {            /* one projection */
+    const uint8_t *blob;    /* [N, K/32, 32 bits / 8] */
+    const float *s, *m;     /* [N, K/32] each: w = s q + m */
+    const float *bias;      /* [N] or NULL */
+    int N, K, bits;
+} Proj;
+
+typedef struct {            /* the quantized rows of one input */
+    const int8_t *qx; const float *sx, *zs;
+    int M, K;
+} QRows;
+
+typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
+
+/* outputs per tile (independent accumulation chains) and rows per pass: a weight block is
+   unpacked once for up to RT rows; AVX2 has half the vector registers of AVX-512 */
+#if defined(__AVX512VL__)
+#define NT 4
+#else
+#define NT 2
+#endif
+#define RT 4
+
+/* y[r0 + r, n0 + j] for R rows and NT outputs. Each (row, output) sum runs over the blocks in
+   order with the same operations whatever R is: a row's bits do not depend on the others. */
+static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy) {
+    int nb = w->K / BLK, bytes = BLK * w->bits / 8;
+#if defined(__AVX2__)
+    __m256 acc[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i xv[RT];
+        __m256 sx[RT];
+        for (int r = 0; r < R; r++) {
+            xv[r] = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
+            sx[r] = _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b]);
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
+            __m256 s = _mm256_set1_ps(w->s[at]);
+            for (int r = 0; r < R; r++)
+                acc[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv[r], w->bits)), sx[r]), s, acc[j][r]);
+        }
+    }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = hsum8(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#else
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++) {
+            const int8_t *q = x->qx + (size_t)(r0 + r) * x->K;
+            float acc = 0.f;
+            for (int b = 0; b < nb; b++) {
+                size_t at = (size_t)(n0 + j) * nb + b;
+                acc = fmaf((float)block_dot(w->blob + at * bytes, q + b * BLK, w->bits) * x->sx[(size_t)(r0 + r) * nb + b],
+                           w->s[at], acc);
+            }
+            y[(size_t)r * ldy + j] = acc + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+        }
+#endif
+}
+
+static void matmul_task(void *arg, int tid, int nth) {
+    const MatmulTask *t = arg;
+    const Proj *w = t->w;
+    int lo, hi, M = t->x->M;
+    share(w->N, 16, tid, nth, &lo, &hi);
+    for (int n = lo; n < hi; n += NT)
+        for (int r = 0; r < M; r += RT) {
+            float *y = t->y + (size_t)r * w->N + n;
+            switch (M - r < RT ? M - r : RT) {     /* constant row counts: unrolled, in registers */
+                case 1: tile(w, t->x, r, 1, n, y, w->N); break;
+                case 2: tile(w, t->x, r, 2, n, y, w->N); break;
+                case 3: tile(w, t->x, r, 3, n, y, w->N); break;
+                default: tile(w, t->x, r, 4, n, y, w->N); break;
+            }
+            if (w->bias)
+                for (int rr = r; rr < r + RT && rr < M; rr++)
+                    for (int j = 0; j < NT; j++) t->y[(size_t)rr * w->N + n + j] += w->bias[n + j];
+        }
+}
+
+
+/* y = x / rms(x) * w, per row; the sum of squares in one fixed order */
+static void rms_norm_row(const float *x, const float *w, int D, float eps, float *y) {
+    float ss = dot_f32(x, x, D);
+    float r = 1.f / sqrtf(ss / (float)D + eps);
+    for (int i = 0; i < D; i++) y[i] = x[i] * r * w[i];
+}
+
+/* HF rotate-half RoPE on one head vector at position p (cos/sin [P, Dh], halves repeated) */
+static void rope(float *v, const float *cos, const float *sin, int Dh) {
+    int h = Dh / 2;
+    for (int j = 0; j < h; j++) {
+        float a = v[j], b = v[j + h];
+        v[j] = a * cos[j] - b * sin[j];
+        v[j + h] = b * cos[j + h] + a * sin[j + h];
+    }
+}
+
+typedef struct {
+    int L, D, H, Hkv, Dh, I, V, nth;
+    float eps;
+    const float **attn_norm, **mlp_norm, *final_norm;
+    Proj *qkv, *o, *gu, *down, head;
+    Pool pool;
+    /* scratch, sized for MAXROWS rows */
+    int maxrows, maxpos;
+    float *x, *y, *big, *att, *scores;     /* scores: [nth, maxpos] */
+    int8_t *qx;
+    float *sx, *zs;
+} Engine;
+
+static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
+    for (int r = 0; r < M; r++)
+        quantize_row(x + (size_t)r * K, K, split, e->qx + (size_t)r * K, e->sx + (size_t)r * (K / BLK),
+                     e->zs + (size_t)r * (K / BLK));
+    out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->M = M; out->K = K;
+}
+
+typedef struct {
+    Engine *e; int T, start, layer, S;
+    const float *qkv;        /* [T, (H + 2 Hkv) Dh], roped */
+    float *k, *v;            /* this layer's cache [Hkv, S, Dh] */
+    float *out;              /* [T, H Dh] */
+} AttnTask;
+
+static void attn_task(void *arg, int tid, int nth) {
+    const AttnTask *a = arg;
+    const Engine *e = a->e;
+    int H = e->H, Dh = e->Dh, W = (e->H + 2 * e->Hkv) * Dh, group = e->H / e->Hkv, lo, hi;
+    float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)tid * e->maxpos;
+    share(a->T * H, 1, tid, nth, &lo, &hi);
+    for (int j = lo; j < hi; j++) {
+        int t = j / H, h = j % H, g = h / group, n = a->start + t + 1;   /* keys 0..start + t */
+        const float *q = a->qkv + (size_t)t * W + h * Dh;
+        const float *K = a->k + (size_t)g * a->S * Dh, *Vv = a->v + (size_t)g * a->S * Dh;
+        float mx = -INFINITY, sum = 0.f, *o = a->out + (size_t)t * H * Dh + h * Dh;
+        scores(q, K, n, Dh, sc);
+        for (int p = 0; p < n; p++) { sc[p] *= scale; mx = fmaxf(mx, sc[p]); }
+        for (int p = 0; p < n; p++) sc[p] -= mx;
+        vexp(sc, n);
+        for (int p = 0; p < n; p++) sum += sc[p];
+        memset(o, 0, sizeof(float) * Dh);
+        for (int p = 0; p < n; p++) axpy(o, sc[p], Vv + (size_t)p * Dh, Dh);
+        float inv = 1.f / sum;
+        for (int i = 0; i < Dh; i++) o[i] *= inv;
+    }
+}
+
+static void matmul(Engine *e, const Proj *w, const QRows *x, float *y) {
+    MatmulTask t = {w, x, y};
+    pool_run(&e->pool, matmul_task, &t);
+}
+
+#define SCRATCH_ROWS 16
+
+void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps, int threads, int maxpos) {
+    Engine *e = calloc(1, sizeof(Engine));
+    if (!e) return NULL;
+    e->L = L; e->D = D; e->H = H; e->Hkv = Hkv; e->Dh = Dh; e->I = I; e->V = V; e->eps = eps;
+    e->nth = threads < 1 ? 1 : threads > MAXT ? MAXT : threads;
+    e->maxrows = SCRATCH_ROWS; e->maxpos = maxpos;
+    e->attn_norm = calloc(L, sizeof(float *)); e->mlp_norm = calloc(L, sizeof(float *));
+    e->qkv = calloc(L, sizeof(Proj)); e->o = calloc(L, sizeof(Proj));
+    e->gu = calloc(L, sizeof(Proj)); e->down = calloc(L, sizeof(Proj));
+    int wide = (H + 2 * Hkv) * Dh;
+    if (2 * I > wide) wide = 2 * I;
+    if (D > wide) wide = D;
+    e->x = malloc(sizeof(float) * SCRATCH_ROWS * wide);
+    e->y = malloc(sizeof(float) * SCRATCH_ROWS * wide);
+    e->big = malloc(sizeof(float) * SCRATCH_ROWS * wide);
+    e->att = malloc(sizeof(float) * SCRATCH_ROWS * H * Dh);
+    e->scores = malloc(sizeof(float) * (size_t)e->nth * maxpos);
+    e->qx = malloc(SCRATCH_ROWS * (size_t)wide);
+    e->sx = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
+    e->zs = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
+    Pool *p = &e->pool;
+    p->n = e->nth;
+    pthread_mutex_init(&p->mu, NULL); pthread_cond_init(&p->cv, NULL);
+    for (int i = 1; i < p->n; i++) {
+        WorkerArg *wa = malloc(sizeof(WorkerArg));
+        wa->p = p; wa->tid = i;
+        pthread_create(&p->th[i], NULL, worker, wa);
+    }
+    return e;
+}
+
+void rowstep_free(void *h) {
+    Engine *e = h;
+    Pool *p = &e->pool;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->gen, 1);
+    pool_active(p, 0);
+    for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
+    free(e->attn_norm); free(e->mlp_norm); free(e->qkv); free(e->o); free(e->gu); free(e->down);
+    free(e->x); free(e->y); free(e->big); free(e->att); free(e->scores); free(e->qx); free(e->sx); free(e->zs);
+    free(e);
+}
+
+static Proj proj(const void *blob, const float *s, const float *m, const float *bias, int N, int K, int bits) {
+    Proj p = {blob, s, m, bias, N, K, bits};
+    return p;
+}
+
+void rowstep_set_layer(void *h, int i, const float *attn_norm, const float *mlp_norm,
+                       const void *qkv_b, const float *qkv_s, const float *qkv_m, const float *qkv_bias,
+                       const void *o_b, const float *o_s, const float *o_m, const void *gu_b, const float *gu_s,
+                       const float *gu_m, const void *d_b, const float *d_s, const float *d_m) {
+    Engine *e = h;
+    e->attn_norm[i] = attn_norm; e->mlp_norm[i] = mlp_norm;
+    e->qkv[i] = proj(qkv_b, qkv_s, qkv_m, qkv_bias, (e->H + 2 * e->Hkv) * e->Dh, e->D, 4);
+    e->o[i] = proj(o_b, o_s, o_m, NULL, e->D, e->H * e->Dh, 4);
+    e->gu[i] = proj(gu_b, gu_s, gu_m, NULL, 2 * e->I, e->D, 4);
+    e->down[i] = proj(d_b, d_s, d_m, NULL, e->D, e->I, 4);
+}
+
+void rowstep_set_head(void *h, const float *final_norm, const void *blob, const float *s, const float *m, int bits) {
+    Engine *e = h;
+    e->final_norm = final_norm;
+    e->head = proj(blob, s, m, NULL, e->V, e->D, bits);
+}
+
+/* h [T, D] (embedded rows, overwritten with the last layer's output) at positions
+   start..start + T - 1; k/v: the cache [L, Hkv, S, Dh]; cos/sin [>= start + T, Dh].
+   taps [L] of output pointers (NULL: not wanted), each [T, D]; rows [R] of rows whose
+   logits go to logits [R, V] (R = 0: none). Returns 0, or -1 when T or the positions do
+   not fit the scratch. */
+int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, int S,
+                    const float *cos, const float *sin, float **taps, const int64_t *rows, int R, float *logits) {
+    Engine *e = hd;
+    if (T < 1 || T > e->maxrows || start + T > S || start + T > e->maxpos) return -1;
+    int D = e->D, H = e->H, Hkv = e->Hkv, Dh = e->Dh, I = e->I, W = (H + 2 * Hkv) * Dh;
+    QRows qr;
+    pool_active(&e->pool, 1);
+    for (int i = 0; i < e->L; i++) {
+        for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, e->attn_norm[i], D, e->eps, e->x + (size_t)t * D);
+        quantize_rows(e, e->x, T, D, 1, &qr);
+        matmul(e, &e->qkv[i], &qr, e->y);                                          /* [T, W] */
+        float *kc = k + (size_t)i * Hkv * S * Dh, *vc = v + (size_t)i * Hkv * S * Dh;
+        for (int t = 0; t < T; t++) {
+            float *row = e->y + (size_t)t * W;
+            int pos = start + t;
+            for (int hh = 0; hh < H + Hkv; hh++) rope(row + hh * Dh, cos + (size_t)pos * Dh, sin + (size_t)pos * Dh, Dh);
+            for (int g = 0; g < Hkv; g++) {
+                memcpy(kc + ((size_t)g * S + pos) * Dh, row + (H + g) * Dh, sizeof(float) * Dh);
+                memcpy(vc + ((size_t)g * S + pos) * Dh, row + (H + Hkv + g) * Dh, sizeof(float) * Dh);
+            }
+        }
+        AttnTask at = {e, T, start, i, S, e->y, kc, vc, e->att};
+        pool_run(&e->pool, attn_task, &at);                                         /* [T, H Dh] */
+        quantize_rows(e, e->att, T, H * Dh, 1, &qr);
+        matmul(e, &e->o[i], &qr, e->y);                                            /* [T, D] */
+        for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
+        for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, e->mlp_norm[i], D, e->eps, e->x + (size_t)t * D);
+        quantize_rows(e, e->x, T, D, 1, &qr);
+        matmul(e, &e->gu[i], &qr, e->big);                                         /* [T, 2I] */
+        for (int t = 0; t < T; t++) {
+            float *g = e->big + (size_t)t * 2 * I, *u = g + I, *a = e->x + (size_t)t * I;
+            for (int j = 0; j < I; j++) a[j] = -g[j];
+            vexp(a, I);
+            for (int j = 0; j < I; j++) a[j] = g[j] / (1.f + a[j]) * u[j];
+        }
+        quantize_rows(e, e->x, T, I, 1, &qr);
+        matmul(e, &e->down[i], &qr, e->y);                                         /* [T, D] */
+        for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
+        if (taps && taps[i]) memcpy(taps[i], h, sizeof(float) * T * D);
+    }
+    if (R > 0) {
+        for (int r = 0; r < R; r++) rms_norm_row(h + (size_t)rows[r] * D, e->final_norm, D, e->eps, e->x + (size_t)r * D);
+        quantize_rows(e, e->x, R, D, e->head.bits == 4, &qr);
+        matmul(e, &e->head, &qr, logits);                                          /* [R, V] */
+    }
+    pool_active(&e->pool, 0);
+    return 0;
+}

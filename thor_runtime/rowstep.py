@@ -1,0 +1,207 @@
+"""Decode steps and verifies of a MatMulNBits model on our own CPU kernel (csrc/rowstep.c).
+
+Why. On ONNX Runtime a 1-row step is padded to two rows (MLAS's 1-row GEMV path has other
+bits than its GEMM path) and pays a per-node cost ~660 times; the kernel here runs each row on
+its own with the same instructions whatever the row count, so a 1-row step needs no padding
+and a verify row is a step's bits by construction (the load probe checks it like any kernel).
+It reads the MatMulNBits blobs and scales in place; only each block's minimum is laid out
+again (``s q + m``, [N, K/32] fp32). Prompts keep ONNX Runtime's step graph: its GEMM is the
+faster one from ~16 rows on, and a prefill row need not be a step's.
+
+The library is compiled for this CPU (``-march=native``) on first use, into the kernel cache
+(``kernels/`` in the weight cache), and loaded only when its sha256 matches the manifest
+written when it was built. No compiler: the step graph runs, and ``kernel_status`` says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .lowbit_ort import NBitsWeight
+
+SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"
+MAX_ROWS = 16                 # the C side's scratch rows (EXACT_ROWS: a verify's rows)
+_ZERO_POINT = {4: 8, 8: 128}
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+def _flags() -> list[str]:
+    arch = "-mcpu=native" if platform.machine() in ("aarch64", "arm64") else "-march=native"
+    return ["-O3", arch, "-fPIC", "-shared", "-std=c11", "-pthread"]
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: a library built on another CPU may not run here."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = ("model name", "flags", "Features", "CPU part", "CPU implementer")
+    return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in keep}))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_library(kernel_dir: Path | None) -> tuple[Path | None, str]:
+    """-> (the compiled library, "") or (None, why not). Built once per source, compiler,
+    flags and CPU; a library whose hash is not the manifest's is rebuilt, never loaded."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc) on PATH"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"the C compiler {cc} does not run: {e}"
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(_flags()), version, platform.machine(),
+                                    _cpu_identity()]).encode()).hexdigest()[:24]
+    d = Path(kernel_dir) if kernel_dir is not None else Path(tempfile.mkdtemp(prefix="thor-kernels-"))
+    lib, manifest = d / f"rowstep-{key}.so", d / f"rowstep-{key}.json"
+    if lib.exists() and manifest.exists():
+        try:
+            if json.loads(manifest.read_text()).get("sha256") == _sha256(lib):
+                return lib, ""
+        except (OSError, ValueError):
+            pass
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".rowstep-{key}-{os.getpid()}.so"
+    r = subprocess.run([cc, *_flags(), "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return None, f"compiling {SOURCE.name} failed: {(r.stderr or r.stdout).strip()[-400:]}"
+    digest = _sha256(tmp)
+    os.replace(tmp, lib)
+    mtmp = d / f".rowstep-{key}-{os.getpid()}.json"
+    mtmp.write_text(json.dumps({"sha256": digest, "compiler": version.splitlines()[0] if version else cc,
+                                "flags": _flags()}))
+    os.replace(mtmp, manifest)
+    return lib, ""
+
+
+def _bind(path: Path):
+    lib = ctypes.CDLL(str(path))
+    lib.rowstep_new.restype = _P
+    lib.rowstep_new.argtypes = [_I] * 7 + [_F, _I, _I]
+    lib.rowstep_free.argtypes = [_P]
+    lib.rowstep_set_layer.argtypes = [_P, _I] + [_P] * 15
+    lib.rowstep_set_head.argtypes = [_P, _P, _P, _P, _P, _I]
+    lib.rowstep_forward.restype = _I
+    lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P]
+    return lib
+
+
+def supports(model) -> str:
+    """"" when this kernel runs ``model``, else the reason it does not."""
+    cfg, L = model.cfg, model.layers
+    if getattr(model, "int4_kernel", None) != "ort":
+        return "weights are not MatMulNBits blocks"
+    if cfg.qk_norm:
+        return "q/k norms (qwen3) are not in the kernel"
+    if not isinstance(model.head_w, NBitsWeight):
+        return "the head is not on MatMulNBits"
+    ws = [w for lay in L for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down)]
+    if not all(isinstance(w, NBitsWeight) and w.bits == 4 for w in ws):
+        return "a projection is not 4-bit MatMulNBits"
+    if cfg.num_heads % cfg.num_kv_heads or cfg.head_dim % 2:
+        return "head layout not supported"
+    return ""
+
+
+class RowStep:
+    """Same call as lowbit_step.StepGraph: h [T, D] (embedded ids, T <= MAX_ROWS), an fp32
+    KVCache -> ({i: h after layer i} for taps, logits of h[rows] or None)."""
+
+    def __init__(self, model, lib_path: Path, threads: int):
+        cfg = model.cfg
+        self.model, self.n = model, cfg.num_layers
+        self._lib = _bind(lib_path)
+        self._keep: list[torch.Tensor] = []      # every buffer the C side points into
+        self._h = self._lib.rowstep_new(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                                        cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.rms_eps,
+                                        threads, cfg.max_position_embeddings)
+        if not self._h:
+            raise MemoryError("rowstep: no memory for the kernel's scratch")
+        for i, lay in enumerate(model.layers):
+            args = [self._ptr(lay.attn_norm), self._ptr(lay.mlp_norm)]
+            for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down):
+                args += self._proj(w)
+                if w is lay.wqkv:
+                    args.append(self._ptr(lay.bqkv))
+            self._lib.rowstep_set_layer(self._h, i, *args)
+        self._lib.rowstep_set_head(self._h, self._ptr(model.final_norm), *self._proj(model.head_w), model.head_w.bits)
+
+    def _ptr(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        t = t if t.dtype in (torch.float32, torch.uint8) and t.is_contiguous() else t.float().contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _proj(self, w: NBitsWeight) -> list:
+        """blob and scale as they are; the minimum per block: m = corr - zp s ([N, K/32])"""
+        zp = _ZERO_POINT[w.bits]
+        m = -zp * w.scale if w.corr is None else w.corr.t() - zp * w.scale
+        return [self._ptr(w.blob), self._ptr(w.scale), self._ptr(m.contiguous())]
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._lib.rowstep_free(self._h)
+            self._h = None
+
+    def fits(self, cache, T: int) -> bool:
+        return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
+                and 1 <= T <= MAX_ROWS and cache.length + T <= cache.k.shape[2])
+
+    def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None)):
+        T, start, cfg = h.shape[0], cache.length, self.model.cfg
+        self.model.ensure_positions(start + T)
+        h = h.float().contiguous().clone()           # [T, D], the residual stream, overwritten
+        tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
+        tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
+        want = None if rows is None else np.arange(T)[rows]
+        r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
+        logits = torch.empty(len(r), cfg.vocab_size) if want is not None else None
+        cos, sin = self.model.cos, self.model.sin
+        rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
+                                       cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
+                                       len(r), None if logits is None else logits.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
+        cache.lengths = [start + T] * self.n
+        return tap_out, logits
+
+
+def kernel_dir() -> Path:
+    from .loading.weight_cache import default_cache_dir
+    return default_cache_dir() / "kernels"
+
+
+def row_step(model, verdict: dict[str, bool], threads: int | None = None) -> tuple[RowStep | None, str]:
+    """-> (the kernel for ``model``'s steps and verifies, "") or (None, why it does not run):
+    not supported, no compiler, or rows not bit-identical here (probed once per CPU
+    environment; verdict as in make_rows_exact)."""
+    from .lowbit_step import rows_invariant
+    from .model import EXACT_ROWS
+
+    why = supports(model)
+    if why:
+        return None, why
+    lib, why = build_library(kernel_dir())
+    if lib is None:
+        return None, why
+    g = RowStep(model, lib, threads or torch.get_num_threads())
+    key = f"RowStep:{lib.stem}"
+    if key not in verdict:
+        verdict[key] = rows_invariant(g, model.cfg, EXACT_ROWS)
+    return (g, "") if verdict[key] else (None, "rows are not bit-identical on this CPU")
