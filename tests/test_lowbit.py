@@ -207,6 +207,7 @@ def test_step_graph_is_the_layer_path(arch, request):
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    m.rows = None               # verifies on the graph too (the row kernel: test_rowstep.py)
     key = next(k for k in m.row_verdicts if k.startswith("StepGraph"))
     assert (m.step is not None) == m.row_verdicts[key]
     if m.step is None:

@@ -74,8 +74,15 @@ def _run(python: str, spec: dict, env: dict) -> dict:
         sp.write_text(json.dumps(spec))
         r = subprocess.run([python, "-m", "thor_app.peers.worker", str(sp), str(op)], env=env,
                            capture_output=True, text=True)
+        if r.returncode < 0 and spec["engine"] == "llama.cpp" and spec.get("llama_extra_buffers", True):
+            # llama.cpp's AMX buffer type crashes on some CPUs that report AMX (seen: signal 11 in
+            # its first decode on a 2-vCPU Xeon VM); its plain CPU buffers run there
+            out = _run(python, {**spec, "llama_extra_buffers": False}, env)
+            if "error" not in out:
+                out["version"] += f", extra buffer types off (with them: killed by signal {-r.returncode})"
+            return out
         if r.returncode != 0:
-            return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+            return {"error": (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]}
         return json.loads(op.read_text())
 
 

@@ -38,9 +38,26 @@ def _rows_ratio(run_rows) -> float:
     return med(VERIFY_ROWS) / med(1)
 
 
+def _without_extra_buffers() -> None:
+    """llama.cpp's model parameters with ``use_extra_bufts`` off (no AMX or repacked weight
+    buffers): the Python binding has no argument for it."""
+    import llama_cpp.llama as high
+
+    default = high.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    high.llama_cpp.llama_model_default_params = params
+
+
 def run_llama(spec: dict) -> dict:
     from llama_cpp import Llama, LlamaGrammar
     import llama_cpp
+
+    if not spec.get("llama_extra_buffers", True):
+        _without_extra_buffers()
 
     t0 = time.perf_counter()
     # n_threads_batch too: its default (every core) makes prompt batches crawl on a shared machine

@@ -182,7 +182,7 @@ static void scores(const float *q, const float *K, int n, int Dh, float *s) {
 
 /* one row x [K] -> qx [K] int8 (4-bit weights: per block the even inputs, then the odd, as a
    block's nibbles unpack), sx [K/32] = absmax / 127, zs [K/32] = sx * sum(qx) */
-static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs) {
+static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs, int32_t *is) {
     for (int b = 0; b < K / BLK; b++) {
         const float *p = x + b * BLK;
         float amax = 0.f;
@@ -196,7 +196,7 @@ static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx
             else { q[2 * j] = (int8_t)e; q[2 * j + 1] = (int8_t)o; }
             s += e + o;
         }
-        sx[b] = d; zs[b] = d * (float)s;
+        sx[b] = d; zs[b] = d * (float)s; is[b] = s;
     }
 }
 
@@ -251,14 +251,15 @@ typedef struct {            /* one projection */
 
 typedef struct {            /* the quantized rows of one input */
     const int8_t *qx; const float *sx, *zs;
+    const int32_t *is;
     int M, K;
 } QRows;
 
 typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
 
 /* outputs per tile (independent accumulation chains) and rows per pass: a weight block is
-   unpacked once for up to RT rows; AVX2 has half the vector registers of AVX-512 */
-#if defined(__AVX512VL__)
+   unpacked once for up to RT rows; AVX2 has half the vector registers of AVX-512 and NEON */
+#if defined(__AVX512VL__) || defined(__aarch64__)
 #define NT 4
 #else
 #define NT 2
@@ -291,6 +292,43 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
     for (int j = 0; j < NT; j++)
         for (int r = 0; r < R; r++)
             y[(size_t)r * ldy + j] = hsum8(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+    /* signed dot products: 4-bit codes are 0..15 as they are; 8-bit codes q + 128 become q,
+       and 128 sum(qx) goes back in as 32 sum(qx) on each of the 4 lanes */
+    float32x4_t acc[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = vdupq_n_f32(0.f);
+    for (int b = 0; b < nb; b++) {
+        int8x16_t xl[RT], xh[RT];
+        float32x4_t sx[RT];
+        int32x4_t top[RT];
+        for (int r = 0; r < R; r++) {
+            const int8_t *q = x->qx + (size_t)(r0 + r) * x->K + b * BLK;
+            xl[r] = vld1q_s8(q); xh[r] = vld1q_s8(q + 16);
+            sx[r] = vdupq_n_f32(x->sx[(size_t)(r0 + r) * nb + b]);
+            top[r] = vdupq_n_s32(w->bits == 8 ? 32 * x->is[(size_t)(r0 + r) * nb + b] : 0);
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            int8x16_t wl, wh;
+            if (w->bits == 4) {
+                uint8x16_t by = vld1q_u8(wb);
+                wl = vreinterpretq_s8_u8(vandq_u8(by, vdupq_n_u8(0x0F)));
+                wh = vreinterpretq_s8_u8(vshrq_n_u8(by, 4));
+            } else {
+                wl = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb), vdupq_n_u8(0x80)));
+                wh = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb + 16), vdupq_n_u8(0x80)));
+            }
+            float32x4_t s = vdupq_n_f32(w->s[at]);
+            for (int r = 0; r < R; r++) {
+                int32x4_t p = vdotq_s32(vdotq_s32(top[r], wl, xl[r]), wh, xh[r]);
+                acc[j][r] = vfmaq_f32(acc[j][r], vmulq_f32(vcvtq_f32_s32(p), sx[r]), s);
+            }
+        }
+    }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = vaddvq_f32(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
 #else
     for (int j = 0; j < NT; j++)
         for (int r = 0; r < R; r++) {
@@ -355,13 +393,14 @@ typedef struct {
     float *x, *y, *big, *att, *scores;     /* scores: [nth, maxpos] */
     int8_t *qx;
     float *sx, *zs;
+    int32_t *is;
 } Engine;
 
 static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
     for (int r = 0; r < M; r++)
         quantize_row(x + (size_t)r * K, K, split, e->qx + (size_t)r * K, e->sx + (size_t)r * (K / BLK),
-                     e->zs + (size_t)r * (K / BLK));
-    out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->M = M; out->K = K;
+                     e->zs + (size_t)r * (K / BLK), e->is + (size_t)r * (K / BLK));
+    out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->is = e->is; out->M = M; out->K = K;
 }
 
 typedef struct {
@@ -421,6 +460,7 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     e->qx = malloc(SCRATCH_ROWS * (size_t)wide);
     e->sx = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
     e->zs = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
+    e->is = malloc(sizeof(int32_t) * SCRATCH_ROWS * wide / BLK);
     Pool *p = &e->pool;
     p->n = e->nth;
     pthread_mutex_init(&p->mu, NULL); pthread_cond_init(&p->cv, NULL);
@@ -440,7 +480,7 @@ void rowstep_free(void *h) {
     pool_active(p, 0);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
     free(e->attn_norm); free(e->mlp_norm); free(e->qkv); free(e->o); free(e->gu); free(e->down);
-    free(e->x); free(e->y); free(e->big); free(e->att); free(e->scores); free(e->qx); free(e->sx); free(e->zs);
+    free(e->x); free(e->y); free(e->big); free(e->att); free(e->scores); free(e->qx); free(e->sx); free(e->zs); free(e->is);
     free(e);
 }
 

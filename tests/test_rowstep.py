@@ -1,0 +1,189 @@
+"""The row kernel (thor_runtime/rowstep.py, csrc/rowstep.c): decode steps and verifies of
+MatMulNBits models, each row on its own. Its math is the step graph's to int8-activation
+rounding, its verify rows are 1-row steps bit for bit, speculation is plain decoding, and the
+compiled library is loaded only when its hash is the manifest's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_exact import PROMPT, _assert_same, _steps_vs_verify
+from tiny import random_drafter
+
+from thor_runtime.generate import Runtime
+from thor_runtime.kv_cache import KVCache
+from thor_runtime.lowbit import int4_kernels
+from thor_runtime.rowstep import build_library
+from thor_runtime.sampling import SamplingParams
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.ngram import NgramProposer
+
+pytestmark = pytest.mark.skipif(not int4_kernels()["ort"].available(),
+                                reason="onnxruntime (the onnx extra) is not installed")
+
+
+def _model(tiny):
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.model import TargetModel
+
+    return TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+
+
+def _with_rows(tiny):
+    m = _model(tiny)
+    if m.rows is None:
+        pytest.skip(f"the row kernel does not run here: {m.rows_why}")
+    return m
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rows_are_the_step_graph_math(arch, request):
+    """Logits, taps and cached K/V of a verify on the row kernel against the same verify on
+    ONNX Runtime's step graph: equal up to the int8 rounding of activations."""
+    tiny = request.getfixturevalue(f"tiny_{arch}")
+    m = _with_rows(tiny)
+    ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:24]
+    outs, kernel = [], m.rows
+    for rows in (kernel, None):
+        m.rows = rows
+        cache = KVCache(m.cfg, len(ids) + 2, "fp32", m.dtype)
+        m.prefill(ids[:8], cache)
+        outs.append((m.verify(ids[8:], cache, taps=(0, 1)), cache))
+    (a, ca), (b, cb) = outs
+    n = len(ids)
+    # both round activations to int8 per block of 32, an element's code may differ by one: on
+    # random tiny weights ~0.3% on the first layer's K, ~2% after three layers
+    assert (a.logits - b.logits).abs().max() <= 2e-2 * b.logits.abs().max()
+    assert (a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean() >= 0.9
+    for i in (0, 1):
+        assert (a.taps[i] - b.taps[i]).abs().max() <= 3e-2 * b.taps[i].abs().max()
+    assert torch.equal(ca.k[:, :, :8], cb.k[:, :, :8])           # the prompt: the graph's, both
+    assert (ca.k[0, :, :n] - cb.k[0, :, :n]).abs().max() <= 1e-2 * cb.k[0, :, :n].abs().max()
+    for t in (ca.k, ca.v):
+        ref = cb.k if t is ca.k else cb.v
+        assert (t[:, :, :n] - ref[:, :, :n]).abs().max() <= 5e-2 * ref[:, :, :n].abs().max()
+    assert not torch.equal(ca.k[:, :, 8:n], cb.k[:, :, 8:n])     # the rows really ran elsewhere
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_verify_rows_are_one_row_steps(arch, request):
+    """21 rows (two calls of at most 16) against 21 steps: logits, taps and K/V bit for bit."""
+    tiny = request.getfixturevalue(f"tiny_{arch}")
+    m = _with_rows(tiny)
+    ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
+    _assert_same(*_steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2)))
+
+
+def test_speculation_on_rows_is_plain_decoding(tiny_llama):
+    m = _with_rows(tiny_llama)
+    rt = Runtime(m, tiny_llama.tokenizer, kv_dtype="fp32")
+    ids = tiny_llama.tokenizer.encode(PROMPT)[:20]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = rt.generate(ids, params, Speculation())
+    drafter = DFlashProposer(random_drafter(m.cfg, num_layers=1, seed=0), m, window=16)
+    for spec in (Speculation(drafter, 7), Speculation(NgramProposer(), 8)):
+        assert rt.generate(ids, params, spec).token_ids == plain.token_ids
+
+
+def test_last_position_and_other_caches_fall_back(tiny_llama):
+    """The last position of the context runs on the rows; one more is refused; an fp8 cache
+    (not the kernel's) runs the layer path, exact there too."""
+    from thor_runtime.errors import ThorError
+
+    m = _with_rows(tiny_llama)
+    n = m.cfg.max_position_embeddings
+    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * n)[:n]
+    steps, verify = _steps_vs_verify(m, ids, n - 5, "fp32")
+    _assert_same(steps, verify)
+    with pytest.raises(ThorError, match="exceeds the model context"):
+        m.forward(ids[:1], steps[2])
+    assert not m.rows.fits(KVCache(m.cfg, 8, "fp8", m.dtype), 1)
+    _assert_same(*_steps_vs_verify(m, ids[:30], 9, "fp8"))
+
+
+def test_models_the_kernel_does_not_take(tiny_qwen3):
+    m = _model(tiny_qwen3)
+    assert m.rows is None and "q/k norms" in m.rows_why
+
+
+def test_library_is_loaded_only_with_its_manifest_hash(tmp_path):
+    import hashlib
+
+    lib, why = build_library(tmp_path)
+    assert lib is not None, why
+    manifest, size = lib.with_suffix(".json"), lib.stat().st_size
+    assert build_library(tmp_path) == (lib, "")                  # a hit
+    lib.write_bytes(lib.read_bytes() + b"tampered")               # not the manifest's hash: rebuilt
+    assert build_library(tmp_path) == (lib, "")
+    assert lib.stat().st_size == size
+    assert json.loads(manifest.read_text())["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    manifest.unlink()                                             # no manifest: rebuilt too
+    assert build_library(tmp_path) == (lib, "") and manifest.exists()
+
+
+def test_no_compiler_runs_the_step_graph(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "cache"))
+    m = _model(tiny_llama)
+    assert m.rows is None and "no-such-cc" in m.rows_why
+    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:20]
+    _assert_same(*_steps_vs_verify(m, ids, 9, "fp32"))
+
+
+@pytest.mark.slow
+def test_default_model_runs_on_rows(default_model, tmp_path_factory):
+    """The default model's steps run on the row kernel, within the int4 tolerance of fp32."""
+    from test_lowbit import REGRET, REL_TOL
+
+    from thor_runtime.loading import load
+
+    m = load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel="ort").model
+    assert m.rows is not None, m.rows_why
+    ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
+    cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
+    m.prefill(ids[:4], cache)
+    a = m.verify(ids[4:], cache).logits
+    b = default_model.model.forward(ids, KVCache(m.cfg, len(ids) + 1, "fp32", torch.float32)).logits[4:]
+    assert (a - b).abs().max() <= REL_TOL * b.abs().max()
+    picked = b.gather(-1, a.argmax(-1, keepdim=True))[:, 0]
+    assert (b.amax(-1) - picked).max() <= REGRET
+
+
+CHECK = Path(__file__).with_name("csrc") / "rowstep_check.c"
+# (name, compiler, flags, runner): the kernel's code paths for the CPUs it is built on
+BUILDS = [("native", "cc", ["-march=native"], []),
+          ("x86-avx2", "cc", ["-march=haswell"], []),           # AVX2 without VNNI: maddubs paths
+          ("portable", "cc", ["-march=x86-64"], []),            # no vector extension: the C loops
+          ("aarch64-dotprod", "aarch64-linux-gnu-gcc", ["-march=armv8.2-a+dotprod", "-static"], ["qemu-aarch64", "-cpu", "max"]),
+          ("aarch64", "aarch64-linux-gnu-gcc", ["-march=armv8-a", "-static"], ["qemu-aarch64"])]
+
+
+def _run_check(tmp_path, name, cc, flags, runner):
+    import platform
+    import shutil
+    import subprocess
+
+    if name.startswith("x86") or name == "portable":
+        if platform.machine() != "x86_64":
+            pytest.skip("an x86-64 build")
+    elif name != "native" and (shutil.which(cc) is None or shutil.which(runner[0]) is None):
+        pytest.skip(f"{cc} and {runner[0]} are not installed (Debian: gcc-aarch64-linux-gnu, qemu-user)")
+    exe = tmp_path / name
+    subprocess.run([cc, "-O3", *flags, "-pthread", "-o", str(exe), str(CHECK), "-lm"], check=True)
+    r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr                     # verify rows are 1-row steps, bit for bit
+    return torch.tensor([float(v) for v in r.stdout.split()])
+
+
+@pytest.mark.parametrize("build", BUILDS[1:], ids=[b[0] for b in BUILDS[1:]])
+def test_kernel_code_paths_agree(build, tmp_path):
+    """Each code path (AVX-512/VNNI or whatever this CPU has, AVX2, plain C, NEON dot product
+    under qemu, plain C on aarch64): verify rows are 1-row steps bit for bit, and the logits
+    of a random tiny model equal the native build's to float rounding."""
+    ref = _run_check(tmp_path, *BUILDS[0])
+    got = _run_check(tmp_path, *build)
+    assert got.shape == ref.shape == (80,)
+    assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
