@@ -203,8 +203,9 @@ def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
 def prepare_sessions(model) -> None:
     """Build, at load, every projection session a forward will call outside the fused graphs
     (the first layer's q/k/v, the last layer's MLP, the head), then hand back what ORT now
-    holds its own copy of: the pages of memory-mapped weights (mapped_pages.py; every
-    projection of the model is in a session, a fused graph or the step graph by now) and the heap memory that
+    holds its own copy of: the pages of memory-mapped weights that only ORT reads
+    (mapped_pages.py; every projection of the model is in a session, a fused graph or the step
+    graph by now) and the heap memory that
     building the sessions freed: glibc keeps freed blocks of this size (the serialized graphs,
     tens of MB for the head) in its heap, where they would count as resident for the life of
     the process."""
@@ -216,7 +217,10 @@ def prepare_sessions(model) -> None:
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
         if isinstance(w, NBitsWeight):
             w.session
-    release_pages([t for w in ort_weights(model) for t in w.tensors().values()])
+    # the row kernel (rowstep.py) reads blobs and scales where they are: only what ORT alone
+    # reads is handed back then (Q4_1's corrections: the kernel has its minima apart)
+    alone = None if getattr(model, "rows", None) is None else {"corr"}
+    release_pages([t for w in ort_weights(model) for k, t in w.tensors().items() if alone is None or k in alone])
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -457,10 +457,10 @@ class TargetModel:
             self.step = step_graph(self, self.row_verdicts)
             if self.step is None:
                 self._build_fused()
-            else:
-                prepare_sessions(self)
             from .rowstep import row_step
             self.rows, self.rows_why = row_step(self, self.row_verdicts)
+            if self.step is not None:
+                prepare_sessions(self)
         self.probe_s = time.perf_counter() - t0
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
         # None = the torch methods below. Attention stays here: it owns the KV cache.

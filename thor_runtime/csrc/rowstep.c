@@ -270,7 +270,57 @@ typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
    order with the same operations whatever R is: a row's bits do not depend on the others. */
 static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy) {
     int nb = w->K / BLK, bytes = BLK * w->bits / 8;
-#if defined(__AVX2__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    /* two blocks per 512-bit vector: lanes 0-7 sum block b, lanes 8-15 block b + 1; an odd
+       last block runs on 256 bits */
+    const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[NT][RT];
+    __m256 tail[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) { acc[j][r] = _mm512_setzero_ps(); tail[j][r] = _mm256_setzero_ps(); }
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i xv[RT];
+        __m512 sx[RT];
+        for (int r = 0; r < R; r++) {
+            xv[r] = _mm512_loadu_si512(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
+            sx[r] = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
+                (const double *)(x->sx + (size_t)(r0 + r) * nb + b)))));
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m512i wv;
+            if (w->bits == 4) {     /* [lo(b) hi(b) lo(b+1) hi(b+1)] from 32 bytes of nibbles */
+                __m256i by = _mm256_loadu_si256((const __m256i *)wb), m = _mm256_set1_epi8(0x0F);
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(by, m)),
+                                               _mm256_and_si256(_mm256_srli_epi16(by, 4), m), 1);
+                wv = _mm512_shuffle_i64x2(z, z, 0xD8);
+            } else {
+                wv = _mm512_loadu_si512(wb);
+            }
+            __m512 sw = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(w->s + at)))));
+            for (int r = 0; r < R; r++)
+                acc[j][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv[r])),
+                                                          sx[r]), sw, acc[j][r]);
+        }
+    }
+    for (; b < nb; b++)
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
+            for (int r = 0; r < R; r++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
+                tail[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv, w->bits)),
+                                                           _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b])),
+                                             _mm256_set1_ps(w->s[at]), tail[j][r]);
+            }
+        }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = _mm512_reduce_add_ps(acc[j][r]) + hsum8(tail[j][r])
+                                     + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#elif defined(__AVX2__)
     __m256 acc[NT][RT];
     for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
