@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include "../../thor_runtime/csrc/rowstep.c"
 
-enum { L = 2, D = 64, H = 4, HKV = 2, DH = 16, I = 96, V = 80, S = 32, START = 3, T = 7, W = (H + 2 * HKV) * DH };
+enum { L = 2, D = 64, H = 4, HKV = 2, DH = 64, I = 96, V = 80, S = 32, START = 3, T = 7, W = (H + 2 * HKV) * DH };
 
 static uint32_t rng = 12345;
 static float urand(void) { rng = rng * 1664525u + 1013904223u; return (float)(rng >> 8) / 16777216.f - 0.5f; }

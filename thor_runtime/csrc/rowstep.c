@@ -128,7 +128,7 @@ static inline void axpy(float *y, float a, const float *x, int n) {   /* y += a 
 /* x[i] = exp(x[i]) in place. One polynomial for every element (vector lanes and tail
    alike): exp(x) = 2^n exp(r), r = x - n ln2, |r| <= ln2 / 2, degree 6 (rel. error ~2e-7). */
 static inline float exp_poly(float x) {
-    x = fminf(fmaxf(x, -87.3f), 88.3f);
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
     float n = nearbyintf(x * 1.44269504f), r = fmaf(n, -0.693145751953125f, x);
     r = fmaf(n, -1.428606765330187e-06f, r);
     float p = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(1.f / 720, r, 1.f / 120), r, 1.f / 24), r, 1.f / 6), r, 0.5f), r, 1.f), r, 1.f);
@@ -186,7 +186,7 @@ static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx
     for (int b = 0; b < K / BLK; b++) {
         const float *p = x + b * BLK;
         float amax = 0.f;
-        for (int i = 0; i < BLK; i++) amax = fmaxf(amax, fabsf(p[i]));
+        for (int i = 0; i < BLK; i++) { float a = fabsf(p[i]); amax = a > amax ? a : amax; }   /* no libm call */
         float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         int s = 0;
         int8_t *q = qx + b * BLK;
@@ -453,6 +453,28 @@ static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QR
     out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->is = e->is; out->M = M; out->K = K;
 }
 
+/* o = sum_p w[p] V[p] (V rows of Dh floats), each element summed over p in order */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __attribute__((always_inline)) void weigh_chunks(const float *w, const float *V, int n, int Dh, const int C, float *o) {
+    __m256 acc[16];                       /* one register per 8 of the head's dimensions */
+    for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        __m256 wp = _mm256_broadcast_ss(w + p);
+        for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(V + (size_t)p * Dh + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+#endif
+
+static void weigh_values(const float *w, const float *V, int n, int Dh, float *o) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (Dh == 64) { weigh_chunks(w, V, n, Dh, 8, o); return; }
+    if (Dh == 128) { weigh_chunks(w, V, n, Dh, 16, o); return; }
+#endif
+    memset(o, 0, sizeof(float) * Dh);
+    for (int p = 0; p < n; p++) axpy(o, w[p], V + (size_t)p * Dh, Dh);
+}
+
 typedef struct {
     Engine *e; int T, start, layer, S;
     const float *qkv;        /* [T, (H + 2 Hkv) Dh], roped */
@@ -472,12 +494,11 @@ static void attn_task(void *arg, int tid, int nth) {
         const float *K = a->k + (size_t)g * a->S * Dh, *Vv = a->v + (size_t)g * a->S * Dh;
         float mx = -INFINITY, sum = 0.f, *o = a->out + (size_t)t * H * Dh + h * Dh;
         scores(q, K, n, Dh, sc);
-        for (int p = 0; p < n; p++) { sc[p] *= scale; mx = fmaxf(mx, sc[p]); }
+        for (int p = 0; p < n; p++) { sc[p] *= scale; mx = sc[p] > mx ? sc[p] : mx; }
         for (int p = 0; p < n; p++) sc[p] -= mx;
         vexp(sc, n);
         for (int p = 0; p < n; p++) sum += sc[p];
-        memset(o, 0, sizeof(float) * Dh);
-        for (int p = 0; p < n; p++) axpy(o, sc[p], Vv + (size_t)p * Dh, Dh);
+        weigh_values(sc, Vv, n, Dh, o);
         float inv = 1.f / sum;
         for (int i = 0; i < Dh; i++) o[i] *= inv;
     }
