@@ -314,3 +314,18 @@ def test_expert_tensors_without_expert_count_are_refused(dirs, tmp_path):
                                                                           torch.zeros(4, 64)))
     with pytest.raises(ThorError, match="layer 0 has mixture-of-experts tensors but qwen3next.expert_count is 0"):
         load(str(p))
+
+
+def test_architecture_read_from_the_header_alone(ggufs, tmp_path):
+    """The hybrid check reads general.architecture from the header, not through gguf's
+    reader (which parses the whole vocabulary: ~3 s of a warm start on the default model);
+    a file it cannot read that way answers None and the reader decides."""
+    from thor_runtime.loading import resolve
+    from thor_runtime.loading.gguf_weights import field_value, gguf_architecture, open_reader
+
+    for path in [*ggufs.values(), resolve("default")]:
+        assert gguf_architecture(path) == field_value(open_reader(path), "general.architecture")
+    assert gguf_architecture(ggufs["qwen3_5"]) == "qwen35"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(8))
+    assert gguf_architecture(bad) is None

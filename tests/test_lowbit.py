@@ -279,3 +279,37 @@ def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
         want = rows if isinstance(rows, slice) else {"all": slice(None), "last": slice(-1, None)}[rows]
         assert torch.equal(whole.logits, ref[want])
         assert torch.equal(whole.taps[1], torch.cat([p.taps[1] for p in parts]))
+
+
+def test_cached_int8_weights_are_64_byte_aligned():
+    """A weight cache entry maps tensors wherever the safetensors header puts them; torch's
+    int8 weight kernel crashed (SIGSEGV) on 16 rows of a head not on a 64-byte boundary, so
+    such a weight is copied on load, with the same values."""
+    from thor_runtime.loading.weight_cache import _weight_from
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (256, 64), dtype=torch.int8, generator=g)
+    raw = torch.empty(q.numel() + 8, dtype=torch.int8)
+    off = next(i for i in range(1, 8) if (raw.data_ptr() + i) % 64)
+    view = raw[off:off + q.numel()].view(256, 64)
+    view.copy_(q)
+    assert view.data_ptr() % 64
+    s = torch.rand(256, dtype=torch.bfloat16, generator=g)
+    w = _weight_from({"h.q": view, "h.s": s}, "h")
+    assert w.q.data_ptr() % 64 == 0 and torch.equal(w.q, q)
+    x = torch.randn(16, 64, generator=g)
+    assert torch.equal(w(x), torch._weight_int8pack_mm(x.to(torch.bfloat16), q, s).float())
+
+
+@pytest.mark.slow
+def test_warm_start_reads_no_gguf_fields(tmp_path, monkeypatch):
+    """A cache hit takes the config and tokenizer from the entry: gguf's reader (the whole
+    vocabulary parsed, seconds) is not opened, the hybrid check included."""
+    from thor_runtime.loading import gguf_weights, load
+
+    load("default", "int4", cache_dir=str(tmp_path))
+
+    def refuse(path):
+        raise AssertionError(f"a warm start opened {path} with gguf's reader")
+    monkeypatch.setattr(gguf_weights, "open_reader", refuse)
+    assert load("default", "int4", cache_dir=str(tmp_path)).model.cache_hit

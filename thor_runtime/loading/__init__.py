@@ -125,8 +125,9 @@ def auto_dtype(p: Path, cache_dir=None) -> str:
 
 def _hybrid_gguf(p: Path) -> bool:
     from .gguf_hybrid import is_hybrid_arch
-    from .gguf_weights import field_value, open_reader
-    return is_hybrid_arch(field_value(open_reader(p), "general.architecture"))
+    from .gguf_weights import field_value, gguf_architecture, open_reader
+    arch = gguf_architecture(p)
+    return is_hybrid_arch(arch if arch is not None else field_value(open_reader(p), "general.architecture"))
 
 
 def gguf_config_and_tokenizer(p: Path):

@@ -124,6 +124,13 @@ def _weight_tensors(prefix: str, w) -> dict[str, torch.Tensor]:
     return {f"{prefix}.{k}": v for k, v in parts.items()}
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """A mapped tensor starts where the safetensors header puts it (8-byte aligned); torch's
+    int8 weight kernel crashes (SIGSEGV) from 16 rows on with weights not on a 64-byte
+    boundary (seen on an AVX-512 Xeon, torch 2.13): such a weight is copied."""
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
 def _weight_from(t: dict[str, torch.Tensor], prefix: str, rows: int | None = None):
     """Inverse of _weight_tensors (rows: the output size, which torch's int4 packing hides)."""
     from ..lowbit_ort import NBitsWeight
@@ -136,7 +143,7 @@ def _weight_from(t: dict[str, torch.Tensor], prefix: str, rows: int | None = Non
         sz = t[f"{prefix}.sz"]
         return Int4Weight(t[f"{prefix}.packed"], sz, (rows or sz.shape[1], sz.shape[0] * 32))
     w = Int8Weight.__new__(Int8Weight)
-    w.q, w.s, w.dense, w.kernel = t[f"{prefix}.q"], t[f"{prefix}.s"], None, True
+    w.q, w.s, w.dense, w.kernel = _aligned(t[f"{prefix}.q"]), t[f"{prefix}.s"], None, True
     w.shape = torch.Size(w.q.shape)
     try:  # as Int8Weight's constructor: dequantize where this torch has no int8 kernel
         torch._weight_int8pack_mm(torch.zeros(1, w.shape[1], dtype=torch.bfloat16), w.q, w.s)
