@@ -128,7 +128,7 @@ def test_no_compiler_runs_the_step_graph(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "cache"))
     m = _model(tiny_llama)
-    assert m.rows is None and "no-such-cc" in m.rows_why
+    assert m.rows is None and "no-such-cc" in m.rows_why and m.decode_kernel == "ort-step-graph"
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:20]
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32"))
 
@@ -142,6 +142,7 @@ def test_default_model_runs_on_rows(default_model, tmp_path_factory):
 
     m = load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel="ort").model
     assert m.rows is not None, m.rows_why
+    assert m.decode_kernel == "rowstep"
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     m.prefill(ids[:4], cache)

@@ -467,6 +467,15 @@ class TargetModel:
         self.backend = None
         self.backend_exact = None             # what ``verify`` runs the backend's segments through
 
+    @property
+    def decode_kernel(self) -> str:
+        """What runs decode steps and verifies on an fp32 cache (reports, /health)."""
+        if self.rows is not None:
+            return "rowstep"
+        if self.step is not None:
+            return "ort-step-graph"
+        return self.int4_kernel or "torch"
+
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
     def ensure_positions(self, n: int) -> None:
         self._ensure_rope(n)

@@ -155,7 +155,7 @@ def run_thor(spec: dict) -> dict:
     m = loaded.model
     out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
            "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else "")) if m.quant
-           else str(m.dtype).replace("torch.", "")}
+           else str(m.dtype).replace("torch.", ""), "decode_kernel": getattr(m, "decode_kernel", "torch")}
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32")
     out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
         "prefill_tok_s"]

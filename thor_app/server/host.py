@@ -71,7 +71,8 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
     rt, spec, model = h.runtime, h.speculation, h.loaded.model
     return {"source": Path(str(h.loaded.source)).name,      # the file, not where it lives
             "weights": getattr(model, "quant", None) or "float", "dtype": str(model.dtype).removeprefix("torch."),
-            "weights_layout": model.layout, "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
+            "weights_layout": model.layout, "decode_kernel": getattr(model, "decode_kernel", "torch"),
+            "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
             "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
             "speculation": spec.name, "spec_k": spec.k,
             "speculation_free_text": spec.free_text.name if spec.free_text is not None else spec.name,
