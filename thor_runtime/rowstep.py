@@ -29,7 +29,7 @@ import torch
 
 from .lowbit_ort import NBitsWeight
 
-SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"
+SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
 MAX_ROWS = 16                 # the C side's scratch rows (EXACT_ROWS: a verify's rows)
 _ZERO_POINT = {4: 8, 8: 128}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -64,7 +64,8 @@ def build_library(kernel_dir: Path | None) -> tuple[Path | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc} does not run: {e}"
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(_flags()), version, platform.machine(),
+    sources = [f.read_text() for f in sorted(SOURCE.parent.glob("rowstep*.[ch]"))]
+    key = hashlib.sha256("\n".join([*sources, " ".join(_flags()), version, platform.machine(),
                                     _cpu_identity()]).encode()).hexdigest()[:24]
     d = Path(kernel_dir) if kernel_dir is not None else Path(tempfile.mkdtemp(prefix="thor-kernels-"))
     lib, manifest = d / f"rowstep-{key}.so", d / f"rowstep-{key}.json"

@@ -1,0 +1,427 @@
+/* The row kernel's building blocks (included by rowstep.c): a fork-join thread pool and
+   the per-row SIMD kernels (dot products, exp, attention scores, int8 activation blocks and
+   the low-bit matmul tiles), each with AVX-512 VNNI / AVX2 / NEON paths and a plain C one. */
+#ifndef ROWSTEP_SIMD_H
+#define ROWSTEP_SIMD_H
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define PAUSE() __asm__ __volatile__("yield")
+#else
+#define PAUSE() ((void)0)
+#endif
+
+#define MAXT 64
+#define BLK 32
+
+/* ---------------------------------------------------------------- a fork-join pool */
+typedef void (*task_fn)(void *arg, int tid, int nth);
+typedef struct {
+    int n;
+    pthread_t th[MAXT];
+    atomic_int gen, done, active, stop;
+    task_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} Pool;
+
+typedef struct { Pool *p; int tid; } WorkerArg;
+
+static void *worker(void *a) {
+    Pool *p = ((WorkerArg *)a)->p;
+    int tid = ((WorkerArg *)a)->tid, seen = 0;
+    for (;;) {
+        /* spin while a forward runs (many short tasks), sleep between forwards */
+        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
+            if (!atomic_load(&p->active)) {
+                pthread_mutex_lock(&p->mu);
+                while (atomic_load(&p->gen) == seen && !atomic_load(&p->active))
+                    pthread_cond_wait(&p->cv, &p->mu);
+                pthread_mutex_unlock(&p->mu);
+            } else {
+                PAUSE();
+            }
+        }
+        seen = atomic_load(&p->gen);
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->arg, tid, p->n);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
+}
+
+static void pool_active(Pool *p, int on) {
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->active, on);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_run(Pool *p, task_fn fn, void *arg) {
+    if (p->n == 1) { fn(arg, 0, 1); return; }
+    p->fn = fn; p->arg = arg;
+    atomic_store(&p->done, 0);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    if (!atomic_load(&p->active)) {
+        pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->cv); pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) PAUSE();
+}
+
+/* [lo, hi) of n items for thread tid, in chunks of `align` */
+static void share(int n, int align, int tid, int nth, int *lo, int *hi) {
+    int chunks = (n + align - 1) / align, per = chunks / nth, rem = chunks % nth;
+    int c0 = tid * per + (tid < rem ? tid : rem), c1 = c0 + per + (tid < rem);
+    *lo = c0 * align < n ? c0 * align : n;
+    *hi = c1 * align < n ? c1 * align : n;
+}
+
+/* ---------------------------------------------------------------- kernels */
+static inline float dot_f32(const float *a, const float *b, int n) {
+    int i = 0;
+    float s = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#elif defined(__aarch64__)
+    float32x4_t acc = vdupq_n_f32(0.f);
+    for (; i + 4 <= n; i += 4) acc = vfmaq_f32(acc, vld1q_f32(a + i), vld1q_f32(b + i));
+    s = vaddvq_f32(acc);
+#endif
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {   /* y += a x */
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#elif defined(__aarch64__)
+    float32x4_t va = vdupq_n_f32(a);
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), va, vld1q_f32(x + i)));
+#endif
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* x[i] = exp(x[i]) in place. One polynomial for every element (vector lanes and tail
+   alike): exp(x) = 2^n exp(r), r = x - n ln2, |r| <= ln2 / 2, degree 6 (rel. error ~2e-7). */
+static inline float exp_poly(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    float n = nearbyintf(x * 1.44269504f), r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(1.f / 720, r, 1.f / 120), r, 1.f / 24), r, 1.f / 6), r, 0.5f), r, 1.f), r, 1.f);
+    union { float f; int32_t i; } u = {p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+static void vexp(float *x, int n) {
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), lo), hi);
+        __m256 nn = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-0.693145751953125f), v);
+        r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-1.428606765330187e-06f), r);
+        __m256 p = _mm256_set1_ps(1.f / 720);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+        __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(nn), 23);
+        _mm256_storeu_ps(x + i, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)));
+    }
+#endif
+    for (; i < n; i++) x[i] = exp_poly(x[i]);
+}
+
+/* s[p] = q . K[p] for p < n (K rows of Dh floats) */
+static void scores(const float *q, const float *K, int n, int Dh, float *s) {
+    int p = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (Dh % 8 == 0)
+        for (; p + 8 <= n; p += 8) {
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int c = 0; c < Dh; c += 8) {
+                __m256 qv = _mm256_loadu_ps(q + c);
+                for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (size_t)(p + i) * Dh + c), a[i]);
+            }
+            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            _mm256_storeu_ps(s + p, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+        }
+#endif
+    for (; p < n; p++) s[p] = dot_f32(q, K + (size_t)p * Dh, Dh);
+}
+
+/* one row x [K] -> qx [K] int8 (4-bit weights: per block the even inputs, then the odd, as a
+   block's nibbles unpack), sx [K/32] = absmax / 127, zs [K/32] = sx * sum(qx) */
+static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs, int32_t *is) {
+    for (int b = 0; b < K / BLK; b++) {
+        const float *p = x + b * BLK;
+        float amax = 0.f;
+        for (int i = 0; i < BLK; i++) { float a = fabsf(p[i]); amax = a > amax ? a : amax; }   /* no libm call */
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int s = 0;
+        int8_t *q = qx + b * BLK;
+        for (int j = 0; j < BLK / 2; j++) {
+            int e = (int)nearbyintf(p[2 * j] * id), o = (int)nearbyintf(p[2 * j + 1] * id);
+            if (split) { q[j] = (int8_t)e; q[j + BLK / 2] = (int8_t)o; }
+            else { q[2 * j] = (int8_t)e; q[2 * j + 1] = (int8_t)o; }
+            s += e + o;
+        }
+        sx[b] = d; zs[b] = d * (float)s; is[b] = s;
+    }
+}
+
+#if defined(__AVX2__)
+static inline __m256i unpack4(const uint8_t *w) {        /* 16 bytes -> 32 codes: low nibbles, then high */
+    __m128i bytes = _mm_loadu_si128((const __m128i *)w), m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), _mm_and_si128(bytes, m));
+}
+
+static inline __m256i dot_u8s8(__m256i w, __m256i x, int bits) {   /* 8 partial sums of w_i x_i */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    (void)bits;
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#elif defined(__AVXVNNI__)
+    (void)bits;
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
+#else
+    __m256i one = _mm256_set1_epi16(1);
+    if (bits == 4) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), one);
+    /* bytes up to 255: pairs of u8 x s8 overflow int16, so the top bit goes apart */
+    __m256i lo7 = _mm256_and_si256(w, _mm256_set1_epi8(0x7F));
+    __m256i top = _mm256_srli_epi16(_mm256_and_si256(w, _mm256_set1_epi8((char)0x80)), 7);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo7, x), one),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), _mm256_set1_epi16(128)));
+#endif
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+/* sum_i w_i qx_i over one block, for the portable path */
+static inline int32_t block_dot(const uint8_t *w, const int8_t *qx, int bits) {
+    int32_t s = 0;
+    if (bits == 4)
+        for (int j = 0; j < BLK / 2; j++) s += (w[j] & 15) * qx[j] + (w[j] >> 4) * qx[j + BLK / 2];
+    else
+        for (int j = 0; j < BLK; j++) s += w[j] * qx[j];
+    return s;
+}
+
+typedef struct {            /* one projection */
+    const uint8_t *blob;    /* [N, K/32, 32 bits / 8] */
+    const float *s, *m;     /* [N, K/32] each: w = s q + m */
+    const float *bias;      /* [N] or NULL */
+    int N, K, bits;
+} Proj;
+
+typedef struct {            /* the quantized rows of one input */
+    const int8_t *qx; const float *sx, *zs;
+    const int32_t *is;
+    int M, K;
+} QRows;
+
+typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
+
+/* outputs per tile (independent accumulation chains) and rows per pass: a weight block is
+   unpacked once for up to RT rows; AVX2 has half the vector registers of AVX-512 and NEON */
+#if defined(__AVX512VL__) || defined(__aarch64__)
+#define NT 4
+#else
+#define NT 2
+#endif
+#define RT 4
+
+/* y[r0 + r, n0 + j] for R rows and NT outputs. Each (row, output) sum runs over the blocks in
+   order with the same operations whatever R is: a row's bits do not depend on the others. */
+static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy) {
+    int nb = w->K / BLK, bytes = BLK * w->bits / 8;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    /* two blocks per 512-bit vector: lanes 0-7 sum block b, lanes 8-15 block b + 1; an odd
+       last block runs on 256 bits */
+    const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[NT][RT];
+    __m256 tail[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) { acc[j][r] = _mm512_setzero_ps(); tail[j][r] = _mm256_setzero_ps(); }
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i xv[RT];
+        __m512 sx[RT];
+        for (int r = 0; r < R; r++) {
+            xv[r] = _mm512_loadu_si512(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
+            sx[r] = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
+                (const double *)(x->sx + (size_t)(r0 + r) * nb + b)))));
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m512i wv;
+            if (w->bits == 4) {     /* [lo(b) hi(b) lo(b+1) hi(b+1)] from 32 bytes of nibbles */
+                __m256i by = _mm256_loadu_si256((const __m256i *)wb), m = _mm256_set1_epi8(0x0F);
+                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(by, m)),
+                                               _mm256_and_si256(_mm256_srli_epi16(by, 4), m), 1);
+                wv = _mm512_shuffle_i64x2(z, z, 0xD8);
+            } else {
+                wv = _mm512_loadu_si512(wb);
+            }
+            __m512 sw = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(w->s + at)))));
+            for (int r = 0; r < R; r++)
+                acc[j][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv[r])),
+                                                          sx[r]), sw, acc[j][r]);
+        }
+    }
+    for (; b < nb; b++)
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
+            for (int r = 0; r < R; r++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
+                tail[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv, w->bits)),
+                                                           _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b])),
+                                             _mm256_set1_ps(w->s[at]), tail[j][r]);
+            }
+        }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = _mm512_reduce_add_ps(acc[j][r]) + hsum8(tail[j][r])
+                                     + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#elif defined(__AVX2__)
+    __m256 acc[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i xv[RT];
+        __m256 sx[RT];
+        for (int r = 0; r < R; r++) {
+            xv[r] = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
+            sx[r] = _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b]);
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
+            __m256 s = _mm256_set1_ps(w->s[at]);
+            for (int r = 0; r < R; r++)
+                acc[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv[r], w->bits)), sx[r]), s, acc[j][r]);
+        }
+    }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = hsum8(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+    /* signed dot products: 4-bit codes are 0..15 as they are; 8-bit codes q + 128 become q,
+       and 128 sum(qx) goes back in as 32 sum(qx) on each of the 4 lanes */
+    float32x4_t acc[NT][RT];
+    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = vdupq_n_f32(0.f);
+    for (int b = 0; b < nb; b++) {
+        int8x16_t xl[RT], xh[RT];
+        float32x4_t sx[RT];
+        int32x4_t top[RT];
+        for (int r = 0; r < R; r++) {
+            const int8_t *q = x->qx + (size_t)(r0 + r) * x->K + b * BLK;
+            xl[r] = vld1q_s8(q); xh[r] = vld1q_s8(q + 16);
+            sx[r] = vdupq_n_f32(x->sx[(size_t)(r0 + r) * nb + b]);
+            top[r] = vdupq_n_s32(w->bits == 8 ? 32 * x->is[(size_t)(r0 + r) * nb + b] : 0);
+        }
+        for (int j = 0; j < NT; j++) {
+            size_t at = (size_t)(n0 + j) * nb + b;
+            const uint8_t *wb = w->blob + at * bytes;
+            int8x16_t wl, wh;
+            if (w->bits == 4) {
+                uint8x16_t by = vld1q_u8(wb);
+                wl = vreinterpretq_s8_u8(vandq_u8(by, vdupq_n_u8(0x0F)));
+                wh = vreinterpretq_s8_u8(vshrq_n_u8(by, 4));
+            } else {
+                wl = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb), vdupq_n_u8(0x80)));
+                wh = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(wb + 16), vdupq_n_u8(0x80)));
+            }
+            float32x4_t s = vdupq_n_f32(w->s[at]);
+            for (int r = 0; r < R; r++) {
+                int32x4_t p = vdotq_s32(vdotq_s32(top[r], wl, xl[r]), wh, xh[r]);
+                acc[j][r] = vfmaq_f32(acc[j][r], vmulq_f32(vcvtq_f32_s32(p), sx[r]), s);
+            }
+        }
+    }
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)r * ldy + j] = vaddvq_f32(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+#else
+    for (int j = 0; j < NT; j++)
+        for (int r = 0; r < R; r++) {
+            const int8_t *q = x->qx + (size_t)(r0 + r) * x->K;
+            float acc = 0.f;
+            for (int b = 0; b < nb; b++) {
+                size_t at = (size_t)(n0 + j) * nb + b;
+                acc = fmaf((float)block_dot(w->blob + at * bytes, q + b * BLK, w->bits) * x->sx[(size_t)(r0 + r) * nb + b],
+                           w->s[at], acc);
+            }
+            y[(size_t)r * ldy + j] = acc + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+        }
+#endif
+}
+
+static void matmul_task(void *arg, int tid, int nth) {
+    const MatmulTask *t = arg;
+    const Proj *w = t->w;
+    int lo, hi, M = t->x->M;
+    share(w->N, 16, tid, nth, &lo, &hi);
+    for (int n = lo; n < hi; n += NT)
+        for (int r = 0; r < M; r += RT) {
+            float *y = t->y + (size_t)r * w->N + n;
+            switch (M - r < RT ? M - r : RT) {     /* constant row counts: unrolled, in registers */
+                case 1: tile(w, t->x, r, 1, n, y, w->N); break;
+                case 2: tile(w, t->x, r, 2, n, y, w->N); break;
+                case 3: tile(w, t->x, r, 3, n, y, w->N); break;
+                default: tile(w, t->x, r, 4, n, y, w->N); break;
+            }
+            if (w->bias)
+                for (int rr = r; rr < r + RT && rr < M; rr++)
+                    for (int j = 0; j < NT; j++) t->y[(size_t)rr * w->N + n + j] += w->bias[n + j];
+        }
+}
+
+
+/* y = x / rms(x) * w, per row; the sum of squares in one fixed order */
+static void rms_norm_row(const float *x, const float *w, int D, float eps, float *y) {
+    float ss = dot_f32(x, x, D);
+    float r = 1.f / sqrtf(ss / (float)D + eps);
+    for (int i = 0; i < D; i++) y[i] = x[i] * r * w[i];
+}
+
+/* HF rotate-half RoPE on one head vector at position p (cos/sin [P, Dh], halves repeated) */
+static void rope(float *v, const float *cos, const float *sin, int Dh) {
+    int h = Dh / 2;
+    for (int j = 0; j < h; j++) {
+        float a = v[j], b = v[j + h];
+        v[j] = a * cos[j] - b * sin[j];
+        v[j + h] = b * cos[j + h] + a * sin[j + h];
+    }
+}
+
+#endif
