@@ -118,9 +118,8 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     p->n = e->nth;
     pthread_mutex_init(&p->mu, NULL); pthread_cond_init(&p->cv, NULL);
     for (int i = 1; i < p->n; i++) {
-        WorkerArg *wa = malloc(sizeof(WorkerArg));
-        wa->p = p; wa->tid = i;
-        pthread_create(&p->th[i], NULL, worker, wa);
+        p->args[i].p = p; p->args[i].tid = i;
+        pthread_create(&p->th[i], NULL, worker, &p->args[i]);
     }
     return e;
 }

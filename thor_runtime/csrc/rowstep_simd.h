@@ -24,17 +24,18 @@
 
 /* ---------------------------------------------------------------- a fork-join pool */
 typedef void (*task_fn)(void *arg, int tid, int nth);
-typedef struct {
+typedef struct Pool Pool;
+typedef struct { Pool *p; int tid; } WorkerArg;
+struct Pool {
     int n;
     pthread_t th[MAXT];
+    WorkerArg args[MAXT];
     atomic_int gen, done, active, stop;
     task_fn fn;
     void *arg;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-} Pool;
-
-typedef struct { Pool *p; int tid; } WorkerArg;
+};
 
 static void *worker(void *a) {
     Pool *p = ((WorkerArg *)a)->p;
