@@ -188,3 +188,41 @@ def test_kernel_code_paths_agree(build, tmp_path):
     got = _run_check(tmp_path, *build)
     assert got.shape == ref.shape == (80,)
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
+    """The kernel's worker threads do not exist in a forked child: it runs every share in its
+    own thread (without this it would wait for them forever), with the parent's bits."""
+    import os
+
+    import numpy as np
+
+    from thor_runtime.rowstep import RowStep, kernel_dir
+
+    m = _with_rows(tiny_llama)
+    m.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)     # the suite runs torch on 1
+    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:12]
+
+    def logits():
+        cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
+        m.prefill(ids[:4], cache)
+        return m.verify(ids[4:], cache).logits
+    want, out = logits(), tmp_path / "child.npy"
+    pid = os.fork()
+    if pid == 0:                                          # the child: no pytest from here on
+        try:
+            np.save(out, logits().numpy())
+        finally:
+            os._exit(0)
+    import signal
+    import time
+
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:                                      # waiting for workers it does not have
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's forward did not return within 60 s")
+    assert done[1] == 0 and torch.equal(torch.from_numpy(np.load(out, allow_pickle=False)), want)

@@ -116,6 +116,7 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     e->is = malloc(sizeof(int32_t) * SCRATCH_ROWS * wide / BLK);
     Pool *p = &e->pool;
     p->n = e->nth;
+    p->pid = getpid();
     pthread_mutex_init(&p->mu, NULL); pthread_cond_init(&p->cv, NULL);
     for (int i = 1; i < p->n; i++) {
         p->args[i].p = p; p->args[i].tid = i;

@@ -5,6 +5,7 @@
 #define ROWSTEP_SIMD_H
 #include <math.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ typedef struct Pool Pool;
 typedef struct { Pool *p; int tid; } WorkerArg;
 struct Pool {
     int n;
+    pid_t pid;              /* the process whose threads these are */
     pthread_t th[MAXT];
     WorkerArg args[MAXT];
     atomic_int gen, done, active, stop;
@@ -67,7 +69,12 @@ static void pool_active(Pool *p, int on) {
 }
 
 static void pool_run(Pool *p, task_fn fn, void *arg) {
-    if (p->n == 1) { fn(arg, 0, 1); return; }
+    if (p->n == 1 || getpid() != p->pid) {
+        /* a forked child has no workers: it runs every share itself (the same bits, since
+           a share's outputs do not depend on the thread that computes them) */
+        for (int t = 0; t < p->n; t++) fn(arg, t, p->n);
+        return;
+    }
     p->fn = fn; p->arg = arg;
     atomic_store(&p->done, 0);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
