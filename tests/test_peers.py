@@ -40,3 +40,29 @@ def test_peers_missing_engine_reason(tmp_path, monkeypatch):
     assert peers_python(sys.executable) == sys.executable
     assert _has(sys.executable, "json") is None
     assert "No module named" in _has(sys.executable, "surely_not_a_module_xyz")
+
+
+def test_llama_cpp_killed_by_a_signal_runs_again_without_extra_buffers(tmp_path):
+    """llama.cpp's AMX buffer type crashes some CPUs that report AMX: a llama.cpp worker killed
+    by a signal runs once more with ``llama_extra_buffers`` off, and its version says so; a
+    worker that fails otherwise is an error, not retried."""
+    import stat
+    import sys
+
+    from thor_app.peers.driver import _run
+
+    fake = tmp_path / "python"            # stands for the peers' interpreter: -m worker SPEC OUT
+    fake.write_text(f"""#!{sys.executable}
+import json, os, signal, sys
+spec = json.load(open(sys.argv[3]))
+if spec.get("fail"):
+    sys.exit(3)
+if spec.get("llama_extra_buffers", True):
+    os.kill(os.getpid(), signal.SIGSEGV)
+json.dump({{"version": "llama-cpp-python test"}}, open(sys.argv[4], "w"))
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = _run(str(fake), {"engine": "llama.cpp"}, {})
+    assert out["version"] == "llama-cpp-python test, extra buffer types off (with them: killed by signal 11)"
+    assert _run(str(fake), {"engine": "llama.cpp", "fail": True}, {}) == {"error": "exit status 3"}
+    assert "error" in _run(str(fake), {"engine": "thor"}, {})      # only llama.cpp is retried
