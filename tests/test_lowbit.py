@@ -241,19 +241,27 @@ def test_step_graph_at_the_end_of_the_context(tiny_llama):
     and one token more is refused."""
     from pathlib import Path
 
-    from thor_runtime.errors import ThorError
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
 
     m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort")
     if m.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
+    m.rows = None               # steps and verifies on the graph (the row kernel: test_rowstep.py)
+    assert_end_of_context(m, tiny_llama.tokenizer)
+
+
+def assert_end_of_context(m, tokenizer):
+    """Steps at the model's last positions are a verify's rows; one token more is refused."""
+    from thor_runtime.errors import ThorError
+
     n = m.cfg.max_position_embeddings
-    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * n)[:n]
+    ids = torch.tensor(tokenizer.encode(PROMPT) * n)[:n]
     steps, verify = _steps_vs_verify(m, ids, n - 5, "fp32")
     _assert_same(steps, verify)
     with pytest.raises(ThorError, match="exceeds the model context"):
         m.forward(ids[:1], steps[2])
+    return ids
 
 
 @pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])

@@ -91,15 +91,10 @@ def test_speculation_on_rows_is_plain_decoding(tiny_llama):
 def test_last_position_and_other_caches_fall_back(tiny_llama):
     """The last position of the context runs on the rows; one more is refused; an fp8 cache
     (not the kernel's) runs the layer path, exact there too."""
-    from thor_runtime.errors import ThorError
+    from test_lowbit import assert_end_of_context
 
     m = _with_rows(tiny_llama)
-    n = m.cfg.max_position_embeddings
-    ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * n)[:n]
-    steps, verify = _steps_vs_verify(m, ids, n - 5, "fp32")
-    _assert_same(steps, verify)
-    with pytest.raises(ThorError, match="exceeds the model context"):
-        m.forward(ids[:1], steps[2])
+    ids = assert_end_of_context(m, tiny_llama.tokenizer)
     assert not m.rows.fits(KVCache(m.cfg, 8, "fp8", m.dtype), 1)
     _assert_same(*_steps_vs_verify(m, ids[:30], 9, "fp8"))
 

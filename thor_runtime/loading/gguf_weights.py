@@ -37,16 +37,16 @@ def open_reader(path: str | Path):
         raise ThorError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
-# GGUF value types (the spec's numbering) -> their size in bytes; 8 is a string, 9 an array
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
 def gguf_architecture(path: str | Path) -> str | None:
     """``general.architecture`` read from the header alone: gguf's reader parses every field
     (~3 s for a 49k-token vocabulary), and a warm start needs only this one. None when the
     key is not among the header's scalar and string fields before the first array."""
     import struct
 
+    import gguf
+    import numpy as np
+
+    sizes = {int(k): np.dtype(v).itemsize for k, v in gguf.GGUFReader.gguf_scalar_to_np.items()}
     try:
         with open(path, "rb") as f:
             head = f.read(24)
@@ -57,13 +57,13 @@ def gguf_architecture(path: str | Path) -> str | None:
                 (n,) = struct.unpack("<Q", f.read(8))
                 key = f.read(n).decode("utf-8", "replace")
                 (kind,) = struct.unpack("<I", f.read(4))
-                if kind == 8:
+                if kind == gguf.GGUFValueType.STRING:
                     (n,) = struct.unpack("<Q", f.read(8))
                     value = f.read(n)
                     if key == "general.architecture":
                         return value.decode("utf-8", "replace")
-                elif kind in _GGUF_SIZES:
-                    f.seek(_GGUF_SIZES[kind], 1)
+                elif kind in sizes:
+                    f.seek(sizes[kind], 1)
                 else:               # an array (the vocabulary): read no further
                     return None
     except (OSError, struct.error):
