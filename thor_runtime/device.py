@@ -1,0 +1,51 @@
+"""Which device the model runs on: ``auto`` (CUDA when torch sees one, else the CPU), ``cpu``,
+``cuda`` or ``cuda:N``.
+
+``check_device`` validates the spelling without importing torch (config files and ``--help``
+stay light); ``resolve_device`` turns it into a ``torch.device`` and refuses a CUDA device
+this machine does not have, with one line that says so.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import ThorError
+
+DEVICE_DEFAULT = "auto"
+_SPELLING = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device(spec: str) -> str:
+    """-> ``spec`` normalized (lower case, no spaces), or ThorError naming the accepted forms."""
+    s = str(spec).strip().lower()
+    if not _SPELLING.fullmatch(s):
+        raise ThorError(f"device {spec!r}: expected auto, cpu, cuda or cuda:N")
+    return s
+
+
+def resolve_device(spec: str = DEVICE_DEFAULT):
+    """-> torch.device. ``auto`` picks cuda:0 when torch sees a CUDA device."""
+    import torch
+
+    s = check_device(spec)
+    if s == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if s == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ThorError(f"device {s}: this machine has no CUDA device torch can use "
+                        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu")
+    index = int(s.split(":")[1]) if ":" in s else 0
+    if index >= torch.cuda.device_count():
+        raise ThorError(f"device {s}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return torch.device("cuda", index)
+
+
+def device_name(device) -> str:
+    """What /health, stats and bench JSON show: ``cpu`` or ``cuda:0 (NVIDIA H100 80GB HBM3)``."""
+    import torch
+
+    d = torch.device(device)
+    if d.type != "cuda":
+        return "cpu"
+    return f"cuda:{d.index or 0} ({torch.cuda.get_device_name(d)})"
