@@ -1,4 +1,4 @@
-"""The project's held-out plan evaluation (agent/eval): tasks with their own expected goals.
+"""The project's held-out plan evaluation (agent/evalsets/, one folder per set): tasks with their own expected goals.
 
 A task is feasible (``goal``: conditions its plan must reach) or infeasible (``refuse``: the gate
 check its exit-3 report must name: payload, object, workspace). Scoring is independent of what
@@ -21,7 +21,7 @@ from .conditions import GOAL_KINDS, Cond, parse_conds
 from .files import AGENT_DIR, SkillSet, World, load_skills, load_world, read_json, resolve_skills_path
 from .symbolic import HELD, apply, holds, initial_state, step_conds
 
-EVAL_DIR = AGENT_DIR / "eval"
+EVAL_DIR = AGENT_DIR / "evalsets" / "1-greenhouse-workshop-pharmacy-depot"
 REFUSALS = ("payload", "object", "workspace")
 SYMBOLIC = ("precondition", "hand_full", "not_held", "dropped", "left_held")
 

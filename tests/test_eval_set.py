@@ -1,4 +1,4 @@
-"""agent/eval, eval_b, eval_c, eval_d, eval_e, eval_f: the held-out evaluation sets are well formed, disjoint from what
+"""agent/evalsets/*: the six held-out evaluation sets are well formed, disjoint from what
 prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
 scoring judges plans by the task's own goal."""
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _step(sid, skill, **args):
 
 
 def test_eval_tasks_file_is_plain_json():
-    doc = json.loads((AGENT_DIR / "eval" / "tasks.json").read_text())
+    doc = json.loads((EVAL_DIR / "tasks.json").read_text())
     assert set(doc) == {"description", "tasks"}
 
 
@@ -122,12 +122,12 @@ def test_eval_bench_wiring(tiny_llama):
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
 
-# ---- agent/eval_b .. agent/eval_f: the later held-out sets ----------------------------------------------
-EVAL_B = AGENT_DIR / "eval_b"
-EVAL_C = AGENT_DIR / "eval_c"
-EVAL_D = AGENT_DIR / "eval_d"
-EVAL_E = AGENT_DIR / "eval_e"
-EVAL_F = AGENT_DIR / "eval_f"
+# ---- agent/evalsets/2-* .. 6-*: the later held-out sets ----------------------------------------------
+EVAL_B = AGENT_DIR / "evalsets" / "2-bakery-library-repair-ward"
+EVAL_C = AGENT_DIR / "evalsets" / "3-recycling-science-hotel-garage"
+EVAL_D = AGENT_DIR / "evalsets" / "4-florist-conservation-vet-baggage"
+EVAL_E = AGENT_DIR / "evalsets" / "5-watchmaker-bar-backstage-datahall"
+EVAL_F = AGENT_DIR / "evalsets" / "6-sushi-dental-brewery-firestation"
 # in the order they were written: each set must be fresh against the first set and every set before it
 LATER_SETS = (EVAL_B, EVAL_C, EVAL_D, EVAL_E, EVAL_F)
 later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.name)
@@ -251,15 +251,15 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt: SimpleNamespace(model=None, tokenizer=None))
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
     out = tmp_path / "eval.json"
-    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/eval_b", "--model", "m",
+    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward", "--model", "m",
                  "--configs", "fp32/fp32", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "agent/eval_b"
+    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "agent/evalsets/2-bakery-library-repair-ward"
     assert doc["eval_rows"][0]["tasks"] == 44
     assert main(["bench", "--plan", "--plan-set", "eval", "--model", "m", "--configs", "fp32/fp32",
                  "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["eval_dir"] == "agent/eval" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
+    assert doc["eval_dir"] == "agent/evalsets/1-greenhouse-workshop-pharmacy-depot" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
     capsys.readouterr()
     assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", str(tmp_path), "--model", "m",
                  "--json", str(out)]) == 2

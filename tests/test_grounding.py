@@ -164,7 +164,7 @@ def test_every_reference_goal_fits_its_task_schema():
     from agent.files import AGENT_DIR, base_plan_schema
     from agent.specialize import PlanValidator, specialize
 
-    sets = sorted(d for d in AGENT_DIR.glob("eval*") if (d / "tasks.json").is_file())
+    sets = sorted(d for d in (AGENT_DIR / "evalsets").iterdir() if (d / "tasks.json").is_file())
     assert len(sets) >= 2
     for d in sets:
         tasks, worlds = load_eval_set(d)
@@ -308,7 +308,7 @@ def test_missing_names_a_thing_the_task_says_never_a_world_name():
     assert any(b["properties"].get("missing") == {"type": "string", "minLength": 1, "maxLength": 40}
                for b in free["items"]["anyOf"])
     # every evaluation set: what an infeasible task lacks is among the words `missing` may use
-    for d in sorted(x for x in AGENT_DIR.glob("eval*") if (x / "tasks.json").is_file()):
+    for d in sorted(x for x in (AGENT_DIR / "evalsets").iterdir() if (x / "tasks.json").is_file()):
         doc = _json.loads((d / "tasks.json").read_text())
         tasks, worlds = load_eval_set(d)
         lacks = {t["id"]: t["asks"][0]["missing"] for t in doc.get("tasks", doc) if "asks" in t

@@ -79,15 +79,15 @@ def register(sub) -> None:
                    help="with --rollback: drafts accepted per cycle (K//2, 0 or K-1)")
     p.add_argument("--plan-set", choices=["sample", "eval"], default="sample",
                    help="--plan: sample = latency per --spec on the sample worlds; eval = the held-out "
-                        "evaluation (agent/eval): task success, refusals, unsafe plans per model")
+                        "evaluation (agent/evalsets/): task success, refusals, unsafe plans per model")
     p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
     p.add_argument("--solver", choices=["both", "on", "off"], default="both",
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
     p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     p.add_argument("--eval-dir", default=None,
-                   help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default agent/eval, "
-                        "the second held-out set is agent/eval_b")
+                   help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "
+                        "the others are agent/evalsets/*")
     p.add_argument("--serve", action="store_true",
                    help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
     p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
@@ -234,15 +234,15 @@ EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", 
 
 def _eval_dir(given: str | None) -> tuple[Path, str]:
     """-> (the evaluation set's directory, how the results name it). A relative path that is
-    not under the working directory is looked up in the source tree, so `agent/eval_b` works
+    not under the working directory is looked up in the source tree, so `agent/evalsets/NAME` works
     from anywhere."""
     from agent.evaluation import EVAL_DIR
 
     if given is None:
-        return EVAL_DIR, "agent/eval"
+        return EVAL_DIR, "agent/evalsets/1-greenhouse-workshop-pharmacy-depot"
     p = Path(given)
-    if not p.is_dir() and not p.is_absolute() and (EVAL_DIR.parents[1] / p).is_dir():
-        p = EVAL_DIR.parents[1] / p
+    if not p.is_dir() and not p.is_absolute() and (EVAL_DIR.parents[2] / p).is_dir():
+        p = EVAL_DIR.parents[2] / p
     if not (p / "tasks.json").is_file():
         raise ThorError(f"--eval-dir {given}: no tasks.json there (an evaluation set is tasks.json + worlds/)")
     return p, given
