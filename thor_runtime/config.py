@@ -11,7 +11,7 @@ from .errors import ThorError
 # oneDNN packing exists, else dense.
 WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 # --dtype choices: auto (int4 for a quantized GGUF, else the file's float type), float, weight-only
-WEIGHT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
 
 # Architectures the reference model implements; the value says whether q/k get an RMSNorm.
 # Hybrid Gated-DeltaNet targets (thor_runtime/hybrid) carry a HybridConfig; their full-attention

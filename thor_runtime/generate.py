@@ -14,6 +14,7 @@ import torch
 from .errors import ThorError
 from .kv_cache import KVCache, KVScales
 from .prefix_cache import PrefixCache
+from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
 from .model import TargetModel
 from .sampling import SamplingParams, make_generator, target_probs
 from .speculative import PLAIN, Speculation
@@ -63,7 +64,10 @@ class Runtime:
     """Holds the target (and tokenizer); one ``generate`` call per sequence."""
 
     def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
-                 kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0):
+                 kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0,
+                 fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None):
+        """fixed_shape: run every decode forward at ``step_rows`` rows (fixed_shape.py); None =
+        where kernels are not row-invariant (CUDA), for dense targets."""
         self.model, self.tok = model, tokenizer
         self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
         # Passed to a model that builds its own cache (hybrid: {"naive": True} = replay rollback).
@@ -72,6 +76,18 @@ class Runtime:
         # recurrent state cannot be cut back to a shorter common start.
         self.prefixes = (PrefixCache(prefix_cache) if prefix_cache > 0 and not hasattr(model, "new_cache")
                          else None)
+        if fixed_shape is None:
+            fixed_shape = model.device.type == "cuda"
+        own_cache = hasattr(model, "new_cache")
+        self.decoder = (FixedShapeDecoder(model, step_rows, max_context, kv_dtype, kv_scales)
+                        if fixed_shape and not own_cache else None)
+        self.pad_rows = step_rows if fixed_shape and own_cache else 0
+        if self.decoder is not None:
+            self.verify = self.decoder.verify
+        elif self.pad_rows:
+            self.verify = PaddedVerify(model, step_rows).verify
+        else:
+            self.verify = model.verify
 
     def new_cache(self, capacity: int) -> KVCache:
         if hasattr(self.model, "new_cache"):  # hybrid targets: KV cache + recurrent state
@@ -93,10 +109,14 @@ class Runtime:
         if len(prompt_ids) >= cfg.max_position_embeddings:
             raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
                             f"of {cfg.max_position_embeddings} tokens")
-        capacity = min(cfg.max_position_embeddings, len(prompt_ids) + params.max_tokens + k + 1)
-        cache = self.new_cache(capacity)
+        if self.decoder is not None:    # its key span follows prompt + new tokens, never K
+            cache = self.decoder.new_cache(min(cfg.max_position_embeddings, len(prompt_ids) + params.max_tokens))
+        else:
+            cache = self.new_cache(min(cfg.max_position_embeddings,
+                                       len(prompt_ids) + params.max_tokens + max(k + 1, self.pad_rows)))
         gen = None if params.greedy else make_generator(params.seed)
-        stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids))
+        stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
+                      device=str(self.model.device))
         taps = proposer.tap_layers if proposer is not None else ()
         stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
 
@@ -130,7 +150,7 @@ class Runtime:
             drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
-            vout = self.model.verify(rows, cache, taps=taps)                       # logits [K+1, V]
+            vout = self.verify(rows, cache, taps=taps)                             # logits [K+1, V]
             t_c = time.perf_counter()
             n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
                                             constraint)
@@ -177,10 +197,13 @@ class Runtime:
     def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint):
         if constraint is not None:
             logits = constraint.mask_rows(logits, drafts.tolist())            # [K+1, V], -inf where illegal
+        if params.greedy and relaxed is None:
+            return accept_strict(logits, drafts)     # the argmax on the device, K + 1 ids back
+        # The token-by-token policies read single entries: one copy of the rows to the host
+        # first, not one synchronisation per entry (logits on a GPU).
+        logits = logits.cpu()
         if params.greedy:
-            if relaxed is not None:
-                return accept_relaxed(logits, drafts, in_thinking(seq, relaxed), relaxed)
-            return accept_strict(logits, drafts)
+            return accept_relaxed(logits, drafts, in_thinking(seq, relaxed), relaxed)
         return accept_sampling(target_probs(logits, params), drafts, gen, draft_probs)
 
     def _commit(self, tokens, seq, stop, constraint, on_token) -> bool:

@@ -101,16 +101,34 @@ class KVCache:
         start, t = self.lengths[layer], k.shape[1]
         if start + t > self.max_len:
             raise ThorError(f"sequence of {start + t} tokens exceeds the KV cache capacity {self.max_len}")
+        k, v = self._stored(layer, k, v)
+        self.k[layer, :, start:start + t] = k
+        self.v[layer, :, start:start + t] = v
+        self.lengths[layer] = start + t
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """k, v: [Hkv, T, Dh] stored at positions pos [T] (a device tensor, so the write can sit
+        in a CUDA graph); lengths are the caller's to set (fixed_shape.py)."""
+        k, v = self._stored(layer, k, v)
+        if self.fp8:      # index_copy_ has no fp8 kernels: move the bytes
+            self.k[layer].view(torch.uint8).index_copy_(1, pos, k.view(torch.uint8))
+            self.v[layer].view(torch.uint8).index_copy_(1, pos, v.view(torch.uint8))
+            return
+        self.k[layer].index_copy_(1, pos, k)
+        self.v[layer].index_copy_(1, pos, v)
+
+    def _stored(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self.fp8:
             k = (k.float() / self._ks[layer]).clamp(-FP8_MAX, FP8_MAX)
             v = (v.float() / self._vs[layer]).clamp(-FP8_MAX, FP8_MAX)
-        self.k[layer, :, start:start + t] = k.to(self.store_dtype)
-        self.v[layer, :, start:start + t] = v.to(self.store_dtype)
-        self.lengths[layer] = start + t
+        return k.to(self.store_dtype), v.to(self.store_dtype)
 
     def view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [Hkv, n, Dh] in the compute dtype."""
-        n = self.lengths[layer]
+        return self.read(layer, self.lengths[layer])
+
+    def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n keys and values [Hkv, n, Dh] in the compute dtype, whatever their length."""
         k, v = self.k[layer, :, :n], self.v[layer, :, :n]
         if self.fp8:
             return ((k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),

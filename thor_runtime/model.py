@@ -444,7 +444,10 @@ class TargetModel:
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))      # (the step graph's probe reads it)
         t0 = time.perf_counter()
         self.row_verdicts = {} if row_verdicts is None else row_verdicts
-        self.row_loops = make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
+        # Off the CPU, verifies are exact by running every decode forward at one shape
+        # (fixed_shape.py), not by row-invariant kernels.
+        self.row_loops = (make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
+                          if self.device.type == "cpu" else [])
         # MatMulNBits models: the whole forward as one graph for fp32 KV caches
         # (lowbit_step.py), one graph per layer boundary for the others (lowbit_fused.py),
         # each where row-invariant. The second is built on first use: it holds its own copy

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Stats:
     kv_dtype: str = "fp32"
+    device: str = "cpu"
     kv_bytes: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0     # of those, taken from the prefix cache instead of prefilled
@@ -56,6 +57,7 @@ class Stats:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "generated_tokens": self.generated,
             "kv_dtype": self.kv_dtype,
+            "device": self.device,
             "kv_bytes": self.kv_bytes,
             "cycles": self.cycles,
             "drafted": self.drafted,

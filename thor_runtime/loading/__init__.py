@@ -74,13 +74,18 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
     from .tokenizer import Tokenizer
 
     p = resolve(model)
+    device = torch.device(device)
     if dtype == AUTO:
-        dtype = auto_dtype(p, cache_dir)
+        # CUDA: bf16 tensor-core matmuls (a quantized GGUF is dequantized to bf16 there)
+        dtype = "bf16" if device.type == "cuda" else auto_dtype(p, cache_dir)
     quant, torch_dtype = QUANT.get(dtype, (None, DTYPES.get(dtype)))
+    if quant is not None and device.type != "cpu":
+        raise ThorError(f"--dtype {dtype} runs on CPU kernels; on {device} use bf16 (the default there), "
+                        "fp16 or fp32 (a quantized GGUF is dequantized)")
     if quant == "int4" and p.is_file() and _hybrid_gguf(p):
         raise ThorError(f"{p}: --dtype int4 is not supported for hybrid (Gated-DeltaNet) targets; "
                         "use int8, bf16 or fp32")
-    if quant == "int4" and p.is_file() and device == "cpu":
+    if quant == "int4" and p.is_file():
         from .weight_cache import load_int4_gguf
         return load_int4_gguf(p, cache_dir=cache_dir, layout=layout, int4_kernel=int4_kernel)
     if p.is_dir():

@@ -19,7 +19,7 @@ from ..errors import ThorError
 
 def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:
     """Greedy: keep drafts equal to the target argmax; then the argmax at the first miss."""
-    target = logits.argmax(-1)                                          # [K+1]
+    target = logits.argmax(-1).to(drafts.device)                        # [K+1]: the one sync of a cycle
     k = drafts.shape[0]
     n = int(torch.cumprod((drafts == target[:k]).int(), 0).sum()) if k else 0
     return n, drafts[:n].tolist() + [int(target[n])]
