@@ -4,8 +4,14 @@ One attempt is: build the prompt, decode under the specialized schema's grammar 
 plain, same cycle), parse, validate, gate (which runs the plan symbolically against its own
 goal). When the steps miss the goal, the symbolic solver may complete them from the goal
 (``complete=True``, the default; solver.py), and the completed plan is checked the same way.
-A rejected attempt is re-prompted with its findings, up to ``attempts`` repairs. Greedy decoding is deterministic, so a repair only helps because its
-prompt differs: it carries the rejected plan and what was wrong with it.
+A rejected attempt is re-prompted with its findings, up to ``attempts`` repairs. Greedy
+decoding is deterministic, so a repair only helps because its prompt differs: it carries the
+rejected plan and what was wrong with it.
+
+A request is prepared once, before any generation (``prepare_request``): the task is read, the
+schema specialized to it and compiled to a grammar; every attempt reuses them. The CLI splits
+that in two (``specialize_request`` before the model loads, ``compile_request`` after), the
+service prepares before queueing, and both hand the result to ``Planner.plan``.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from .gate import Finding, GateResult, check_plan
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
 from .prompt import build_messages
+from .reading import TaskReading, read_task
 from .solver import complete as solve_from_goal
 from .solver import goal_reasons, stated_goal
 from .specialize import specialize
@@ -42,14 +49,35 @@ class PlanResult:
     history: tuple = field(default_factory=tuple)   # per attempt: {"text", "report", "finish_reason",
     #                                                  "completed", "model_text" (before the solver)}
     completed: bool = False    # the returned steps were made by the symbolic solver from the model's goal
+    generations: tuple = ()    # each attempt's own Stats (the service's metrics count generations)
+
+    def document(self) -> dict:
+        """The result as `thor plan --json` prints it and POST /v1/plan answers it."""
+        return {"plan": self.plan, "valid": self.valid, "report": self.report, "stats": self.stats}
+
+
+@dataclass(frozen=True)
+class SpecializedRequest:
+    """A request checked without the model: the task's reading and the schema specialized to it."""
+    task: str | None
+    world: World
+    skills: SkillSet
+    reading: TaskReading | None    # None without a task
+    schema: dict
+    seconds: float
 
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """Everything checked before any generation: the specialized schema and its grammar."""
+    """Everything checked before any generation: the task and its reading, the specialized schema
+    and its grammar. Built once per request; every attempt of ``Planner.plan`` reuses it."""
+    task: str | None
+    world: World
+    skills: SkillSet
+    reading: TaskReading | None
     schema: dict
     grammar: Grammar
-    compile_s: float
+    compile_s: float           # reading + specializing + compiling
 
 
 def merge_stats(parts: list[Stats]) -> Stats:
@@ -68,14 +96,29 @@ def merge_stats(parts: list[Stats]) -> Stats:
     return total
 
 
+def specialize_request(task: str | None, world: World, skills: SkillSet, schema: dict | None = None,
+                       max_steps: int | None = None) -> SpecializedRequest:
+    """Read the task and specialize the schema to it (with a task, the goal is focused on the
+    objects it speaks of: specialize.py). No tokenizer needed: bad input fails before a model loads."""
+    t0 = time.perf_counter()
+    reading = read_task(task, world) if task is not None else None
+    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps,
+                             task, reading)
+    return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0)
+
+
+def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest, thinking: bool = False) -> PreparedRequest:
+    """The specialized schema's grammar, exactly as the planner decodes under it."""
+    t0 = time.perf_counter()
+    grammar = Grammar(gtok, req.schema, thinking=thinking)
+    return PreparedRequest(req.task, req.world, req.skills, req.reading, req.schema, grammar,
+                           req.seconds + time.perf_counter() - t0)
+
+
 def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet, schema: dict | None = None,
                     max_steps: int | None = None, thinking: bool = False, task: str | None = None) -> PreparedRequest:
-    """The request's specialized schema and its grammar, exactly as the planner decodes under it
-    (with the ``task``, its goal is focused on the objects the task speaks of: specialize.py)."""
-    t0 = time.perf_counter()
-    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps, task)
-    grammar = Grammar(gtok, spec_schema, thinking=thinking)
-    return PreparedRequest(spec_schema, grammar, time.perf_counter() - t0)
+    """specialize_request, then compile_request."""
+    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps), thinking)
 
 
 class Planner:
@@ -103,18 +146,31 @@ class Planner:
                 task: str | None = None) -> PreparedRequest:
         return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking, task)
 
-    def plan(self, task: str, world: World, skills: SkillSet, schema: dict | None = None) -> PlanResult:
+    def compile(self, req: SpecializedRequest) -> PreparedRequest:
+        """A request specialized before the model was loaded, compiled for this planner's tokenizer."""
+        return compile_request(self.gtok, req, self.thinking)
+
+    def plan(self, request: PreparedRequest | str, world: World | None = None, skills: SkillSet | None = None,
+             schema: dict | None = None, on_token=None) -> PlanResult:
+        """Plan a prepared request (``prepare`` / ``prepare_request``), or a task with its world,
+        skills and optional base schema, prepared here. ``on_token(token_id)`` sees every committed
+        token of every attempt; an exception it raises (a cancellation) ends the plan with it."""
+        task = request.task if isinstance(request, PreparedRequest) else request
         if not isinstance(task, str) or not task.strip():
             raise ThorError("the task is empty")
         t0 = time.perf_counter()
-        req = self.prepare(world, skills, schema, task)      # raises before any generation
+        if not isinstance(request, PreparedRequest):
+            request = self.prepare(world, skills, schema, task)      # raises before any generation
+        req = request
+        world, skills = req.world, req.skills
         params = SamplingParams(max_tokens=self.max_tokens)
         stats: list[Stats] = []
         history = []
         errors, previous, gate, completed = None, None, None, False
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
-            res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint())
+            res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint(),
+                                   on_token=on_token)
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
             gate = _check(task, text, req.schema, world, skills)
@@ -146,7 +202,7 @@ class Planner:
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
-                          tuple(history), completed)
+                          tuple(history), completed, tuple(stats))
 
     def _json_text(self, token_ids: list[int]) -> str:
         """The JSON part of the output: after the thinking span, without the EOS token."""

@@ -24,7 +24,7 @@ import jsonschema
 from thor_runtime.errors import ThorError
 
 from .files import ArgSpec, Skill, SkillSet, World
-from .reading import read_task
+from .reading import TaskReading, read_task
 from .symbolic import states_by_object
 
 NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
@@ -163,7 +163,8 @@ def _place_branches(kinds: set[str], looked_at: list[str], visited: list[str]) -
     return out
 
 
-def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None) -> dict:
+def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
+                reading: TaskReading | None = None) -> dict:
     """The goal array over this world's names: only the kinds some skill can make true (nothing
     else could be reached), each object only in the states its type can reach, plus `missing`,
     the plan's way to say the task names a thing this world does not have.
@@ -177,7 +178,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     only those places; a task about places alone (go, scan) opens with a condition about one
     of them; a task that mentions no world object and asks for no place can only say
     `missing`. The gate checks the same reading, so a plan decoded under another schema is
-    held to it too."""
+    held to it too. ``reading``: the task's reading when the caller already has it (read once
+    per request), else it is read here."""
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
@@ -185,8 +187,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     lead: list[dict] = []
     where, looked_at = places, places
     only_missing = False
-    if task is not None:
-        r = read_task(task, world)
+    r = reading if reading is not None or task is None else read_task(task, world)
+    if r is not None:
         only_missing = r.only_missing
         # a thing to carry that is not here ("put a sunflower in with the roses"): nothing else
         objs = [] if only_missing else list(r.mentioned)
@@ -213,7 +215,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
     # `missing` names a thing the task says and the world lacks, never a world name
-    unknown = list(r.unknown) if task is not None else []
+    unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else
                             {"type": "string", "minLength": 1, "maxLength": 40}}))
     out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}
@@ -227,9 +229,10 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
 
 
 def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None,
-               task: str | None = None) -> dict:
+               task: str | None = None, reading: TaskReading | None = None) -> dict:
     """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
-    schema for something else) comes back unchanged."""
+    schema for something else) comes back unchanged. ``reading``: the task's, when the caller
+    has read it already (goal_schema)."""
     schema = copy.deepcopy(base)
     steps = schema.get("properties", {}).get("steps") if isinstance(schema.get("properties"), dict) else None
     if not isinstance(steps, dict) or "items" not in steps:
@@ -248,7 +251,7 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     goal = schema["properties"].get("goal")
     if isinstance(goal, dict) and "items" in goal:
-        schema["properties"]["goal"] = goal_schema(world, skills, task, goal)
+        schema["properties"]["goal"] = goal_schema(world, skills, task, goal, reading)
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
     return schema

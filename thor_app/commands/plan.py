@@ -69,9 +69,9 @@ def planner_model(model: str | None, root: Path | None = None) -> str:
 
 
 def _load_inputs(args):
-    from agent.files import base_plan_schema, load_schema, load_skills, load_world, resolve_skills_path
+    from agent.files import load_schema, load_skills, load_world, resolve_skills_path
     from agent.grammar import check_schema
-    from agent.specialize import specialize
+    from agent.planner import specialize_request
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
@@ -86,17 +86,20 @@ def _load_inputs(args):
     world = load_world(args.world)
     skills = load_skills(resolve_skills_path(world, args.skills))
     schema = load_schema(args.schema) if args.schema else None
-    # Specialize and compile once without the model, so an unsupported keyword or an unusable
-    # skill set is reported before minutes of model loading on a small board.
-    check_schema(specialize(schema if schema is not None else base_plan_schema(), world, skills, args.max_steps))
+    # Read the task and specialize the schema once, here without the model, so an unsupported
+    # keyword or an unusable skill set is reported before minutes of model loading on a small
+    # board; the planner compiles this same schema for the model's tokenizer.
+    request = specialize_request(args.task, world, skills, schema, args.max_steps)
+    check_schema(request.schema)
     args.model = planner_model(args.model)  # after the files: bad input is reported first, whatever the model
-    return world, skills, schema
+    return request
 
 
 def run(args) -> int:
     from agent.planner import Planner
 
-    world, skills, schema = _load_inputs(args)
+    request = _load_inputs(args)
+    world, skills = request.world, request.skills
     _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
          f"{len(skills.skills)} skills from {skills.source}")
     _log(f"loading model {args.model} ...")
@@ -104,13 +107,13 @@ def run(args) -> int:
     planner = Planner(rt, loaded.tokenizer, speculation(args, loaded), max_tokens=args.max_tokens,
                       attempts=args.attempts, thinking=False if args.no_thinking else None,
                       max_steps=args.max_steps, on_progress=_log, complete=not args.no_solver)
-    res = planner.plan(args.task, world, skills, schema)
+    res = planner.plan(planner.compile(request))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:
         write_atomic(Path(args.out), plan_text)
         _log(f"plan written to {args.out}")
     if args.json:
-        print(json.dumps({"plan": res.plan, "valid": res.valid, "report": res.report, "stats": res.stats}))
+        print(json.dumps(res.document()))
     elif res.valid and not args.out:
         sys.stdout.write(plan_text)
     s = res.stats

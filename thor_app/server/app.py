@@ -250,10 +250,10 @@ async def plan(request: web.Request) -> web.Response:
     req = await asyncio.to_thread(parse_plan, body, st.cfg.planner)
     prepared = await asyncio.to_thread(st.host.prepare_plan, req)
     job = _submit(st, st.host.plan_job(req, prepared))
-    res, stats = await _result(st, request, job)
-    for s in stats:
+    res = await _result(st, request, job)
+    for s in res.generations:
         st.metrics.record_generation(s)
-    doc = {"plan": res.plan, "valid": res.valid, "report": res.report, "stats": res.stats}
+    doc = res.document()
     if res.valid:
         return web.json_response(doc)
     raise ApiError(422, f"no valid plan after {res.attempts} attempt(s); see report", "no_valid_plan", extra=doc)

@@ -89,27 +89,6 @@ def default_selftest(loaded, backend):
     return run_selftest(loaded, backend=backend if backend is not None else "torch", quick=True)
 
 
-class _Checked:
-    """The runtime as the planner sees it, with every committed token going through the job's
-    check (cancellation, deadline, progress)."""
-
-    def __init__(self, rt, ctx: JobContext):
-        self._rt, self._ctx = rt, ctx
-        self.stats = []           # each generation's Stats, for the metrics
-
-    def generate(self, ids, params, speculation, constraint=None, on_token=None):
-        def hook(t):
-            self._ctx.check(t)
-            if on_token is not None:
-                on_token(t)
-        res = self._rt.generate(ids, params, speculation, constraint=constraint, on_token=hook)
-        self.stats.append(res.stats)
-        return res
-
-    def __getattr__(self, name):
-        return getattr(self._rt, name)
-
-
 @dataclass(frozen=True)
 class PreparedChat:
     ids: list
@@ -255,20 +234,17 @@ class ModelHost:
         return runtime_settings(self.hosted, self._thinking())
 
     def plan_job(self, req, prepared):
+        """The job for a request prepared by ``prepare_plan``: every committed token goes through
+        the job's check (cancellation, deadline, progress)."""
         from agent.planner import Planner
 
         h = self.hosted
-
-        class _Prepared(Planner):  # the grammar was compiled before queueing; reuse it
-            def prepare(self, world, skills, schema=None, task=None):
-                return prepared
+        planner = Planner(h.runtime, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
+                          attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
+                          grammar_tokenizer=self.gtok)
 
         def run(ctx: JobContext):
-            rt = _Checked(h.runtime, ctx)
-            planner = _Prepared(rt, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
-                                attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
-                                grammar_tokenizer=self.gtok)
-            return planner.plan(req.task, req.world, req.skills, req.schema), rt.stats
+            return planner.plan(prepared, on_token=ctx.check)
         return run
 
 
