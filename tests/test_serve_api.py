@@ -230,11 +230,11 @@ async def test_full_queue_is_429_with_retry_after_and_a_late_request_times_out(s
     client = await start(limits={"queue_size": 1, "request_timeout_s": 0.5})
     st = client.app[STATE]
     gate = threading.Event()
-    blocker = st.engine.submit(lambda ctx: gate.wait(30), 60)   # occupies the worker
-    while not st.engine.busy:
+    blocker = st.jobs.submit(lambda ctx: gate.wait(30), 60)   # occupies the worker
+    while not st.jobs.busy:
         await asyncio.sleep(0.01)
     queued = asyncio.ensure_future(client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4}))
-    while st.engine.depth < 1:
+    while st.jobs.depth < 1:
         await asyncio.sleep(0.01)
     r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4})
     assert r.status == 429 and int(r.headers["Retry-After"]) >= 1 and (await r.json())["error"]["code"] == "queue_full"
@@ -267,7 +267,7 @@ async def test_a_running_generation_past_its_timeout_is_cut_short(start, stream)
         err = await r.json()
         assert r.status == 504 and is_error_body(err) and err["error"]["code"] == "timeout"
         assert "0.25 s" in err["error"]["message"]
-    assert st.engine.cancelled == {"timeout": 1} and st.engine.completed == 0
+    assert st.jobs.cancelled == {"timeout": 1} and st.jobs.completed == 0
     text = await (await client.get("/metrics")).text()
     assert 'thor_generations_cancelled_total{reason="timeout"} 1.0' in text
     # it had started (tokens were committed) and was stopped well before its 900 tokens
@@ -290,13 +290,13 @@ async def test_disconnect_stops_the_generation(start, stream):
             pass                               # a token came out: the generation is running
         resp.close()
     else:
-        while st.engine.running is None or st.engine.running.tokens < 3:
+        while st.jobs.running is None or st.jobs.running.tokens < 3:
             assert not task.done(), await (await task).text()
             await asyncio.sleep(0.01)
         task.cancel()
-    while not st.engine.cancelled and not st.engine.completed:
+    while not st.jobs.cancelled and not st.jobs.completed:
         await asyncio.sleep(0.01)
-    assert st.engine.cancelled == {"disconnect": 1}
+    assert st.jobs.cancelled == {"disconnect": 1}
     metrics = await (await client.get("/metrics")).text()
     assert 'thor_generations_cancelled_total{reason="disconnect"} 1.0' in metrics
     r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4})

@@ -144,8 +144,8 @@ async def test_ready_then_watchdog_and_a_stalled_generation_stops_the_pings(aioh
     # A generation that commits no token (a hung kernel, a dead lock) stands in for a stuck loop.
     st = client.app[STATE]
     gate = threading.Event()
-    stuck = st.engine.submit(lambda ctx: gate.wait(60), 120)
-    while st.engine.stalled_for() <= 0.3:
+    stuck = st.jobs.submit(lambda ctx: gate.wait(60), 120)
+    while st.jobs.stalled_for() <= 0.3:
         await asyncio.sleep(0.02)
     _drain(notify_socket)
     await asyncio.sleep(0.5)                                # ten ping intervals
@@ -220,19 +220,19 @@ async def test_ready_waits_for_room_instead_of_being_dropped(tmp_path):
     rx.close()
 
 
-# ---- the engine: one generation at a time, stopped within one cycle ---------------------------
+# ---- the job queue: one generation at a time, stopped within one cycle ------------------------
 @pytest.mark.parametrize("spec", ["none", "ngram"])
 def test_a_cancel_stops_the_generation_at_the_next_committed_token(tiny_llama, spec):
     import time
 
-    from thor_app.server.engine import Cancelled, Engine, Job, JobContext
+    from thor_app.server.jobs import Cancelled, Job, JobContext, JobQueue
     from thor_runtime.generate import Runtime
     from thor_runtime.sampling import SamplingParams
     from thor_runtime.speculative import SpecOptions, build_speculation
 
-    engine = Engine(1)
+    jobs = JobQueue(1)
     job = Job(lambda ctx: None, time.monotonic() + 600, None, None)
-    ctx = JobContext(job, engine)
+    ctx = JobContext(job, jobs)
     seen = []
 
     def on_token(t):
@@ -250,20 +250,20 @@ def test_a_cancel_stops_the_generation_at_the_next_committed_token(tiny_llama, s
 
 
 def test_the_queue_is_bounded_and_deadlines_apply_in_the_loop():
-    from thor_app.server.engine import Cancelled, Engine, Job, JobContext, QueueFull
+    from thor_app.server.jobs import Cancelled, Job, JobContext, JobQueue, QueueFull
 
     now = [0.0]
-    engine = Engine(2, clock=lambda: now[0])
+    jobs = JobQueue(2, clock=lambda: now[0])
 
     async def go():
-        engine.submit(lambda ctx: None, 10)
-        engine.submit(lambda ctx: None, 10)
+        jobs.submit(lambda ctx: None, 10)
+        jobs.submit(lambda ctx: None, 10)
         with pytest.raises(QueueFull) as e:
-            engine.submit(lambda ctx: None, 10)
+            jobs.submit(lambda ctx: None, 10)
         assert e.value.retry_after_s >= 1
     asyncio.run(go())
     job = Job(lambda ctx: None, 5.0, None, None)
-    ctx = JobContext(job, engine)
+    ctx = JobContext(job, jobs)
     ctx.check(1)
     now[0] = 6.0
     with pytest.raises(Cancelled) as e:

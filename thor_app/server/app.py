@@ -2,7 +2,7 @@
 
 The app listens at once and answers /health with 503 and the reason while the model loads,
 warms up and passes its self-test (in a thread, off the loop); READY=1 goes to systemd only
-then. Generation runs in the engine's worker thread; handlers await its futures, so a client
+then. Generation runs in the job queue's worker thread; handlers await its futures, so a client
 that goes away cancels its handler (aiohttp handler cancellation), which cancels its job.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aiohttp import web
 from thor_runtime.errors import ThorError
 
 from .config import ServeConfig
-from .engine import Cancelled, Engine, QueueFull
+from .jobs import Cancelled, JobQueue, QueueFull
 from .errors import ApiError, bad_request, error_body, error_response
 from .host import ModelHost
 from .metrics import CONTENT_TYPE, Metrics
@@ -39,8 +39,8 @@ class ServerState:
                  keys: tuple[str, ...]):
         self.cfg, self.host, self.notifier, self.watchdog_s = cfg, host, notifier, watchdog_s
         self.keys = tuple(k.encode() for k in keys)
-        self.metrics = Metrics(lambda: self.engine.depth, lambda: self.host.ready)
-        self.engine = Engine(cfg.limits.queue_size, on_cancel=self.metrics.record_cancel)
+        self.metrics = Metrics(lambda: self.jobs.depth, lambda: self.host.ready)
+        self.jobs = JobQueue(cfg.limits.queue_size, on_cancel=self.metrics.record_cancel)
         self.created = int(time.time())
         self.tasks: list[asyncio.Task] = []
 
@@ -86,7 +86,7 @@ def _in_daemon(fn: Callable):
 async def _bring_up(st: ServerState) -> None:
     st.notifier.send("STATUS=loading the model")
     if await _in_daemon(st.host.start):
-        st.engine.start()
+        st.jobs.start()
         await st.notifier.send_reliably("READY=1", f"STATUS=ready: {st.host.reason}")
     else:  # never READY=1: systemd's start timeout fails the unit; /health says why
         st.notifier.send(f"STATUS={st.host.reason}")
@@ -99,7 +99,7 @@ async def _startup(app: web.Application) -> None:
     if st.watchdog_s:
         stall = st.cfg.server.stall_s
         st.tasks.append(asyncio.create_task(
-            watchdog_loop(st.notifier, st.watchdog_s, lambda: st.engine.stalled_for() < stall)))
+            watchdog_loop(st.notifier, st.watchdog_s, lambda: st.jobs.stalled_for() < stall)))
 
 
 async def _shutdown(app: web.Application) -> None:
@@ -114,7 +114,7 @@ async def _cleanup(app: web.Application) -> None:
     for t in st.tasks:
         t.cancel()
     await asyncio.gather(*st.tasks, return_exceptions=True)
-    await asyncio.to_thread(st.engine.stop, True)
+    await asyncio.to_thread(st.jobs.stop, True)
     st.notifier.close()
 
 
@@ -192,7 +192,7 @@ def _require_ready(st: ServerState) -> None:
 
 def _submit(st: ServerState, fn):
     try:
-        return st.engine.submit(fn, st.cfg.limits.request_timeout_s)
+        return st.jobs.submit(fn, st.cfg.limits.request_timeout_s)
     except QueueFull as e:
         raise ApiError(429, f"the generation queue is full ({st.cfg.limits.queue_size} waiting); retry later",
                        "queue_full", headers={"Retry-After": str(e.retry_after_s)}) from None
@@ -228,8 +228,8 @@ async def health(request: web.Request) -> web.Response:
         "speculation": h.hosted.speculation.name, "selftest": h.reason.removeprefix("self-test passed: "),
         "selftest_report": rep.to_dict() if callable(getattr(rep, "to_dict", None)) else None,
         "runtime": h.settings(), "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()},
-        "queue_depth": st.engine.depth,
-        "generating": st.engine.busy})
+        "queue_depth": st.jobs.depth,
+        "generating": st.jobs.busy})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from typing import Callable
 from thor_runtime.errors import ThorError
 
 from .config import ServeConfig
-from .engine import JobContext
+from .jobs import JobContext
 from .openai_api import ChatRequest, TextStreamer, check_max_tokens
 
 log = logging.getLogger("thor.serve")

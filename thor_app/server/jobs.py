@@ -1,4 +1,5 @@
-"""The one generation worker: a thread that runs jobs one at a time from a bounded queue.
+"""The service's job queue: one generation worker, a thread that runs jobs one at a time from
+a bounded queue. (Not to be confused with engines/, the backends the model's segments run on.)
 
 Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering
 /health and /metrics. A job is a plain function of a ``JobContext``; it calls ``ctx.check()``
@@ -52,12 +53,12 @@ class Job:
 class JobContext:
     """What a running job sees: ``check()`` per committed token."""
 
-    def __init__(self, job: Job, engine: "Engine"):
-        self.job, self.engine = job, engine
+    def __init__(self, job: Job, queue: "JobQueue"):
+        self.job, self.queue = job, queue
 
     def check(self, token: int | None = None) -> None:
-        now = self.engine.clock()
-        self.engine.last_progress = now
+        now = self.queue.clock()
+        self.queue.last_progress = now
         if token is not None:
             self.job.tokens += 1
         if self.job.cancel_reason is not None:
@@ -66,7 +67,7 @@ class JobContext:
             raise Cancelled("timeout")
 
 
-class Engine:
+class JobQueue:
     """submit() from the event loop; results come back as asyncio futures."""
 
     def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic,
