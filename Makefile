@@ -7,7 +7,7 @@ THOR   := $(VENV)/bin/thor
 STAMP  := $(VENV)/.installed
 DEMO_TASK ?= Put the red mug in the dish rack.
 
-.PHONY: demo test test-exact-cpus install bench bench-peers clean
+.PHONY: demo test test-gpu test-exact-cpus install bench bench-peers clean
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCT
 test-exact-cpus: $(STAMP)
 	$(AVX2_ENV) $(PY) -m pytest $(EXACT_TESTS)
 	ATEN_CPU_CAPABILITY=default THOR_EXPECT_CPU_CAPABILITY=DEFAULT $(PY) -m pytest tests/test_exact.py
+
+# On a machine with an NVIDIA GPU: the CUDA tests, the device self-test and the device benchmark,
+# logs and JSON in $(GPU_OUT) (bench/test_gpu.sh). On a CPU machine the CUDA tests skip.
+GPU_OUT ?= gpu-results
+test-gpu:
+	GPU_OUT=$(GPU_OUT) bench/test_gpu.sh
 
 bench: $(STAMP)
 	$(THOR) bench --spec none,ngram,dflash --json bench/results-cpu.json

@@ -58,7 +58,7 @@ class FixedShapeDecoder:
         self.start = torch.zeros((), dtype=torch.long, device=dev)                   # first row's position
         self.offsets = torch.arange(rows, device=dev)                                # [R]
         self.key_index = torch.arange(self.cache.max_len, device=dev)                # [S_max]
-        self._staged = torch.zeros(rows, dtype=torch.long, pin_memory=dev.type == "cuda")  # host side of ids
+        self._staged = torch.zeros(rows, dtype=torch.long)                           # host side of ids
         self.span = key_span(rows, self.capacity)
         self._captured: dict[tuple, tuple] = {}
         self._pool = None
@@ -93,7 +93,9 @@ class FixedShapeDecoder:
         if start + T > self.capacity:
             raise ThorError(f"sequence of {start + T} tokens exceeds the decoder's context of {self.capacity}")
         self._staged[:T] = ids
-        self.ids.copy_(self._staged, non_blocking=True)   # rows past T keep old ids: padding
+        # rows past T keep earlier ids: padding. A blocking copy: the host buffer is reused next
+        # call, and the cycle has synchronised on the acceptor already.
+        self.ids.copy_(self._staged)
         self.start.fill_(start)
         logits, tap_out = self._run(self.span, tuple(sorted(taps)))
         self.cache.lengths = [start + T] * len(self.cache.lengths)

@@ -1,0 +1,334 @@
+"""`thor bench --device DEVICE`: the decode path on one device at the real models' shapes.
+
+Random weights at each shape (made on the device: real checkpoints of 8B do not need to
+exist here, and speed does not depend on the values), timed with the device synchronised:
+prefill tok/s, eager step vs fixed-shape (CUDA-graph) step, the 16-row verify against the
+1-row step, decode tok/s and its share of the measured copy bandwidth (weights + KV bytes
+read per token), and a plan-shaped request (prompt and output lengths of `make demo`'s
+plan). Medians of repeats. JSON + table + plot.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+# name -> (architecture, hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied)
+SHAPES = {
+    "smollm2-135m": ("llama", 576, 1536, 30, 9, 3, 64, 49152, True),
+    "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 64, 151936, True),
+    "qwen3-8b": ("qwen3", 4096, 12288, 36, 32, 8, 128, 151936, False),
+}
+# `make demo`'s kitchen plan with the planner model: prompt and generated tokens (docs/performance.md)
+PLAN_SHAPE = (970, 135)
+
+
+def shape_config(name: str):
+    from thor_runtime.config import ModelConfig
+
+    arch, d, inter, n, h, hk, dh, v, tied = SHAPES[name]
+    return ModelConfig(arch=arch, vocab_size=v, hidden_size=d, intermediate_size=inter, num_layers=n,
+                       num_heads=h, num_kv_heads=hk, head_dim=dh, tie_word_embeddings=tied,
+                       max_position_embeddings=32768, rope_theta=1e6, name=name)
+
+
+def random_model(cfg, device, dtype):
+    """A TargetModel of ``cfg`` with seeded random weights, made directly on ``device``."""
+    import torch
+
+    from thor_runtime.model import TargetModel, _expected_shapes
+
+    g = torch.Generator(device=device).manual_seed(0)
+    weights = {}
+    for name, shape in _expected_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            weights[name] = (torch.randn(shape, generator=g, device=device, dtype=dtype) * 0.02)
+    return TargetModel(cfg, weights, dtype, source=cfg.name, device=device)
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs, the device synchronised around each."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second a device-to-device copy moves, counting bytes read and written."""
+    import torch
+
+    n = (1 << 30) if device.type == "cuda" else (1 << 27)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * n / timed(lambda: dst.copy_(src), device, 10)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every projection and norm, the head, one
+    embedding row."""
+    import torch
+
+    total = 0
+    for L in model.layers:
+        for t in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, L.q_norm, L.k_norm, L.bqkv):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    head = model.head_w if isinstance(model.head_w, torch.Tensor) else model.lm_head
+    return total + head.numel() * head.element_size() + model.embed_w.shape[1] * model.embed_w.element_size()
+
+
+def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int) -> dict:
+    import torch
+
+    from thor_runtime.fixed_shape import FixedShapeDecoder
+    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.loading import DTYPES
+
+    cfg = shape_config(name)
+    dtype = DTYPES[dtype_name]
+    model = random_model(cfg, device, dtype)
+    row = {"model_shape": name, "device": str(device), "weights": dtype_name, "kv_dtype": kv,
+           "weight_bytes": weight_bytes(model)}
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, cfg.vocab_size, (PLAN_SHAPE[0],), generator=g)
+    ctx = PLAN_SHAPE[0] + new_tokens + 16
+
+    def prefill():
+        c = KVCache(cfg, ctx, kv, model.dtype, None, device)
+        model.prefill(prompt, c, chunk=256)
+        return c
+
+    row["prefill_tok_s"] = round(PLAN_SHAPE[0] / timed(prefill, device, repeats, 1), 1)
+
+    # eager 1-row step: the reference path, one kernel launch per op
+    cache = prefill()
+    one = torch.tensor([5])
+
+    def eager_step():
+        model.forward(one, cache, logits_rows="all")
+        cache.crop(PLAN_SHAPE[0])
+
+    row["eager_step_ms"] = round(1e3 * timed(eager_step, device, repeats * 5), 3)
+
+    graphs = device.type == "cuda"
+    steps = {}
+    for rows in (1, 16):
+        dec = FixedShapeDecoder(model, rows=rows, max_context=ctx + 16, kv_dtype=kv, graphs=graphs)
+        c = dec.new_cache(PLAN_SHAPE[0] + new_tokens)
+        model.prefill(prompt, c, chunk=256)
+        ids = torch.full((rows,), 5)
+
+        def step():
+            dec.verify(ids, c)
+            c.crop(PLAN_SHAPE[0])
+
+        steps[rows] = timed(step, device, repeats * 5)
+        row["key_span"] = dec.span
+    row["step_1row_ms"] = round(1e3 * steps[1], 3)
+    row["verify_16rows_ms"] = round(1e3 * steps[16], 3)
+    row["verify16_over_step1"] = round(steps[16] / steps[1], 3)
+    # The padded plain step IS the 16-row forward (one shape), so its ratio to the 1-row step
+    # is the same figure.
+    row["padded_over_unpadded_step"] = row["verify16_over_step1"]
+    row["graph_speedup_1row"] = round(1e-3 * row["eager_step_ms"] / steps[1], 2) if graphs else None
+
+    # decode through the runtime (padded, graphed), a plan-shaped request
+    from thor_runtime.generate import Runtime
+    from thor_runtime.sampling import SamplingParams
+
+    rt = Runtime(model, _NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    results = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        r = rt.generate(prompt.tolist(), params)
+        sync(device)
+        results.append((time.perf_counter() - t, r.stats))
+    wall, st = sorted(results, key=lambda x: x[0])[len(results) // 2]
+    decode_tok_s = (st.generated - 1) / st.decode_s if st.decode_s else 0.0
+    row["plan_shaped_latency_s"] = round(wall, 4)
+    row["decode_tok_s"] = round(decode_tok_s, 1)
+    kv_elem = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[kv]
+    span = row["key_span"] if rt.decoder is not None else PLAN_SHAPE[0] + new_tokens // 2
+    kv_read = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * span * kv_elem
+    row["bytes_per_token"] = row["weight_bytes"] + kv_read
+    return row
+
+
+def quant_options(device, repeats: int) -> list[dict]:
+    """Weight formats a quantized GGUF could run as on this device, per projection shape and row
+    count: time and relative error against the fp32 product (the same random weights)."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    g = torch.Generator(device=device).manual_seed(2)
+    for shape_name, (n_out, n_in) in (("qwen2.5-0.5b mlp up", (4864, 896)), ("qwen3-8b mlp up", (12288, 4096))):
+        w32 = torch.randn(n_out, n_in, generator=g, device=device) * 0.02
+        for rows in (1, 16):
+            x32 = torch.randn(rows, n_in, generator=g, device=device)
+            ref = x32 @ w32.t()
+            for fmt, fn in _formats(w32, device).items():
+                try:
+                    y = fn(x32.bfloat16())
+                    err = float((y.float() - ref).norm() / ref.norm())
+                    t = timed(lambda: fn(x32.bfloat16()), device, repeats * 10)
+                    out.append({"shape": shape_name, "rows": rows, "format": fmt, "ms": round(1e3 * t, 4),
+                                "rel_error_vs_fp32": round(err, 5)})
+                except (RuntimeError, NotImplementedError, AttributeError, TypeError) as e:
+                    out.append({"shape": shape_name, "rows": rows, "format": fmt, "error": str(e)[:160]})
+    return out
+
+
+def _formats(w32, device) -> dict:
+    """name -> x_bf16 [M, in] -> y [M, out] for one weight."""
+    import torch
+    import torch.nn.functional as F
+
+    wb = w32.bfloat16()
+    fmts = {"bf16 (dequantized)": lambda x: F.linear(x, wb)}
+    if device.type == "cuda" and hasattr(torch, "_scaled_mm"):
+        ws = w32.abs().amax(1, keepdim=True).clamp_min(1e-8) / 448.0                 # [out, 1] per channel
+        w8 = (w32 / ws).to(torch.float8_e4m3fn)                                       # [out, in]
+        sb = ws.t().contiguous()                                                       # [1, out]
+
+        def fp8(x):
+            xs = x.float().abs().amax(1, keepdim=True).clamp_min(1e-8) / 448.0         # [M, 1] per row
+            x8 = (x.float() / xs).to(torch.float8_e4m3fn)
+            pad = (-x8.shape[0]) % 16                                                  # rows: multiple of 16
+            if pad:
+                x8 = torch.cat([x8, x8.new_zeros(pad, x8.shape[1])])
+                xs = torch.cat([xs, xs.new_ones(pad, 1)])
+            y = torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=sb, out_dtype=torch.bfloat16)
+            return y[:x.shape[0]]
+
+        fmts["fp8 e4m3 per-channel (_scaled_mm)"] = fp8
+    if device.type == "cuda" and hasattr(torch, "_weight_int4pack_mm"):
+        group = 128
+        wg = w32.view(w32.shape[0], -1, group)                                          # [out, in/G, G]
+        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp_min(1e-8)
+        q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).view(w32.shape[0], -1)   # [out, in]
+        packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+        zeros = lo + 8 * scale                                                          # tinygemm's zero point
+        sz = torch.stack([scale.squeeze(-1), zeros.squeeze(-1)], -1).transpose(0, 1).contiguous().bfloat16()
+        fmts["int4 weight-only g128 (_weight_int4pack_mm)"] = lambda x: torch._weight_int4pack_mm(x, packed, group, sz)
+    return fmts
+
+
+class _NullTokenizer:
+    """Decodes nothing: speed runs never look at text."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids):
+        return ""
+
+
+def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, new_tokens: int,
+        out: Path | None) -> dict:
+    import torch
+
+    from thor_runtime.device import device_name, resolve_device
+
+    device = resolve_device(device_spec)
+    torch.manual_seed(0)
+    bw = copy_bandwidth(device)
+    doc = {"device": device_name(device), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / 1e9, 1),
+           "plan_shape": {"prompt_tokens": PLAN_SHAPE[0], "new_tokens": new_tokens}, "rows": []}
+    for name in shapes:
+        row = bench_shape(name, device, dtype, kv, repeats, new_tokens)
+        row["decode_bandwidth_share"] = round(row["bytes_per_token"] * row["decode_tok_s"] / bw, 3)
+        doc["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        del row
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    doc["quantized_weight_options"] = quant_options(device, repeats)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+COLUMNS = ("model_shape", "weights", "kv_dtype", "prefill_tok_s", "eager_step_ms", "step_1row_ms",
+           "verify_16rows_ms", "verify16_over_step1", "graph_speedup_1row", "decode_tok_s",
+           "decode_bandwidth_share", "plan_shaped_latency_s")
+
+
+def table(doc: dict) -> str:
+    lines = [f"device: {doc['device']}  copy bandwidth {doc['copy_bandwidth_GBps']} GB/s",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in doc["rows"]:
+        lines.append("| " + " | ".join(str(r.get(c)) for c in COLUMNS) + " |")
+    for q in doc.get("quantized_weight_options", []):
+        lines.append(f"  {q['shape']}, {q['rows']} rows, {q['format']}: "
+                     + (f"{q['ms']} ms, rel. error {q['rel_error_vs_fp32']}" if "ms" in q else q["error"]))
+    return "\n".join(lines)
+
+
+def plot(docs: list[dict], path: Path) -> None:
+    """Decode tok/s per shape, one bar group per device."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({r["model_shape"] for d in docs for r in d["rows"]})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(len(docs), 1)
+    for j, d in enumerate(docs):
+        by = {r["model_shape"]: r["decode_tok_s"] for r in d["rows"]}
+        ax.bar([i + j * width for i in range(len(shapes))], [by.get(s, 0) for s in shapes], width,
+               label=d["device"])
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes)
+    ax.set_ylabel("decode tok/s (batch 1, greedy)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="thor bench --device")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--dtype", default=None, help="weights (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=PLAN_SHAPE[1])
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--compare", type=Path, action="append", default=[],
+                   help="earlier result JSON (another device) to put beside this one in the plot")
+    p.add_argument("--plot", type=Path, default=None)
+    a = p.parse_args(argv)
+    dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
+    doc = run(a.device, a.shapes.split(","), dtype, a.kv_dtype, a.repeats, a.new_tokens, a.json)
+    print(table(doc))
+    if a.plot is not None:
+        plot([doc] + [json.loads(c.read_text()) for c in a.compare], a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
