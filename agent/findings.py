@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Safety and shape checks (gate.py), then executability and goal checks (symbolic.py).
+# Safety and shape checks (gate.py), then executability and goal checks (symbolic.py); `action`
+# and `order`: a goal's required call or sequence the steps do not do (goals.py).
 CHECKS = ("json", "schema", "structure", "step_ids", "skill", "args", "bounds", "object", "place",
           "workspace", "payload", "graspable", "timeout", "on_failure",
-          "precondition", "hand_full", "not_held", "dropped", "left_held", "goal")
+          "precondition", "hand_full", "not_held", "dropped", "left_held", "goal", "action", "order")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
     hold to the task (the gate reports that) or the goal already says a thing is missing.
     With ``skills``, what the task's verbs ask is checked too, where a skill can make it true
     (an object's reachable states, the robot's place), as the goal schema asks it."""
-    goal, problems = parse_goal(plan, world)
+    goal, problems = parse_goal(plan, world, skills)
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
     r = read_task(task, world)
@@ -46,10 +46,14 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
     kinds = {c.kind for s in skills.skills for c in s.effects} if skills is not None else set()
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []
-    in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS}
-    for c in goal:
-        if c.kind in _OBJECT_KINDS and c.subject not in r.mentioned:
-            out.append(Finding(None, "object", _unmentioned(c, c.subject)))
+    # a call on an object, or an order naming it, is about it as much as a condition is; the
+    # members of a set ("everything on the counter") are said by the set, not one by one
+    in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS} | goal.objects(world)
+    members = {n for _, names in goal.sets for n in names}
+    for c in [c for c in goal if c.subject not in members] + goal.all_acts() + goal.all_conds()[len(goal):]:
+        for name in (c.objects(world) if c.kind == "do" else [c.subject] if c.kind in _OBJECT_KINDS else []):
+            if name not in r.mentioned:
+                out.append(Finding(None, "object", _unmentioned(c, name)))
     for name in r.referred:
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "

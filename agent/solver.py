@@ -9,6 +9,11 @@ model's refusal-worthy plan is reported as it is.
 
 Why the search stays small: preconditions and effects only name the step's own arguments, so
 the only objects worth touching are the goal's (plus names written literally in a skills file).
+
+A goal's required calls (`do`, goals.py) are searched as calls of their own, with the task's
+fixed arguments and safe values for the rest, and a search state carries how far each `do` and
+`before` has got, so the shortest plan found does every call, in every order, with every
+precondition met (a `wait` that changes nothing is still inserted where the order puts it).
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from itertools import product
 
 from .conditions import Cond
 from .files import ArgSpec, Skill, SkillSet, World
-from .gate import _arg_findings
+from .goals import Act, Goal, advance, done, start
+from .limits import _arg_findings
 from .specialize import MAX_TIMEOUT_S
 from .symbolic import apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
 
@@ -54,15 +60,22 @@ def _default(a: ArgSpec, world: World, template: dict | None, name: str):
     return None if _arg_findings("x", name, a, v, world) else v
 
 
-def ground_actions(world: World, skills: SkillSet, objects: set[str], templates: dict) -> list[Action]:
-    out = []
-    for skill in skills.skills:
-        if not skill.effects:
-            continue          # changes nothing the goal can ask for
+def ground_actions(world: World, skills: SkillSet, objects: set[str], templates: dict,
+                   required: tuple[Act, ...] = ()) -> list[Action]:
+    """Calls of skills with effects over ``objects``, and the ``required`` calls of the goal
+    (their fixed arguments as given, when safe; a fixed argument that is not gives no call)."""
+    out, seen = [], set()
+    todo = [(s, {}) for s in skills.skills if s.effects]       # no effect: nothing a condition asks
+    todo += [(skills.get(a.skill), a.arg_dict) for a in required if skills.get(a.skill) is not None]
+    for skill, given in todo:
         tmpl = templates.get(skill.name)
         fixed, domains = {}, {}
         for a in skill.args:
-            if a.type == "object":
+            if a.name in given:
+                v = given[a.name]
+                ok = not _arg_findings("x", a.name, a, v, world, a.name in skill.carries)
+                fixed[a.name] = v if ok else None
+            elif a.type == "object":
                 domains[a.name] = [o for o in sorted(objects) if world.object(o) and not _arg_findings(
                     "x", a.name, a, o, world, a.name in skill.carries)]
             elif a.type == "place":
@@ -75,7 +88,9 @@ def ground_actions(world: World, skills: SkillSet, objects: set[str], templates:
         for combo in product(*(domains[n] for n in names)):
             args = {a.name: fixed[a.name] if a.name in fixed else combo[names.index(a.name)] for a in skill.args}
             conds = step_conds(skill, args, world)
-            if conds is not None:
+            key = (skill.name, repr(sorted(args.items())))
+            if conds is not None and key not in seen:
+                seen.add(key)
                 out.append(Action(skill, args, *conds))
     return out
 
@@ -85,18 +100,23 @@ def relevant(goal: tuple[Cond, ...], actions: list[Action]) -> list[Action]:
     about. Any plan with one of the others still works without it and is shorter, so no
     shortest plan uses them; dropping them keeps the state space from multiplying by what
     they change (a scan of each of twelve places: 2^12 states)."""
-    need = {c.kind for c in goal} | {c.kind for a in actions for c in a.pre}
-    return [a for a in actions if any(c.kind in need for c in a.eff)]
+    conds = goal.all_conds() if isinstance(goal, Goal) else goal
+    need = {c.kind for c in conds} | {c.kind for a in actions for c in a.pre}
+    acts = goal.all_acts() if isinstance(goal, Goal) else []
+    return [a for a in actions if any(c.kind in need for c in a.eff)
+            or any(r.matches(a.skill.name, a.args) for r in acts)]
 
 
 def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_depth: int) -> list[Action] | None:
     """Shortest action sequence from the world's initial state that reaches the goal."""
     actions = relevant(goal, actions)
-    start = initial_state(world)
-    frontier, seen = deque([(start, [])]), {start.key()}
+    first = initial_state(world)
+    g = goal if isinstance(goal, Goal) else Goal(goal)
+    p0 = start(g, first, holds)
+    frontier, seen = deque([(first, p0, [])]), {(first.key(), p0)}
     while frontier:
-        st, path = frontier.popleft()
-        if reaches(goal, st):
+        st, prog, path = frontier.popleft()
+        if reaches(goal, st) and done(g, prog):
             return path
         if len(path) >= max_depth:
             continue
@@ -106,12 +126,13 @@ def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_dept
             if any(a.type == "object" and act.args[a.name] in st.dropped for a in act.skill.args):
                 continue
             nxt = apply(act.eff, st, "")
-            k = nxt.key()
+            np = advance(g, prog, act.skill.name, act.args, st, nxt, holds) if g.process else prog
+            k = (nxt.key(), np)
             if k not in seen:
                 if len(seen) >= MAX_STATES:
                     return None
                 seen.add(k)
-                frontier.append((nxt, path + [act]))
+                frontier.append((nxt, np, path + [act]))
     return None
 
 
@@ -126,7 +147,7 @@ def _timeout(skill: Skill, tmpl: dict | None) -> float:
 def complete(plan, world: World, skills: SkillSet, max_steps: int = 10) -> dict | None:
     """-> a plan with the model's goal and solver-made steps, or None (no goal, a goal naming
     something missing, already reached, or unreachable with safe calls within ``max_steps``)."""
-    goal, problems = parse_goal(plan, world)
+    goal, problems = parse_goal(plan, world, skills)
     if goal is None or problems:
         return None
     steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
@@ -134,10 +155,11 @@ def complete(plan, world: World, skills: SkillSet, max_steps: int = 10) -> dict 
     for s in steps:          # the model's own values (grasp, force, speed, timeout) win where safe
         if isinstance(s, dict) and isinstance(s.get("skill"), str) and isinstance(s.get("args"), dict):
             templates.setdefault(s["skill"], s)
-    objects = {n for c in goal for n, kind in c.refs() if kind == "object"}
+    objects = goal.objects(world)
     objects |= {n for sk in skills.skills for c in sk.preconditions + sk.effects
                 for n, kind in c.refs() if kind == "object" and not n.startswith("$")}
-    path = search(goal, world, ground_actions(world, skills, objects, templates), max_steps)
+    actions = ground_actions(world, skills, objects, templates, tuple(goal.all_acts()))
+    path = search(goal, world, actions, max_steps)
     if not path:
         return None
     out_steps = []
@@ -170,8 +192,9 @@ def stated_goal(text: str) -> dict | None:
     return {**head, "steps": []}
 
 
-def goal_reasons(plan: dict, world: World) -> list:
+def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None) -> list:
     """Why a stated goal cannot be done here (a name this world lacks, a heavy, fixed or
-    out-of-reach object, `missing`): the findings a refusal should name."""
-    goal, problems = parse_goal(plan, world)
-    return problems if goal is None or problems else goal_limits(goal, world)
+    out-of-reach object, `missing`, a set that picks nothing, a required call out of bounds):
+    the findings a refusal should name."""
+    goal, problems = parse_goal(plan, world, skills)
+    return problems if goal is None or problems else goal_limits(goal, world, skills)

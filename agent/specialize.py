@@ -163,8 +163,57 @@ def _place_branches(kinds: set[str], looked_at: list[str], visited: list[str]) -
     return out
 
 
+def _do_branches(world: World, skills: SkillSet, objs: list[str] | None = None) -> list[dict]:
+    """One `do` per skill, all its arguments written (the call the solver then makes); with
+    ``objs``, its object arguments only take those (the objects the task speaks of)."""
+    out = []
+    for s in skills.skills:
+        args = args_schema(s, world)
+        if args is None:
+            continue
+        if objs is not None:
+            for a in s.args:
+                if a.type == "object":
+                    keep = [n for n in args["properties"][a.name]["enum"] if n in objs]
+                    args["properties"][a.name] = {"enum": keep}
+            if any(not p.get("enum", True) for p in args["properties"].values()):
+                continue
+        out.append(_shape({"do": {"const": s.name}, "args": args}))
+    return out
+
+
+def _every_branches(world: World, kinds: set[str], states: dict, ref) -> list[dict]:
+    """Sets of objects by type, by where they rest at the start, by whether the robot can carry
+    them, and pairs of those: each member at a place, or in a state."""
+    types = sorted({o.type for o in world.objects})
+    homes = [p.name for p in world.places if any(o.at == p.name for o in world.objects)]
+    tests = {"type": _enum(types), "at": _enum(homes) if homes else None, "carriable": {"const": True}}
+    shapes = [("type",), ("at",), ("carriable",), ("type", "carriable"), ("at", "carriable"), ("at", "type")]
+    sel = ref("goal_selector", {"anyOf": [_shape({k: tests[k] for k in ks}) for ks in shapes
+                                          if all(tests[k] is not None for k in ks)]})
+    out = []
+    if "at" in kinds and world.places:
+        out.append(_shape({"every": sel, "at": _enum([p.name for p in world.places])}))
+    reach = sorted({x for v in states.values() for x in v})
+    if "is" in kinds and reach:
+        out.append(_shape({"every": sel, "is": _enum(reach)}))
+    return out
+
+
+def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: dict, conds: list[dict],
+                      objs: list[str] | None, ref) -> list[dict]:
+    """What a task asks beyond an end state (goals.py): a call, an order of calls and
+    conditions (``conds``: the condition branches), a set of things. ``ref(name, schema)``
+    -> a schema standing for it (a ``$ref`` into the plan's ``$defs``, so the branches a goal
+    item and an order item share are written once)."""
+    acts = _do_branches(world, skills, objs)
+    events = [ref("goal_event", {"anyOf": acts + conds})] if acts + conds else []
+    order = [_shape({"before": {"type": "array", "minItems": 2, "maxItems": 3, "items": events[0]}})] if events else []
+    return acts + order + _every_branches(world, kinds, states, ref)
+
+
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
-                reading: TaskReading | None = None) -> dict:
+                reading: TaskReading | None = None, defs: dict | None = None) -> dict:
     """The goal array over this world's names: only the kinds some skill can make true (nothing
     else could be reached), each object only in the states its type can reach, plus `missing`,
     the plan's way to say the task names a thing this world does not have.
@@ -179,7 +228,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     of them; a task that mentions no world object and asks for no place can only say
     `missing`. The gate checks the same reading, so a plan decoded under another schema is
     held to it too. ``reading``: the task's reading when the caller already has it (read once
-    per request), else it is read here."""
+    per request), else it is read here. ``defs``: the plan schema's ``$defs``, where parts
+    the goal uses more than once are put (None: written inline)."""
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = {c.kind for s in skills.skills for c in s.effects}
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
@@ -214,6 +264,18 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     branches = _object_branches(objs, kinds, where, states)
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
+        def ref(name: str, schema: dict) -> dict:
+            if defs is None:
+                return schema
+            defs[name] = schema
+            return {"$ref": f"#/$defs/{name}"}
+
+        process = _process_branches(world, skills, kinds, states, list(branches),
+                                    objs if r is not None and objs else None, ref)
+        branches += process
+        # an object the task names may open the goal with a call on it or an order too
+        more = [ref("goal_process", {"anyOf": process})] if lead and process else []
+        lead = [{"anyOf": x["anyOf"] + more} for x in lead]
     # `missing` names a thing the task says and the world lacks, never a world name
     unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else
@@ -251,10 +313,23 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     goal = schema["properties"].get("goal")
     if isinstance(goal, dict) and "items" in goal:
-        schema["properties"]["goal"] = goal_schema(world, skills, task, goal, reading)
+        schema["properties"]["goal"] = goal_schema(world, skills, task, goal, reading, defs)
+        _drop_unused(schema, ("condition", "action", "selector"))
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
     return schema
+
+
+def _drop_unused(schema: dict, names) -> None:
+    """The base's own goal vocabulary, once the goal is specialized and nothing refers to it:
+    the grammar compiles every definition, used or not."""
+    import json
+
+    for name in names:
+        defs = schema.get("$defs", {})
+        rest = {k: v for k, v in defs.items() if k != name}
+        if name in defs and f"#/$defs/{name}" not in json.dumps([schema.get("properties"), rest]):
+            del defs[name]
 
 
 # ---- validation with exact decimal multipleOf -------------------------------------------------

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field, replace
 
 from thor_runtime.errors import ThorError
 
-from .conditions import GOAL_KINDS, Cond, parse_conds
+from .conditions import Cond
 from .files import Skill, SkillSet, World
 from .findings import Finding
+from .goals import Goal, advance, done, empty_sets, parse_goal_items, progress_findings, start
+from .limits import _arg_findings
 
 HELD = "(held)"          # an object's location while the robot holds it
 
@@ -147,18 +149,21 @@ class Execution:
     findings: tuple[Finding, ...]
     state: State            # after the last step that could be run
     complete: bool          # every step could be interpreted
+    # what happened, in order: (step id, skill name, args, state before, state after) per step run
+    calls: tuple = ()
 
 
 def execute(steps, world: World, skills: SkillSet, state: State | None = None) -> Execution:
     st = initial_state(world) if state is None else state
     out: list[Finding] = []
+    calls: list = []
     for i, step in enumerate(steps if isinstance(steps, list) else []):
         sid = step.get("id") if isinstance(step, dict) and isinstance(step.get("id"), str) else f"#{i + 1}"
         skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
         args = step.get("args") if isinstance(step, dict) else None
         conds = step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
         if conds is None:
-            return Execution(tuple(out), st, False)
+            return Execution(tuple(out), st, False, tuple(calls))
         for a in skill.args:
             if a.type == "object" and args[a.name] in st.dropped:
                 out.append(Finding(sid, "dropped", f"{skill.name} uses {args[a.name]}, but "
@@ -167,23 +172,27 @@ def execute(steps, world: World, skills: SkillSet, state: State | None = None) -
             ok, actual = holds(c, st)
             if ok is False:
                 out.append(_unmet(skill, c, actual, sid))
-        st = apply(conds[1], st, sid)
-    return Execution(tuple(out), st, True)
+        nxt = apply(conds[1], st, sid)
+        calls.append((sid, skill.name, args, st, nxt))
+        st = nxt
+    return Execution(tuple(out), st, True, tuple(calls))
 
 
-def parse_goal(plan, world: World) -> tuple[tuple[Cond, ...] | None, list[Finding]]:
-    """The plan's `goal` as conditions over world names; (None, []) when the plan has none."""
+def parse_goal(plan, world: World, skills: SkillSet | None = None) -> tuple[Goal | None, list[Finding]]:
+    """The plan's `goal` as a Goal over world names (goals.py: conditions, required calls,
+    orders, sets expanded against the world); (None, []) when the plan has none. With
+    ``skills``, a `do` is held to them (a skill and arguments of this library)."""
     if not isinstance(plan, dict) or "goal" not in plan:
         return None, []
     raw = plan["goal"]
     if isinstance(raw, list) and not raw:
         return None, [Finding(None, "goal", "the goal is empty; state what holds when the task is done")]
     try:
-        conds = parse_conds(raw, GOAL_KINDS, "goal")
+        goal = parse_goal_items(raw, world, skills)
     except ThorError as e:
         return None, [Finding(None, "goal", str(e))]
-    out = []
-    for c in conds:
+    out = empty_sets(goal)
+    for c in goal.all_conds():
         if c.kind == "missing":
             if world.object(c.subject) or world.place(c.subject):
                 out.append(Finding(None, "goal", f"{c.subject!r} is in this world; name it in a condition instead"))
@@ -194,15 +203,15 @@ def parse_goal(plan, world: World) -> tuple[tuple[Cond, ...] | None, list[Findin
             ok = world.object(name) if kind == "object" else world.place(name)
             if not ok:
                 out.append(Finding(None, "goal", f"goal {c.text()}: {name!r} is not a {kind} of this world"))
-    return conds, out
+    return goal, out
 
 
-def goal_limits(goal: tuple[Cond, ...], world: World) -> list[Finding]:
+def goal_limits(goal: tuple[Cond, ...], world: World, skills: SkillSet | None = None) -> list[Finding]:
     """What the goal itself asks beyond the robot: moving or holding an object that is too heavy,
     fixed or out of reach, or reaching a place outside the workspace. No steps can make such a
     goal safe, so the report names the reason rather than only the steps' symptoms."""
     r, out = world.robot, []
-    for c in goal:
+    for c in (goal.all_conds() if isinstance(goal, Goal) else goal):
         o = world.object(c.subject) if c.kind in ("at", "holding", "is") and c.subject else None
         if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)):
             if o.mass_kg > r.max_payload_kg:
@@ -217,6 +226,19 @@ def goal_limits(goal: tuple[Cond, ...], world: World) -> list[Finding]:
         if p is not None and not r.inside(p.position):
             out.append(Finding(None, "workspace", f"goal {c.text()}: place {p.name} at {list(p.position)} "
                                                   "is outside the workspace"))
+    return out + (act_limits(goal, world, skills) if isinstance(goal, Goal) and skills is not None else [])
+
+
+def act_limits(goal: Goal, world: World, skills: SkillSet) -> list[Finding]:
+    """A required call no step may make: its fixed arguments break a bound, the payload or the
+    workspace (the gate's own argument checks), named by the goal, before any step."""
+    out = []
+    for a in goal.all_acts():
+        skill = skills.get(a.skill)
+        specs = {x.name: x for x in skill.args} if skill is not None else {}
+        for name, v in a.args:
+            for f in _arg_findings(None, name, specs[name], v, world, name in skill.carries):
+                out.append(Finding(None, f.check, f"goal {a.text()}: {f.message}"))
     return out
 
 
@@ -239,12 +261,25 @@ def reaches(goal: tuple[Cond, ...], st: State) -> bool:
     return st.held is None or any(c.kind == "holding" and c.subject == st.held for c in goal)
 
 
+def run_progress(goal: Goal, calls, start_state: State):
+    """The goal's process parts (goals.Progress) after these executed calls."""
+    p = start(goal, start_state, holds)
+    for _, skill, args, before, after in calls:
+        p = advance(goal, p, skill, args, before, after, holds)
+    return p
+
+
+def achieves(goal: Goal, ex: "Execution", world: World) -> bool:
+    """The run reached every end condition and did every required call in every order."""
+    return reaches(goal, ex.state) and done(goal, run_progress(goal, ex.calls, initial_state(world)))
+
+
 def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
     """Executability by step, then the goal. Nothing is said past a step the gate already
     refused by name (unknown skill / object / place): the state after it would be a guess."""
-    goal, out = parse_goal(plan, world)
+    goal, out = parse_goal(plan, world, skills)
     if goal is not None and not out:
-        out += goal_limits(goal, world)
+        out += goal_limits(goal, world, skills)
     steps = plan.get("steps") if isinstance(plan, dict) else None
     ex = execute(steps, world, skills)
     out = list(ex.findings) + out
@@ -257,6 +292,7 @@ def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Findin
                                               "put it down at a place"))
     if goal is not None and not any(f.check == "goal" for f in out):
         out += goal_findings(goal, ex.state, last)
+        out += progress_findings(goal, run_progress(goal, ex.calls, initial_state(world)))
     return out
 
 

@@ -106,7 +106,7 @@ def test_specialized_schema_is_small_typed_and_bounded():
     base = base_plan_schema()
     spec = specialize(base, w, s)
     assert base == base_plan_schema()                     # input untouched
-    assert len(json.dumps(spec)) < 12_000
+    assert len(json.dumps(spec)) < 20_000       # ~6k of it: the goal's calls, orders and sets
     branches = spec["properties"]["steps"]["items"]["anyOf"]
     assert len(branches) == len(s.skills)
     pick = spec["$defs"]["step_pick"]

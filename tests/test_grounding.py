@@ -173,7 +173,8 @@ def test_every_reference_goal_fits_its_task_schema():
                 continue
             w, s = worlds[t.world]
             goal = [c.to_dict() for c in t.goal]
-            schema = PlanValidator(specialize(base_plan_schema(), w, s, task=t.task)["properties"]["goal"])
+            spec = specialize(base_plan_schema(), w, s, task=t.task)
+            schema = PlanValidator({**spec["properties"]["goal"], "$defs": spec["$defs"]})
             # a goal is a set: the grammar fixes an order, so some order of the answer must fit
             assert any(not list(schema.iter_errors(list(p))) for p in permutations(goal)), (t.id, t.task)
             assert grounding_findings(t.task, {"goal": goal, "steps": []}, w, s) == [], t.id
@@ -260,7 +261,8 @@ def _goal_fits(default_skills):
     from agent.specialize import PlanValidator, specialize
 
     def ok(task, goal, skills=default_skills):
-        schema = specialize(base_plan_schema(), LIB, skills, task=task)["properties"]["goal"]
+        spec = specialize(base_plan_schema(), LIB, skills, task=task)
+        schema = {**spec["properties"]["goal"], "$defs": spec["$defs"]}     # the goal's calls and sets
         return not list(PlanValidator(schema).iter_errors(goal))
     return ok
 
@@ -300,7 +302,7 @@ def test_missing_names_a_thing_the_task_says_never_a_world_name():
     assert read_task("Put the soldering iron on the cart", LIB).unknown == ("soldering_iron", "soldering", "iron")
     _, s = world_and_skills("kitchen")
     goal = specialize(base_plan_schema(), LIB, s, task="Today's newspaper goes on the returns desk.")
-    v = PlanValidator(goal["properties"]["goal"])
+    v = PlanValidator({**goal["properties"]["goal"], "$defs": goal["$defs"]})
     assert not list(v.iter_errors([{"missing": "newspaper"}]))
     assert list(v.iter_errors([{"missing": "hold_shelf"}]))          # a world name is no missing thing
     # a task whose every word is known keeps a free string (the gate still names world names)
