@@ -7,35 +7,31 @@ set -u
 OUT=${GPU_OUT:-gpu-results}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1      # one log of everything; JSON and the plot beside it
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 status=0
 step() { echo "== $1 ($(date +%T))"; }
 
 step "device"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt" || status=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || status=1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" \
-  | tee -a "$OUT/device.txt" || status=1
+  || status=1
 
 step "CUDA tests (pytest -m cuda)"
 # only the files that hold CUDA tests: the others may need packages a GPU host lacks
 files=$(grep -l "mark.cuda" tests/test_*.py)
-"$PY" -m pytest -m cuda -rs -p no:cacheprovider $files 2>&1 | tee "$OUT/pytest-cuda.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+"$PY" -m pytest -m cuda -rs -p no:cacheprovider $files || status=1
 
 step "device self-test (a tiny random checkpoint; CPU fp32 is the reference)"
 "$PY" -c "import sys; sys.path.insert(0, 'tests'); from tiny import make_tiny_dir; make_tiny_dir('$OUT/.tiny', 'qwen3', seed=0)" \
   >/dev/null 2>&1 || status=1
-"$PY" -m engines.device_check --model "$OUT/.tiny" --device cuda --json "$OUT/selftest-cuda.json" 2>&1 \
-  | tee "$OUT/selftest-cuda.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+"$PY" -m engines.device_check --model "$OUT/.tiny" --device cuda --json "$OUT/selftest-cuda.json" || status=1
 
 step "benchmark: CPU of this host (small shapes), then CUDA (all shapes)"
 "$PY" -m thor_app.commands.bench_device --device cpu --shapes smollm2-135m,qwen2.5-0.5b --repeats 2 \
-  --new-tokens ${GPU_BENCH_CPU_TOKENS:-32} --json "$OUT/bench-cpu.json" 2>&1 | tee "$OUT/bench-cpu.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  --new-tokens ${GPU_BENCH_CPU_TOKENS:-32} --json "$OUT/bench-cpu.json" || status=1
 "$PY" -m thor_app.commands.bench_device --device cuda --repeats 3 --json "$OUT/bench-cuda.json" \
-  --compare "$OUT/bench-cpu.json" --plot "$OUT/bench-cuda.png" 2>&1 | tee "$OUT/bench-cuda.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  --compare "$OUT/bench-cpu.json" --plot "$OUT/bench-cuda.png" || status=1
 rm -rf "$OUT/.tiny"
 step "done: status $status"
 exit $status
