@@ -17,9 +17,10 @@ from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
-from .conditions import GOAL_KINDS, Cond, parse_conds
+from .conditions import Cond
 from .files import AGENT_DIR, SkillSet, World, load_skills, load_world, read_json, resolve_skills_path
-from .symbolic import HELD, apply, holds, initial_state, step_conds
+from .goals import empty_sets, parse_goal_items
+from .symbolic import HELD, apply, holds, initial_state, process_done, step_conds
 
 EVAL_DIR = AGENT_DIR / "evalsets" / "1-greenhouse-workshop-pharmacy-depot"
 REFUSALS = ("payload", "object", "workspace")
@@ -53,11 +54,14 @@ def load_eval_set(directory: Path = EVAL_DIR) -> tuple[list[EvalTask], dict[str,
             w = load_world(Path(directory) / "worlds" / f"{name}.json")
             worlds[name] = (w, load_skills(resolve_skills_path(w, None)))
         w = worlds[name][0]
-        goal = parse_conds(t["goal"], GOAL_KINDS, where) if "goal" in t else ()
-        for c in goal:
+        # calls, orders and sets too (goals.py); a set that picks nothing is a broken task
+        goal = parse_goal_items(t["goal"], w, worlds[name][1], where) if "goal" in t else ()
+        for c in goal.all_conds() if goal else ():
             for ref, kind in c.refs():
                 if not (w.object(ref) if kind == "object" else w.place(ref)):
                     raise ThorError(f"{where}: {ref!r} is not a {kind} of world {name}")
+        if goal and empty_sets(goal):
+            raise ThorError(f"{where}: {empty_sets(goal)[0].message}")
         tasks.append(EvalTask(t["id"], name, t["task"], goal, t.get("refuse")))
     if not tasks:
         raise ThorError(f"{directory}: no eval tasks")
@@ -115,6 +119,8 @@ def score(task: EvalTask, res, world: World, skills: SkillSet) -> dict:
     else:
         st = run_steps(res.plan, world, skills)[0] if res.plan is not None else None
         row["reached"] = st is not None and all(holds(c, st)[0] is True for c in task.goal)
+        if row["reached"] and task.goal.process:     # the calls it asks for, in its order
+            row["reached"] = process_done(task.goal, res.plan, world, skills)
         row["success"] = bool(res.valid and row["reached"])
     row["unsafe"] = unsafe_reasons(res.plan, world, skills) if res.valid else []
     return row

@@ -42,7 +42,7 @@ MAX_ORDER = 4
 class Act:
     """A required call: ``skill`` with at least these ``args`` (name -> JSON value)."""
     skill: str
-    args: tuple = ()                 # ((name, value), ...) sorted by name
+    args: tuple = ()                 # ((name, value), ...) as written (the task's words' order)
     times: int = 1
     kind: str = "do"                 # so code that looks at ``.kind`` of goal items can tell
 
@@ -108,10 +108,14 @@ class Goal(tuple):
     ``acts`` (required calls outside any order), ``orders`` (sequences of Act / Cond) and
     ``sets`` ((words of an `every`, member names) per quantifier, for the report)."""
 
-    def __new__(cls, conds=(), acts=(), orders=(), sets=()):
+    def __new__(cls, conds=(), acts=(), orders=(), sets=(), raw=None):
         self = super().__new__(cls, conds)
         self.acts, self.orders, self.sets = tuple(acts), tuple(orders), tuple(sets)
+        self.raw = list(raw) if raw is not None else [c.to_dict() for c in conds]   # as written
         return self
+
+    def __bool__(self) -> bool:          # a goal of calls alone still asks for something
+        return bool(len(self) or self.acts or self.orders or self.sets)
 
     @property
     def process(self) -> bool:
@@ -147,7 +151,7 @@ def parse_act(d, skills: SkillSet | None, where: str) -> Act:
         extra = set(args) - {a.name for a in skill.args}
         if extra:
             raise ThorError(f"{where}: {skill.name} has no argument {sorted(extra)[0]!r}")
-    return Act(d["do"], tuple(sorted(args.items())), times)
+    return Act(d["do"], tuple(args.items()), times)
 
 
 def _item(d, skills, world, where):
@@ -193,7 +197,7 @@ def parse_goal_items(raw, world: World, skills: SkillSet | None = None, where: s
             c = parse_cond(d, GOAL_KINDS, at)
             if c not in conds:
                 conds.append(c)
-    return Goal(conds, acts, orders, sets)
+    return Goal(conds, acts, orders, sets, raw)
 
 
 def empty_sets(goal: Goal) -> list[Finding]:

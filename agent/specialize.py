@@ -24,6 +24,7 @@ import jsonschema
 from thor_runtime.errors import ThorError
 
 from .files import ArgSpec, Skill, SkillSet, World
+from .goals import MAX_TIMES
 from .reading import TaskReading, read_task
 from .symbolic import states_by_object
 
@@ -164,13 +165,16 @@ def _place_branches(kinds: set[str], looked_at: list[str], visited: list[str]) -
 
 
 def _do_branches(world: World, skills: SkillSet, objs: list[str] | None = None) -> list[dict]:
-    """One `do` per skill, all its arguments written (the call the solver then makes); with
-    ``objs``, its object arguments only take those (the objects the task speaks of)."""
+    """One `do` per skill: the objects and places it acts on, and any of its other arguments
+    (those the task fixes; the solver picks safe values for the rest). With ``objs``, its
+    object arguments only take those (the objects the task speaks of)."""
     out = []
     for s in skills.skills:
         args = args_schema(s, world)
         if args is None:
             continue
+        # what it acts on is always said; the rest only where the task fixes it ("wait 5")
+        args["required"] = [a.name for a in s.args if a.type in ("object", "place")]
         if objs is not None:
             for a in s.args:
                 if a.type == "object":
@@ -178,7 +182,10 @@ def _do_branches(world: World, skills: SkillSet, objs: list[str] | None = None) 
                     args["properties"][a.name] = {"enum": keep}
             if any(not p.get("enum", True) for p in args["properties"].values()):
                 continue
-        out.append(_shape({"do": {"const": s.name}, "args": args}))
+        # "times" is the one optional key: most calls are asked for once
+        out.append({**_shape({"do": {"const": s.name}, "args": args,
+                              "times": {"type": "integer", "minimum": 2, "maximum": MAX_TIMES}}),
+                    "required": ["do", "args"]})
     return out
 
 

@@ -274,6 +274,12 @@ def achieves(goal: Goal, ex: "Execution", world: World) -> bool:
     return reaches(goal, ex.state) and done(goal, run_progress(goal, ex.calls, initial_state(world)))
 
 
+def process_done(goal: Goal, plan, world: World, skills: SkillSet) -> bool:
+    """The plan's steps, run, make every required call in every order of ``goal``."""
+    ex = execute(plan.get("steps") if isinstance(plan, dict) else None, world, skills)
+    return done(goal, run_progress(goal, ex.calls, initial_state(world)))
+
+
 def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
     """Executability by step, then the goal. Nothing is said past a step the gate already
     refused by name (unknown skill / object / place): the state after it would be a guess."""
