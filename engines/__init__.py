@@ -6,5 +6,6 @@ selftest.py is the on-device parity self-test. Heavy dependencies (onnx, onnxrun
 tensorrt) are imported only where used.
 """
 
-# The names of backend.BACKENDS, importable without torch (config checks that must be fast).
-BACKEND_NAMES = ("torch", "onnxruntime", "tensorrt")
+# The names of backend.BACKENDS, importable without torch (config checks that must be fast);
+# stated once, in the runtime's config table.
+from thor_runtime.runtime_config import ENGINE_BACKENDS as BACKEND_NAMES  # noqa: E402

@@ -23,8 +23,8 @@ from thor_runtime.errors import ThorError
 
 from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, TOKEN_AXIS, example_inputs, graph_plan
 
-ORT_OPT_LEVELS = ("disable", "basic", "extended", "all")
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+# stated once, in the runtime's config table
+from thor_runtime.runtime_config import ENGINE_PRECISIONS as PRECISIONS, ORT_OPT_LEVELS  # noqa: E402
 
 
 # TensorRT's prefill profile when the runtime prefills in one pass: longer inputs run in pieces

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from thor_runtime.errors import ThorError
+from thor_runtime.runtime_config import ENGINE_FORMS
 from thor_runtime.model import Int8Weight, RowLoop, PackedWeight
 
 OPSET = 18
@@ -109,7 +110,7 @@ EXPORT_ARCHS = {"llama": "attention", "qwen2": "attention", "qwen3": "attention"
                 "qwen3_5": _hybrid_kind, "qwen3_next": _hybrid_kind}
 
 # The graph sequences a model runs: (segment, layer) pairs; layer None for embed/head.
-FORMS = ("segments", "fused")
+FORMS = ENGINE_FORMS  # stated once, in the runtime's config table
 
 
 def layer_kind(cfg, i: int) -> str:

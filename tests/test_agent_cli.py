@@ -15,6 +15,7 @@ from agent.planner import Planner
 from agent.specialize import PlanValidator, specialize
 from agent.symbolic import symbolic_findings
 from thor_app.cli import main
+from thor_app.assembly import assembled_with
 from thor_app.commands import plan as agent_cli
 from thor_runtime.generate import Runtime
 from thor_runtime.speculative import SpecOptions, build_speculation
@@ -34,7 +35,7 @@ def tiny_long(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    def refuse(args):
+    def refuse(config):
         raise AssertionError("the model must not be loaded for bad input")
     monkeypatch.setattr(agent_cli, "build_runtime", refuse)
 
@@ -101,7 +102,7 @@ def test_cli_exit_3_with_report(tmp_path, capsys, tiny_long):
 def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypatch, default_model):
     """One real plan end to end (ngram), then the same request with plain decoding: same plan."""
     rt = Runtime(default_model.model, default_model.tokenizer)
-    monkeypatch.setattr(agent_cli, "build_runtime", lambda args: (default_model, rt))
+    monkeypatch.setattr(agent_cli, "build_runtime", lambda config: assembled_with(config, default_model, rt))
     out = tmp_path / "plan.json"
     task = "put the apple on the table"
     rc = main(["plan", task, "--world", str(WORLDS["kitchen"]), "--model", "default", "--spec", "ngram",

@@ -246,22 +246,26 @@ def test_profile_tokens_follow_k_and_the_prefill_chunk():
 
 
 def test_commands_derive_profiles_from_their_runtime(tiny_llama):
-    from thor_app.commands.common import backend_options, command_spec_k
+    from thor_app.assembly import backend_options
+    from thor_app.assembly import build_speculation as assembled_speculation
+    from thor_app.flags import config_from_args
     from thor_app.server.config import ServeConfig
     from thor_runtime.speculative import PLAIN, SpecOptions, Speculation, build_speculation
 
+    def runtime_profiles(config):
+        return backend_options(config, spec_width(assembled_speculation(config, tiny_llama))).profiles
+
     def profiles(argv):
-        args = build_parser().parse_args(argv)
-        return backend_options(args, spec_k=command_spec_k(args, tiny_llama)).profiles
+        return runtime_profiles(config_from_args(build_parser().parse_args(argv)))
 
     tiny = ["--model", "x", "--backend", "tensorrt"]
     assert profiles(["engines", "build", *tiny, "--spec", "ngram", "--ngram-k", "6", "--prefill-chunk", "64"]) == (1, 7, 64)
     assert profiles(["generate", "hi", *tiny, "--prefill-chunk", "32"]) == (1, 1, 32)       # --spec none
     assert profiles(["selftest", *tiny, "--spec", "ngram", "--ngram-k", "3"]) == (1, 4, PREFILL_PROFILE)
     # `thor engines build` with no flags builds what `thor serve` with the default config loads.
-    s, m = ServeConfig().speculation, ServeConfig().model
-    served = build_speculation(SpecOptions(method=s.method, ngram_k=s.ngram_k), tiny_llama.model)
-    assert profiles(["engines", "build", *tiny]) == profile_tokens(spec_width(served), m.prefill_chunk)
+    served = ServeConfig().runtime
+    assert profiles(["engines", "build", *tiny]) == runtime_profiles(served) == \
+        profile_tokens(spec_width(assembled_speculation(served, tiny_llama)), served.model.prefill_chunk)
     assert spec_width(PLAIN) == 0
     lookup = build_speculation(SpecOptions("ngram", ngram_k=5), tiny_llama.model)
     assert spec_width(Speculation(lookup.proposer, 2, free_text=lookup)) == 5

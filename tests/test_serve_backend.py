@@ -18,9 +18,10 @@ def test_config_accepts_every_engine_backend_and_names_the_choices():
 
     assert BACKEND_NAMES == tuple(BACKENDS)
     for name in BACKENDS:
-        assert config_from_dict({"model": {"backend": name}}).model.backend == name
+        assert config_from_dict({"engine": {"backend": name}}).engine.backend == name
+        assert config_from_dict({"model": {"backend": name}}).engine.backend == name   # the earlier spelling
     with pytest.raises(ThorError) as e:
-        config_from_dict({"model": {"backend": "openvino"}}, "x.toml")
+        config_from_dict({"engine": {"backend": "openvino"}}, "x.toml")
     msg = str(e.value)
     assert msg.startswith("x.toml") and "'openvino'" in msg and "torch, onnxruntime, tensorrt" in msg
 

@@ -30,7 +30,7 @@ DEPLOY = ROOT / "deploy"
 # ---- config ---------------------------------------------------------------------------------
 def test_the_documented_example_is_exactly_the_defaults():
     doc = tomllib.loads((DEPLOY / "thor.toml.example").read_text())
-    assert set(doc) == {"server", "model", "speculation", "limits", "auth", "planner"}
+    assert set(doc) == {"server", "model", "engine", "speculation", "limits", "auth", "planner"}
     cfg = config_from_dict(doc, "example")
     assert cfg == ServeConfig(source="example")
 
@@ -40,9 +40,11 @@ def test_the_documented_example_is_exactly_the_defaults():
     ({"server": {"prot": 1}}, "unknown key server.prot"),
     ({"server": {"port": "8700"}}, "server.port"),
     ({"model": {"dtype": "fp8"}}, "model.dtype"),
-    ({"model": {"backend": "openvino"}}, "model.backend must be one of torch, onnxruntime, tensorrt"),
-    ({"model": {"backend": "onnxruntime", "dtype": "int8"}}, "not model.dtype int8"),
-    ({"model": {"backend": "onnxruntime", "dtype": "auto"}}, "not model.dtype auto"),
+    ({"engine": {"backend": "openvino"}}, "engine.backend must be one of torch, onnxruntime, tensorrt"),
+    ({"model": {"backend": "openvino"}}, "engine.backend must be one of"),     # the earlier spelling
+    ({"engine": {"backend": "onnxruntime"}, "model": {"dtype": "int8"}}, "not model.dtype int8"),
+    ({"model": {"backend": "onnxruntime"}, "engine": {"backend": "torch"}}, "both set"),
+    ({"model": {"device": "gpu"}}, "model.device"),
     ({"limits": {"queue_size": 0}}, "limits.queue_size"),
     ({"limits": {"default_max_tokens": 4096}}, "limits.max_tokens"),
     ({"speculation": {"method": "magic"}}, "speculation.method"),

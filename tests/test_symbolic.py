@@ -125,7 +125,9 @@ def test_fertilizer_cli_never_exit_0(tmp_path, capsys, tiny_llama, monkeypatch):
     no_effects["skills"][0].pop("effects")
     (tmp_path / "no_effects.json").write_text(json.dumps(no_effects))
     rt = ScriptedRuntime(tiny_llama.tokenizer, [json.dumps(FERT_PLAN)] * 3)
-    monkeypatch.setattr(plan_cli, "build_runtime", lambda args: (tiny_llama, rt))
+    from thor_app.assembly import assembled_with
+
+    monkeypatch.setattr(plan_cli, "build_runtime", lambda config: assembled_with(config, tiny_llama, rt))
     argv = ["plan", "Lift the fertilizer bag onto the potting table", "--world", str(tmp_path / "garden.json"),
             "--model", "default", "--spec", "none", "--no-thinking", "--json", "--attempts", "2", "--skills"]
     rc = main(argv + [str(tmp_path / "no_flag.json")])

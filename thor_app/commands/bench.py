@@ -16,13 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+from thor_app.assembly import build_speculation, load_model, make_backend, make_runtime, with_settings
+from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.errors import ThorError
-from thor_runtime.sampling import SamplingParams
-from thor_runtime.speculative import SPEC_METHODS, SpecOptions, build_speculation
-from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL, first_divergence, judge, summarize
-from .common import add_engine_args, non_negative_int, positive_int
+from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES
+from thor_runtime.speculative import SPEC_METHODS
+from .common import non_negative_int, positive_int
+
 
 BENCH_PROMPTS = [
     "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
@@ -39,13 +39,12 @@ LONG_PROMPT = ("World: objects red_mug (0.3 kg) at [0.4, 0.1, 0.9], blue_box (1.
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark prefill/decode against transformers (JSON + table)")
-    p.add_argument("--model", default="default")
+    add_config_args(p, ("model",), only={"model.name", "model.device", "model.weight_cache"})
     p.add_argument("--configs", default="fp32/fp32,fp32/fp8,bf16/fp32,bf16/fp8,int8/bf16,int8/fp8",
                    help="comma list of WEIGHTS/KV dtype pairs")
     p.add_argument("--spec", default="none", help=f"comma list of {'|'.join(SPEC_METHODS)}")
-    p.add_argument("--drafter", default=None)
-    p.add_argument("--block-size", type=positive_int, default=None)
-    p.add_argument("--window", type=positive_int, default=128)
+    add_config_args(p, ("speculation",), only={"speculation.drafter", "speculation.block_size",
+                                                "speculation.window"})
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefill-tokens", type=positive_int, default=400)
     p.add_argument("--repeats", type=positive_int, default=3)
@@ -53,8 +52,9 @@ def register(sub) -> None:
                    help="plan benches: keep the K/V of this many recent prompts, as `thor plan` and "
                         "`thor serve` do (default 0: every prompt prefilled whole; --serve: the service's "
                         "default, on both sides)")
-    p.add_argument("--tie-tol", type=float, default=DEFAULT_TIE_TOL,
-                   help="losslessness gate: max logit regret for a divergence to count as a numerical tie")
+    p.add_argument("--tie-tol", type=float, default=None,
+                   help="losslessness gate: max logit regret for a divergence to count as a numerical tie "
+                        "(default: speculative/lossless.py's DEFAULT_TIE_TOL)")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
@@ -93,7 +93,9 @@ def register(sub) -> None:
     p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
     p.add_argument("--serve-world", default="kitchen", help="--serve: sample world the plans use")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
-    add_engine_args(p, multi=True)
+    p.add_argument("--backend", default="torch", help=f"comma list of {'|'.join(ENGINE_BACKENDS)}")
+    add_config_args(p, ("engine",), only={"engine.cache_dir", "engine.threads", "engine.ort_opt_level",
+                                          "engine.trt_precision", "engine.fp8_scales"})
     p.add_argument("--engine-forms", default="segments,fused",
                    help="with a graph backend: comma list of export forms to measure side by side")
     p.add_argument("--ort-sweep", action="store_true",
@@ -111,13 +113,16 @@ def run_rollback(args) -> int:
     if not ks or min(ks) < 1 or max(ks) > 63:
         raise ThorError(f"--ks values must be in 1..63, got {args.ks!r}")
     res = bench_rollback(ks, repeats=args.repeats, accept=args.accept, log=print)
-    res["device"] = device_info()
+    res["device"] = device_info(config_from_args(args))
     Path(args.json_out).write_text(json.dumps(res, indent=1))
     print(f"results written to {args.json_out}", file=sys.stderr)
     return 0
 
 
-def device_info() -> dict:
+def device_info(config=None) -> dict:
+    """The machine, and with a config the device its model runs on (``model_device``)."""
+    import torch
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -130,6 +135,10 @@ def device_info() -> dict:
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(0)
+    if config is not None:
+        from thor_runtime.device import device_name, resolve_device
+
+        info["model_device"] = device_name(resolve_device(config.model.device))
     return info
 
 
@@ -151,10 +160,14 @@ def _long_ids(tok, n):
     return ids[:n]
 
 
-def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
-    from thor_runtime.generate import Runtime
+def bench_runtime(config, loaded, kv, spec_name, args, prompts, reference=None):
+    import torch
 
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
+    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.speculative.lossless import judge, summarize
+
+    # every prompt prefilled whole: the prefix cache would time a different prefill per repeat
+    rt = make_runtime(with_settings(config, model__kv_dtype=kv, model__prefix_cache=0), loaded)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     long_ids = _long_ids(loaded.tokenizer, args.prefill_tokens)
     prefill, decode, accept_len, per_pos, outputs = [], [], [], [], []
@@ -162,9 +175,9 @@ def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
     for r in range(args.repeats):
         prefill.append(rt.generate(long_ids, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"])
         for i, ids in enumerate(prompts):
-            opts = SpecOptions(method=spec_name.split("-")[0], drafter=args.drafter, block_size=args.block_size,
-                               window=args.window, seed_window=not spec_name.endswith("noseed"))
-            spec = build_speculation(opts, loaded.model)
+            spec = build_speculation(with_settings(config, speculation__method=spec_name.split("-")[0],
+                                                   speculation__seed_window=not spec_name.endswith("noseed")),
+                                     loaded)
             res = rt.generate(ids, params, spec)
             s = res.stats.to_dict()
             decode.append(s["decode_tok_s"])
@@ -190,6 +203,10 @@ def bench_runtime(loaded, kv, spec_name, args, prompts, reference=None):
 def _one_thread_gate(rt, prompts, outputs, params, tol) -> dict:
     """Plain decoding again at one thread, judged against itself: the numerical noise floor a
     speculative row's divergences are compared with."""
+    import torch
+
+    from thor_runtime.speculative.lossless import judge, summarize
+
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -200,6 +217,8 @@ def _one_thread_gate(rt, prompts, outputs, params, tol) -> dict:
 
 
 def bench_transformers(path, dtype, args, prompts, long_ids):
+    import torch
+
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
@@ -252,29 +271,33 @@ def run_eval(args, specs) -> int:
     from agent.bench import eval_bench
     from agent.evaluation import load_eval_set
 
-    from thor_runtime.generate import Runtime
-    from thor_runtime.loading import load
-
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
     eval_dir, eval_name = _eval_dir(args.eval_dir)
     load_eval_set(eval_dir)             # a bad set fails here, before any model is loaded
     wdt, kv = args.configs.split(",")[0].strip().split("/")
-    models = [m.strip() for m in (args.models or args.model).split(",") if m.strip()]
+    config = _plan_config(args, wdt, kv)
+    models = [m.strip() for m in (args.models or config.model.name).split(",") if m.strip()]
     rows = []
     for m in models:
-        loaded = load(m, wdt)
-        rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv, prefix_cache=args.prefix_cache)
-        for r in eval_bench(rt, loaded.tokenizer, specs[0], args.drafter, modes, args.attempts,
+        loaded = load_model(config, name=m)
+        rt = make_runtime(config, loaded)
+        for r in eval_bench(rt, loaded.tokenizer, specs[0], config.speculation.drafter or None, modes, args.attempts,
                             limit=args.eval_limit, directory=eval_dir):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
-    doc = {"device": device_info(), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
+    doc = {"device": device_info(config), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
            "prefix_cache": args.prefix_cache,
            "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, EVAL_COLUMNS)
     return 0
+
+
+def _plan_config(args, wdt: str, kv: str):
+    """The plan benches' runtime: the first --configs pair, --prefix-cache (default 0)."""
+    return with_settings(config_from_args(args), model__dtype=wdt, model__kv_dtype=kv,
+                         model__prefix_cache=args.prefix_cache)
 
 
 def run_plan(args, specs) -> int:
@@ -283,14 +306,12 @@ def run_plan(args, specs) -> int:
     if args.plan_set == "eval":
         return run_eval(args, specs)
 
-    from thor_runtime.generate import Runtime
-    from thor_runtime.loading import load
-
     wdt, kv = args.configs.split(",")[0].strip().split("/")
-    loaded = load(args.model, wdt)
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv, prefix_cache=args.prefix_cache)
-    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=args.drafter)
-    doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "layout": loaded.model.layout, "kv": kv,
+    config = _plan_config(args, wdt, kv)
+    loaded = load_model(config)
+    rt = make_runtime(config, loaded)
+    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None)
+    doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout, "kv": kv,
            "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
@@ -299,19 +320,23 @@ def run_plan(args, specs) -> int:
 
 
 def run(args) -> int:
-    from thor_runtime.loading import DTYPES, load, resolve
+    from thor_runtime.loading import DTYPES, resolve
+    from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL
 
+    config = config_from_args(args)             # a bad flag value fails before anything loads
+    if args.tie_tol is None:
+        args.tie_tol = DEFAULT_TIE_TOL
     if args.rollback:
         return run_rollback(args)
     if args.peers:
         from thor_app.peers.driver import run_peers
-        run_peers(args.model, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
+        run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
                   threads=args.threads, repeats=args.peers_repeats, max_tokens=args.peers_max_tokens,
                   plans=args.peers_plans)
         return 0
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in ("fp32", "bf16", "fp16", "fp8"):
+        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in KV_DTYPES:
             raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
     specs = [s.strip() for s in args.spec.split(",") if s.strip()]
     for s in specs:
@@ -330,13 +355,13 @@ def run(args) -> int:
         return run_backends(args, configs, backends)
     if "dflash" in specs:  # the window seeding is measured both ways
         specs.insert(specs.index("dflash") + 1, "dflash-noseed")
-    path = resolve(args.model)
+    path = resolve(config.model.name)
     rows: list[dict] = []
-    results = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens,
+    results = {"device": device_info(config), "model": config.model.name, "max_tokens": args.max_tokens,
                          "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
     for wdt in dict.fromkeys(c[0] for c in configs):
         t0 = time.perf_counter()
-        loaded = load(args.model, wdt)
+        loaded = load_model(with_settings(config, model__dtype=wdt))
         results.setdefault("load_s", {})[wdt] = round(time.perf_counter() - t0, 3)
         prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
         plain_fp32kv = None
@@ -344,7 +369,7 @@ def run(args) -> int:
             reference = None
             for spec in specs:
                 print(f"bench: {wdt} weights, {kv} KV, spec={spec} ...", file=sys.stderr)
-                row, outs = bench_runtime(loaded, kv, spec, args, prompts, reference)
+                row, outs = bench_runtime(config, loaded, kv, spec, args, prompts, reference)
                 if spec == "none":
                     reference = outs
                     if kv == "fp32":
@@ -369,6 +394,8 @@ def run(args) -> int:
 
 def _agreement(outs, ref) -> dict:
     """Token agreement and mean first-divergence position of outs vs ref (per prompt)."""
+    from thor_runtime.speculative.lossless import first_divergence
+
     agree, first = [], []
     for a, b in zip(outs, ref):
         n = min(len(a), len(b))
@@ -417,6 +444,8 @@ def print_table(rows, cols=TABLE_COLUMNS) -> None:
 
 def _backend_variants(args, backends):
     """(label, backend, form, threads, opt_level) rows to measure."""
+    import torch
+
     forms = [f.strip() for f in args.engine_forms.split(",") if f.strip()]
     rows = []
     for b in backends:
@@ -436,27 +465,24 @@ def _backend_variants(args, backends):
 
 def run_backends(args, configs, backends) -> int:
     """torch vs the graph backends (per-segment and fused export), one run, same prompts."""
-    from engines.backend import BACKENDS, attach
-
-    from thor_runtime.loading import load
-    from .common import attach_backend
+    from engines.backend import attach
 
     for b in backends:
-        if b not in BACKENDS:
-            raise ThorError(f"unknown backend {b!r}; choose from {', '.join(BACKENDS)}")
+        if b not in ENGINE_BACKENDS:
+            raise ThorError(f"unknown backend {b!r}; choose from {', '.join(ENGINE_BACKENDS)}")
     wdt, kv = configs[0]
-    loaded = load(args.model, wdt, layout="dense")
+    # graph backends and torch side by side on one copy of dense weights
+    config = with_settings(config_from_args(args), model__dtype=wdt, model__weights_layout="dense")
+    loaded = load_model(config)
     prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in BENCH_PROMPTS]
     rows, reference = [], None
     for label, name, form, threads, level in _backend_variants(args, backends):
         print(f"bench: {label} ({wdt} weights, {kv} KV) ...", file=sys.stderr)
         t0 = time.perf_counter()
-        b = attach_backend(args, loaded, name, form=form, threads=threads, opt_level=level, spec_k=0) \
-            if name != "torch" \
-            else attach_backend(args, loaded, "torch")
+        b = make_backend(config, loaded, name=name, form=form, threads=threads, opt_level=level)
         load_s = time.perf_counter() - t0
         try:
-            row, outs = bench_runtime(loaded, kv, "none", args, prompts)
+            row, outs = bench_runtime(config, loaded, kv, "none", args, prompts)
         finally:
             attach(loaded.model, None)
             if b is not None:
@@ -471,7 +497,7 @@ def run_backends(args, configs, backends) -> int:
         for k in ("prefill_tok_s", "decode_tok_s"):
             if base.get(k) and r.get(k):
                 r[k.replace("_tok_s", "_vs_first")] = round(r[k] / base[k], 2)
-    doc = {"device": device_info(), "model": str(args.model), "max_tokens": args.max_tokens, "repeats": args.repeats,
+    doc = {"device": device_info(config), "model": config.model.name, "max_tokens": args.max_tokens, "repeats": args.repeats,
            "prefill_tokens": args.prefill_tokens, "rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["engine", "weights", "kv", "load_s", "prefill_tok_s", "prefill_vs_first", "decode_tok_s",

@@ -56,13 +56,18 @@ def _free_port() -> int:
 
 def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: int) -> Path:
     """The one config both sides run (TOML strings written as JSON strings: the same escapes)."""
+    from thor_app.flags import config_from_args
+
     q = json.dumps
     backend = args.backend.split(",")[0].strip()
+    c = config_from_args(args)
+    m, s = c.model, c.speculation
     text = (f"[server]\nport = {_free_port()}\n"
-            f"[model]\nname = {q(str(args.model))}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
-            f"prefix_cache = {prefix_cache}\nbackend = {q(backend)}\n"
-            f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(args.drafter or '')}\n"
-            f"block_size = {args.block_size or 0}\nwindow = {args.window}\n"
+            f"[model]\nname = {q(m.name)}\ndevice = {q(m.device)}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
+            f"prefix_cache = {prefix_cache}\n"
+            f"[engine]\nbackend = {q(backend)}\n"
+            f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(s.drafter)}\n"
+            f"block_size = {s.block_size}\nwindow = {s.window}\n"
             f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\n"
             f"[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n")
     path = tmp / "thor.toml"
@@ -292,14 +297,15 @@ def _levels_arg(text: str) -> list[int]:
 def run_serve(args) -> int:
     import torch
 
-    from thor_app.server.config import ModelSection, load_config
+    from thor_app.server.config import load_config
+    from thor_runtime.runtime_config import ModelSettings
 
     from .bench import device_info
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     spec = args.spec.split(",")[0].strip()
     levels = _levels_arg(args.serve_clients)
-    prefix = ModelSection().prefix_cache if args.prefix_cache is None else args.prefix_cache
+    prefix = ModelSettings().prefix_cache if args.prefix_cache is None else args.prefix_cache
     world, threads_before = args.serve_world, torch.get_num_threads()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -327,7 +333,7 @@ def run_serve(args) -> int:
             torch.set_num_threads(threads_before)
             proc.terminate()
             proc.wait(120)
-    doc = {"device": device_info(), "model": str(args.model), "weights": wdt, "kv": kv, "spec": spec,
+    doc = {"device": device_info(cfg.runtime), "model": cfg.model.name, "weights": wdt, "kv": kv, "spec": spec,
            "world": world, "max_tokens": args.max_tokens, "repeats": args.repeats, "tasks": list(TASKS),
            "settings": {"server": served, "in_process": inproc.settings, "identical": served == inproc.settings},
            "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows}

@@ -12,23 +12,21 @@ import json
 import sys
 
 from thor_runtime.errors import ThorError
-from .common import add_engine_args, add_runtime_shape_args, backend_options, command_spec_k, progress_bar
+from thor_app.flags import add_config_args, config_from_args
+from .common import add_engine_build_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("engines", help="build, list, verify or prune the engine cache")
     verbs = p.add_subparsers(dest="verb", required=True, parser_class=type(p))
     b = verbs.add_parser("build", help="export / build the engines of a model")
-    b.add_argument("--model", default="default")
-    b.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    add_engine_args(b)
-    add_runtime_shape_args(b)
+    add_engine_build_args(b)
     b.set_defaults(func=run_build)
     for name, fn, helptext in (("list", run_list, "list cache entries"),
                                ("verify", run_verify, "re-hash every file against its manifest"),
                                ("prune", run_prune, "remove interrupted builds and bad entries")):
         q = verbs.add_parser(name, help=helptext)
-        q.add_argument("--engine-cache", default=None, help="engine cache dir")
+        add_config_args(q, ("engine",), only={"engine.cache_dir"})
         q.add_argument("--json", action="store_true")
         if name == "verify":
             q.add_argument("key", nargs="?", default=None)
@@ -41,19 +39,18 @@ def _cache(args):
     from engines.backend import BackendOptions
     from engines.cache import EngineCache
 
-    return EngineCache(BackendOptions(cache_dir=args.engine_cache).root)
+    return EngineCache(BackendOptions(cache_dir=config_from_args(args).engine.cache_dir or None).root)
 
 
 def run_build(args) -> int:
-    from engines.backend import make_backend
-    from thor_runtime.loading import load
+    from thor_app.assembly import backend_options, build_speculation, load_model, make_backend
 
-    if args.backend == "torch":
+    config = config_from_args(args)
+    if config.engine.backend == "torch":
         raise ThorError("the torch backend needs no engines; choose --backend onnxruntime or tensorrt")
-    backend_options(args)                       # a bad option combination fails before the model loads
-    loaded = load(args.model, args.dtype, layout="dense")
-    opts = backend_options(args, spec_k=command_spec_k(args, loaded))
-    b = make_backend(args.backend, loaded.model, opts, progress_bar(f"{args.backend} build"))
+    backend_options(config)                     # a bad option combination fails before the model loads
+    loaded = load_model(config)
+    b = make_backend(config, loaded, build_speculation(config, loaded), attach=False)
     print(f"{b.entry.key}  {b.name}  {len(b.plan)} graphs  {b.entry.path}")
     return 0
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
-from thor_runtime.sampling import SamplingParams
-from .common import add_model_args, add_spec_args, build_runtime, positive_int, speculation
+from thor_app.assembly import build_runtime
+from thor_app.flags import add_config_args, config_from_args
+from .common import positive_int
 
 
 def register(sub) -> None:
@@ -14,14 +15,10 @@ def register(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--max-tokens", type=positive_int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    add_model_args(p)
-    add_spec_args(p)
+    # Plain decoding unless asked: generate is where plain speed is measured and compared.
+    add_config_args(p, ("model", "engine", "speculation", "sampling"), defaults={"speculation.method": "none"})
     p.set_defaults(func=run)
 
 
@@ -49,16 +46,20 @@ class _Streamer:
 
 
 def run(args) -> int:
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
-    loaded, rt = build_runtime(args)
-    spec = speculation(args, loaded)
+    from thor_runtime.sampling import SamplingParams
+
+    config = config_from_args(args)
+    s = config.sampling
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=s.temperature, top_k=s.top_k,
+                            top_p=s.top_p, seed=s.seed, stop=tuple(args.stop))
+    a = build_runtime(config)
+    loaded, rt, spec = a.loaded, a.runtime, a.speculation
     ids = encode_prompt(loaded.tokenizer, args.prompt, args.chat, args.system)
     streamer = None if args.json or params.stop else _Streamer(loaded.tokenizer)
     res = rt.generate(ids, params, spec, on_token=streamer)
     if args.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
-                          "finish_reason": res.finish_reason, "spec": args.spec, "stats": res.stats.to_dict()}))
+                          "finish_reason": res.finish_reason, "spec": config.speculation.method, "stats": res.stats.to_dict()}))
     else:
         if streamer is None:
             sys.stdout.write(res.text)

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import json
 
-from .common import add_engine_args, add_runtime_shape_args, attach_backend, backend_options, progress_bar
+from .common import add_engine_build_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("selftest", help="parity self-test of a backend against the torch reference")
-    p.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), an HF dir, or a .gguf file")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--quick", action="store_true", help="shorter sequences and generations")
     p.add_argument("--no-plan", action="store_true", help="skip the constrained-plan check")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    add_engine_args(p)
-    add_runtime_shape_args(p)
+    add_engine_build_args(p)
     p.set_defaults(func=run)
 
 
@@ -54,19 +51,20 @@ def plan_check(loaded, backend):
 
 
 def run(args) -> int:
+    from engines.backend import spec_width
     from engines.selftest import run_selftest
-    from thor_runtime.loading import load
+    from thor_app.assembly import backend_options, build_speculation, load_model, make_backend, progress_bar
+    from thor_app.flags import config_from_args
 
-    backend_options(args)                       # a bad option combination fails before the model loads
-    layout = "dense" if args.backend != "torch" else "auto"
-    loaded = load(args.model, args.dtype, layout=layout)
-    backend = attach_backend(args, loaded)
-    if backend is not None:  # the self-test switches backends itself
-        from engines.backend import attach
-
-        attach(loaded.model, None)
+    config = config_from_args(args)
+    backend_options(config)                     # a bad option combination fails before the model loads
+    loaded = load_model(config)
+    spec = build_speculation(config, loaded)
+    options = backend_options(config, spec_width(spec))
+    # not attached: the self-test switches between the backend and torch itself
+    backend = make_backend(config, loaded, spec, attach=False)
     rep = run_selftest(loaded, backend if backend is not None else "torch", quick=args.quick,
-                       progress=progress_bar("selftest", "step"), options=backend_options(args),
+                       progress=progress_bar("selftest", "step"), options=options,
                        extra_checks=() if args.no_plan else (plan_check,))
     if args.json:
         print(json.dumps(rep.to_dict()))

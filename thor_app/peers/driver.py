@@ -129,8 +129,8 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
     if any(c.startswith(("int4", "auto")) for e, c, _ in runs if e == "thor"):
         log("peers: preparing thor's weight cache (a first start builds it; the runs measure warm starts)")
         for kernel in ("auto", "torch"):
-            subprocess.run([sys.executable, "-c", "from thor_runtime.loading import load; "
-                            f"load({path!r}, 'int4', int4_kernel={kernel!r})"], env=env, check=True)
+            subprocess.run([sys.executable, "-m", "thor_app.peers.worker", "--prepare", f"int4@{kernel}/none", path],
+                           env=env, check=True)
     raw: dict[str, list[dict]] = {f"{e}:{c}": [] for e, c, _ in runs}
     for rep in range(cfg["repeats"]):                # interleaved: one repeat of every peer at a time
         for engine, config, python in runs:

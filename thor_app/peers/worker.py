@@ -1,4 +1,5 @@
-"""One peer configuration in one process: python -m thor_app.peers.worker SPEC.json OUT.json.
+"""One peer configuration in one process: python -m thor_app.peers.worker SPEC.json OUT.json
+(or ``--prepare CONFIG MODEL``: load once, filling the weight cache).
 
 Runs in the project's venv (thor, transformers) or in the peers' venv (llama.cpp), so this
 module imports nothing of ours at the top and the llama.cpp path needs only llama_cpp.
@@ -142,21 +143,18 @@ def run_thor(spec: dict) -> dict:
     import torch
 
     from agent.bench import plan_bench
-    from thor_runtime.generate import Runtime
-    from thor_runtime.loading import load
+    from thor_app.assembly import build_speculation, load_model, make_runtime, with_settings
     from thor_runtime.sampling import SamplingParams
-    from thor_runtime.speculative import SpecOptions, build_speculation
 
     torch.set_num_threads(spec["threads"])
-    weights, method = spec["config"].split("/")
-    weights, _, kernel = weights.partition("@")          # int4@torch: a named int4 kernel
+    config = worker_config(spec)
     t0 = time.perf_counter()
-    loaded = load(spec["model"], weights, cache_dir=spec.get("cache_dir"), int4_kernel=kernel or "auto")
+    loaded = load_model(config)
     m = loaded.model
     out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
            "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else "")) if m.quant
            else str(m.dtype).replace("torch.", ""), "decode_kernel": getattr(m, "decode_kernel", "torch")}
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32")
+    rt = make_runtime(with_settings(config, model__prefix_cache=0), loaded)
     out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
         "prefill_tok_s"]
     from thor_runtime.kv_cache import KVCache
@@ -170,10 +168,11 @@ def run_thor(spec: dict) -> dict:
         m.verify(long[:r], kv)
         kv.crop(ctx)
     out["verify16_x_step"] = _rows_ratio(rows)
-    speculation = build_speculation(SpecOptions(method=method), loaded.model)
+    method = config.speculation.method
+    speculation = build_speculation(config, loaded)
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
     rates, acc, per_pos, paired = [], [], {}, []
-    plain = build_speculation(SpecOptions(method="none"), loaded.model) if method != "none" else None
+    plain = build_speculation(with_settings(config, speculation__method="none"), loaded) if method != "none" else None
     for i, ids in enumerate(spec["requests"]["decode"]):
         if plain is not None and i % 2:            # the paired plain run, before or after, by turns
             base = rt.generate(ids, params, plain).stats.to_dict()["decode_tok_s"]
@@ -197,19 +196,33 @@ def run_thor(spec: dict) -> dict:
         out["plan_accept_length"] = rows[0]["accept_length_mean"]
         # the peak RSS of the configuration itself; the warm measure's kept prompts are apart
         out["peak_rss_mb"] = _rss_mb()
-        out["plan_warm_latency_s"], out["prefix_cache_mb"] = _warm_plans(loaded, speculation, spec)
+        out["plan_warm_latency_s"], out["prefix_cache_mb"] = _warm_plans(config, loaded, speculation, spec)
     return out
 
 
-def _warm_plans(loaded, speculation, spec: dict) -> tuple[list[float], float]:
+def worker_config(spec: dict):
+    """The RuntimeConfig of one thor configuration: "WEIGHTS[@KERNEL]/SPEC" (int4@torch/none)
+    on the CPU, where the peers run; the prefix cache as the service has it."""
+    from thor_app.assembly import with_settings
+    from thor_runtime.runtime_config import RuntimeConfig
+
+    weights, method = spec["config"].split("/")
+    weights, _, kernel = weights.partition("@")          # int4@torch: a named int4 kernel
+    cache = spec.get("cache_dir")
+    return with_settings(RuntimeConfig(), model__name=spec["model"], model__dtype=weights,
+                         model__int4_kernel=kernel or "auto", model__device=spec.get("device", "cpu"),
+                         model__weight_cache="auto" if cache is None else cache, speculation__method=method)
+
+
+def _warm_plans(config, loaded, speculation, spec: dict) -> tuple[list[float], float]:
     """Plan latency with the same world's prompt just run (the prefix cache of `thor plan` and
     `thor serve`), request by request as llama.cpp's warm measure."""
     from agent.bench import plan_cases
     from agent.planner import Planner
-    from thor_runtime.generate import Runtime
+    from thor_app.assembly import make_runtime
     from thor_runtime.sampling import SamplingParams
 
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype="fp32", prefix_cache=2)
+    rt = make_runtime(config, loaded)                  # kv fp32, the config's prefix cache
     planner = Planner(rt, loaded.tokenizer, speculation, max_tokens=spec["plan_max_tokens"], attempts=0)
     out = []
     cases = plan_cases(len(spec["requests"]["plans"]))
@@ -224,6 +237,11 @@ ENGINES = {"llama.cpp": run_llama, "transformers": run_transformers, "thor": run
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[0] == "--prepare":      # load once: a first load fills the weight cache the runs time
+        from thor_app.assembly import load_model
+
+        load_model(worker_config({"config": argv[1], "model": argv[2]}))
+        return 0
     spec = json.loads(open(argv[0]).read())
     out = ENGINES[spec["engine"]](spec)
     out.setdefault("peak_rss_mb", _rss_mb())

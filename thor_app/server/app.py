@@ -224,7 +224,7 @@ async def health(request: web.Request) -> web.Response:
                                   **error_body(503, h.reason, "model_not_ready")}, status=503)
     rep = h.report
     return web.json_response({
-        "status": "ok", "model": h.model_id, "source": h.hosted.loaded.source, "backend": st.cfg.model.backend,
+        "status": "ok", "model": h.model_id, "source": h.hosted.loaded.source, "backend": st.cfg.engine.backend,
         "speculation": h.hosted.speculation.name, "selftest": h.reason.removeprefix("self-test passed: "),
         "selftest_report": rep.to_dict() if callable(getattr(rep, "to_dict", None)) else None,
         "runtime": h.settings(), "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()},

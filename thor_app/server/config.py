@@ -1,6 +1,8 @@
 """`thor serve` configuration: one TOML file, one frozen dataclass per table.
 
-Every value is checked when the file is read, so a typo fails at start-up with the key's name
+The runtime's tables ([model], [engine], [speculation], [planner]) are the sections of
+thor_runtime.runtime_config.RuntimeConfig, whose field table the CLI flags are derived from too;
+[server], [limits] and [auth] are the service's own. Every value is checked when the file is read, so a typo fails at start-up with the key's name
 (exit 2) instead of minutes later on the robot. Unknown tables and keys are refused for the same
 reason. The only environment variable is ``THOR_CONFIG``, which points at the file.
 """
@@ -11,14 +13,10 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from engines import BACKEND_NAMES
-from thor_runtime.config import WEIGHT_DTYPES, WEIGHT_LAYOUTS
 from thor_runtime.errors import ThorError
-from thor_runtime.speculative import SPEC_METHODS
+from thor_runtime.runtime_config import PlannerSettings, RuntimeConfig, SECTIONS, section_from_table, toml_fields
 
 CONFIG_ENV = "THOR_CONFIG"
-KV_DTYPES = ("fp32", "bf16", "fp16", "fp8")
-THINKING = ("auto", "on", "off")
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -38,55 +36,6 @@ class ServerSection:
         _check(isinstance(self.port, int) and 0 <= self.port <= 65535, f"server.port must be 0..65535, got {self.port!r}")
         _check(_num(self.stall_s) and self.stall_s > 0, "server.stall_s must be > 0")
         _check(_num(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "server.shutdown_grace_s must be >= 0")
-
-
-@dataclass(frozen=True)
-class ModelSection:
-    name: str = "default"
-    dtype: str = "fp32"
-    kv_dtype: str = "fp32"
-    weights_layout: str = "auto"
-    prefill_chunk: int = 0
-    prefix_cache: int = 2          # recent prompts whose K/V a request with the same start reuses
-    kv_scales: str = ""            # FP8 KV scales file; "" = unit scales
-    backend: str = "torch"
-
-    def __post_init__(self):
-        _check(isinstance(self.name, str) and bool(self.name), "model.name must be a non-empty string")
-        _check(self.dtype in WEIGHT_DTYPES, f"model.dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.dtype!r}")
-        _check(self.kv_dtype in KV_DTYPES, f"model.kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
-        _check(self.weights_layout in WEIGHT_LAYOUTS,
-               f"model.weights_layout must be one of {', '.join(WEIGHT_LAYOUTS)}, got {self.weights_layout!r}")
-        _check(_int(self.prefill_chunk) and self.prefill_chunk >= 0, "model.prefill_chunk must be an integer >= 0")
-        _check(_int(self.prefix_cache) and self.prefix_cache >= 0, "model.prefix_cache must be an integer >= 0")
-        _check(isinstance(self.kv_scales, str), "model.kv_scales must be a path string")
-        _check(self.backend in BACKEND_NAMES,
-               f"model.backend must be one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}")
-        # The graph backends export plain fp32/bf16 weights; weight-only int8/int4 (and auto, which
-        # picks int4 for a quantized GGUF) run on torch.
-        _check(self.backend == "torch" or self.dtype in ("fp32", "bf16"),
-               f"model.backend {self.backend} runs fp32 or bf16 weights, not model.dtype {self.dtype}")
-
-
-@dataclass(frozen=True)
-class SpeculationSection:
-    method: str = "auto"
-    drafter: str = ""              # DFlash drafter dir; "" = the shipped one
-    block_size: int = 0            # 0 = the drafter's own
-    window: int = 128
-    ngram_k: int = 8
-    fixed_k: bool = False
-    lookup_rate: float = 0.8
-
-    def __post_init__(self):
-        _check(self.method in SPEC_METHODS, f"speculation.method must be one of {', '.join(SPEC_METHODS)}")
-        _check(isinstance(self.drafter, str), "speculation.drafter must be a path string")
-        _check(_int(self.block_size) and (self.block_size == 0 or self.block_size >= 2),
-               "speculation.block_size must be 0 (the drafter's) or >= 2")
-        _check(_int(self.window) and self.window >= 1, "speculation.window must be an integer >= 1")
-        _check(_int(self.ngram_k) and self.ngram_k >= 1, "speculation.ngram_k must be an integer >= 1")
-        _check(isinstance(self.fixed_k, bool), "speculation.fixed_k must be true or false")
-        _check(_num(self.lookup_rate) and 0 < self.lookup_rate < 1, "speculation.lookup_rate must be in (0, 1)")
 
 
 @dataclass(frozen=True)
@@ -128,51 +77,54 @@ class AuthSection:
         return keys
 
 
-@dataclass(frozen=True)
-class PlannerSection:
-    worlds_dir: str = ""           # worlds by name: <dir>/<name>.json; "" = the shipped samples
-    skills_dir: str = ""
-    max_tokens: int = 512          # token budget per attempt
-    attempts: int = 2              # repair attempts after the first
-    max_steps: int = 0             # 0 = the schema's own cap
-    thinking: str = "auto"
+def worlds_path(p: PlannerSettings) -> Path:
+    """planner.worlds_dir, else the shipped sample worlds."""
+    from agent.files import AGENT_DIR
 
-    def __post_init__(self):
-        _check(isinstance(self.worlds_dir, str) and isinstance(self.skills_dir, str),
-               "planner.worlds_dir / planner.skills_dir must be path strings")
-        _check(_int(self.max_tokens) and self.max_tokens >= 16, "planner.max_tokens must be an integer >= 16")
-        _check(_int(self.attempts) and 0 <= self.attempts <= 8, "planner.attempts must be 0..8")
-        _check(_int(self.max_steps) and self.max_steps >= 0, "planner.max_steps must be an integer >= 0")
-        _check(self.thinking in THINKING, f"planner.thinking must be one of {', '.join(THINKING)}")
+    return Path(p.worlds_dir) if p.worlds_dir else AGENT_DIR / "worlds"
 
-    def worlds_path(self) -> Path:
-        from agent.files import AGENT_DIR
 
-        return Path(self.worlds_dir) if self.worlds_dir else AGENT_DIR / "worlds"
+def skills_path(p: PlannerSettings) -> Path:
+    from agent.files import AGENT_DIR
 
-    def skills_path(self) -> Path:
-        from agent.files import AGENT_DIR
-
-        return Path(self.skills_dir) if self.skills_dir else AGENT_DIR / "skills"
+    return Path(p.skills_dir) if p.skills_dir else AGENT_DIR / "skills"
 
 
 @dataclass(frozen=True)
 class ServeConfig:
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     server: ServerSection = field(default_factory=ServerSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    speculation: SpeculationSection = field(default_factory=SpeculationSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     auth: AuthSection = field(default_factory=AuthSection)
-    planner: PlannerSection = field(default_factory=PlannerSection)
     source: str = "<defaults>"
+
+    # The runtime's sections, read where the service used to keep its own copies.
+    @property
+    def model(self):
+        return self.runtime.model
+
+    @property
+    def engine(self):
+        return self.runtime.engine
+
+    @property
+    def speculation(self):
+        return self.runtime.speculation
+
+    @property
+    def planner(self):
+        return self.runtime.planner
 
     def with_overrides(self, host: str | None = None, port: int | None = None) -> "ServeConfig":
         server = replace(self.server, **{k: v for k, v in (("host", host), ("port", port)) if v is not None})
         return replace(self, server=server)
 
 
-_SECTION_TYPES = {"server": ServerSection, "model": ModelSection, "speculation": SpeculationSection,
-                  "limits": LimitsSection, "auth": AuthSection, "planner": PlannerSection}
+_SERVICE_TABLES = {"server": ServerSection, "limits": LimitsSection, "auth": AuthSection}
+# The runtime sections the file spells (sampling is per request: the request body).
+RUNTIME_TABLES = tuple(name for name in SECTIONS if toml_fields(name))
+# Spellings of earlier releases, still read so a deployed file keeps working.
+_MOVED = {("model", "backend"): ("engine", "backend")}
 
 
 def _num(v) -> bool:
@@ -184,11 +136,16 @@ def _int(v) -> bool:
 
 
 def config_from_dict(doc: dict, source: str = "<memory>") -> ServeConfig:
-    sections = {}
+    doc = _moved_keys(doc, source)
+    service, runtime = {}, {}
     for name, table in doc.items():
-        cls = _SECTION_TYPES.get(name)
+        if name in RUNTIME_TABLES:
+            runtime[name] = section_from_table(name, table, source)
+            continue
+        cls = _SERVICE_TABLES.get(name)
         if cls is None:
-            raise ThorError(f"{source}: unknown table [{name}] (known: {', '.join(_SECTION_TYPES)})")
+            known = ", ".join((*_SERVICE_TABLES, *RUNTIME_TABLES))
+            raise ThorError(f"{source}: unknown table [{name}] (known: {known})")
         if not isinstance(table, dict):
             raise ThorError(f"{source}: {name} must be a table")
         known = {f.name for f in fields(cls)}
@@ -200,10 +157,27 @@ def config_from_dict(doc: dict, source: str = "<memory>") -> ServeConfig:
             if f.type == "float" and _int(values.get(f.name)):
                 values[f.name] = float(values[f.name])
         try:
-            sections[name] = cls(**values)
+            service[name] = cls(**values)
         except ThorError as e:
             raise ThorError(f"{source}: {e}") from None
-    return ServeConfig(**sections, source=source)
+    try:
+        rc = RuntimeConfig(**runtime)
+    except ThorError as e:
+        raise ThorError(f"{source}: {e}") from None
+    return ServeConfig(rc, **service, source=source)
+
+
+def _moved_keys(doc: dict, source: str) -> dict:
+    doc = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
+    for (old_t, old_k), (new_t, new_k) in _MOVED.items():
+        table = doc.get(old_t)
+        if isinstance(table, dict) and old_k in table:
+            target = doc.setdefault(new_t, {})
+            if isinstance(target, dict) and new_k in target:
+                raise ThorError(f"{source}: {old_t}.{old_k} and {new_t}.{new_k} both set; keep {new_t}.{new_k}")
+            if isinstance(target, dict):
+                target[new_k] = table.pop(old_k)
+    return doc
 
 
 def load_config(path: str | None = None) -> ServeConfig:

@@ -34,28 +34,12 @@ class Hosted:
 
 
 def default_loader(cfg: ServeConfig) -> Hosted:
-    from engines.backend import BackendOptions, attach, make_backend, profile_tokens, spec_width
-    from thor_runtime.generate import Runtime
-    from thor_runtime.kv_cache import KVScales
-    from thor_runtime.loading import load
-    from thor_runtime.speculative import SpecOptions, build_speculation
+    """The runtime of the config's [model], [engine] and [speculation] tables, built as every
+    command builds its own (thor_app.assembly)."""
+    from thor_app.assembly import build_runtime
 
-    m, s = cfg.model, cfg.speculation
-    graphs = m.backend != "torch"
-    # A graph backend holds its own copy of the weights: torch's needs no packed second one.
-    loaded = load(m.name, m.dtype, layout="dense" if graphs and m.weights_layout == "auto" else m.weights_layout)
-    opts = SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
-                       window=s.window, ngram_k=s.ngram_k, fixed_k=s.fixed_k, lookup_rate=s.lookup_rate)
-    spec = build_speculation(opts, loaded.model)
-    backend = None
-    if graphs:  # the engines (cache dir: $THOR_ENGINE_CACHE) for this runtime's K and prefill chunk
-        backend = make_backend(m.backend, loaded.model,
-                               BackendOptions(profiles=profile_tokens(spec_width(spec), m.prefill_chunk)))
-        attach(loaded.model, backend)
-    scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
-    rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
-                 kv_scales=scales, prefix_cache=m.prefix_cache)
-    return Hosted(loaded, rt, spec, backend)
+    a = build_runtime(cfg.runtime)
+    return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
 def resolve_thinking(mode: str, gtok) -> bool:
@@ -68,9 +52,12 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
     config): /health reports it, and `thor bench --serve` compares its in-process side to it."""
     import torch
 
+    from thor_runtime.device import device_name
+
     rt, spec, model = h.runtime, h.speculation, h.loaded.model
     return {"source": Path(str(h.loaded.source)).name,      # the file, not where it lives
             "weights": getattr(model, "quant", None) or "float", "dtype": str(model.dtype).removeprefix("torch."),
+            "device": device_name(model.device),
             "weights_layout": model.layout, "decode_kernel": getattr(model, "decode_kernel", "torch"),
             "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
             "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
@@ -148,7 +135,7 @@ class ModelHost:
             t = time.perf_counter()
             self._set("self_test", "running the on-device self-test")
             # The backend the requests will run on, not a fresh one: same engines, same options.
-            served = hosted.backend if hosted.backend is not None else self.cfg.model.backend
+            served = hosted.backend if hosted.backend is not None else self.cfg.engine.backend
             report = self.selftest(hosted.loaded, served)
             self.startup_s["self_test"] = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed

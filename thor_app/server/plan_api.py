@@ -13,7 +13,8 @@ from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
-from .config import PlannerSection
+from .config import worlds_path, skills_path
+from thor_runtime.runtime_config import PlannerSettings
 from .errors import bad_request
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -50,7 +51,7 @@ def _int_field(body: dict, key: str, default, lo: int, hi: int):
     return v
 
 
-def parse_plan(body, cfg: PlannerSection) -> PlanRequest:
+def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
     """Reads world/skills files (small JSON): call it off the event loop."""
     from agent.files import (DEFAULT_SKILLS, load_skills, load_world, resolve_skills_path, skills_from_dict,
                              world_from_dict)
@@ -64,13 +65,13 @@ def parse_plan(body, cfg: PlannerSection) -> PlanRequest:
     w, s, schema = body.get("world"), body.get("skills"), body.get("schema")
     try:
         if isinstance(w, str):
-            world = load_world(_by_name(cfg.worlds_path(), w, "world"))
+            world = load_world(_by_name(worlds_path(cfg), w, "world"))
         elif isinstance(w, dict):
             world = world_from_dict({k: v for k, v in w.items() if k != "skills"}, "request world")
         else:
             raise bad_request("world must be a world object or the name of a configured world", param="world")
         if isinstance(s, str):
-            skills = load_skills(_by_name(cfg.skills_path(), s, "skills"))
+            skills = load_skills(_by_name(skills_path(cfg), s, "skills"))
         elif isinstance(s, dict):
             skills = skills_from_dict(s, "request skills")
         elif s is None:
