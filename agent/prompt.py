@@ -94,11 +94,23 @@ _GOAL_EXAMPLES = {
 }
 
 
+# What a task asks beyond an end state (agent/goals.py): a call, an order, a set. Each is shown
+# only when the library has what it needs: (the skill names and condition kinds it uses, task, goal).
+_PROCESS_EXAMPLES = (
+    ({"wait"}, "wait 5 seconds", '{"do":"wait","args":{"duration":5}}'),
+    ({"inspect", "at"}, "check the pen, then put it in the box",
+     '{"before":[{"do":"inspect","args":{"object":"pen"}},{"object":"pen","at":"box"}]},{"object":"pen","at":"box"}'),
+    ({"at"}, "put all the cups you can carry in the box", '{"every":{"type":"cup","carriable":true},"at":"box"}'),
+)
+
+
 def goal_forms(skills: SkillSet) -> str:
     """The goal examples this skill library can reach, as ``"task" -> [conditions]``."""
     kinds = {c.kind for s in skills.skills for c in s.effects}
     kinds |= {c.value for s in skills.skills for c in s.effects if c.kind == "is"}
-    return "; ".join(f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds)
+    have = kinds | {s.name for s in skills.skills}
+    return "; ".join([f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds]
+                     + [f'"{t}" -> [{g}]' for need, t, g in _PROCESS_EXAMPLES if need <= have])
 
 
 def system_prompt(world: World, skills: SkillSet) -> str:

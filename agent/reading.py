@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .files import World, alias_words
 from .wording import (ASIDE, DESCRIBED, WANTED_THERE, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
-                      PREPOSITIONS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
+                      PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
 
@@ -53,6 +53,8 @@ class TaskReading:
     # What a verb of carrying takes that is no word of this world ("put a sunflower in with the
     # roses"): the thing the task asks for is not here, whatever else it mentions.
     lacking: tuple = ()
+    # A word of a set ("everything", "all"): the task may be about things it does not name.
+    sets: bool = False
 
     @property
     def only_missing(self) -> bool:
@@ -60,6 +62,8 @@ class TaskReading:
         and is neither about the robot going somewhere nor about looking at a place: whatever it
         asks for is not here."""
         inspect = ("is", "inspected") in self.wanted
+        if self.sets and self.places:      # "everything on the counter": a set of this world's things
+            return False
         return bool(self.lacking) or (not self.mentioned and (self.carry or not (self.move or self.toward or inspect)))
 
     @property
@@ -68,7 +72,7 @@ class TaskReading:
         A word that only brushes an object ("before the next patient arrives") does not make
         it a task about that object; a thing to move ("bring the guitar round") does."""
         inspect = ("is", "inspected") in self.wanted
-        if self.referred or self.only_missing or (self.mentioned and (self.carry or not (inspect or self.move))):
+        if self.referred or self.only_missing or self.sets or (self.mentioned and (self.carry or not (inspect or self.move))):
             return ()
         return self.destinations()
 
@@ -216,4 +220,4 @@ def read_task(task: str, world: World) -> TaskReading:
         move=bool((set(toks) - taken) & MOVE_VERBS or WANTED_THERE.search(task.lower())),
         toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
-        lacking=lacking_words(toks, known))
+        lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS))

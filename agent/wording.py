@@ -57,6 +57,9 @@ DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my
 
 
 # A place's word said as a verb on a thing ("quarantine it") sends the thing there.
+# "everything on the counter", "all the tools", "anything you can carry": the task is about a set
+# of things (a goal's `every`), which its words need not name one by one
+SET_WORDS = frozenset({"everything", "all", "every", "each", "anything", "whatever"})
 PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
 # "the tray over row C", "the shelf by the door": a place said to locate another one
 LOCATIVE = frozenset({"over", "above", "beside", "behind", "near", "by", "opposite", "below", "beneath"})
