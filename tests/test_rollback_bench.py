@@ -1,5 +1,5 @@
 """`thor bench --rollback`: the slot-rollback vs re-forward benchmark runs on a small hybrid and
-reports what the README's table is made of; both paths end in the same state."""
+reports what the table in docs/hybrid-models.md is made of; both paths end in the same state."""
 from __future__ import annotations
 
 import json

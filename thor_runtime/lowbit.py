@@ -137,7 +137,7 @@ class FusedPart:
 
 
 def int4_kernels() -> dict:
-    """Kernel name -> projection class, fastest first (measured: README, low-bit weights).
+    """Kernel name -> projection class, fastest first (measured: docs/performance.md, low-bit weights).
     Each class has ``from_codes(parts)`` and ``available()``."""
     from .lowbit_ort import NBitsWeight
 

@@ -4,7 +4,7 @@ Why this kernel: with ``accuracy_level=4`` MLAS quantizes each activation row to
 block of 32 inputs and runs integer dot products against the packed weights. On the AVX2
 CPU this project is measured on, a single projection runs 3-4x faster than on torch's int4
 CPU kernel at 1 to 16 rows (with lowbit_fused.py the default model decodes 1.5x faster on
-one thread and prefills 1.4x faster on two: README, low-bit weights).
+one thread and prefills 1.4x faster on two: docs/performance.md, low-bit weights).
 
 Weights. One projection is ``B`` [N, K/32, 16] uint8 (input 2j in the low nibble of a byte,
 2j + 1 in its high nibble; 8-bit: one byte each), one fp32 scale per block, and the

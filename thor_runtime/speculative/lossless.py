@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-DEFAULT_TIE_TOL = 0.25   # logits; fp8 KV thread-count noise was measured up to ~0.2 (README)
+DEFAULT_TIE_TOL = 0.25   # logits; fp8 KV thread-count noise was measured up to ~0.2 (docs/performance.md)
 
 
 @dataclass(frozen=True)
