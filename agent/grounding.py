@@ -25,6 +25,7 @@ from __future__ import annotations
 from .conditions import Cond
 from .files import World
 from .findings import Finding
+from .goals import Goal
 from .reading import TaskReading, read_task
 from .symbolic import parse_goal, states_by_object
 
@@ -58,7 +59,21 @@ def grounding_findings(task: str, plan, world: World, skills=None) -> list[Findi
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "
                                              "state one condition for each object the task names"))
-    return out + place_findings(r, goal, kinds) + verb_findings(r, goal, reachable, kinds)
+    said = Goal(_said(goal, skills), goal.acts, goal.orders)
+    return out + place_findings(r, said, kinds) + verb_findings(r, said, reachable, kinds)
+
+
+def _said(goal, skills) -> list[Cond]:
+    """What the goal says will hold at some point: its conditions, those in its orders, and the
+    effects of the calls it asks for ("inspect the kit" as a call says the kit is inspected)."""
+    out = list(goal.all_conds())
+    for a in goal.all_acts():
+        skill = skills.get(a.skill) if skills is not None else None
+        for c in skill.effects if skill is not None else ():
+            g = c.ground(a.arg_dict)
+            if all(n is not None and not n.startswith("$") for n, _ in g.refs()):
+                out.append(g)
+    return out
 
 
 def place_findings(r: TaskReading, goal, kinds: set[str]) -> list[Finding]:
@@ -83,7 +98,7 @@ def verb_findings(r: TaskReading, goal, reachable, kinds: set[str]) -> list[Find
     reachable(object name) -> the (kind, state) a skill can give it; kinds: the skills' effect
     kinds. A verb no referred object can take ("open the trowel") is left to the other checks."""
     out = []
-    if not any(c.kind in _OBJECT_KINDS for c in goal) and r.only_missing:
+    if not any(c.kind in _OBJECT_KINDS for c in goal) and not getattr(goal, "process", False) and r.only_missing:
         out.append(Finding(None, "object", "the task mentions no object of this world and asks for no place to be "
                                            'visited or looked at; if what it asks for is not here, the goal is '
                                            '[{"missing": "<it>"}]'))

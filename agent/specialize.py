@@ -208,7 +208,7 @@ def _every_branches(world: World, kinds: set[str], states: dict, ref) -> list[di
 
 
 def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: dict, conds: list[dict],
-                      objs: list[str] | None, ref) -> list[dict]:
+                      objs: list[str] | None, ref, sets: bool = True) -> list[dict]:
     """What a task asks beyond an end state (goals.py): a call, an order of calls and
     conditions (``conds``: the condition branches), a set of things. ``ref(name, schema)``
     -> a schema standing for it (a ``$ref`` into the plan's ``$defs``, so the branches a goal
@@ -216,7 +216,7 @@ def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: d
     acts = _do_branches(world, skills, objs)
     events = [ref("goal_event", {"anyOf": acts + conds})] if acts + conds else []
     order = [_shape({"before": {"type": "array", "minItems": 2, "maxItems": 3, "items": events[0]}})] if events else []
-    return acts + order + _every_branches(world, kinds, states, ref)
+    return acts + order + (_every_branches(world, kinds, states, ref) if sets else [])
 
 
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
@@ -271,18 +271,22 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     branches = _object_branches(objs, kinds, where, states)
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
-        def ref(name: str, schema: dict) -> dict:
-            if defs is None:
-                return schema
-            defs[name] = schema
-            return {"$ref": f"#/$defs/{name}"}
 
-        process = _process_branches(world, skills, kinds, states, list(branches),
-                                    objs if r is not None and objs else None, ref)
-        branches += process
-        # an object the task names may open the goal with a call on it or an order too
-        more = [ref("goal_process", {"anyOf": process})] if lead and process else []
-        lead = [{"anyOf": x["anyOf"] + more} for x in lead]
+    def ref(name: str, schema: dict) -> dict:
+        if defs is None:
+            return schema
+        defs[name] = schema
+        return {"$ref": f"#/$defs/{name}"}
+
+    # a task about no object of this world may still ask for a call on none ("turn round
+    # 180 degrees", "wait ten seconds"); its object calls and sets are for tasks about things
+    lacking = r is not None and bool(r.lacking)          # a thing to carry that is not here: nothing else
+    process = [] if lacking else _process_branches(world, skills, kinds, states, list(branches),
+                                                   objs if r is not None else None, ref, sets=not only_missing)
+    branches += process
+    # an object the task names may open the goal with a call on it or an order too
+    more = [ref("goal_process", {"anyOf": process})] if lead and process else []
+    lead = [{"anyOf": x["anyOf"] + more} for x in lead]
     # `missing` names a thing the task says and the world lacks, never a world name
     unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else

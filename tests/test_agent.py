@@ -244,7 +244,7 @@ def test_prompt_is_pure_compact_and_carries_errors(default_model):
     for name in [o.name for o in w.objects] + [p.name for p in w.places] + [k.name for k in s.skills]:
         assert name in text
     assert "force: 5..40 N" in text and "max payload 2 kg" in text
-    assert len(default_model.tokenizer.encode_chat(a)) < 1000
+    assert len(default_model.tokenizer.encode_chat(a)) < 1100     # ~110 of it: a call, an order, a set
     errs = [{"step": "s1", "check": "payload", "message": "too heavy"}]
     r = build_messages("t", w, s, errors=errs, previous='{"plan_id":"p"}')
     assert [m["role"] for m in r] == ["system", "user", "assistant", "user"]

@@ -1,0 +1,106 @@
+"""agent/evalsets/7-*: tasks that are more than an end state (calls, order, repetition, sets),
+and, for every evaluation set, that each reference goal can be written under its task's grammar
+and reached (or is refused for its stated reason) from the goal alone."""
+from __future__ import annotations
+
+import json
+from itertools import permutations
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent.evaluation import REFUSALS, load_eval_set, score, unsafe_reasons
+from agent.files import AGENT_DIR, base_plan_schema, load_world
+from agent.gate import check_plan
+from agent.grounding import grounding_findings
+from agent.solver import complete, goal_reasons
+from agent.specialize import PlanValidator, specialize
+from calib.prompts import NAME_VOCAB, PLACE_VOCAB, WORLD_NAMES
+
+SETS = AGENT_DIR / "evalsets"
+PROCESS = SETS / "7-printstudio-aquarium-museum-skihire"
+ALL_SETS = sorted(d for d in SETS.iterdir() if (d / "tasks.json").is_file())
+
+
+def _raw(directory: Path) -> dict:
+    return {t["id"]: t for t in json.loads((directory / "tasks.json").read_text())["tasks"]}
+
+
+def _res(plan, world, skills):
+    g = check_plan(plan, specialize(base_plan_schema(), world, skills), world, skills)
+    return SimpleNamespace(plan=plan, valid=g.valid, report=g.report(), attempts=1, stats={"plan_latency_s": 0.1},
+                           completed=True)
+
+
+def test_process_set_shape_and_fresh():
+    tasks, worlds = load_eval_set(PROCESS)
+    assert len(tasks) >= 48 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
+    for name in worlds:
+        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
+    # at least half the tasks need a call, an order, a repetition or a set
+    beyond = [t for t in tasks if t.goal and (t.goal.process or t.goal.sets)]
+    assert 2 * len(beyond) >= len(tasks)
+    assert {"do", "before", "every"} <= {k for t in tasks for g in (t.goal.raw if t.goal else []) for k in g}
+    # new settings: no world, object or place name from the sample worlds, the calibration
+    # vocabulary or any earlier set
+    old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
+    old += [w for d in ALL_SETS if d != PROCESS for w, _ in load_eval_set(d)[1].values()]
+    names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
+    names |= {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
+    for name, (w, _) in worlds.items():
+        assert name not in {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
+        assert not names & ({o.name for o in w.objects} | {p.name for p in w.places}), name
+    assert not {t.id for t in tasks} & {t.id for d in ALL_SETS if d != PROCESS for t in load_eval_set(d)[0]}
+
+
+@pytest.mark.parametrize("directory", ALL_SETS, ids=lambda d: d.name)
+def test_every_reference_goal_is_reachable_or_refused_for_its_reason(directory):
+    """The solver reaches each feasible task's own goal with a plan the gate passes, the oracle
+    finds safe and scoring counts as done; each infeasible task's `asks` is refused from the goal
+    alone for the check the task names, and nothing safe reaches it."""
+    tasks, worlds = load_eval_set(directory)
+    raw = _raw(directory)
+    for t in tasks:
+        w, s = worlds[t.world]
+        if t.refuse:
+            asks = raw[t.id].get("asks")
+            if asks is None:
+                continue           # the first set names only the check
+            assert t.refuse in {f.check for f in goal_reasons({"goal": asks}, w, s)}, t.id
+            assert complete({"plan_id": "p1", "task": t.task, "goal": asks, "steps": []}, w, s) is None, t.id
+            continue
+        plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
+        assert plan is not None, t.id
+        row = score(t, _res(plan, w, s), w, s)
+        assert row["success"] and row["valid"] and not unsafe_reasons(plan, w, s), (t.id, row)
+
+
+def test_process_reference_goals_fit_their_task_grammar():
+    """The task-focused grammar can write the answer this set counts as right (in some order),
+    and the gate holds it to the task's words without a finding."""
+    tasks, worlds = load_eval_set(PROCESS)
+    for t in tasks:
+        if t.refuse:
+            continue
+        w, s = worlds[t.world]
+        spec = specialize(base_plan_schema(), w, s, task=t.task)
+        v = PlanValidator({**spec["properties"]["goal"], "$defs": spec["$defs"]})
+        assert any(v.is_valid(list(p)) for p in permutations(t.goal.raw)), (t.id, t.task)
+        # and the gate's reading of the task's words takes it as said
+        assert grounding_findings(t.task, {"goal": t.goal.raw, "steps": []}, w, s) == [], t.id
+
+
+def test_scoring_holds_a_plan_to_the_tasks_calls_and_order():
+    tasks, worlds = load_eval_set(PROCESS)
+    by = {t.id: t for t in tasks}
+    t = by["ps07"]                                     # inspect, wait, inspect
+    w, s = worlds[t.world]
+    good = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
+    assert score(t, _res(good, w, s), w, s)["success"]
+    # the same calls in another order reach nothing the task asked for
+    bad = {**good, "goal": [{"object": "screen_frame", "is": "inspected"}],
+           "steps": [good["steps"][1], good["steps"][0], {**good["steps"][2], "id": "s3"}]}
+    bad["steps"] = [{**x, "id": f"s{i + 1}"} for i, x in enumerate(bad["steps"])]
+    row = score(t, _res(bad, w, s), w, s)
+    assert row["valid"] and not row["reached"] and not row["success"]
