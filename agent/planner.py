@@ -197,7 +197,7 @@ class Planner:
                 break
             errors, previous = gate.report(), text
         merged = merge_stats(stats).to_dict()
-        # spec: the proposer that ran (auto resolves to hybrid or ngram), not the option
+        # spec: the proposer that ran (auto resolves to combined or ngram), not the option
         merged.update(attempts=len(stats), spec=self.speculation.name, k=self.speculation.k, completed=completed,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))

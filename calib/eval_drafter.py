@@ -1,8 +1,8 @@
 """`thor calib eval-drafter`: held-out acceptance and speedup of a DFlash drafter, in one run.
 
 For each held-out robot prompt (never trained on: see prompts.py) the target decodes greedily
-three times, back to back — plain (K = 0), with the drafter alone, and with the hybrid
-proposer (the drafter plus prompt lookup, spec/hybrid.py) — so all see the same machine
+three times, back to back — plain (K = 0), with the drafter alone, and with the combined
+proposer (the drafter plus prompt lookup, speculative/combined.py) — so all see the same machine
 load. Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts +
 the bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio
 to plain, and whether the outputs are identical (greedy speculative decoding must not change
@@ -37,7 +37,7 @@ class EvalConfig:
     window: int = 128
     prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
     constrained: bool = False        # robot prompts under the plan grammar, as the planner decodes
-    lookup_rate: float = 0.8         # the hybrid proposer's prior for lookup drafts
+    lookup_rate: float = 0.8         # the combined proposer's prior for lookup drafts
 
     def __post_init__(self):
         if self.constrained and self.prompt_set != "robot":
@@ -74,7 +74,7 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     prompts = [tok.encode_chat(m) for m in msgs]
     gtok = GrammarTokenizer(tok) if cfg.constrained else None
     agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0,
-           "hyb_tokens": 0, "hyb_s": 0.0, "hyb_cycles": 0, "hyb_committed": 0, "hyb_lookup_cycles": 0}
+           "comb_tokens": 0, "comb_s": 0.0, "comb_cycles": 0, "comb_committed": 0, "comb_lookup_cycles": 0}
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
     for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
@@ -82,13 +82,13 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         req = reqs[i] if cfg.constrained else None
         # Fresh proposers per prompt (their windows and lookup counters are per sequence).
         spec_sp = build_speculation(opts, model, drafter=drafter)
-        hyb_sp = build_speculation(replace(opts, method="hybrid"), model, drafter=drafter)
+        comb_sp = build_speculation(replace(opts, method="combined"), model, drafter=drafter)
         with torch.inference_mode():
             plain = rt.generate(ids, params, constraint=plan_constraint(gtok, req))
             spec = rt.generate(ids, params, spec_sp, constraint=plan_constraint(gtok, req))
-            hyb = rt.generate(ids, params, hyb_sp, constraint=plan_constraint(gtok, req))
-        hyb_prop = hyb_sp.proposer
-        same = plain.token_ids == spec.token_ids == hyb.token_ids
+            comb = rt.generate(ids, params, comb_sp, constraint=plan_constraint(gtok, req))
+        comb_prop = comb_sp.proposer
+        same = plain.token_ids == spec.token_ids == comb.token_ids
         identical &= same
         ps, ss = plain.stats, spec.stats
         agg["plain_tokens"] += max(ps.generated - 1, 0)    # first token comes from prefill
@@ -97,12 +97,12 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         agg["spec_s"] += ss.decode_s
         agg["cycles"] += ss.cycles
         agg["committed"] += ss.committed
-        hs = hyb.stats
-        agg["hyb_tokens"] += max(hs.generated - 1, 0)
-        agg["hyb_s"] += hs.decode_s
-        agg["hyb_cycles"] += hs.cycles
-        agg["hyb_committed"] += hs.committed
-        agg["hyb_lookup_cycles"] += hyb_prop.lookup_cycles
+        hs = comb.stats
+        agg["comb_tokens"] += max(hs.generated - 1, 0)
+        agg["comb_s"] += hs.decode_s
+        agg["comb_cycles"] += hs.cycles
+        agg["comb_committed"] += hs.committed
+        agg["comb_lookup_cycles"] += comb_prop.lookup_cycles
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
             if j == len(offered):     # grammar-forced tokens can make a draft longer than B - 1
                 offered.append(0)
@@ -111,10 +111,10 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             accepted[j] += a
         per_prompt.append({"tokens": ss.generated, "identical": same,
                            "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0,
-                           "hybrid_accept_length_mean": round(hs.committed / hs.cycles, 3) if hs.cycles else 0.0})
+                           "combined_accept_length_mean": round(hs.committed / hs.cycles, 3) if hs.cycles else 0.0})
     plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
     spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
-    hyb_tps = agg["hyb_tokens"] / agg["hyb_s"] if agg["hyb_s"] else 0.0
+    comb_tps = agg["comb_tokens"] / agg["comb_s"] if agg["comb_s"] else 0.0
     return {
         "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
         "block_size": block,
@@ -123,12 +123,12 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
         "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
-        "hybrid": {
+        "combined": {
             "lookup_rate": cfg.lookup_rate,
-            "accept_length_mean": round(agg["hyb_committed"] / agg["hyb_cycles"], 4) if agg["hyb_cycles"] else 0.0,
-            "lookup_cycle_share": round(agg["hyb_lookup_cycles"] / agg["hyb_cycles"], 4) if agg["hyb_cycles"] else 0.0,
-            "decode_tok_s": round(hyb_tps, 2),
-            "speedup": round(hyb_tps / plain_tps, 3) if plain_tps else 0.0,
+            "accept_length_mean": round(agg["comb_committed"] / agg["comb_cycles"], 4) if agg["comb_cycles"] else 0.0,
+            "lookup_cycle_share": round(agg["comb_lookup_cycles"] / agg["comb_cycles"], 4) if agg["comb_cycles"] else 0.0,
+            "decode_tok_s": round(comb_tps, 2),
+            "speedup": round(comb_tps / plain_tps, 3) if plain_tps else 0.0,
         },
         "per_prompt": per_prompt,
     }

@@ -113,7 +113,7 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     assert obj["valid"] and obj["report"] == [] and json.loads(out.read_text()) == obj["plan"]
     st = obj["stats"]
     assert st["attempts"] == 1 and st["jump_forward_tokens"] > 0 and st["generated_tokens"] > 0
-    assert st["spec"] == "ngram" and res_spec(rt, task) == "hybrid"
+    assert st["spec"] == "ngram" and res_spec(rt, task) == "combined"
     w, s = world_and_skills("kitchen")
     assert check_plan(obj["plan"], specialize(base_plan_schema(), w, s), w, s).valid
     assert not list(tmp_path.glob(".plan.json.*"))            # the temp file was renamed away

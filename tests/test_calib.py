@@ -311,7 +311,7 @@ def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["identical_output"] is True and "speedup" in doc
-    assert doc["hybrid"]["accept_length_mean"] >= 1 and doc["hybrid"]["lookup_rate"] == 0.8
+    assert doc["combined"]["accept_length_mean"] >= 1 and doc["combined"]["lookup_rate"] == 0.8
     assert main(["calib", "eval-drafter", "--target", str(tiny_dirs["qwen3"]), "--drafter",
                  str(tmp_path / "missing"), "--quiet"]) == 2
 

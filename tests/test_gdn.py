@@ -262,8 +262,9 @@ def test_speculative_equals_plain(arch, kv, chunk, naive, loaded):
     assert got.stats.cycles < len(want)                             # the steered run accepted drafts
 
 
-def test_hybrid_proposer_and_plan_grammar(loaded, tmp_path):
-    """The auto/hybrid proposer (DFlash + lookup) under the planner's own plan grammar."""
+def test_combined_proposer_and_plan_grammar(loaded, tmp_path):
+    """The combined proposer (DFlash + lookup; auto's choice) on a hybrid model, under the
+    planner's own plan grammar."""
     from calib.datagen import PlanGreedy
     from calib.prompts import robot_requests
     from thor_runtime.speculative import dflash_io as io
@@ -271,7 +272,7 @@ def test_hybrid_proposer_and_plan_grammar(loaded, tmp_path):
     L = loaded["qwen3_5"]
     tok, model = L.tokenizer, L.model
     io.save_drafter(random_drafter(L.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
-    p, k = proposer_and_k(SpecOptions(method="hybrid", drafter=str(tmp_path)), model)
+    p, k = proposer_and_k(SpecOptions(method="combined", drafter=str(tmp_path)), model)
     req = robot_requests("heldout", 1, 0)[0]
     ids = tok.encode("plan: pick up the red cup and place it on the table")  # tiny context: a short prompt
     grammar = PlanGreedy(model, tok, 64, spec="none").constraint

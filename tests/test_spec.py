@@ -175,10 +175,10 @@ def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, 
     from thor_runtime.speculative import SpecOptions
     from thor_runtime.speculative.dflash import DFlashProposer
     from thor_runtime.speculative.dflash_io import save_drafter
-    from thor_runtime.speculative.hybrid import HybridProposer
+    from thor_runtime.speculative.combined import CombinedProposer
 
     p, k = proposer_and_k(SpecOptions(method="auto"), default_model.model)
-    assert isinstance(p, HybridProposer) and isinstance(p.dflash, DFlashProposer)
+    assert isinstance(p, CombinedProposer) and isinstance(p.dflash, DFlashProposer)
     assert k == p.dflash.block_size - 1
     p, _ = proposer_and_k(SpecOptions(method="auto"), tiny_llama.model)       # trained for another model
     assert isinstance(p, NgramProposer)
@@ -204,6 +204,6 @@ def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, 
     assert build_speculation(SpecOptions(method="ngram"), m).free_text is None
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)
     p, k = proposer_and_k(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
-    assert isinstance(p, HybridProposer) and k == 3
+    assert isinstance(p, CombinedProposer) and k == 3
     p, k = proposer_and_k(SpecOptions(method="dflash", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, DFlashProposer) and k == 3

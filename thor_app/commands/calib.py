@@ -174,7 +174,7 @@ def register(sub) -> None:
     e.add_argument("--constrained", action="store_true",
                    help="decode under the plan grammar, as the planner does (robot prompts)")
     e.add_argument("--lookup-rate", type=float, default=0.8,
-                   help="the hybrid run's prior per-token acceptance of a prompt-lookup draft")
+                   help="the combined run's prior per-token acceptance of a prompt-lookup draft")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 

@@ -75,7 +75,7 @@ def _load_inputs(args):
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
-    if args.spec in ("dflash", "hybrid") or (args.spec == "auto" and args.drafter):
+    if args.spec in ("dflash", "combined", "hybrid") or (args.spec == "auto" and args.drafter):
         from thor_runtime.speculative import DEFAULT_DRAFTER
 
         drafter = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER

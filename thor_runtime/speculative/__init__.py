@@ -17,7 +17,10 @@ if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from .accept import RelaxedConfig
     from .base import Proposer
 
-SPEC_METHODS = ("none", "ngram", "dflash", "hybrid", "auto")
+SPEC_METHODS = ("none", "ngram", "dflash", "combined", "auto", "hybrid")   # what --spec accepts
+# Earlier spellings, still accepted, and the method each names: "hybrid" was the drafter plus
+# prompt lookup until the word came to mean the Gated-DeltaNet models (thor_runtime/hybrid/).
+SPEC_ALIASES = {"hybrid": "combined"}
 # Drafter shipped for the embedded default target (distilled by `thor calib distill`).
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-dflash"
 
@@ -33,11 +36,12 @@ class SpecOptions:
     ngram_min: int = 2
     ngram_max: int = 4
     fixed_k: bool = False             # verify all K drafts every cycle (no draft budget)
-    lookup_rate: float = 0.8          # hybrid: prior per-token acceptance of a lookup draft
+    lookup_rate: float = 0.8          # combined: prior per-token acceptance of a lookup draft
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
             raise ThorError(f"unknown --spec {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
+        object.__setattr__(self, "method", SPEC_ALIASES.get(self.method, self.method))
         if self.block_size is not None and self.block_size < 2:
             raise ThorError(f"block size must be >= 2, got {self.block_size}")
         if self.window < 1:
@@ -100,12 +104,12 @@ def _dflash(opts: SpecOptions, model, drafter=None):
     return p, block - 1
 
 
-def _hybrid(opts: SpecOptions, model, drafter=None):
-    """DFlash, with prompt lookup taking the cycles where the drafter is unsure (hybrid.py)."""
-    from .hybrid import HybridProposer
+def _combined(opts: SpecOptions, model, drafter=None):
+    """DFlash, with prompt lookup taking the cycles where the drafter is unsure (combined.py)."""
+    from .combined import CombinedProposer
 
     dflash, k = _dflash(opts, model, drafter)
-    return HybridProposer.around(dflash, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
+    return CombinedProposer.around(dflash, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
 
 
 def weights_kind(model) -> str:
@@ -132,15 +136,15 @@ def shipped_drafter_fits(model) -> bool:
 
 
 def _auto(opts: SpecOptions, model, drafter=None):
-    """The hybrid where a drafter is given or the shipped one was trained for this target and
-    its weight kind, else prompt lookup (a drafter trained for another model would only be
-    paused by the budget)."""
+    """The combined proposer where a drafter is given or the shipped one was trained for this
+    target and its weight kind, else prompt lookup (a drafter trained for another model would
+    only be paused by the budget)."""
     given = opts.drafter or drafter is not None
-    return _hybrid(opts, model, drafter) if given or shipped_drafter_fits(model) else _ngram(opts, model)
+    return _combined(opts, model, drafter) if given or shipped_drafter_fits(model) else _ngram(opts, model)
 
 
 _BUILDERS = {"none": lambda opts, model, drafter=None: (None, 0), "ngram": _ngram, "dflash": _dflash,
-             "hybrid": _hybrid, "auto": _auto}
+             "combined": _combined, "auto": _auto}
 
 
 def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None,

@@ -1,4 +1,5 @@
-"""Hybrid proposer: the DFlash drafter, with prompt lookup taking over where it is unsure.
+"""Combined proposer (``--spec combined``; ``hybrid`` is its earlier name): the DFlash drafter,
+with prompt lookup taking over where it is unsure. (Not the hybrid models of thor_runtime/hybrid/.)
 
 Why: on held-out planner requests the shipped drafter misses most where the target copies
 text out of the prompt — the task sentence into "task", object and place names into the
@@ -29,12 +30,12 @@ from .dflash import DFlashProposer
 from .ngram import NgramConfig, NgramProposer
 
 
-class HybridProposer(Proposer):
-    name = "hybrid"
+class CombinedProposer(Proposer):
+    name = "combined"
 
     def __init__(self, dflash: DFlashProposer, lookup: NgramProposer, lookup_rate: float = 0.8):
         if not 0 < lookup_rate < 1:
-            raise ThorError(f"hybrid: lookup rate must be in (0, 1), got {lookup_rate}")
+            raise ThorError(f"combined: lookup rate must be in (0, 1), got {lookup_rate}")
         self.dflash, self.lookup, self.rate = dflash, lookup, float(lookup_rate)
         self.tap_layers, self.window = dflash.tap_layers, dflash.window
         self.lookup_cycles = 0      # cycles whose verified draft came from lookup (stats, tests)
@@ -45,8 +46,8 @@ class HybridProposer(Proposer):
 
     @classmethod
     def around(cls, dflash: DFlashProposer, lookup_rate: float = 0.8, min_n: int = 2,
-               max_n: int = 4) -> "HybridProposer":
-        """The hybrid for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
+               max_n: int = 4) -> "CombinedProposer":
+        """The combination for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
         return cls(dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate)
 
     def _expect_lookup(self, n: int) -> float:
