@@ -159,9 +159,8 @@ class Planner:
         if not isinstance(task, str) or not task.strip():
             raise ThorError("the task is empty")
         t0 = time.perf_counter()
-        if not isinstance(request, PreparedRequest):
-            request = self.prepare(world, skills, schema, task)      # raises before any generation
-        req = request
+        # a task is prepared here; that raises before any generation, as a bad prepared one did
+        req = request if isinstance(request, PreparedRequest) else self.prepare(world, skills, schema, task)
         world, skills = req.world, req.skills
         params = SamplingParams(max_tokens=self.max_tokens)
         stats: list[Stats] = []
