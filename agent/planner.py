@@ -159,7 +159,7 @@ class Planner:
         if not isinstance(task, str) or not task.strip():
             raise ThorError("the task is empty")
         t0 = time.perf_counter()
-        # a task is prepared here; that raises before any generation, as a bad prepared one did
+        # a task is prepared here: bad input raises before any generation
         req = request if isinstance(request, PreparedRequest) else self.prepare(world, skills, schema, task)
         world, skills = req.world, req.skills
         params = SamplingParams(max_tokens=self.max_tokens)
