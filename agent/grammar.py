@@ -130,6 +130,7 @@ class GrammarTokenizer:
         if not tokenizer.eos_token_ids:
             raise ThorError("the tokenizer has no end-of-sequence token; constrained decoding needs one")
         tb = tokenizer.token_bytes()
+        self.token_bytes = tb          # what a committed token writes (GrammarConstraint's stop)
         self.n_vocab = len(tb)
         self.eos_ids = tuple(int(i) for i in tokenizer.eos_token_ids)
         src = _TokenSource(tokenizer, tb, _special_ids(tokenizer, len(tb)))
@@ -161,8 +162,10 @@ class Grammar:
         if self._pristine.is_error():
             raise _engine_error(self._pristine.get_error(), schema)
 
-    def constraint(self) -> "GrammarConstraint":
-        return GrammarConstraint(self._pristine.deep_copy(), self.gtok)
+    def constraint(self, stop=None) -> "GrammarConstraint":
+        """stop(text) -> bool, asked once when the plan's steps open (its goal is written): True
+        ends the plan there (see GrammarConstraint)."""
+        return GrammarConstraint(self._pristine.deep_copy(), self.gtok, stop)
 
 
 class GrammarConstraint(Constraint):
@@ -172,16 +175,24 @@ class GrammarConstraint(Constraint):
     EOS never reaches the matcher: llguidance keeps no history entry for an EOS taken in a stopped
     state, so consuming it would make rollback counts ambiguous. EOS is legal exactly where the
     matcher reports an accepting state, and ends the walk over drafts.
+
+    A ``stop`` check is asked once, when the committed text first opens the steps: the goal is
+    written before them, and a goal that already shows the task cannot be done (too heavy, out
+    of reach, a thing or set this world lacks) needs no steps. From then on only EOS is legal,
+    so the plan ends in a token or two instead of decoding steps to the budget.
     """
 
-    def __init__(self, matcher, gtok: GrammarTokenizer):
+    STEPS = b'"steps":['
+
+    def __init__(self, matcher, gtok: GrammarTokenizer, stop=None):
         self.m, self.gtok = matcher, gtok
         self.eos = frozenset(gtok.eos_ids)
         self.finished = False          # EOS committed
+        self.stop, self.cut, self.text = stop, False, bytearray()
 
     # -- queries that leave the state unchanged ------------------------------------------------
     def forced(self) -> list[int]:
-        if self.finished or self.m.is_stopped():
+        if self.finished or self.cut or self.m.is_stopped():
             return []
         return list(self.m.compute_ff_tokens())
 
@@ -211,7 +222,7 @@ class GrammarConstraint(Constraint):
         return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
     def is_accepting(self) -> bool:
-        return not self.finished and bool(self.m.is_accepting())
+        return not self.finished and (self.cut or bool(self.m.is_accepting()))
 
     # -- the only state change: a committed token ------------------------------------------------
     def advance(self, token: int) -> None:
@@ -219,11 +230,16 @@ class GrammarConstraint(Constraint):
         if self.finished:
             raise RuntimeError(f"token {t} committed after end-of-sequence")
         if t in self.eos:
-            if not self.m.is_accepting():
+            if not (self.cut or self.m.is_accepting()):
                 raise RuntimeError("end-of-sequence committed where the grammar is incomplete")
             self.finished = True
         elif not self.m.consume_token(t):
             raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
+        elif self.stop is not None and not self.cut:
+            self.text += self.gtok.token_bytes[t] if t < len(self.gtok.token_bytes) else b""
+            if self.STEPS in self.text[-len(self.STEPS) - 16:]:
+                self.cut = bool(self.stop(self.text.decode("utf-8", "replace")))
+                self.stop = None           # asked once
 
     # -- helpers -------------------------------------------------------------------------------
     def _walk(self, drafts: list[int], at_row) -> int:
@@ -232,6 +248,9 @@ class GrammarConstraint(Constraint):
         Returns the legal prefix length."""
         if self.finished:
             return 0
+        if self.cut:                # only EOS from here
+            at_row(0)
+            return int(bool(drafts) and int(drafts[0]) in self.eos)
         consumed = n = 0
         try:
             for j, t in enumerate(drafts):
@@ -253,6 +272,9 @@ class GrammarConstraint(Constraint):
     def _allowed(self, width: int) -> np.ndarray:
         """[width] bool of legal next ids: the matcher's mask, EOS exactly where it accepts."""
         out = np.zeros(width, dtype=np.bool_)
+        if self.cut:
+            out[[i for i in self.gtok.eos_ids if i < width]] = True
+            return out
         n = min(width, self.gtok.n_vocab)
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
         out[:n] = bits[:n]

@@ -198,3 +198,13 @@ def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None) -> li
     the findings a refusal should name."""
     goal, problems = parse_goal(plan, world, skills)
     return problems if goal is None or problems else goal_limits(goal, world, skills)
+
+
+def goal_stop(world: World, skills: SkillSet | None = None):
+    """-> stop(text) for Grammar.constraint: True when the plan written so far states a goal
+    that is refused from the goal alone (goal_reasons), so no steps are decoded for it."""
+    def stop(text: str) -> bool:
+        start = text.rfind('{"plan_id"')
+        head = stated_goal(text[start:] if start >= 0 else text)
+        return head is not None and bool(goal_reasons(head, world, skills))
+    return stop
