@@ -74,6 +74,16 @@ def test_forced_on_cpu_spec_equals_plain(tiny_llama, kv):
     check_spec_equals_plain(tiny_llama, rt)
 
 
+def test_sdpa_attention_form_on_cpu(tiny_qwen3):
+    """The fused-attention form CUDA takes (query groups folded into rows), run on the CPU:
+    speculative == plain, and the tokens of the matmul form."""
+    rt = Runtime(tiny_qwen3.model, tiny_qwen3.tokenizer, fixed_shape=True, step_rows=8)
+    matmul = [rt.generate(rt.tok.encode(p), PARAMS).token_ids for p in PROMPTS]
+    rt.decoder.sdpa = True
+    plain = check_spec_equals_plain(tiny_qwen3, rt)
+    assert plain.token_ids == matmul[-1]
+
+
 def test_forced_on_cpu_matches_the_plain_step(tiny_qwen3):
     """The padded step gives the tokens the unpadded 1-row step gives."""
     tok, model = tiny_qwen3.tokenizer, tiny_qwen3.model
@@ -170,3 +180,49 @@ def test_cuda_hybrid_spec_equals_plain(tiny_hybrid_dirs, kv):
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)
     assert rt.pad_rows == 16
     check_spec_equals_plain(loaded, rt)
+
+
+def test_drafter_block_at_one_shape_drafts_as_eager(tiny_llama):
+    """The drafter's block over the whole window (masked), as CUDA captures it, run eagerly on
+    the CPU: the same drafts as the block over the filled entries alone, cycle after cycle."""
+    from thor_runtime.speculative.dflash import DFlashProposer
+
+    model, tok = tiny_llama.model, tiny_llama.tokenizer
+    rt = Runtime(model, tok)
+    ids = tok.encode(PROMPTS[0])
+    drafts = {}
+    for fixed in (False, True):
+        p = DFlashProposer(random_drafter(tiny_llama.cfg, num_layers=2, block_size=8, window=16, seed=4), model,
+                           fixed_block=fixed)
+        assert (p._block is not None) == fixed
+        seen, propose = [], p.propose
+
+        def recording(seq, k, propose=propose, seen=seen):
+            d, q = propose(seq, k)
+            seen.append(d)
+            return d, q
+
+        p.propose = recording
+        out = rt.generate(ids, PARAMS, speculation=Speculation(p, 7))
+        drafts[fixed] = (seen, out.token_ids)
+    assert drafts[True][1] == drafts[False][1]
+    assert drafts[True][0] == drafts[False][0] and len(drafts[True][0]) > 3    # window wraps: 16 < 48 tokens
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_drafter_block_graph(tiny_dirs):
+    """On CUDA the drafter's block is a replayed graph; its drafts are the eager fixed-shape ones."""
+    from thor_runtime.speculative.dflash import DFlashProposer
+
+    loaded = on_cuda(tiny_dirs["llama"], "bf16")
+    rt = Runtime(loaded.model, loaded.tokenizer)
+    ids = loaded.tokenizer.encode(PROMPTS[0])
+    runs = []
+    for graphs in (True, False):
+        p = DFlashProposer(random_drafter(loaded.cfg, num_layers=2, block_size=8, window=16, seed=4), loaded.model)
+        p._block.graphs = graphs
+        runs.append(rt.generate(ids, PARAMS, speculation=Speculation(p, 7)))
+        assert (p._block._graph is not None) == graphs
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.accepted == runs[1].stats.accepted

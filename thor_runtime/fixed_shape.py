@@ -18,6 +18,7 @@ unmasked by a row at or after it, and any call that covers it writes it first.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .errors import ThorError
 from .kv_cache import KVCache, KVScales
@@ -60,6 +61,7 @@ class FixedShapeDecoder:
         self.key_index = torch.arange(self.cache.max_len, device=dev)                # [S_max]
         self._staged = torch.zeros(rows, dtype=torch.long)                           # host side of ids
         self.span = key_span(rows, self.capacity)
+        self.sdpa = dev.type == "cuda"      # attention through SDPA's fused kernel (else matmuls)
         self._captured: dict[tuple, tuple] = {}
         self._pool = None
 
@@ -131,16 +133,28 @@ class FixedShapeDecoder:
         """The whole decode forward on the static buffers. -> (logits [R, V] fp32, {layer: [R, D]})."""
         m, c, n_layers = self.model, self.cache, self.model.cfg.num_layers
         seg = m if m.backend is None else m.backend
+        R, Hkv, Dh = self.rows, m.cfg.num_kv_heads, m.cfg.head_dim
+        g = m.cfg.num_heads // Hkv
         pos = self.offsets + self.start                                              # [R]
         visible = self.key_index[:span][None, :] <= pos[:, None]                     # [R, S]
+        fused = self.sdpa
+        if fused:
+            # SDPA's fused kernel with the g query heads of a KV head folded into its rows
+            # (row j * R + r is head j of the group, token r): plain multi-head attention
+            # with a mask, one kernel where the matmul form takes eight.
+            visible = visible.repeat(g, 1)                                           # [gR, S]
         h = seg.embed(self.ids)                                                      # [R, D]
         out_taps = {}
         for i in range(n_layers):
             q, k, v = seg.pre_attn(i, h, pos)                   # q [H, R, Dh], k/v [Hkv, R, Dh]
             c.write(i, k, v, pos)
             K, V = c.read(i, span)                                                   # [Hkv, S, Dh]
-            o = attend(q, K, V, visible)                                             # [H, R, Dh]
-            h = seg.post_attn(i, h, o.transpose(0, 1).reshape(self.rows, -1))        # [R, D]
+            if fused:
+                o = F.scaled_dot_product_attention(q.reshape(Hkv, g * R, Dh), K, V, attn_mask=visible)
+                o = o.view(m.cfg.num_heads, R, Dh)                                   # [H, R, Dh]
+            else:
+                o = attend(q, K, V, visible)                                         # [H, R, Dh]
+            h = seg.post_attn(i, h, o.transpose(0, 1).reshape(R, -1))                # [R, D]
             if i in taps:
                 out_taps[i] = h
         return seg.head(h), out_taps                                                 # [R, V] fp32

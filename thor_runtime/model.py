@@ -24,6 +24,10 @@ from .lowbit import GROUP, Int4Weight, int4_projection, pick_int4_kernel
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # fp32 statistics as in HF, so bf16 weights don't drift on the variance.
+    if x.is_cuda:
+        # one fused kernel instead of five: decode on a GPU is bound by kernel count at these sizes
+        y = F.rms_norm(x.float(), (x.shape[-1],), w, eps)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w     # w is kept in fp32
     return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -491,6 +495,7 @@ class TargetModel:
         emb = torch.cat((freqs, freqs), dim=-1)                 # [S, Dh]
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         self._rope_len = n
+        self._rope_pos = self._rope_rows = None                 # rows gathered from the old tables
 
     # ---- segments
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -517,8 +522,16 @@ class TargetModel:
         v = v.view(*lead, T, cfg.num_kv_heads, Dh).transpose(-3, -2)  # [..., Hkv, T, Dh]
         if L.q_norm is not None:
             q, k = rms_norm(q, L.q_norm, cfg.rms_eps), rms_norm(k, L.k_norm, cfg.rms_eps)
-        cos, sin = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)  # [..., 1, T, Dh]
+        cos, sin = self.rope_at(pos)                                   # [..., 1, T, Dh]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def rope_at(self, pos: torch.Tensor):
+        """cos, sin [..., 1, T, Dh] at ``pos``, gathered once per forward (every layer passes
+        the same ``pos`` tensor), not once per layer."""
+        if self._rope_pos is not pos:
+            self._rope_pos = pos
+            self._rope_rows = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
+        return self._rope_rows
 
     def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                   exact: bool = False) -> torch.Tensor:

@@ -129,7 +129,7 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
 
     graphs = device.type == "cuda"
     steps = {}
-    for rows in (1, 16):
+    for rows in (1, 8, 16):
         dec = FixedShapeDecoder(model, rows=rows, max_context=ctx + 16, kv_dtype=kv, graphs=graphs)
         c = dec.new_cache(PLAN_SHAPE[0] + new_tokens)
         model.prefill(prompt, c, chunk=256)
@@ -141,6 +141,7 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
 
         steps[rows] = timed(step, device, repeats * 5)
         row["key_span"] = dec.span
+    row["step_8rows_ms"] = round(1e3 * steps[8], 3)
     row["step_1row_ms"] = round(1e3 * steps[1], 3)
     row["verify_16rows_ms"] = round(1e3 * steps[16], 3)
     row["verify16_over_step1"] = round(steps[16] / steps[1], 3)
@@ -148,6 +149,8 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     # is the same figure.
     row["padded_over_unpadded_step"] = row["verify16_over_step1"]
     row["graph_speedup_1row"] = round(1e-3 * row["eager_step_ms"] / steps[1], 2) if graphs else None
+
+    row.update(drafter_block(model, prompt, device, repeats))
 
     # decode through the runtime (padded, graphed), a plan-shaped request
     from thor_runtime.generate import Runtime
@@ -173,6 +176,37 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     return row
 
 
+def drafter_block(model, prompt, device, repeats: int) -> dict:
+    """One DFlash propose (a 1-layer drafter, block 16, window 128 seeded from the prompt) at
+    this target's shape: eager over the filled window, and at one shape (a CUDA graph on CUDA)."""
+    import torch
+
+    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.speculative.dflash import DFlashProposer
+    from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
+
+    c = model.cfg
+    taps = (1, c.num_layers // 2, c.num_layers - 2)
+    dc = DFlashConfig(tap_layers=taps, mask_token_id=c.vocab_size - 1, hidden_size=c.hidden_size, num_layers=1,
+                      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                      intermediate_size=c.intermediate_size, block_size=16, rms_eps=c.rms_eps,
+                      rope_theta=c.rope_theta, target_id=c.name, window=128)
+    d = DFlashDrafter(dc)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.randn_like(p) * 0.02)
+    cache = KVCache(c, len(prompt) + 1, "bf16", model.dtype, None, device)
+    out = model.prefill(prompt, cache, chunk=256, taps=taps, tap_rows=128)
+    seq = prompt.tolist() + [5]                                   # the prompt, then the anchor
+    res = {}
+    for fixed in (False, True):
+        p = DFlashProposer(d, model, fixed_block=fixed)
+        p.start(seq[:-1], out.taps)
+        res["drafter_block_fixed_ms" if fixed else "drafter_block_eager_ms"] = round(
+            1e3 * timed(lambda: p.propose(seq, 15), device, repeats * 5), 3)
+    return res
+
+
 def quant_options(device, repeats: int) -> list[dict]:
     """Weight formats a quantized GGUF could run as on this device, per projection shape and row
     count: time and relative error against the fp32 product (the same random weights)."""
@@ -183,7 +217,7 @@ def quant_options(device, repeats: int) -> list[dict]:
     g = torch.Generator(device=device).manual_seed(2)
     for shape_name, (n_out, n_in) in (("qwen2.5-0.5b mlp up", (4864, 896)), ("qwen3-8b mlp up", (12288, 4096))):
         w32 = torch.randn(n_out, n_in, generator=g, device=device) * 0.02
-        for rows in (1, 16):
+        for rows in (1, 8, 16):
             x32 = torch.randn(rows, n_in, generator=g, device=device)
             ref = x32 @ w32.t()
             for fmt, fn in _formats(w32, device).items():
@@ -269,9 +303,9 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
     return doc
 
 
-COLUMNS = ("model_shape", "weights", "kv_dtype", "prefill_tok_s", "eager_step_ms", "step_1row_ms",
-           "verify_16rows_ms", "verify16_over_step1", "graph_speedup_1row", "decode_tok_s",
-           "decode_bandwidth_share", "plan_shaped_latency_s")
+COLUMNS = ("model_shape", "weights", "kv_dtype", "prefill_tok_s", "eager_step_ms", "step_1row_ms", "step_8rows_ms",
+           "verify_16rows_ms", "verify16_over_step1", "graph_speedup_1row", "drafter_block_eager_ms",
+           "drafter_block_fixed_ms", "decode_tok_s", "decode_bandwidth_share", "plan_shaped_latency_s")
 
 
 def table(doc: dict) -> str:

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ThorError
 from .base import Proposer
+from .dflash_graph import GraphedBlock
 from .dflash_io import check_fits
 from .dflash_model import DFlashDrafter
 
@@ -37,12 +38,15 @@ class DFlashProposer(Proposer):
 
     def __init__(self, drafter: DFlashDrafter, target=None, window: int | None = None,
                  seed_window: bool = True, block_size: int | None = None, sample_probs: bool = False,
-                 draft_temperature: float = 1.0, seed: int | None = None, full_vocab: bool = False):
+                 draft_temperature: float = 1.0, seed: int | None = None, full_vocab: bool = False,
+                 fixed_block: bool | None = None):
         """target: the TargetModel whose embedding / lm_head the drafter shares (may be None if
         the drafter is already bound). sample_probs: draw drafts from softmax(logits /
         draft_temperature) and return those probabilities, for speculative sampling (drafts
         must be samples of the q handed to the acceptor); otherwise greedy drafts, no probs.
-        full_vocab: score the whole vocabulary even if the drafter has a draft vocabulary."""
+        full_vocab: score the whole vocabulary even if the drafter has a draft vocabulary.
+        fixed_block: the block forward at one shape over the whole window (dflash_graph.py), a
+        CUDA graph on CUDA; None = on CUDA."""
         cfg = drafter.cfg
         if target is not None:
             check_fits(cfg, target.cfg, "dflash drafter")
@@ -72,6 +76,10 @@ class DFlashProposer(Proposer):
         self._ids: torch.Tensor | None = None      # [V'] token ids the head scores (None = all)
         self._head: torch.Tensor | None = None     # [V', D] their lm_head rows
         self._alloc()
+        on_cuda = self._kv.is_cuda
+        fixed = on_cuda if fixed_block is None else fixed_block
+        self._block = (GraphedBlock(self.drafter, self._kv, self.block_size, graphs=on_cuda)
+                       if fixed and self.window > 0 else None)
 
     # ---- window storage
     def _alloc(self) -> None:
@@ -157,9 +165,13 @@ class DFlashProposer(Proposer):
         if k <= 0:
             return [], None, none
         n = self.window_len
-        ctx = self._kv[:, :, :, :n] if n else None                                            # [L, 2, Hkv, n, Dh]
-        logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size,
-                                          head=self._head)[m:]                                # [k, V']
+        if self._block is not None:
+            hn = self._block.run(seq[anchor_pos], anchor_pos, n)[:m + k]                      # [m+k, D]
+            logits = self.drafter.score(hn, self._head)[m:]                                   # [k, V']
+        else:
+            ctx = self._kv[:, :, :, :n] if n else None                                        # [L, 2, Hkv, n, Dh]
+            logits = self.drafter.draft_block(ctx, seq[anchor_pos], anchor_pos, m + k, self.block_size,
+                                              head=self._head)[m:]                            # [k, V']
         if not self.sample_probs:
             best = logits.argmax(-1)                                                          # [k]
             ids = (best if self._ids is None else self._ids[best]).tolist()

@@ -286,7 +286,10 @@ class DFlashDrafter(nn.Module):
             ctx_kv = h.new_zeros(len(self.layers), 2, Hk, 0, Dh)
         for i, layer in enumerate(self.layers):
             h = layer(h, ctx_kv[i, 0][None], ctx_kv[i, 1][None], cos, sin, None)
-        hn = self.norm(h[0, 1:n + 1])                                                # [n, D]
+        return self.score(self.norm(h[0, 1:n + 1]), head)                            # [n, V]
+
+    def score(self, hn: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
+        """hn [n, D] normed block rows -> logits [n, V] (fp32) over ``head`` rows (None = all)."""
         # W @ h^T rather than h @ W^T: on CPU (MKL) h @ W^T re-streams the [V, D] head for
         # row counts that are not a multiple of 16 (15 rows measured ~2x slower); W @ h^T
         # reads it once whatever n is, and the head read is most of a propose.
