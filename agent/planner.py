@@ -31,7 +31,7 @@ from .grounding import grounding_findings
 from .prompt import build_messages
 from .reading import TaskReading, read_task
 from .solver import complete as solve_from_goal
-from .solver import goal_reasons, stated_goal
+from .solver import goal_reasons, goal_stop, stated_goal
 from .specialize import specialize
 
 _ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
@@ -168,8 +168,9 @@ class Planner:
         errors, previous, gate, completed = None, None, None, False
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
-            res = self.rt.generate(ids, params, self.speculation, constraint=req.grammar.constraint(),
-                                   on_token=on_token)
+            # a goal that alone shows the task cannot be done ends the plan before its steps
+            constraint = req.grammar.constraint(goal_stop(world, skills))
+            res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
             gate = _check(task, text, req.schema, world, skills)
@@ -178,7 +179,8 @@ class Planner:
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
             model_text = text
             # Cut off by the budget: the goal, written before the steps, may still be whole.
-            stated = stated_goal(text) if gate.plan is None and res.finish_reason == "length" else None
+            # (or ended after it: goal_stop)
+            stated = stated_goal(text) if gate.plan is None else None
             base = gate.plan if gate.plan is not None else stated
             if not gate.valid and self.complete and base is not None:
                 filled = solve_from_goal(base, world, skills, _max_items(req.schema))
@@ -186,7 +188,7 @@ class Planner:
                 if again is not None and again.valid:   # the model's goal, the solver's steps
                     gate, completed, text = again, True, json.dumps(filled)
             if not gate.valid and stated is not None:   # a refusal names the goal's own reason
-                gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world)))
+                gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world, skills)))
             history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
                             "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
