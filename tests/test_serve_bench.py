@@ -10,7 +10,7 @@ from serve_util import long_context_copy
 
 from thor_app.cli import main
 from thor_app.commands.bench_serve import TASKS, check_same_settings
-from thor_app.server.config import ModelSection
+from thor_runtime.runtime_config import ModelSettings as ModelSection
 from thor_runtime.errors import ThorError
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from thor_app.flags import add_config_args, config_from_args
 from .common import positive_int
 from thor_runtime.errors import ThorError
 
@@ -19,15 +20,17 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-def _load_target(name: str, threads: int = 1, dtype: str = "fp32"):
+def _load_target(args, dtype: str = "fp32", layout: str = "auto"):
+    """The target on --device, with calibration's own weights (fp32 unless stated)."""
     import torch
 
-    from thor_runtime.loading import load
+    from thor_app.assembly import load_model, with_settings
 
     # One thread by default: on a shared 2-core box, two OpenMP threads competing with other
     # jobs were measured 10-20x slower than one (spin-waiting threads starve each other).
-    torch.set_num_threads(threads)
-    return load(name, dtype)
+    torch.set_num_threads(args.threads)
+    return load_model(with_settings(config_from_args(args), model__name=args.target, model__dtype=dtype,
+                                    model__weights_layout=layout))
 
 
 def _emit(doc: dict) -> int:
@@ -42,7 +45,7 @@ def _gen_data(args) -> int:
 
     spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
     gen = GenConfig(args.max_tokens, args.batch, args.constrained)
-    loaded = _load_target(args.target, args.threads)
+    loaded = _load_target(args)
     return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out, target=args.target,
                                   progress=not args.quiet))
 
@@ -52,7 +55,7 @@ def _distill(args) -> int:
     from calib.distill import DistillConfig, run_distill
 
     cfg = DistillConfig.from_args(args)
-    loaded = _load_target(args.target, args.threads)
+    loaded = _load_target(args)
     return _emit(run_distill(loaded, cfg, command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None
                              else args.argv, progress=not args.quiet))
 
@@ -71,8 +74,8 @@ def _eval_drafter(args) -> int:
     from calib.eval_drafter import EvalConfig, evaluate
 
     cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
-                     args.prompts, args.constrained, args.lookup_rate)
-    loaded = _load_target(args.target, args.threads)
+                     args.prompts, args.constrained, config_from_args(args).speculation.lookup_rate)
+    loaded = _load_target(args)
     return _emit(evaluate(loaded, cfg, progress=not args.quiet))
 
 
@@ -81,21 +84,17 @@ def _kv_scales(args) -> int:
     from calib.kv_scales import KVCalibConfig, calibrate_and_report
 
     cfg = KVCalibConfig(args.n, args.eval_n, args.max_tokens, args.margin, args.seed, args.general_frac)
-    loaded = _load_target(args.target, args.threads)
+    loaded = _load_target(args)
     return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
 
 
 # ---- fp8-scales ------------------------------------------------------------------------------
 def _fp8_scales(args) -> int:
-    import torch
-
     from calib.act_scales import ActCalibConfig, calibrate_and_report
-    from thor_runtime.loading import load
 
     cfg = ActCalibConfig(args.n, args.eval_n, args.margin, args.seed, args.general_frac)
-    torch.set_num_threads(args.threads)
     # Dense fp32 weights: the projections the graphs export, read as plain tensors.
-    loaded = load(args.target, "fp32", layout="dense")
+    loaded = _load_target(args, layout="dense")
     return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
 
 
@@ -104,6 +103,7 @@ def register(sub) -> None:
     cs = p.add_subparsers(dest="calib_command", required=True, parser_class=type(p))
     common = type(p)(add_help=False)
     common.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+    add_config_args(common, ("model",), only={"model.device"})
 
     g = cs.add_parser("gen-data", parents=[common],
                       help="the target's greedy responses to calibration prompts (drafter data)")
@@ -173,8 +173,7 @@ def register(sub) -> None:
     e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
     e.add_argument("--constrained", action="store_true",
                    help="decode under the plan grammar, as the planner does (robot prompts)")
-    e.add_argument("--lookup-rate", type=float, default=0.8,
-                   help="the combined run's prior per-token acceptance of a prompt-lookup draft")
+    add_config_args(e, ("speculation",), only={"speculation.lookup_rate"})
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 

@@ -3,19 +3,20 @@
 Exit codes: 0 a plan that passed schema + gate; 2 bad input (files, schema, arguments);
 3 no valid plan after the repair attempts. Every input file is checked, and the request's
 schema compiled to a grammar, before the model is loaded: bad input fails in milliseconds.
-Without --model it plans with the planner default (PLANNER_DEFAULT, a pulled catalog model);
-when that is not pulled, exit 2 saying how to pull it or to choose the embedded model.
+Without --model it plans with the embedded default model, as `thor serve` does (one default
+for the CLI and the service); a pulled catalog model plans better: --model NAME.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from .common import add_model_args, add_spec_args, build_runtime, positive_int, speculation
+from thor_app.assembly import build_runtime, make_planner
+from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.errors import NoValidPlan, ThorError
 from thor_runtime.fileio import write_text_atomic
-from thor_runtime.models import PLANNER_DEFAULT
 
 
 def register(sub) -> None:
@@ -27,17 +28,9 @@ def register(sub) -> None:
     p.add_argument("--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)")
     p.add_argument("--out", default=None, help="write the plan here (atomically) instead of stdout")
     p.add_argument("--json", action="store_true", help='print one object {"plan","valid","report","stats"}')
-    p.add_argument("--max-tokens", type=positive_int, default=512, help="token budget per attempt")
-    p.add_argument("--attempts", type=int, default=2, help="repair attempts after the first (default 2)")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="cap on plan steps")
-    p.add_argument("--no-thinking", action="store_true", help="no <think> span even if the model has one")
-    p.add_argument("--no-solver", action="store_true",
-                   help="do not complete the steps from the plan's goal with the symbolic solver")
-    add_model_args(p, model_default=None,
-                   model_help=f"{PLANNER_DEFAULT} (the default, once pulled: `thor models pull {PLANNER_DEFAULT}`), "
-                              "default (the embedded SmolLM2-135M-Instruct: no download, plans worse), a name from "
-                              "`thor models list`, an HF dir, or a .gguf file")
-    add_spec_args(p, default="auto")
+    add_config_args(p, ("planner", "model", "engine", "speculation"))
+    p.add_argument("--no-thinking", dest="cfg__planner__thinking", action="store_const", const="off",
+                   default=argparse.SUPPRESS, help="the same as --thinking off")
     p.set_defaults(func=run)
 
 
@@ -53,32 +46,16 @@ def write_atomic(path: Path, text: str) -> None:
     write_text_atomic(path, text)
 
 
-def planner_model(model: str | None, root: Path | None = None) -> str:
-    """--model as given, else the planner default when it is pulled. Not pulled: an error naming
-    both ways on, never a quiet fall-back to a model that plans worse."""
-    if model is not None:
-        return model
-    from thor_runtime.models import CATALOG, human_size, is_pulled, models_dir
-
-    entry = CATALOG[PLANNER_DEFAULT]
-    if not is_pulled(entry, models_dir(root)):
-        raise ThorError(f"the default planner model {PLANNER_DEFAULT} is not installed: run `thor models pull "
-                        f"{PLANNER_DEFAULT}` ({human_size(entry.size)} from the package registry), or pass "
-                        f"--model default for the small embedded model (no download; plans worse)")
-    return PLANNER_DEFAULT
-
-
-def _load_inputs(args):
+def _load_inputs(args, config):
     from agent.files import load_schema, load_skills, load_world, resolve_skills_path
     from agent.grammar import check_schema
     from agent.planner import specialize_request
 
-    if args.attempts < 0:
-        raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
-    if args.spec in ("dflash", "combined", "hybrid") or (args.spec == "auto" and args.drafter):
+    spec = config.speculation
+    if spec.method in ("dflash", "combined", "hybrid") or (spec.method == "auto" and spec.drafter):
         from thor_runtime.speculative import DEFAULT_DRAFTER
 
-        drafter = Path(args.drafter) if args.drafter else DEFAULT_DRAFTER
+        drafter = Path(spec.drafter) if spec.drafter else DEFAULT_DRAFTER
         if not drafter.exists():
             raise ThorError(f"DFlash drafter not found: {drafter} (pass --drafter DIR, or --spec ngram)")
     if args.out and not Path(args.out).parent.is_dir():
@@ -89,24 +66,19 @@ def _load_inputs(args):
     # Read the task and specialize the schema once, here without the model, so an unsupported
     # keyword or an unusable skill set is reported before minutes of model loading on a small
     # board; the planner compiles this same schema for the model's tokenizer.
-    request = specialize_request(args.task, world, skills, schema, args.max_steps)
+    request = specialize_request(args.task, world, skills, schema, config.planner.max_steps or None)
     check_schema(request.schema)
-    args.model = planner_model(args.model)  # after the files: bad input is reported first, whatever the model
     return request
 
 
 def run(args) -> int:
-    from agent.planner import Planner
-
-    request = _load_inputs(args)
+    config = config_from_args(args)
+    request = _load_inputs(args, config)
     world, skills = request.world, request.skills
     _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
          f"{len(skills.skills)} skills from {skills.source}")
-    _log(f"loading model {args.model} ...")
-    loaded, rt = build_runtime(args)
-    planner = Planner(rt, loaded.tokenizer, speculation(args, loaded), max_tokens=args.max_tokens,
-                      attempts=args.attempts, thinking=False if args.no_thinking else None,
-                      max_steps=args.max_steps, on_progress=_log, complete=not args.no_solver)
+    _log(f"loading model {config.model.name} ...")
+    planner = make_planner(build_runtime(config), on_progress=_log)
     res = planner.plan(planner.compile(request))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:

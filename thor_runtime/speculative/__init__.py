@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ThorError
+from ..runtime_config import SPEC_METHODS, SpeculationSettings as _Defaults
 from .budget import DraftBudget
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from .accept import RelaxedConfig
     from .base import Proposer
 
-SPEC_METHODS = ("none", "ngram", "dflash", "combined", "auto", "hybrid")   # what --spec accepts
 # Earlier spellings, still accepted, and the method each names: "hybrid" was the drafter plus
 # prompt lookup until the word came to mean the Gated-DeltaNet models (thor_runtime/hybrid/).
 SPEC_ALIASES = {"hybrid": "combined"}
@@ -30,13 +30,13 @@ class SpecOptions:
     method: str = "none"
     drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one for the default target
     block_size: int | None = None     # DFlash block B (K = B - 1); None = the drafter's own
-    window: int = 128                 # DFlash per-token context window W
+    window: int = _Defaults.window    # DFlash per-token context window W
     seed_window: bool = True          # fill the window from the prompt tail at prefill
-    ngram_k: int = 8
+    ngram_k: int = _Defaults.ngram_k
     ngram_min: int = 2
     ngram_max: int = 4
     fixed_k: bool = False             # verify all K drafts every cycle (no draft budget)
-    lookup_rate: float = 0.8          # combined: prior per-token acceptance of a lookup draft
+    lookup_rate: float = _Defaults.lookup_rate   # combined: prior per-token acceptance of a lookup draft
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
