@@ -226,3 +226,38 @@ def test_cuda_drafter_block_graph(tiny_dirs):
         assert (p._block._graph is not None) == graphs
     assert runs[0].token_ids == runs[1].token_ids
     assert runs[0].stats.accepted == runs[1].stats.accepted
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_hybrid_slot_rollback_equals_padded_steps(tiny_hybrid_dirs):
+    """A padded verify of K + 1 rows cropped to n accepted: the recurrent state, conv window and
+    KV bytes are exactly those of n + 1 padded plain steps; the replay rollback (an unpadded
+    re-forward, another shape) agrees within bf16 rounding."""
+    from thor_runtime.fixed_shape import PaddedVerify
+
+    m = on_cuda(tiny_hybrid_dirs["qwen3_5"], "bf16").model
+    pv, K, P = PaddedVerify(m, 16), 7, 30
+    ids = torch.randint(0, m.cfg.vocab_size, (P + K + 1,), generator=torch.Generator().manual_seed(2))
+    for n in (0, 3, K):
+        caches = {}
+        for how in ("slots", "steps", "replay"):
+            c = m.new_cache(64, naive=how == "replay")
+            m.prefill(ids[:P], c)
+            if how == "steps":
+                for t in range(P, P + n + 1):
+                    pv.verify(ids[t:t + 1], c)
+                    c.crop(t + 1)
+            else:
+                pv.verify(ids[P:], c)
+                c.crop(P + n + 1)
+            caches[how] = c
+        a, b, r = caches["slots"], caches["steps"], caches["replay"]
+        for j in range(len(m.cfg.gdn_layers)):
+            assert torch.equal(a.rec.current(j), b.rec.current(j)), (n, j)
+            assert torch.equal(a.rec.conv_state(j), b.rec.conv_state(j)), (n, j)
+            cos = torch.nn.functional.cosine_similarity(a.rec.current(j).flatten().double(),
+                                                        r.rec.current(j).flatten().double(), dim=0)
+            assert float(cos) > 0.999, (n, j, float(cos))
+        L = b.kv.length
+        assert torch.equal(a.kv.k[:, :, :L], b.kv.k[:, :, :L]) and torch.equal(a.kv.v[:, :, :L], b.kv.v[:, :, :L])

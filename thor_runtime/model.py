@@ -26,7 +26,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # fp32 statistics as in HF, so bf16 weights don't drift on the variance.
     if x.is_cuda:
         # one fused kernel instead of five: decode on a GPU is bound by kernel count at these sizes
-        y = F.rms_norm(x.float(), (x.shape[-1],), w, eps)
+        y = F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w     # w is kept in fp32
