@@ -154,11 +154,11 @@ def parse_act(d, skills: SkillSet | None, where: str) -> Act:
     return Act(d["do"], tuple(args.items()), times)
 
 
-def _item(d, skills, world, where):
+def _item(d, skills, where):
+    """One item of a `before`: a call or an end-state condition (no `missing`: it is no event)."""
     if isinstance(d, dict) and "do" in d:
         return parse_act(d, skills, where)
-    c = parse_cond(d, tuple(k for k in GOAL_KINDS if k != "missing"), where)
-    return c
+    return parse_cond(d, tuple(k for k in GOAL_KINDS if k != "missing"), where)
 
 
 def _every(d: dict, world: World, where: str) -> tuple[list[Cond], tuple[str, tuple]]:
@@ -188,7 +188,7 @@ def parse_goal_items(raw, world: World, skills: SkillSet | None = None, where: s
             items = d["before"]
             if set(d) != {"before"} or not isinstance(items, list) or not 2 <= len(items) <= MAX_ORDER:
                 raise ThorError(f"{at}: `before` is a list of 2..{MAX_ORDER} actions or conditions, in order")
-            orders.append(tuple(_item(x, skills, world, f"{at}.before[{j}]") for j, x in enumerate(items)))
+            orders.append(tuple(_item(x, skills, f"{at}.before[{j}]") for j, x in enumerate(items)))
         elif isinstance(d, dict) and "every" in d:
             more, s = _every(d, world, at)
             conds += [c for c in more if c not in conds]
@@ -241,10 +241,6 @@ def done(goal: Goal, p: Progress) -> bool:
         k >= len(o) for k, o in zip(p.pos, goal.orders))
 
 
-def item_text(i) -> str:
-    return i.text()
-
-
 def progress_findings(goal: Goal, p: Progress) -> list[Finding]:
     """An unmet `do` (check ``action``) or `before` (check ``order``), named."""
     out = []
@@ -254,8 +250,8 @@ def progress_findings(goal: Goal, p: Progress) -> list[Finding]:
             out.append(Finding(None, "action", f"the goal asks for {a.text()}; {seen}"))
     for k, o in zip(p.pos, goal.orders):
         if k < len(o):
-            seq = ", then ".join(item_text(i) for i in o)
-            got = (f"the steps reach {', then '.join(item_text(i) for i in o[:k])} but not "
-                   f"{item_text(o[k])} after it") if k else f"the steps never reach {item_text(o[0])}"
+            seq = ", then ".join(i.text() for i in o)
+            got = (f"the steps reach {', then '.join(i.text() for i in o[:k])} but not "
+                   f"{o[k].text()} after it") if k else f"the steps never reach {o[0].text()}"
             out.append(Finding(None, "order", f"the goal asks for {seq} in that order; {got}"))
     return out
