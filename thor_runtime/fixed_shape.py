@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .errors import ThorError
 from .kv_cache import KVCache, KVScales
-from .model import ForwardOut, attend
+from .model import ForwardOut, RopeRows, attend
 
 STEP_ROWS = 16            # rows per decode forward on CUDA: a plain step and verifies of K <= 15
 KEY_BUCKET = 256          # S is the request's reach rounded up to a power of two from here
@@ -143,10 +143,11 @@ class FixedShapeDecoder:
             # (row j * R + r is head j of the group, token r): plain multi-head attention
             # with a mask, one kernel where the matmul form takes eight.
             visible = visible.repeat(g, 1)                                           # [gR, S]
+        rope = RopeRows(*m.rope_at(pos)) if m.backend is None else pos
         h = seg.embed(self.ids)                                                      # [R, D]
         out_taps = {}
         for i in range(n_layers):
-            q, k, v = seg.pre_attn(i, h, pos)                   # q [H, R, Dh], k/v [Hkv, R, Dh]
+            q, k, v = seg.pre_attn(i, h, rope)                  # q [H, R, Dh], k/v [Hkv, R, Dh]
             c.write(i, k, v, pos)
             K, V = c.read(i, span)                                                   # [Hkv, S, Dh]
             if fused:

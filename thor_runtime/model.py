@@ -312,6 +312,14 @@ class Layer:
     bqkv: torch.Tensor | None = None    # [(H + 2 Hkv) Dh] (qwen2)
 
 
+@dataclass(frozen=True)
+class RopeRows:
+    """cos, sin [..., 1, T, Dh] of one forward's positions, passed to the layers' ``pre_attn`` in
+    place of the positions so they gather them once (on a GPU each gather is a kernel)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 @dataclass
 class ForwardOut:
     logits: torch.Tensor | None                      # [R, V] fp32 for the requested rows
@@ -495,7 +503,6 @@ class TargetModel:
         emb = torch.cat((freqs, freqs), dim=-1)                 # [S, Dh]
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         self._rope_len = n
-        self._rope_pos = self._rope_rows = None                 # rows gathered from the old tables
 
     # ---- segments
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -525,13 +532,12 @@ class TargetModel:
         cos, sin = self.rope_at(pos)                                   # [..., 1, T, Dh]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def rope_at(self, pos: torch.Tensor):
-        """cos, sin [..., 1, T, Dh] at ``pos``, gathered once per forward (every layer passes
-        the same ``pos`` tensor), not once per layer."""
-        if self._rope_pos is not pos:
-            self._rope_pos = pos
-            self._rope_rows = self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
-        return self._rope_rows
+    def rope_at(self, pos):
+        """cos, sin [..., 1, T, Dh] at ``pos``: positions [..., T], or RopeRows gathered once
+        for a whole forward (fixed_shape.py: not once per layer)."""
+        if isinstance(pos, RopeRows):
+            return pos.cos, pos.sin
+        return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
 
     def attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                   exact: bool = False) -> torch.Tensor:
