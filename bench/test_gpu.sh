@@ -25,20 +25,14 @@ files=$(grep -l "mark.cuda" tests/test_*.py)
 step "device self-test (a tiny random checkpoint; CPU fp32 is the reference)"
 "$PY" -c "import sys; sys.path.insert(0, 'tests'); from tiny import make_tiny_dir; make_tiny_dir('$OUT/.tiny', 'qwen3', seed=0)" \
   >/dev/null 2>&1 || status=1
-"$PY" -m engines.device_check --model "$OUT/.tiny" --device cuda --json "$OUT/selftest-cuda.json" || status=1
+"$PY" -m thor_app.cli selftest --model "$OUT/.tiny" --device cuda --dtype bf16 || status=1
 
 step "the CLI on the device: thor generate --device cuda, speculative"
 "$PY" -m thor_app.cli generate "pick up the red cup and place it on the table. pick up the red cup and" \
   --model "$OUT/.tiny" --device cuda --spec ngram --max-tokens 32 --json || status=1
 
-step "benchmark: CPU of this host (small shapes; GPU_BENCH_CPU_JSON: an earlier result instead), then CUDA"
-CPU_JSON=${GPU_BENCH_CPU_JSON:-$OUT/bench-cpu.json}
-if [ -z "${GPU_BENCH_CPU_JSON:-}" ]; then
-  "$PY" -m thor_app.commands.bench_device --device cpu --shapes smollm2-135m,qwen2.5-0.5b --repeats 2 \
-    --new-tokens ${GPU_BENCH_CPU_TOKENS:-32} --json "$CPU_JSON" || status=1
-fi
-"$PY" -m thor_app.commands.bench_device --device cuda --repeats 3 --json "$OUT/bench-cuda.json" \
-  --compare "$CPU_JSON" --plot "$OUT/bench-cuda.png" || status=1
+step "benchmark: thor bench --device cuda (every shape; this host's CPU beside it), then FP8 KV"
+"$PY" -m thor_app.cli bench --device cuda --repeats 3 --json "$OUT/bench-cuda.json" || status=1
 "$PY" -m thor_app.commands.bench_device --device cuda --kv-dtype fp8 --shapes qwen2.5-0.5b,qwen3-8b --repeats 3 \
   --json "$OUT/bench-cuda-fp8kv.json" || status=1
 rm -rf "$OUT/.tiny"

@@ -319,6 +319,13 @@ def run_plan(args, specs) -> int:
     return 0
 
 
+def _on_accelerator(config) -> bool:
+    """The resolved device is not the CPU: the device benchmark (bench_device.py) runs."""
+    from thor_runtime.device import resolve_device
+
+    return resolve_device(config.model.device).type != "cpu"
+
+
 def run(args) -> int:
     from thor_runtime.loading import DTYPES, resolve
     from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL
@@ -328,6 +335,9 @@ def run(args) -> int:
         args.tie_tol = DEFAULT_TIE_TOL
     if args.rollback:
         return run_rollback(args)
+    if _on_accelerator(config) and not (args.plan or args.serve or args.peers or args.backend != "torch"):
+        from .bench_device import side_by_side
+        return side_by_side(config.model.device, Path(args.json_out), args.repeats)
     if args.peers:
         from thor_app.peers.driver import run_peers
         run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,

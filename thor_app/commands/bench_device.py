@@ -341,6 +341,20 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def side_by_side(device_spec: str, out: Path, repeats: int = 3) -> int:
+    """`thor bench --device cuda`: every shape on the device, the small ones on this host's CPU
+    (its usual weights and fewer tokens: the CPU is 10-100x slower), one JSON, tables, a plot."""
+    docs = [run(device_spec, list(SHAPES), "bf16", "bf16", repeats, PLAN_SHAPE[1], None),
+            run("cpu", ["smollm2-135m", "qwen2.5-0.5b"], "fp32", "bf16", max(1, repeats - 1), 32, None)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"runs": docs}, indent=1) + "\n")
+    for d in docs:
+        print(table(d))
+    plot(docs, out.with_suffix(".png"))
+    print(f"results written to {out} and {out.with_suffix('.png')}")
+    return 0
+
+
 def main(argv=None) -> int:
     import argparse
 

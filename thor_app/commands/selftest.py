@@ -58,6 +58,14 @@ def run(args) -> int:
 
     config = config_from_args(args)
     backend_options(config)                     # a bad option combination fails before the model loads
+    from thor_runtime.device import resolve_device
+
+    device = resolve_device(config.model.device)
+    if device.type != "cpu" and config.engine.backend == "torch":
+        # the model on an accelerator: checked against itself in fp32 on the CPU
+        from engines.device_check import run_device_check
+
+        return _report(run_device_check(config.model.name, device, config.model.dtype, args.quick), args.json)
     loaded = load_model(config)
     spec = build_speculation(config, loaded)
     options = backend_options(config, spec_width(spec))
@@ -66,8 +74,9 @@ def run(args) -> int:
     rep = run_selftest(loaded, backend if backend is not None else "torch", quick=args.quick,
                        progress=progress_bar("selftest", "step"), options=options,
                        extra_checks=() if args.no_plan else (plan_check,))
-    if args.json:
-        print(json.dumps(rep.to_dict()))
-    else:
-        print(rep.summary())
+    return _report(rep, args.json)
+
+
+def _report(rep, as_json: bool) -> int:
+    print(json.dumps(rep.to_dict()) if as_json else rep.summary())
     return 0 if rep.passed else 1
