@@ -43,7 +43,7 @@ class FixedShapeDecoder:
     it owns (one sequence at a time). ``graphs``: capture CUDA graphs (default: on CUDA)."""
 
     def __init__(self, model, rows: int = STEP_ROWS, max_context: int | None = None, kv_dtype: str = "fp32",
-                 kv_scales: KVScales | None = None, graphs: bool | None = None):
+                 kv_scales: KVScales | None = None, graphs: bool | None = None, compile: bool = False):
         if rows < 1:
             raise ThorError(f"fixed-shape decode needs rows >= 1, got {rows}")
         cfg, dev = model.cfg, model.device
@@ -64,6 +64,9 @@ class FixedShapeDecoder:
         self.sdpa = dev.type == "cuda"      # attention through SDPA's fused kernel (else matmuls)
         self._captured: dict[tuple, tuple] = {}
         self._pool = None
+        # compile: the forward through torch.compile (elementwise work fused into few kernels:
+        # at batch 1 a GPU decode step is bound by its kernel count); one compile per shape.
+        self._fn = torch.compile(self._forward, dynamic=False) if compile else self._forward
 
     @property
     def captured(self) -> int:
@@ -106,7 +109,7 @@ class FixedShapeDecoder:
 
     def _run(self, span: int, taps: tuple[int, ...]):
         if not self.graphs:
-            return self._forward(span, taps)
+            return self._fn(span, taps)
         entry = self._captured.get((span, taps))
         if entry is None:
             entry = self._captured[(span, taps)] = self._capture(span, taps)
@@ -121,11 +124,11 @@ class FixedShapeDecoder:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._forward(span, taps)
+            self._fn(span, taps)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._forward(span, taps)
+            out = self._fn(span, taps)
         self._pool = graph.pool()
         return graph, out
 

@@ -341,6 +341,53 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def kernel_probe(name: str, device, repeats: int) -> dict:
+    """Where a decode step's time goes at one shape: kernels per step and the busiest ones
+    (profiler, one eager 1-row step), then the graphed 1- and 16-row steps with and without
+    torch.compile (elementwise work fused), compile time included."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from thor_runtime.fixed_shape import FixedShapeDecoder
+
+    cfg = shape_config(name)
+    model = random_model(cfg, device, torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab_size, (512,), generator=torch.Generator().manual_seed(1))
+    row = {"model_shape": name, "device": str(device)}
+    for compiled in (False, True):
+        for rows in (1, 16):
+            dec = FixedShapeDecoder(model, rows=rows, max_context=1024, kv_dtype="bf16", compile=compiled)
+            c = dec.new_cache(600)
+            model.prefill(prompt, c, chunk=256)
+            ids = torch.full((rows,), 5)
+
+            def step():
+                dec.verify(ids, c)
+                c.crop(512)
+
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            tag = f"{'compiled_' if compiled else ''}step_{rows}row"
+            row[tag + "_first_call_s"] = round(time.perf_counter() - t0, 2)
+            row[tag + "_ms"] = round(1e3 * timed(step, device, repeats * 10), 3)
+            if not compiled and rows == 1 and device.type == "cuda":
+                dec.graphs = False
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    step()
+                    sync(device)
+                dec.graphs = True
+                ev = [e for e in prof.events() if e.device_type.name == "CUDA"]
+                row["kernels_per_step"] = len(ev)
+                by = {}
+                for e in ev:
+                    by[e.name[:60]] = by.get(e.name[:60], 0.0) + e.device_time
+                row["top_kernels_us"] = {k: round(v, 1) for k, v in sorted(by.items(), key=lambda x: -x[1])[:12]}
+                row["kernel_time_us"] = round(sum(by.values()), 1)
+            print(json.dumps(row), flush=True)
+    return row
+
+
 def side_by_side(device_spec: str, out: Path, repeats: int = 3) -> int:
     """`thor bench --device cuda`: every shape on the device, the small ones on this host's CPU
     (its usual weights and fewer tokens: the CPU is 10-100x slower), one JSON, tables, a plot."""
@@ -369,7 +416,15 @@ def main(argv=None) -> int:
     p.add_argument("--compare", type=Path, action="append", default=[],
                    help="earlier result JSON (another device) to put beside this one in the plot")
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--kernel-probe", action="store_true", help="kernels per step, and torch.compile's effect")
     a = p.parse_args(argv)
+    if a.kernel_probe:
+        from thor_runtime.device import resolve_device
+
+        rows = [kernel_probe(s, resolve_device(a.device), a.repeats) for s in a.shapes.split(",")]
+        if a.json is not None:
+            a.json.write_text(json.dumps({"kernel_probe": rows}, indent=1) + "\n")
+        return 0
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
     doc = run(a.device, a.shapes.split(","), dtype, a.kv_dtype, a.repeats, a.new_tokens, a.json)
     print(table(doc))
