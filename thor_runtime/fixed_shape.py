@@ -145,7 +145,7 @@ class FixedShapeDecoder:
             # SDPA's fused kernel with the g query heads of a KV head folded into its rows
             # (row j * R + r is head j of the group, token r): plain multi-head attention
             # with a mask, one kernel where the matmul form takes eight.
-            visible = visible.repeat(g, 1)                                           # [gR, S]
+            visible = visible.repeat(g, 1)[None, None]                               # [1, 1, gR, S]
         rope = RopeRows(*m.rope_at(pos)) if m.backend is None else pos
         h = seg.embed(self.ids)                                                      # [R, D]
         out_taps = {}
@@ -154,7 +154,9 @@ class FixedShapeDecoder:
             c.write(i, k, v, pos)
             K, V = c.read(i, span)                                                   # [Hkv, S, Dh]
             if fused:
-                o = F.scaled_dot_product_attention(q.reshape(Hkv, g * R, Dh), K, V, attn_mask=visible)
+                # 4-D: SDPA's fused kernels take nothing else (3-D falls back to the math form)
+                o = F.scaled_dot_product_attention(q.reshape(1, Hkv, g * R, Dh), K[None], V[None],
+                                                   attn_mask=visible)
                 o = o.view(m.cfg.num_heads, R, Dh)                                   # [H, R, Dh]
             else:
                 o = attend(q, K, V, visible)                                         # [H, R, Dh]

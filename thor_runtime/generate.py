@@ -65,7 +65,8 @@ class Runtime:
 
     def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
                  kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0,
-                 fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None):
+                 fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None,
+                 compile: bool = False):
         """fixed_shape: run every decode forward at ``step_rows`` rows (fixed_shape.py); None =
         where kernels are not row-invariant (CUDA), for dense targets."""
         self.model, self.tok = model, tokenizer
@@ -79,7 +80,7 @@ class Runtime:
         if fixed_shape is None:
             fixed_shape = model.device.type == "cuda"
         own_cache = hasattr(model, "new_cache")
-        self.decoder = (FixedShapeDecoder(model, step_rows, max_context, kv_dtype, kv_scales)
+        self.decoder = (FixedShapeDecoder(model, step_rows, max_context, kv_dtype, kv_scales, compile=compile)
                         if fixed_shape and not own_cache else None)
         self.pad_rows = step_rows if fixed_shape and own_cache else 0
         if self.decoder is not None:

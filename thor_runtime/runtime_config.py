@@ -116,6 +116,13 @@ class ModelSettings:
     weight_cache: str = setting("auto", "prepared low-bit weight cache dir (auto = $THOR_CACHE_DIR or "
                                 "$XDG_CACHE_HOME/thor-runtime/weights; '' = no cache)", "--cache-dir")
     int4_kernel: str = setting("auto", "what int4 weights run on (auto: the fastest available)", "--int4-kernel")
+    step_rows: int = setting(16, "CUDA: rows of every decode forward — a plain step padded to them, a verify of "
+                             "up to this many — one shape, so speculative output equals plain output; caps K + 1",
+                             "--step-rows", low=1, high=64)
+    max_context: int = setting(4096, "CUDA: tokens of the static KV store (prompt + output of one request at most)",
+                               "--max-context", low=16)
+    compile: bool = setting(False, "CUDA: the decode forward through torch.compile (fewer, fused kernels; about a "
+                            "minute per shape at first use)", "--compile")
 
     def __post_init__(self):
         _validate("model", self)
