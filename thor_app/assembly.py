@@ -121,6 +121,10 @@ def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | No
             attach_to(loaded.model, None)
         return None
     k = spec_width(speculation) if speculation is not None else 0
+    if loaded.model.device.type != "cpu":
+        # off the CPU every decode forward runs step_rows rows (fixed_shape.py): the engines'
+        # verify profile must cover them
+        k = max(k, config.model.step_rows - 1)
     b = make(name, loaded.model, backend_options(config, k, **overrides), progress_bar(f"{name} engines"))
     if attach:
         attach_to(loaded.model, b)

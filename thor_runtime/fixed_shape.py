@@ -108,7 +108,8 @@ class FixedShapeDecoder:
         return ForwardOut(logits[:T], {i: t[:T] for i, t in tap_out.items()})
 
     def _run(self, span: int, taps: tuple[int, ...]):
-        if not self.graphs:
+        # A graph backend (TensorRT, ONNX Runtime) launches its own engines: left uncaptured.
+        if not self.graphs or self.model.backend is not None:
             return self._fn(span, taps)
         entry = self._captured.get((span, taps))
         if entry is None:
