@@ -12,8 +12,8 @@ import platform
 
 import torch
 
-from .selftest import (FIXED_TEXT, FP8_KV_COSINE, FP8_KV_TOP1, THRESHOLDS, WHOLE_MODEL, Check, SelftestReport,
-                       _teacher_forced, _thr_dict, compare)
+from .selftest import (FIXED_TEXT, THRESHOLDS, WHOLE_MODEL, Check, SelftestReport, _teacher_forced, _thr_dict,
+                       compare, fp8_agreement)
 
 
 def _logits_check(ref_model, dev_model, ids: torch.Tensor, precision: str) -> Check:
@@ -28,12 +28,7 @@ def _logits_check(ref_model, dev_model, ids: torch.Tensor, precision: str) -> Ch
 def _fp8_check(dev_model, ids: torch.Tensor) -> Check:
     a, _ = _teacher_forced(dev_model, ids, (), kv_dtype="bf16")
     b, _ = _teacher_forced(dev_model, ids, (), kv_dtype="fp8")
-    agree = float((a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean())
-    cos = float(torch.nn.functional.cosine_similarity(a.logits.double(), b.logits.double(), dim=-1).mean())
-    failed = tuple(n for n, bad in (("top1_agreement", agree < FP8_KV_TOP1), ("cosine", cos < FP8_KV_COSINE)) if bad)
-    return Check(f"fp8 vs bf16 KV on {dev_model.device} (teacher-forced, unit scales)", not failed,
-                 {"top1_agreement": agree, "cosine": cos},
-                 {"top1_agreement_min": FP8_KV_TOP1, "cosine_min": FP8_KV_COSINE}, failed)
+    return fp8_agreement(f"fp8 vs bf16 KV on {dev_model.device} (teacher-forced, unit scales)", a.logits, b.logits)
 
 
 def _spec_check(loaded, prompt: list[int], kv: str, n: int) -> Check:
