@@ -55,6 +55,8 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def make_generator(seed: int | None) -> torch.Generator:
+    if seed is not None and not 0 <= seed < 2**64:   # manual_seed's range; past it, an overflow
+        raise ThorError(f"seed must be in [0, 2**64), got {seed}")
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else torch.seed() % (2**63))
     return g

@@ -23,6 +23,7 @@ from .config import ServeConfig
 from .jobs import Cancelled, JobQueue, QueueFull
 from .errors import ApiError, bad_request, error_body, error_response
 from .host import ModelHost
+from .inputs import parse_body
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier, watchdog_interval, watchdog_loop
 from .openai_api import chunk_body, completion_body, completion_id, parse_chat, usage
@@ -178,10 +179,7 @@ async def _json(request: web.Request):
     except web.HTTPRequestEntityTooLarge:
         raise ApiError(413, f"request body exceeds {request.app[STATE].cfg.limits.max_body_bytes} bytes",
                        "request_too_large") from None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from None
+    return parse_body(raw)
 
 
 def _require_ready(st: ServerState) -> None:

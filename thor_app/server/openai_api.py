@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from .errors import ApiError, bad_request
+from .inputs import check_schema_shape, check_seed
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _REFUSED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")
@@ -92,6 +93,7 @@ def _response_format(v) -> tuple[str, dict | None]:
                           param="response_format")
     if "name" in js and not isinstance(js["name"], str):
         raise bad_request("response_format.json_schema.name must be a string", param="response_format")
+    check_schema_shape(js["schema"], "response_format.json_schema.schema")
     return "json_schema", js["schema"]
 
 
@@ -125,8 +127,9 @@ def parse_chat(body) -> ChatRequest:
     if not _is_num(top_p) or not 0 < top_p <= 1:
         raise bad_request("top_p must be a number in (0, 1]", param="top_p")
     seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or seed < 0):
+    if seed is not None and not _is_int(seed):
         raise bad_request("seed must be a non-negative integer", param="seed")
+    check_seed(seed)
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise bad_request("stream must be a boolean", param="stream")

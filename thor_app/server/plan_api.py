@@ -16,6 +16,7 @@ from thor_runtime.errors import ThorError
 from .config import worlds_path, skills_path
 from thor_runtime.runtime_config import PlannerSettings
 from .errors import bad_request
+from .inputs import check_schema_shape
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -37,7 +38,7 @@ def _by_name(directory: Path, name: str, what: str) -> Path:
         raise bad_request(f"{what} name {name!r} is not a plain name (letters, digits, _ . -)", param=what)
     p = directory / f"{stem}.json"
     if not p.is_file():
-        raise bad_request(f"no {what} named {stem!r} in the configured {what}s directory", code=f"{what}_not_found",
+        raise bad_request(f"no {what} named {stem!r} in the configured {what.removesuffix('s')}s directory", code=f"{what}_not_found",
                           param=what)
     return p
 
@@ -82,6 +83,7 @@ def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
         if schema is not None:
             if not isinstance(schema, dict):
                 raise bad_request("schema must be a JSON Schema object", param="schema")
+            check_schema_shape(schema, "schema")
             check_schema(schema)
     except ThorError as e:
         raise bad_request(str(e)) from None

@@ -1,0 +1,131 @@
+"""No input gives a 5xx: the bodies that once reached a 500 get a 400 with the OpenAI error
+body, before they take a queue slot; a seeded fuzz of random JSON and random bytes at every
+POST route leaves no 5xx and a live server."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from serve_util import config, hosted_loader, is_error_body, passing, wait_health
+
+from thor_app.server.app import STATE, make_app
+
+pytestmark = pytest.mark.asyncio
+MSG = [{"role": "user", "content": "pick up the red cup"}]
+CHAT, PLAN = "/v1/chat/completions", "/v1/plan"
+
+
+def nested_schema(levels: int) -> dict:
+    s: dict = {"type": "string"}
+    for _ in range(levels):
+        s = {"type": "object", "properties": {"a": s}}
+    return s
+
+
+def schema_chat(schema) -> dict:
+    return {"messages": MSG, "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+@pytest.fixture
+def client(aiohttp_client, tiny_llama):
+    async def go():
+        app = make_app(config(), loader=hosted_loader(tiny_llama), selftest=passing, watchdog_s=None)
+        c = await aiohttp_client(app)
+        assert (await wait_health(c))[0] == 200
+        return c, app[STATE]
+    return go
+
+
+# The body is sent as raw bytes: json.dumps writes "\ud800" as the escape, as a client would.
+CASES = [
+    ("seed past 2**64", CHAT, json.dumps({"messages": MSG, "seed": 2 ** 64, "temperature": 1.0}), "seed"),
+    ("a lone surrogate in a plan task", PLAN, json.dumps({"task": "pick \ud800", "world": "kitchen"}), "Unicode"),
+    ("a lone surrogate in a chat message", CHAT,
+     json.dumps({"messages": [{"role": "user", "content": "\udfff"}]}), "Unicode"),
+    ("990 nested arrays", CHAT, "[" * 990 + "]" * 990, "nests deeper"),
+    ("5000 nested arrays", PLAN, "[" * 5000, "nests deeper"),
+    ("a schema nested 150 levels", CHAT, json.dumps(schema_chat(nested_schema(150))), "nests deeper"),
+    ("a schema nested 40 levels (within the body's limit)", CHAT, json.dumps(schema_chat(nested_schema(40))),
+     "nests deeper"),
+    ("a plan schema nested 40 levels", PLAN,
+     json.dumps({"task": "x", "world": "kitchen", "schema": nested_schema(40)}), "nests deeper"),
+    ("an enum of a lone surrogate", CHAT, json.dumps(schema_chat({"enum": ["\ud800"]})), "Unicode"),
+    ("a key that is a lone surrogate", PLAN, json.dumps({"task": "x", "world": "kitchen", "\ud800": 1}),
+     "Unicode"),
+]
+
+
+@pytest.mark.parametrize("name, route, body, words", CASES, ids=[c[0] for c in CASES])
+async def test_inputs_that_were_500_are_400_before_queueing(client, name, route, body, words):
+    c, st = await client()
+    r = await c.post(route, data=body.encode(), headers={"Content-Type": "application/json"})
+    got = await r.json()
+    assert r.status == 400 and is_error_body(got), (r.status, got)
+    assert words in got["error"]["message"]
+    # refused on the loop: the worker never saw it
+    assert st.jobs.completed == 0 and not st.jobs.cancelled
+
+
+def test_the_runtime_refuses_a_seed_it_cannot_take():
+    from thor_runtime.errors import ThorError
+    from thor_runtime.sampling import make_generator
+
+    make_generator(2 ** 64 - 1)
+    with pytest.raises(ThorError, match="seed"):
+        make_generator(2 ** 64)
+
+
+# ---- seeded fuzz ---------------------------------------------------------------------------
+KEYS = ["messages", "seed", "max_tokens", "temperature", "top_p", "stop", "stream", "response_format", "model",
+        "n", "task", "world", "skills", "schema", "attempts", "max_steps", "stream_options", "tools"]
+ATOMS = [None, True, False, 0, -1, 1, 2 ** 64, 2 ** 70, -2 ** 63, 0.5, 1e308, float("nan"), float("inf"), "",
+         "kitchen", "\ud800", "\x00", "../../etc/passwd", "user", "json_schema", "x" * 300]
+
+
+def rand_value(rng: random.Random, depth: int = 0):
+    k = rng.random()
+    if depth > 4 or k < 0.45:
+        return rng.choice(ATOMS)
+    if k < 0.6:
+        return [rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if k < 0.7:
+        return [{"role": rng.choice(["user", "system", "tool", 3]), "content": rand_value(rng, depth + 1)}]
+    if k < 0.8:
+        return {"type": rng.choice(["json_schema", "json_object", "text", 1]),
+                "json_schema": {"schema": rand_value(rng, depth + 1)}}
+    if k < 0.9:   # a random schema
+        return {rng.choice(["type", "enum", "properties", "items", "$ref", "anyOf", "minItems"]):
+                rand_value(rng, depth + 1) for _ in range(rng.randint(1, 3))}
+    return {rng.choice(KEYS): rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def rand_body(rng: random.Random) -> bytes:
+    k = rng.random()
+    if k < 0.15:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
+    if k < 0.25:
+        return (rng.choice("[{") * rng.randint(1, 3000)).encode()
+    doc = {key: rand_value(rng) for key in rng.sample(KEYS, rng.randint(0, 6))}
+    if rng.random() < 0.5:
+        doc.setdefault("messages", MSG)
+        doc["max_tokens"] = rng.choice([1, 3, doc.get("max_tokens")])
+    return json.dumps(doc).encode()
+
+
+async def test_random_bodies_at_every_route_give_no_5xx(client):
+    c, _ = await client()
+    rng = random.Random(28)
+    seen: dict[int, int] = {}
+    for i in range(160):
+        route = (CHAT, PLAN)[i % 2]
+        r = await c.post(route, data=rand_body(rng), headers={"Content-Type": "application/json"})
+        body = await r.read()
+        seen[r.status] = seen.get(r.status, 0) + 1
+        assert r.status < 500, (route, r.status, body[:300])
+        if r.status >= 400:
+            assert is_error_body(json.loads(body))
+    assert seen.get(400, 0) > 40, seen        # the fuzz reaches the checks, not just one path
+    status, _ = await wait_health(c)
+    assert status == 200
