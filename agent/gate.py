@@ -20,7 +20,7 @@ from .files import SkillSet, World
 from .findings import CHECKS, Finding  # noqa: F401  (CHECKS re-exported)
 from .limits import _arg_findings, _is_num  # noqa: F401  (re-exported: the solver's safe values)
 from .specialize import PlanValidator
-from .symbolic import symbolic_findings
+from .symbolic import ParsedGoal, symbolic_findings
 
 ON_FAILURE_WORDS = ("abort", "retry")
 
@@ -123,8 +123,10 @@ def gate_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
     return out
 
 
-def check_plan(text_or_plan, schema: dict, world: World, skills: SkillSet) -> GateResult:
-    """Parse (when given text), validate against ``schema``, then run the safety gate."""
+def check_plan(text_or_plan, schema: dict, world: World, skills: SkillSet,
+               parsed: ParsedGoal | None = None) -> GateResult:
+    """Parse (when given text), validate against ``schema``, then run the safety gate.
+    ``parsed``: the plan's goal as ``parse_goal`` gives it, when the caller already has it."""
     if isinstance(text_or_plan, str):
         plan, findings = parse_plan(text_or_plan)
         if plan is None:
@@ -134,5 +136,5 @@ def check_plan(text_or_plan, schema: dict, world: World, skills: SkillSet) -> Ga
         if not isinstance(plan, dict):
             return GateResult(None, (Finding(None, "json", "the plan must be a JSON object"),))
     findings = schema_findings(plan, schema) + gate_findings(plan, world, skills)
-    findings += symbolic_findings(plan, world, skills)
+    findings += symbolic_findings(plan, world, skills, parsed)
     return GateResult(plan, tuple(findings))

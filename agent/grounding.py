@@ -27,20 +27,23 @@ from .files import World
 from .findings import Finding
 from .goals import Goal
 from .reading import TaskReading, read_task
-from .symbolic import parse_goal, states_by_object
+from .symbolic import ParsedGoal, parse_goal, states_by_object
 
 _OBJECT_KINDS = ("at", "is", "holding")
 
 
-def grounding_findings(task: str, plan, world: World, skills=None) -> list[Finding]:
+def grounding_findings(task: str, plan, world: World, skills=None, parsed: ParsedGoal | None = None,
+                       reading: TaskReading | None = None) -> list[Finding]:
     """Findings (see the module doc) for a plan whose goal parses; [] when there is no goal to
     hold to the task (the gate reports that) or the goal already says a thing is missing.
     With ``skills``, what the task's verbs ask is checked too, where a skill can make it true
-    (an object's reachable states, the robot's place), as the goal schema asks it."""
-    goal, problems = parse_goal(plan, world, skills)
+    (an object's reachable states, the robot's place), as the goal schema asks it.
+    ``parsed`` (the plan's parse_goal) and ``reading`` (the task's read_task), when the caller
+    already has them: a planner reads its task once per request and parses a goal once per attempt."""
+    goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     if goal is None or problems or any(c.kind == "missing" for c in goal):
         return []
-    r = read_task(task, world)
+    r = read_task(task, world) if reading is None else reading
     if r.lacking:       # whatever else the goal says, the thing to carry is not here
         return [Finding(None, "object", f"the task asks for {' '.join(r.lacking)}, which is no object of this "
                                         f'world; the goal is [{{"missing": "{r.lacking[-1]}"}}]')]

@@ -25,7 +25,7 @@ from thor_runtime.speculative import PLAIN, Speculation
 from thor_runtime.stats import Stats
 
 from .files import SkillSet, World, base_plan_schema
-from .gate import Finding, GateResult, check_plan
+from .gate import Finding, GateResult, check_plan, parse_plan
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
 from .prompt import build_messages
@@ -33,6 +33,7 @@ from .reading import TaskReading, read_task
 from .solver import complete as solve_from_goal
 from .solver import goal_reasons, goal_stop, stated_goal
 from .specialize import specialize
+from .symbolic import ParsedGoal, parse_goal
 
 _ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
              "committed", "jump_forward", "draft_s", "verify_s", "rest_s")
@@ -173,22 +174,26 @@ class Planner:
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
-            gate = _check(task, text, req.schema, world, skills)
+            plan, unreadable = parse_plan(text)
+            # Cut off by the budget: the goal, written before the steps, may still be whole.
+            # (or ended after it: goal_stop)
+            stated = stated_goal(text) if plan is None else None
+            base = plan if plan is not None else stated
+            # The one parse of this attempt's goal: the gate, the grounding check, the solver
+            # and a refusal's reasons all read it (a completed plan keeps the model's goal).
+            parsed = parse_goal(base, world, skills)
+            gate = _check(task, plan, unreadable, req, parsed)
             if res.finish_reason == "length" and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
             model_text = text
-            # Cut off by the budget: the goal, written before the steps, may still be whole.
-            # (or ended after it: goal_stop)
-            stated = stated_goal(text) if gate.plan is None else None
-            base = gate.plan if gate.plan is not None else stated
             if not gate.valid and self.complete and base is not None:
-                filled = solve_from_goal(base, world, skills, _max_items(req.schema))
-                again = _check(task, filled, req.schema, world, skills) if filled is not None else None
+                filled = solve_from_goal(base, world, skills, _max_items(req.schema), parsed)
+                again = _check(task, filled, [], req, parsed) if filled is not None else None
                 if again is not None and again.valid:   # the model's goal, the solver's steps
                     gate, completed, text = again, True, json.dumps(filled)
             if not gate.valid and stated is not None:   # a refusal names the goal's own reason
-                gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world, skills)))
+                gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world, skills, parsed)))
             history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
                             "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
@@ -214,12 +219,14 @@ class Planner:
         return self.tok.decode(ids).strip()
 
 
-def _check(task: str, text_or_plan, schema: dict, world: World, skills: SkillSet) -> GateResult:
-    """The gate, then the goal held to the task's words (grounding.py)."""
-    gate = check_plan(text_or_plan, schema, world, skills)
-    if gate.plan is None:
-        return gate
-    return GateResult(gate.plan, gate.findings + tuple(grounding_findings(task, gate.plan, world, skills)))
+def _check(task: str, plan: dict | None, unreadable: list, req: PreparedRequest, parsed: ParsedGoal) -> GateResult:
+    """The gate, then the goal held to the task's words (grounding.py), on the attempt's parsed
+    goal and the request's reading. ``unreadable``: why the text gave no plan (gate.parse_plan)."""
+    if plan is None:
+        return GateResult(None, tuple(unreadable))
+    gate = check_plan(plan, req.schema, req.world, req.skills, parsed)
+    return GateResult(gate.plan, gate.findings + tuple(
+        grounding_findings(task, gate.plan, req.world, req.skills, parsed, req.reading)))
 
 
 def _max_items(schema: dict) -> int:

@@ -26,7 +26,7 @@ from .files import ArgSpec, Skill, SkillSet, World
 from .goals import Act, Goal, advance, done, start
 from .limits import _arg_findings
 from .specialize import MAX_TIMEOUT_S
-from .symbolic import apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
+from .symbolic import ParsedGoal, apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
 
 MAX_STATES = 20_000
 NOTE_CHARS = 60
@@ -144,10 +144,12 @@ def _timeout(skill: Skill, tmpl: dict | None) -> float:
     return limit
 
 
-def complete(plan, world: World, skills: SkillSet, max_steps: int = 10) -> dict | None:
+def complete(plan, world: World, skills: SkillSet, max_steps: int = 10,
+             parsed: ParsedGoal | None = None) -> dict | None:
     """-> a plan with the model's goal and solver-made steps, or None (no goal, a goal naming
-    something missing, already reached, or unreachable with safe calls within ``max_steps``)."""
-    goal, problems = parse_goal(plan, world, skills)
+    something missing, already reached, or unreachable with safe calls within ``max_steps``).
+    ``parsed``: ``parse_goal(plan, world, skills)`` when the caller already has it."""
+    goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     if goal is None or problems:
         return None
     steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
@@ -192,11 +194,12 @@ def stated_goal(text: str) -> dict | None:
     return {**head, "steps": []}
 
 
-def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None) -> list:
+def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None,
+                 parsed: ParsedGoal | None = None) -> list:
     """Why a stated goal cannot be done here (a name this world lacks, a heavy, fixed or
     out-of-reach object, `missing`, a set that picks nothing, a required call out of bounds):
-    the findings a refusal should name."""
-    goal, problems = parse_goal(plan, world, skills)
+    the findings a refusal should name. ``parsed``: the plan's parse_goal, when the caller has it."""
+    goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     return problems if goal is None or problems else goal_limits(goal, world, skills)
 
 

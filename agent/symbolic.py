@@ -178,7 +178,11 @@ def execute(steps, world: World, skills: SkillSet, state: State | None = None) -
     return Execution(tuple(out), st, True, tuple(calls))
 
 
-def parse_goal(plan, world: World, skills: SkillSet | None = None) -> tuple[Goal | None, list[Finding]]:
+# what parse_goal answers: (the goal or None, the findings about it)
+ParsedGoal = tuple[Goal | None, list[Finding]]
+
+
+def parse_goal(plan, world: World, skills: SkillSet | None = None) -> ParsedGoal:
     """The plan's `goal` as a Goal over world names (goals.py: conditions, required calls,
     orders, sets expanded against the world); (None, []) when the plan has none. With
     ``skills``, a `do` is held to them (a skill and arguments of this library)."""
@@ -280,10 +284,12 @@ def process_done(goal: Goal, plan, world: World, skills: SkillSet) -> bool:
     return done(goal, run_progress(goal, ex.calls, initial_state(world)))
 
 
-def symbolic_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
+def symbolic_findings(plan: dict, world: World, skills: SkillSet, parsed: ParsedGoal | None = None) -> list[Finding]:
     """Executability by step, then the goal. Nothing is said past a step the gate already
-    refused by name (unknown skill / object / place): the state after it would be a guess."""
-    goal, out = parse_goal(plan, world, skills)
+    refused by name (unknown skill / object / place): the state after it would be a guess.
+    ``parsed``: ``parse_goal(plan, world, skills)`` when the caller already has it."""
+    goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
+    out = list(problems)        # the caller's parse is shared by its other checks: not extended in place
     if goal is not None and not out:
         out += goal_limits(goal, world, skills)
     steps = plan.get("steps") if isinstance(plan, dict) else None

@@ -190,9 +190,6 @@ def _goal_spies(monkeypatch):
     return goals, reads
 
 
-@pytest.mark.xfail(strict=True, reason="the gate, the grounding check and the solver parse the goal and read the "
-                                       "task themselves; they have to take the attempt's parsed goal and the "
-                                       "request's reading")
 def test_the_goal_is_parsed_once_per_attempt_and_the_task_read_once(tiny_llama, monkeypatch):
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")
