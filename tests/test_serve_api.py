@@ -243,6 +243,8 @@ async def test_full_queue_is_429_with_retry_after_and_a_late_request_times_out(s
     await blocker.future
     r = await queued
     assert r.status == 504 and (await r.json())["error"]["code"] == "timeout"
+    while st.jobs.depth or st.jobs.busy:   # answered at the deadline; the worker drops it after
+        await asyncio.sleep(0.01)
     assert 'thor_generations_cancelled_total{reason="timeout"} 1.0' in await (await client.get("/metrics")).text()
 
 
@@ -267,6 +269,8 @@ async def test_a_running_generation_past_its_timeout_is_cut_short(start, stream)
         err = await r.json()
         assert r.status == 504 and is_error_body(err) and err["error"]["code"] == "timeout"
         assert "0.25 s" in err["error"]["message"]
+    while st.jobs.busy:            # answered at the deadline; the worker stops at its next check
+        await asyncio.sleep(0.01)
     assert st.jobs.cancelled == {"timeout": 1} and st.jobs.completed == 0
     text = await (await client.get("/metrics")).text()
     assert 'thor_generations_cancelled_total{reason="timeout"} 1.0' in text

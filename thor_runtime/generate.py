@@ -98,8 +98,11 @@ class Runtime:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  speculation: Speculation = PLAIN, constraint=None,
-                 on_token: Callable[[int], None] | None = None) -> Result:
-        """speculation: proposer, K, draft budget and relaxed acceptance (PLAIN: K = 0)."""
+                 on_token: Callable[[int], None] | None = None,
+                 on_prefill: Callable[[int], None] | None = None) -> Result:
+        """speculation: proposer, K, draft budget and relaxed acceptance (PLAIN: K = 0).
+        on_prefill(rows done): called between prefill chunks (``prefill_chunk``), so a caller can
+        mark progress or stop a long prompt by raising; the chunks are those of an unhooked call."""
         cfg = self.model.cfg
         if constraint is None and speculation.free_text is not None:
             speculation = speculation.free_text  # per request: free text vs constrained plans
@@ -129,7 +132,7 @@ class Runtime:
         # logits) and the drafter's seed rows (their taps) always run
         reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
                   if self.prefixes is not None else 0)
-        out = self.model.prefill(ids[reused:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+        out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
         if self.prefixes is not None:
             self.prefixes.store(prompt_ids, cache)
         stats.cached_prompt_tokens = reused
@@ -168,6 +171,17 @@ class Runtime:
         stats.decode_s = time.perf_counter() - t_dec
         stats.generated = len(stop.out)
         return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
+
+    def _prefill(self, ids, cache, taps, seed_rows, on_prefill):
+        """The model's chunked prefill, with ``on_prefill`` between whole chunks. The last call
+        keeps the final row (its logits) and the drafter's seed rows (their taps)."""
+        step, head = self.prefill_chunk, 0
+        if on_prefill is not None and step > 0:
+            head = max(0, len(ids) - max(1, seed_rows)) // step * step
+        for s in range(0, head, step or 1):
+            self.model.prefill(ids[s:s + step], cache, step)
+            on_prefill(s + step)
+        return self.model.prefill(ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
 
     # ---- the three verbs' helpers
     def propose(self, proposer, seq, k, stop, params, constraint, cap):

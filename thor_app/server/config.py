@@ -28,7 +28,7 @@ def _check(cond: bool, msg: str) -> None:
 class ServerSection:
     host: str = "127.0.0.1"
     port: int = 8700
-    stall_s: float = 60.0          # a generation with no committed token this long stops the watchdog
+    stall_s: float = 60.0          # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
     shutdown_grace_s: float = 20.0  # SIGTERM: how long in-flight work may finish before it is cancelled
 
     def __post_init__(self):

@@ -21,6 +21,10 @@ from .openai_api import ChatRequest, TextStreamer, check_max_tokens
 
 log = logging.getLogger("thor.serve")
 STARTUP = ("starting", "loading", "warming_up", "self_test")
+# The service's prefill chunk when the config says one pass (0): cancellation, the deadline and
+# the watchdog's progress mark are checked between chunks. 256 is the prefill size TensorRT
+# engines are built for when the chunk is 0, so the engine cache key does not change.
+SERVICE_PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,14 @@ class Hosted:
 def default_loader(cfg: ServeConfig) -> Hosted:
     """The runtime of the config's [model], [engine] and [speculation] tables, built as every
     command builds its own (thor_app.assembly)."""
+    from dataclasses import replace
+
     from thor_app.assembly import build_runtime
 
-    a = build_runtime(cfg.runtime)
+    rc = cfg.runtime
+    if not rc.model.prefill_chunk:   # one pass: nothing could stop or mark a long prompt meanwhile
+        rc = replace(rc, model=replace(rc.model, prefill_chunk=SERVICE_PREFILL_CHUNK))
+    a = build_runtime(rc)
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
@@ -201,7 +210,8 @@ class ModelHost:
                     if delta:
                         on_text(delta)
             constraint = p.grammar.constraint() if p.grammar is not None else None
-            res = h.runtime.generate(p.ids, p.params, h.speculation, constraint=constraint, on_token=on_token)
+            res = h.runtime.generate(p.ids, p.params, h.speculation, constraint=constraint, on_token=on_token,
+                                     on_prefill=lambda rows: ctx.check())
             tail = streamer.finish(res.text) if streamer is not None else ""
             return res, tail
         return run
@@ -226,13 +236,27 @@ class ModelHost:
         from agent.planner import Planner
 
         h = self.hosted
-        planner = Planner(h.runtime, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
-                          attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
-                          grammar_tokenizer=self.gtok)
 
         def run(ctx: JobContext):
+            planner = Planner(_Checked(h.runtime, ctx), h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
+                              attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
+                              grammar_tokenizer=self.gtok)
             return planner.plan(prepared, on_token=ctx.check)
         return run
+
+
+class _Checked:
+    """The runtime as a job's planner sees it: every generate also checks the job between
+    prefill chunks (the planner passes only ``on_token``)."""
+
+    def __init__(self, runtime, ctx: JobContext):
+        self._rt, self._ctx = runtime, ctx
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    def generate(self, *args, **kw):
+        return self._rt.generate(*args, on_prefill=lambda rows: self._ctx.check(), **kw)
 
 
 def _summary(report) -> str:

@@ -3,11 +3,17 @@ a bounded queue. (Not to be confused with engines/, the backends the model's seg
 
 Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering
 /health and /metrics. A job is a plain function of a ``JobContext``; it calls ``ctx.check()``
-once per committed token (the runtime's ``on_token``), which raises ``Cancelled`` when the
-client has gone, the request's deadline has passed or the server is stopping: the generation
-ends within one cycle and its KV cache, a local of the unwound call, is freed with it.
+once per committed token (the runtime's ``on_token``) and between prefill chunks (its
+``on_prefill``), which raises ``Cancelled`` when the client has gone, the request's deadline
+has passed or the server is stopping: the generation ends within one cycle or chunk and its KV
+cache, a local of the unwound call, is freed with it.
 
-Each check also records progress; the watchdog reads it to tell a slow generation from a hung one.
+The request is answered on time even while the worker is inside a chunk: at the deadline (or
+on a shutdown) the loop fails the job's future itself (``Job.fail``), and the worker's late
+result is dropped.
+
+Each check also records progress; the watchdog reads it to tell a slow generation from a hung
+one, so a long prompt's prefill counts as progress chunk by chunk.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass
+@dataclass(eq=False)                         # identity: jobs live in a set
 class Job:
     fn: Callable[["JobContext"], Any]
     deadline: float                          # monotonic
@@ -44,10 +50,18 @@ class Job:
     tokens: int = 0                          # committed tokens seen by check()
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    timer: asyncio.TimerHandle | None = None
+
     def cancel(self, reason: str) -> None:
         with self._lock:
             if self.cancel_reason is None:
                 self.cancel_reason = reason
+
+    def fail(self, reason: str) -> None:
+        """On the loop: stop the job and answer its request now, not when the worker next checks."""
+        self.cancel(reason)
+        if not self.future.done():
+            self.future.set_exception(Cancelled(reason))
 
 
 class JobContext:
@@ -82,6 +96,7 @@ class JobQueue:
         self.cancelled: dict[str, int] = {}
         self._mean_job_s = 1.0              # running mean, for Retry-After
         self._stopping = False
+        self.pending: set[Job] = set()      # submitted, not yet answered (the loop's side)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,7 +147,27 @@ class JobQueue:
             self._q.put_nowait(job)
         except queue.Full:
             raise QueueFull(self.retry_after()) from None
+        self.pending.add(job)
+        job.timer = loop.call_later(timeout_s, job.fail, "timeout")
+        job.future.add_done_callback(lambda f: self._settled(job))
         return job
+
+    def _settled(self, job: Job) -> None:
+        self.pending.discard(job)
+        if job.timer is not None:
+            job.timer.cancel()
+        if job.future.done() and not job.future.cancelled():
+            job.future.exception()    # retrieved: a request that left has nobody to read it
+
+    def fail_all(self, reason: str, running: bool) -> int:
+        """On the loop: answer every queued job (and the running one too if ``running``) with
+        ``Cancelled(reason)`` now. -> how many."""
+        n = 0
+        for job in list(self.pending):
+            if running or not job.started:
+                job.fail(reason)
+                n += 1
+        return n
 
     # ---- the worker thread -------------------------------------------------------------------
     def _work(self) -> None:
