@@ -14,6 +14,7 @@ import torch
 from .errors import ThorError
 from .kv_cache import KVCache, KVScales
 from .prefix_cache import PrefixCache
+from .threads import ThreadGovernor
 from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
 from .model import TargetModel
 from .sampling import SamplingParams, make_generator, target_probs
@@ -83,6 +84,7 @@ class Runtime:
         self.decoder = (FixedShapeDecoder(model, step_rows, max_context, kv_dtype, kv_scales, compile=compile)
                         if fixed_shape and not own_cache else None)
         self.pad_rows = step_rows if fixed_shape and own_cache else 0
+        self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
         if self.decoder is not None:
             self.verify = self.decoder.verify
         elif self.pad_rows:
@@ -126,6 +128,7 @@ class Runtime:
 
         # ---- prefill: fills the cache, seeds the drafter window from the prompt tail
         t0 = time.perf_counter()
+        self.threads.start()
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
         # a start some recent prompt shared comes from the prefix cache; the last row (its
@@ -149,6 +152,7 @@ class Runtime:
         t_dec = time.perf_counter()
         budget_state = draft_budget.start() if draft_budget is not None else None
         while not done:
+            self.threads.tick()
             t_a = time.perf_counter()
             cap = draft_budget.cap(k, budget_state) if draft_budget is not None else k
             drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)

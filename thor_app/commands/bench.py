@@ -56,6 +56,8 @@ def register(sub) -> None:
                    help="losslessness gate: max logit regret for a divergence to count as a numerical tie "
                         "(default: speculative/lossless.py's DEFAULT_TIE_TOL)")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
+    p.add_argument("--neighbour", action="store_true",
+                   help="decode quiet and beside one CPU-bound process (bench_neighbour.py)")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
     p.add_argument("--rollback", action="store_true",
@@ -338,6 +340,9 @@ def run(args) -> int:
     if _on_accelerator(config) and not (args.plan or args.serve or args.peers or args.backend != "torch"):
         from .bench_device import side_by_side
         return side_by_side(config.model.device, Path(args.json_out), args.repeats)
+    if args.neighbour:
+        from .bench_neighbour import run_neighbour
+        return run_neighbour(args, config)
     if args.peers:
         from thor_app.peers.driver import run_peers
         run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,

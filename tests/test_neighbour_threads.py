@@ -1,0 +1,95 @@
+"""Thread pools sized to the idle cores: the governor's decisions from a given machine state,
+the /proc readings it uses, and `thor bench --neighbour` end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from thor_app.commands import bench_neighbour
+from thor_app.cli import main
+from thor_runtime import threads
+from thor_runtime.threads import ThreadGovernor, fitting_threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_fitting_threads():
+    assert fitting_threads(2, 0, n_cores=2) == 2
+    assert fitting_threads(2, 1, n_cores=2) == 1      # one busy neighbour: its core is not ours
+    assert fitting_threads(2, 5, n_cores=2) == 1      # never fewer than one
+    assert fitting_threads(4, 1, n_cores=8) == 4      # never more than asked for
+    assert fitting_threads(3, None, n_cores=2) == 3   # nothing to read: as asked
+
+
+def test_proc_readings():
+    others = threads.others_running()
+    assert others is None or others >= 0
+    assert threads.cores() >= 1
+
+
+def test_governor_follows_the_neighbour(monkeypatch, two_threads):
+    busy = {"others": threads.cores()}
+    monkeypatch.setattr(threads, "others_running", lambda: busy["others"])
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.delenv(threads.ENV, raising=False)
+    g = ThreadGovernor(every=1, min_interval_s=0.0)
+    g.start()                                         # a request starts beside a busy process
+    assert torch.get_num_threads() == 1 and g.limit == 2
+    busy["others"] = 0
+    g.tick()
+    assert torch.get_num_threads() == 1               # one quiet reading is not enough
+    g.tick()
+    assert torch.get_num_threads() == 2               # two in a row: the cores are back
+    busy["others"] = 1
+    g.tick(), g.tick()
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)                          # the caller's choice is the new limit
+    busy["others"] = 0
+    g.start()
+    assert g.limit == 2 and torch.get_num_threads() == 2
+
+
+def test_governor_leaves_one_thread_and_the_switch_off_alone(monkeypatch, two_threads):
+    monkeypatch.setattr(threads, "others_running", lambda: 7)
+    monkeypatch.setenv(threads.ENV, "0")
+    g = ThreadGovernor(every=1, min_interval_s=0.0)
+    g.start(), g.tick(), g.tick()
+    assert torch.get_num_threads() == 2 and g.changes == 0
+    monkeypatch.delenv(threads.ENV)
+    torch.set_num_threads(1)
+    g.start(), g.tick(), g.tick()
+    assert torch.get_num_threads() == 1 and g.changes == 0
+
+
+def test_summary_ratios():
+    s = bench_neighbour.summarize({"quiet": [{"decode_tok_s": 100.0, "threads_after": 2}] * 3,
+                                   "neighbour": [{"decode_tok_s": 50.0, "threads_after": 1}] * 3})
+    assert s["neighbour"]["vs_quiet"] == 0.5 and s["quiet"]["vs_quiet"] == 1.0
+
+
+def test_bench_neighbour_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
+    spawned = []
+    real = bench_neighbour.start_neighbour
+
+    def counted():
+        p = real()
+        spawned.append(p)
+        return p
+    monkeypatch.setattr(bench_neighbour, "start_neighbour", counted)
+    out = tmp_path / "n.json"
+    rc = main(["bench", "--neighbour", "--model", str(tiny_dirs["llama"]), "--repeats", "1",
+               "--max-tokens", "4", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["modes"]) == set(bench_neighbour.MODES)
+    assert all(m["decode_tok_s_median"] > 0 for m in doc["modes"].values())
+    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)   # started and gone
+    assert "neighbour-fixed" in capsys.readouterr().out
