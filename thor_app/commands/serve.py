@@ -3,8 +3,8 @@
 The config (TOML; --config, else $THOR_CONFIG, else defaults) is checked before anything
 binds: a typo exits 2 in milliseconds. The socket is bound next, so /health answers 503 with
 the reason while the model loads, warms up and runs its self-test. SIGTERM (or Ctrl-C) stops
-accepting, lets in-flight requests finish for ``server.shutdown_grace_s``, cancels what is
-left and exits 0.
+accepting, answers queued requests 503, lets in-flight ones finish for ``server.shutdown_grace_s``
+(once), cuts what is left with a proper error and exits 0.
 """
 from __future__ import annotations
 
@@ -37,13 +37,14 @@ async def serve(cfg) -> int:
 
     from aiohttp import web
 
-    from thor_app.server.app import make_app
+    from thor_app.server.app import drain, make_app
     from thor_runtime.errors import ThorError
 
     log = logging.getLogger("thor.serve")
     app = make_app(cfg)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.server.shutdown_grace_s,
-                           access_log=None)
+    # The drain below does the waiting (once, for shutdown_grace_s); by cleanup every request has
+    # been answered, so aiohttp's own shutdown wait only closes idle connections.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
     try:
@@ -61,6 +62,9 @@ async def serve(cfg) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: finishing in-flight requests (up to %.0f s)", cfg.server.shutdown_grace_s)
+    for s in list(runner.sites):        # stop accepting: new connections are refused from here
+        await s.stop()
+    await drain(app, cfg.server.shutdown_grace_s)
     await runner.cleanup()
     log.info("stopped")
     return 0

@@ -33,6 +33,7 @@ log = logging.getLogger("thor.serve")
 STATE = web.AppKey("thor_state", object)
 DISCONNECTED = web.RequestKey("disconnected", bool)
 OPEN_ROUTES = ("/health",)
+CUT_WRITE_S = 1.0                 # after the grace: time for the cut requests' answers to go out
 
 
 class ServerState:
@@ -44,6 +45,8 @@ class ServerState:
         self.jobs = JobQueue(cfg.limits.queue_size, on_cancel=self.metrics.record_cancel)
         self.created = int(time.time())
         self.tasks: list[asyncio.Task] = []
+        self.draining = False
+        self.inflight = 0              # generation requests not yet answered
 
 
 def make_app(cfg: ServeConfig, *, loader=None, selftest=None, notifier: Notifier | None = None,
@@ -53,7 +56,7 @@ def make_app(cfg: ServeConfig, *, loader=None, selftest=None, notifier: Notifier
     keys = cfg.auth.load_keys()
     state = ServerState(cfg, ModelHost(cfg, loader, selftest), notifier or Notifier.from_env(),
                         watchdog_interval() if watchdog_s == "env" else watchdog_s, keys)
-    app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[_errors, _auth])
+    app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[_errors, _auth, _gate])
     app[STATE] = state
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -103,10 +106,31 @@ async def _startup(app: web.Application) -> None:
             watchdog_loop(st.notifier, st.watchdog_s, lambda: st.jobs.stalled_for() < stall)))
 
 
-async def _shutdown(app: web.Application) -> None:
+async def drain(app: web.Application, grace_s: float) -> None:
+    """SIGTERM's drain, called once the listener is closed: refuse new requests (503), answer the
+    queued ones 503 at once, give the running one ``grace_s`` to finish, then cut it (a JSON 503,
+    or an SSE error event before [DONE]) and wait briefly for its answer to be written."""
     st = app[STATE]
+    if st.draining:
+        return
+    st.draining = True
     st.host.stopping()
-    st.notifier.send("STOPPING=1", "STATUS=stopping")
+    st.notifier.send("STOPPING=1", "STATUS=stopping: finishing in-flight requests")
+    st.jobs.refuse_new()
+    queued = st.jobs.fail_all("shutdown", running=False)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + grace_s
+    while st.inflight and loop.time() < end:     # the queued ones leave within a turn
+        await asyncio.sleep(0.02)
+    cut = st.jobs.fail_all("shutdown", running=True)
+    end = loop.time() + CUT_WRITE_S
+    while st.inflight and loop.time() < end:
+        await asyncio.sleep(0.02)
+    log.info("drained: %d queued answered 503, %d cut at the grace's end, %d unanswered", queued, cut, st.inflight)
+
+
+async def _shutdown(app: web.Application) -> None:
+    await drain(app, 0.0)       # no-op after serve's drain; a runner torn down without it cuts at once
 
 
 async def _cleanup(app: web.Application) -> None:
@@ -115,7 +139,8 @@ async def _cleanup(app: web.Application) -> None:
     for t in st.tasks:
         t.cancel()
     await asyncio.gather(*st.tasks, return_exceptions=True)
-    await asyncio.to_thread(st.jobs.stop, True)
+    # the drain has cut the running job; it stops at its next check (a daemon thread either way)
+    await asyncio.to_thread(st.jobs.stop, True, CUT_WRITE_S)
     st.notifier.close()
 
 
@@ -172,6 +197,22 @@ async def _auth(request: web.Request, handler):
     return await handler(request)
 
 
+@web.middleware
+async def _gate(request: web.Request, handler):
+    """Counts the generation requests in flight (the drain waits on them); refuses new ones
+    once draining."""
+    st = request.app[STATE]
+    if request.method != "POST":
+        return await handler(request)
+    if st.draining:
+        raise ApiError(503, "the server is shutting down", "shutting_down", headers={"Retry-After": "5"})
+    st.inflight += 1
+    try:
+        return await handler(request)
+    finally:
+        st.inflight -= 1
+
+
 # ---- helpers --------------------------------------------------------------------------------
 async def _json(request: web.Request):
     try:
@@ -189,6 +230,8 @@ def _require_ready(st: ServerState) -> None:
 
 
 def _submit(st: ServerState, fn):
+    if st.draining:      # parsed while the drain began
+        raise ApiError(503, "the server is shutting down", "shutting_down", headers={"Retry-After": "5"})
     try:
         return st.jobs.submit(fn, st.cfg.limits.request_timeout_s)
     except QueueFull as e:
@@ -199,7 +242,7 @@ def _submit(st: ServerState, fn):
 def _cancelled_error(st: ServerState, c: Cancelled) -> ApiError:
     if c.reason == "timeout":
         return ApiError(504, f"the request took longer than {st.cfg.limits.request_timeout_s} s", "timeout")
-    return ApiError(503, "the server is shutting down", "shutting_down")
+    return ApiError(503, "the server is shutting down", "shutting_down", headers={"Retry-After": "5"})
 
 
 async def _result(st: ServerState, request: web.Request, job):

@@ -159,6 +159,9 @@ class JobQueue:
         if job.future.done() and not job.future.cancelled():
             job.future.exception()    # retrieved: a request that left has nobody to read it
 
+    def refuse_new(self) -> None:
+        self._stopping = True
+
     def fail_all(self, reason: str, running: bool) -> int:
         """On the loop: answer every queued job (and the running one too if ``running``) with
         ``Cancelled(reason)`` now. -> how many."""
