@@ -341,7 +341,7 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def kernel_probe(name: str, device, repeats: int) -> dict:
+def kernel_probe(name: str, device, repeats: int, row_counts: tuple[int, ...] = (1, 16)) -> dict:
     """Where a decode step's time goes at one shape: kernels per step and the busiest ones
     (profiler, one eager 1-row step), then the graphed 1- and 16-row steps with and without
     torch.compile (elementwise work fused), compile time included."""
@@ -355,7 +355,7 @@ def kernel_probe(name: str, device, repeats: int) -> dict:
     prompt = torch.randint(0, cfg.vocab_size, (512,), generator=torch.Generator().manual_seed(1))
     row = {"model_shape": name, "device": str(device)}
     for compiled in (False, True):
-        for rows in (1, 16):
+        for rows in row_counts:
             dec = FixedShapeDecoder(model, rows=rows, max_context=1024, kv_dtype="bf16", compile=compiled)
             c = dec.new_cache(600)
             model.prefill(prompt, c, chunk=256)
@@ -371,7 +371,7 @@ def kernel_probe(name: str, device, repeats: int) -> dict:
             tag = f"{'compiled_' if compiled else ''}step_{rows}row"
             row[tag + "_first_call_s"] = round(time.perf_counter() - t0, 2)
             row[tag + "_ms"] = round(1e3 * timed(step, device, repeats * 10), 3)
-            if not compiled and rows == 1 and device.type == "cuda":
+            if not compiled and rows == row_counts[0] and device.type == "cuda":
                 dec.graphs = False
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     step()
@@ -417,11 +417,13 @@ def main(argv=None) -> int:
                    help="earlier result JSON (another device) to put beside this one in the plot")
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--kernel-probe", action="store_true", help="kernels per step, and torch.compile's effect")
+    p.add_argument("--probe-rows", default="1,16", help="--kernel-probe: comma list of step row counts")
     a = p.parse_args(argv)
     if a.kernel_probe:
         from thor_runtime.device import resolve_device
 
-        rows = [kernel_probe(s, resolve_device(a.device), a.repeats) for s in a.shapes.split(",")]
+        counts = tuple(int(r) for r in a.probe_rows.split(","))
+        rows = [kernel_probe(s, resolve_device(a.device), a.repeats, counts) for s in a.shapes.split(",")]
         if a.json is not None:
             a.json.write_text(json.dumps({"kernel_probe": rows}, indent=1) + "\n")
         return 0
