@@ -248,7 +248,7 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
         return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
 
     monkeypatch.setattr(agent.bench, "eval_bench", fake_eval_bench)
-    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt: SimpleNamespace(model=None, tokenizer=None))
+    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(model=None, tokenizer=None))
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
     out = tmp_path / "eval.json"
     assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward", "--model", "m",

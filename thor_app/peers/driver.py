@@ -99,7 +99,7 @@ def _p90(xs):
 def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | None = None,
               threads: int = 2, log=print, **counts) -> dict:
     """counts: overrides of max_tokens, plan_max_tokens, decode_prompts, plans, repeats."""
-    from thor_app.commands.bench import device_info
+    from thor_app.commands.bench_report import device_info
     from thor_runtime.loading import resolve
 
     cfg = {**(SHORT if short else FULL), **{k: v for k, v in counts.items() if v is not None}}

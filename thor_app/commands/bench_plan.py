@@ -1,0 +1,85 @@
+"""`thor bench --plan`: constrained planning on the sample worlds (latency per proposer), or with
+--plan-set eval the held-out evaluation sets (task success, refusals, unsafe plans per model)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from thor_app.assembly import load_model, make_runtime, with_settings
+from thor_app.flags import config_from_args
+from thor_runtime.errors import ThorError
+
+from .bench_report import device_info, peak_rss_mb, print_table
+
+
+EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
+                "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
+                "latency_median_s"]
+
+
+def _eval_dir(given: str | None) -> tuple[Path, str]:
+    """-> (the evaluation set's directory, how the results name it). A relative path that is
+    not under the working directory is looked up in the source tree, so `agent/evalsets/NAME` works
+    from anywhere."""
+    from agent.evaluation import EVAL_DIR
+
+    if given is None:
+        return EVAL_DIR, "agent/evalsets/1-greenhouse-workshop-pharmacy-depot"
+    p = Path(given)
+    if not p.is_dir() and not p.is_absolute() and (EVAL_DIR.parents[2] / p).is_dir():
+        p = EVAL_DIR.parents[2] / p
+    if not (p / "tasks.json").is_file():
+        raise ThorError(f"--eval-dir {given}: no tasks.json there (an evaluation set is tasks.json + worlds/)")
+    return p, given
+
+
+def run_eval(args, specs) -> int:
+    from agent.bench import eval_bench
+    from agent.evaluation import load_eval_set
+
+    if args.attempts < 0:
+        raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
+    eval_dir, eval_name = _eval_dir(args.eval_dir)
+    load_eval_set(eval_dir)             # a bad set fails here, before any model is loaded
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    config = _plan_config(args, wdt, kv)
+    models = [m.strip() for m in (args.models or config.model.name).split(",") if m.strip()]
+    rows = []
+    for m in models:
+        loaded = load_model(config, name=m)
+        rt = make_runtime(config, loaded)
+        for r in eval_bench(rt, loaded.tokenizer, specs[0], config.speculation.drafter or None, modes, args.attempts,
+                            limit=args.eval_limit, directory=eval_dir):
+            rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
+    doc = {"device": device_info(config), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
+           "prefix_cache": args.prefix_cache,
+           "eval_dir": eval_name, "eval_rows": rows}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, EVAL_COLUMNS)
+    return 0
+
+
+def _plan_config(args, wdt: str, kv: str):
+    """The plan benches' runtime: the first --configs pair, --prefix-cache (default 0)."""
+    return with_settings(config_from_args(args), model__dtype=wdt, model__kv_dtype=kv,
+                         model__prefix_cache=args.prefix_cache)
+
+
+def run_plan(args, specs) -> int:
+    from agent.bench import plan_bench
+
+    if args.plan_set == "eval":
+        return run_eval(args, specs)
+
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    config = _plan_config(args, wdt, kv)
+    loaded = load_model(config)
+    rt = make_runtime(config, loaded)
+    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None)
+    doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout, "kv": kv,
+           "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
+                       "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
+    return 0
