@@ -113,7 +113,9 @@ def goal_forms(skills: SkillSet) -> str:
                      + [f'"{t}" -> [{g}]' for need, t, g in _PROCESS_EXAMPLES if need <= have])
 
 
-def system_prompt(world: World, skills: SkillSet) -> str:
+def shared_instructions(skills: SkillSet) -> str:
+    """The system text every world and task on ``skills`` shares. It opens the prompt, so its
+    K/V can be computed once and kept on disk (thor_runtime/prefix_store.py)."""
     return "\n".join([
         "You are a robot task planner. Reply with one JSON plan and nothing else.",
         "Example: " + _EXAMPLE,
@@ -122,8 +124,11 @@ def system_prompt(world: World, skills: SkillSet) -> str:
         "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
         "Skills:",
         *(describe_skill(s) for s in skills.skills),
-        describe_world(world),
     ])
+
+
+def system_prompt(world: World, skills: SkillSet) -> str:
+    return shared_instructions(skills) + "\n" + describe_world(world)
 
 
 def format_errors(errors) -> str:

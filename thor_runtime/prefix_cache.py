@@ -9,7 +9,8 @@ a chunked prefill whose first chunk is that start (the same rows run the same ke
 guarantees of `--prefill-chunk` hold: see docs/performance.md, "KV cache").
 
 Entries are copies, never shared with a running sequence, so a generation's rollbacks cannot
-touch them; least recently used goes first.
+touch them; least recently used goes first. Pinned entries (a shared start restored from disk,
+prefix_store.py) are never evicted and not counted in ``entries``.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class PrefixCache:
             raise ValueError("a prefix cache needs entries >= 1 and min_tokens >= 1")
         self.entries, self.min_tokens = entries, min_tokens
         self._items: list[_Entry] = []          # most recently used last
+        self._pinned: list[_Entry] = []
         self.hits = self.tokens_reused = 0
 
     def __len__(self) -> int:
@@ -49,19 +51,28 @@ class PrefixCache:
     def nbytes(self) -> int:
         return sum(e.cache.nbytes() for e in self._items)
 
+    def pin(self, ids, cache: KVCache) -> None:
+        """Keep ``cache`` (holding exactly the K/V of ``ids``) for good: the same ids replace it."""
+        ids = tuple(ids)
+        self._pinned = [e for e in self._pinned if e.ids != ids] + [_Entry(ids, cache)]
+
+    def pinned(self) -> list[tuple[int, ...]]:
+        return [e.ids for e in self._pinned]
+
     def restore(self, ids, cache: KVCache, limit: int) -> int:
         """Fill the empty ``cache`` with the longest start of ``ids`` (at most ``limit`` tokens)
         that an entry holds; returns how many positions it now has (0: none was good enough)."""
         best, n = None, 0
-        for e in self._items:
+        for e in self._pinned + self._items:    # on a tie the earlier (pinned: memory-mapped) wins
             m = min(common_prefix(e.ids, ids), limit)
             if m > n:
                 best, n = e, m
         if best is None or n < self.min_tokens:
             return 0
         cache.load_prefix(best.cache, n)
-        self._items.remove(best)
-        self._items.append(best)
+        if best in self._items:
+            self._items.remove(best)
+            self._items.append(best)
         self.hits += 1
         self.tokens_reused += n
         return n

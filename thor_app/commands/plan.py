@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from thor_app.assembly import build_runtime, make_planner
+from thor_app.prefix import attach_prefix, prefix_dir
 from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.errors import NoValidPlan, ThorError
 from thor_runtime.fileio import write_text_atomic
@@ -78,7 +79,10 @@ def run(args) -> int:
     _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
          f"{len(skills.skills)} skills from {skills.source}")
     _log(f"loading model {config.model.name} ...")
-    planner = make_planner(build_runtime(config), on_progress=_log)
+    assembled = build_runtime(config)
+    # the prompt start this skill library shares, from disk when an earlier run stored it
+    attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills, prefix_dir(config), _log)
+    planner = make_planner(assembled, on_progress=_log)
     res = planner.plan(planner.compile(request))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:

@@ -1,0 +1,132 @@
+"""The persistent prefix: the shared prompt start's K/V on disk, loaded by a new runtime, refused
+on any mismatch (and rebuilt), never read half-written; a plan with it is byte-identical to one
+without, for fp32 and FP8 KV."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_agent import world_and_skills
+
+import thor_runtime.prefix_store as store
+from agent.planner import Planner
+from agent.prompt import build_messages
+from thor_app.prefix import attach_prefix, shared_prefix_ids
+from thor_runtime.generate import Runtime
+from thor_runtime.kv_cache import KVScales
+from thor_runtime.sampling import SamplingParams
+
+TASK = "put the apple on the table"
+
+
+@pytest.fixture(scope="module")
+def small_skills():
+    """Two skills: a shared start that fits the tiny models' 1024-token context."""
+    import json
+
+    from agent.files import DEFAULT_SKILLS, skills_from_dict
+
+    doc = json.loads(DEFAULT_SKILLS.read_text())
+    return skills_from_dict({**doc, "skills": doc["skills"][:2]}, "two skills")
+
+
+def _runtime(m, kv="fp32", prefix_cache=2):
+    return Runtime(m.model, m.tokenizer, kv_dtype=kv, prefix_cache=prefix_cache)
+
+
+def _key(rt, ids):
+    return store.prefix_key(rt.model, rt.kv_dtype, KVScales.unit(rt.model.cfg), ids)
+
+
+def test_the_shared_ids_open_every_prompt(default_model):
+    tok = default_model.tokenizer
+    w, s = world_and_skills("kitchen")
+    ids = shared_prefix_ids(tok, s)
+    for world in ("kitchen", "warehouse"):
+        full = tok.encode_chat(build_messages(TASK, world_and_skills(world)[0], s))
+        assert full[:len(ids)] == ids and len(full) > len(ids)
+    assert len(ids) > 100                         # instructions, examples and skills, not a stub
+
+
+def test_stored_then_loaded_by_a_new_runtime(default_model, tmp_path):
+    tiny_llama = default_model
+    w, s = world_and_skills("kitchen")
+    first = attach_prefix(_runtime(tiny_llama), tiny_llama.tokenizer, s, tmp_path)
+    assert first["source"] == "built" and os.path.exists(first["path"])
+    rt = _runtime(tiny_llama)
+    again = attach_prefix(rt, tiny_llama.tokenizer, s, tmp_path)
+    assert again["source"] == "disk" and again["path"] == first["path"]
+    assert list(tmp_path.iterdir()) == [tmp_path / os.path.basename(first["path"])]   # no temp files left
+    ids = list(rt.prefixes.pinned()[0])
+    res = rt.generate(tiny_llama.tokenizer.encode_chat(build_messages(TASK, w, s)), SamplingParams(max_tokens=2))
+    assert res.stats.cached_prompt_tokens == len(ids)      # a new process prefills only world + task
+
+
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_a_plan_with_the_stored_prefix_is_byte_identical(default_model, tmp_path, kv):
+    tiny_llama = default_model
+    w, s = world_and_skills("kitchen")
+    tok = tiny_llama.tokenizer
+
+    def plan(rt):
+        return Planner(rt, tok, attempts=0, thinking=False, max_tokens=48, complete=False).plan(TASK, w, s)
+
+    without = plan(_runtime(tiny_llama, kv, prefix_cache=0))
+    attach_prefix(_runtime(tiny_llama, kv), tok, s, tmp_path)          # another process stored it
+    rt = _runtime(tiny_llama, kv)
+    assert attach_prefix(rt, tok, s, tmp_path)["source"] == "disk"
+    with_prefix = plan(rt)
+    assert rt.prefixes.hits == 1 and rt.prefixes.tokens_reused == len(rt.prefixes.pinned()[0])
+    assert with_prefix.text == without.text and with_prefix.plan == without.plan
+
+
+def _stored(tiny_llama, tmp_path, s, kv="fp32"):
+    rt = _runtime(tiny_llama, kv)
+    info = attach_prefix(rt, tiny_llama.tokenizer, s, tmp_path)
+    return rt, list(rt.prefixes.pinned()[0]), info["path"]
+
+
+def test_refused_on_any_mismatch(tiny_llama, tmp_path, small_skills):
+    rt, ids, path = _stored(tiny_llama, tmp_path, small_skills)
+    cfg, dt, sc = rt.model.cfg, rt.model.dtype, KVScales.unit(rt.model.cfg)
+    key = _key(rt, ids)
+    assert store.load(path, key, ids, cfg, "fp32", dt, sc) is not None
+    assert store.load(path, {**key, "kv_dtype": "fp8"}, ids, cfg, "fp8", dt, sc) is None       # KV dtype
+    assert store.load(path, {**key, "dtype": "torch.bfloat16"}, ids, cfg, "fp32", dt, sc) is None  # weights
+    assert store.load(path, {**key, "source": "/elsewhere/model"}, ids, cfg, "fp32", dt, sc) is None  # model
+    other = ids[:-1] + [ids[-1] + 1]
+    assert store.load(path, key, other, cfg, "fp32", dt, sc) is None                          # a token
+    assert store.load(path, _key(rt, other), other, cfg, "fp32", dt, sc) is None              # ids inside
+    # another KV dtype or another token sequence is another file: never this one
+    fp8 = _runtime(tiny_llama, "fp8")
+    assert store.prefix_path(tmp_path, _key(fp8, ids)) != store.prefix_path(tmp_path, key)
+
+
+def test_rebuilt_after_a_truncated_or_damaged_file(tiny_llama, tmp_path, small_skills):
+    _, ids, path = _stored(tiny_llama, tmp_path, small_skills)
+    whole = open(path, "rb").read()
+    for bad in (whole[:len(whole) // 2], whole[:7], whole + b"\0", b"\xff" * 64):
+        with open(path, "wb") as f:
+            f.write(bad)
+        rt, again, p2 = _stored(tiny_llama, tmp_path, small_skills)
+        assert p2 == path and again == ids
+        assert len(open(path, "rb").read()) == len(whole)       # rebuilt whole (the header's order may vary)
+        assert attach_prefix(_runtime(tiny_llama), tiny_llama.tokenizer, small_skills, tmp_path)["source"] == "disk"
+
+
+def test_a_killed_write_leaves_no_file_that_is_read(tiny_llama, tmp_path, monkeypatch, small_skills):
+    import safetensors.torch
+
+    def dies(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\x10\x00\x00\x00half a header")
+        raise KeyboardInterrupt                                  # killed mid-write
+    monkeypatch.setattr(safetensors.torch, "save_file", dies)
+    with pytest.raises(KeyboardInterrupt):
+        _stored(tiny_llama, tmp_path, small_skills)
+    assert list(tmp_path.iterdir()) == []                        # neither the name nor the temp file
+    # a temp file left by a process killed outright (no cleanup) is never read either
+    (tmp_path / ".x.safetensors.tmp").write_bytes(b"\x10\x00\x00\x00half")
+    monkeypatch.undo()
+    rt, ids, path = _stored(tiny_llama, tmp_path, small_skills)
+    assert os.path.basename(path) != ".x.safetensors.tmp" and _stored(tiny_llama, tmp_path, small_skills)[1] == ids

@@ -1,0 +1,89 @@
+"""The planner's persistent prefix: the K/V of the prompt start every world and task on a skill
+library shares, loaded from disk at start (or computed once and stored), so a new process and
+a new world prefill only the world and the task. `thor plan` and the service call this after
+building their runtime; the storage itself is thor_runtime/prefix_store.py.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from thor_runtime.loading.weight_cache import default_cache_dir
+from thor_runtime.kv_cache import KVScales
+from thor_runtime.prefix_cache import common_prefix
+from thor_runtime.prefix_store import load, prefix_key, prefix_path, save
+
+
+def prefix_dir(config) -> Path | None:
+    """Beside the prepared weights (model.weight_cache): '' there keeps nothing on disk here either."""
+    where = config.model.weight_cache
+    if where == "":
+        return None
+    return (default_cache_dir() if where == "auto" else Path(where)) / "prefixes"
+
+
+def shared_prefix_ids(tokenizer, skills) -> list[int]:
+    """The token ids every planning prompt on ``skills`` starts with. Two prompts that differ
+    only past the shared text are rendered and their common start taken, so the chat template's
+    tokens and any merge at the boundary are accounted for, whatever the tokenizer."""
+    from agent.prompt import shared_instructions
+
+    text = shared_instructions(skills)
+    a, b = ([{"role": "system", "content": f"{text}\nWorld: {w}"}, {"role": "user", "content": f"Task: {w}"}]
+            for w in ("a", "b"))
+    ids_a = tokenizer.encode_chat(a)
+    return ids_a[:common_prefix(ids_a, tokenizer.encode_chat(b))]
+
+
+def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) -> dict:
+    """Pin the shared prefix of ``skills`` in ``runtime``'s prefix cache: from ``directory`` when a
+    matching file is there, else computed and written there. -> what happened (tokens, source, s)."""
+    t0 = time.perf_counter()
+    model = runtime.model
+    if runtime.prefixes is None or directory is None or model.device.type != "cpu":
+        return {"source": "off", "tokens": 0}
+    ids = shared_prefix_ids(tokenizer, skills)
+    if len(ids) < runtime.prefixes.min_tokens:
+        return {"source": "off", "tokens": len(ids)}
+    scales = runtime.kv_scales or KVScales.unit(model.cfg)
+    key = prefix_key(model, runtime.kv_dtype, scales, ids)
+    path = prefix_path(directory, key)
+    cache = load(path, key, ids, model.cfg, runtime.kv_dtype, model.dtype, scales)
+    source = "disk"
+    if cache is None:
+        # the same call a prompt's first prefill chunk makes, so a restore equals a chunked prefill
+        cache = runtime.new_cache(len(ids))
+        with torch.inference_mode():
+            model.prefill(torch.tensor(ids, dtype=torch.long), cache, runtime.prefill_chunk)
+        source = "built"
+        try:
+            save(path, cache, ids, key)
+        except OSError as e:             # a read-only cache dir: this process still has it in memory
+            source = f"built (not stored: {e.strerror or e})"
+    runtime.prefixes.pin(ids, cache)
+    info = {"source": source, "tokens": len(ids), "s": round(time.perf_counter() - t0, 3), "path": str(path)}
+    if log is not None:
+        log(f"shared prompt prefix: {len(ids)} tokens, {source} ({info['s']:.2f} s)")
+    return info
+
+
+def attach_skill_sets(assembled, paths, log=None) -> list[dict]:
+    """The prefix of every skill set in ``paths`` (files, or directories of *.json) — the service's
+    warm-up, so a plan on any configured library starts from disk."""
+    from agent.files import load_skills
+    from thor_runtime.errors import ThorError
+
+    files = []
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    out = []
+    for f in files:
+        try:
+            skills = load_skills(f)
+        except ThorError:
+            continue                     # not a skill set: the request that names it gets the error
+        out.append(attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills,
+                                 prefix_dir(assembled.config), log))
+    return out
