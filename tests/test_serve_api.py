@@ -66,6 +66,9 @@ async def test_health_waits_for_a_slow_selftest_then_reports_it(start):
     slow.release.set()
     status, body = await wait_health(client)
     assert status == 200 and body["selftest"] == "PASS: 2/2 parity checks"
+    # open /health: the status and summary only; the full report is /health/report
+    assert set(body) == {"status", "model", "selftest", "queue_depth", "generating"}
+    body = await (await client.get("/health/report")).json()
     assert body["selftest_report"] == {"passed": True, "note": "2/2 parity checks"}
     assert body["backend"] == "torch" and body["model"] == "default"
     # what the hosted runtime runs with, read back from it (the loader here builds a bare Runtime)
@@ -90,7 +93,7 @@ async def test_failed_selftest_is_503_with_the_reason_and_never_serves(start, se
 async def test_chat_matches_the_runtime_and_streams_the_same_text(start, tiny_llama):
     client = await start()
     want = direct(tiny_llama, MSG, 24)
-    r = await client.post("/v1/chat/completions", json={"model": "x", "messages": MSG, "max_tokens": 24})
+    r = await client.post("/v1/chat/completions", json={"model": "default", "messages": MSG, "max_tokens": 24})
     assert r.status == 200
     body = await r.json()
     assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"] == want.text

@@ -47,6 +47,7 @@ async def test_onnxruntime_service_selftests_what_it_serves_and_answers_like_tor
     client = await aiohttp_client(app)
     status, body = await wait_health(client)
     assert status == 200, body
+    body = await (await client.get("/health/report")).json()
     assert body["backend"] == "onnxruntime" and body["selftest_report"]["backend"] == "onnxruntime"
     (served, attached), = seen
     assert served is attached and type(served).__name__ == "OrtBackend"

@@ -10,6 +10,7 @@ from serve_util import long_context_copy
 
 from thor_app.cli import main
 from thor_app.commands.bench_serve import TASKS, check_same_settings
+from thor_app.server.host import SERVICE_PREFILL_CHUNK
 from thor_runtime.runtime_config import ModelSettings as ModelSection
 from thor_runtime.errors import ThorError
 
@@ -28,7 +29,8 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     s = doc["settings"]
     assert s["identical"] is True and s["server"] == s["in_process"]
     want = {"source": model.name, "kv_dtype": "fp8", "dtype": "float32", "speculation": "ngram",
-            "prefix_cache": ModelSection().prefix_cache, "threads": 1, "prefill_chunk": 0}
+            "prefix_cache": ModelSection().prefix_cache, "threads": 1,
+            "prefill_chunk": SERVICE_PREFILL_CHUNK}    # the service's chunk when the config says one pass
     assert {k: s["server"][k] for k in want} == want and ModelSection().prefix_cache > 0
 
     # every task in every repeat, each side going first equally often, per-pair figures consistent

@@ -95,6 +95,9 @@ def _wait_ready(proc, port: int, log: Path) -> dict:
             raise ThorError(f"thor serve exited with {proc.returncode}: {log.read_text()[-400:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+                json.loads(r.read())
+            # ready: the runtime as built is in the full report (no keys in the bench's config)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/report", timeout=10) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             body = json.loads(e.read())

@@ -23,6 +23,7 @@ from .config import ServeConfig
 from .jobs import Cancelled, JobQueue, QueueFull
 from .errors import ApiError, bad_request, error_body, error_response
 from .host import ModelHost
+from .guard import allowed_hosts, check_host, check_json_type, check_model, model_names
 from .inputs import parse_body
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier, watchdog_interval, watchdog_loop
@@ -46,6 +47,7 @@ class ServerState:
         self.created = int(time.time())
         self.tasks: list[asyncio.Task] = []
         self.draining = False
+        self.allowed_hosts = allowed_hosts(cfg.server.host, cfg.server.allowed_hosts)
         self.inflight = 0              # generation requests not yet answered
 
 
@@ -56,9 +58,12 @@ def make_app(cfg: ServeConfig, *, loader=None, selftest=None, notifier: Notifier
     keys = cfg.auth.load_keys()
     state = ServerState(cfg, ModelHost(cfg, loader, selftest), notifier or Notifier.from_env(),
                         watchdog_interval() if watchdog_s == "env" else watchdog_s, keys)
-    app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[_errors, _auth, _gate])
+    # every start-up phase reaches systemctl status, not only the first and the last
+    state.host.on_status = lambda status, reason: state.notifier.send(f"STATUS={status}: {reason}")
+    app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[_errors, _guard, _auth, _gate])
     app[STATE] = state
     app.router.add_get("/health", health)
+    app.router.add_get("/health/report", health_report)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
@@ -182,6 +187,14 @@ async def _errors(request: web.Request, handler):
 
 
 @web.middleware
+async def _guard(request: web.Request, handler):
+    check_host(request.headers.get("Host"), request.app[STATE].allowed_hosts)
+    if request.method == "POST":
+        check_json_type(request.content_type)
+    return await handler(request)
+
+
+@web.middleware
 async def _auth(request: web.Request, handler):
     st = request.app[STATE]
     if st.keys and request.path not in OPEN_ROUTES:
@@ -223,6 +236,10 @@ async def _json(request: web.Request):
     return parse_body(raw)
 
 
+def _served_names(st: ServerState) -> frozenset[str]:
+    return model_names(st.host.model_id, st.host.hosted.loaded.source)
+
+
 def _require_ready(st: ServerState) -> None:
     if not st.host.ready:
         raise ApiError(503, f"model not ready ({st.host.status}): {st.host.reason}", "model_not_ready",
@@ -257,20 +274,36 @@ async def _result(st: ServerState, request: web.Request, job):
 
 
 # ---- handlers -------------------------------------------------------------------------------
+def _not_ready(h) -> web.Response:
+    return web.json_response({"status": h.status, "reason": h.reason,
+                              **error_body(503, h.reason, "model_not_ready")}, status=503)
+
+
 async def health(request: web.Request) -> web.Response:
+    """Open to every caller: the status and the self-test's one-line summary, nothing about where
+    or how the model is stored (that is /health/report, behind the key)."""
     st = request.app[STATE]
     h = st.host
     if not h.ready:
-        return web.json_response({"status": h.status, "reason": h.reason,
-                                  **error_body(503, h.reason, "model_not_ready")}, status=503)
+        return _not_ready(h)
+    return web.json_response({"status": "ok", "model": h.model_id,
+                              "selftest": h.reason.removeprefix("self-test passed: "),
+                              "queue_depth": st.jobs.depth, "generating": st.jobs.busy})
+
+
+async def health_report(request: web.Request) -> web.Response:
+    """The full report: runtime as built, start-up times, the self-test's whole report."""
+    st = request.app[STATE]
+    h = st.host
+    if not h.ready:
+        return _not_ready(h)
     rep = h.report
     return web.json_response({
-        "status": "ok", "model": h.model_id, "source": h.hosted.loaded.source, "backend": st.cfg.engine.backend,
+        "status": "ok", "model": h.model_id, "backend": st.cfg.engine.backend,
         "speculation": h.hosted.speculation.name, "selftest": h.reason.removeprefix("self-test passed: "),
         "selftest_report": rep.to_dict() if callable(getattr(rep, "to_dict", None)) else None,
         "runtime": h.settings(), "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()},
-        "queue_depth": st.jobs.depth,
-        "generating": st.jobs.busy})
+        "queue_depth": st.jobs.depth, "generating": st.jobs.busy})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -288,6 +321,8 @@ async def plan(request: web.Request) -> web.Response:
     st = request.app[STATE]
     _require_ready(st)
     body = await _json(request)
+    if isinstance(body, dict):
+        check_model(body, _served_names(st))
     req = await asyncio.to_thread(parse_plan, body, st.cfg.planner)
     prepared = await asyncio.to_thread(st.host.prepare_plan, req)
     job = _submit(st, st.host.plan_job(req, prepared))
@@ -303,7 +338,9 @@ async def plan(request: web.Request) -> web.Response:
 async def chat(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     _require_ready(st)
-    req = parse_chat(await _json(request))
+    body = await _json(request)
+    req = parse_chat(body)
+    check_model(body, _served_names(st))
     prepared = await asyncio.to_thread(st.host.prepare_chat, req)
     if req.stream:
         return await _chat_stream(st, request, req, prepared)

@@ -30,8 +30,15 @@ class ServerSection:
     port: int = 8700
     stall_s: float = 60.0          # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
     shutdown_grace_s: float = 20.0  # SIGTERM: how long in-flight work may finish before it is cancelled
+    # Host header names served besides the loopback ones (a web page that rebinds its own DNS
+    # name to 127.0.0.1 sends that name, and is refused)
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self):
+        _check(isinstance(self.allowed_hosts, (list, tuple)) and all(
+            isinstance(h, str) and h and h == h.strip() for h in self.allowed_hosts),
+            "server.allowed_hosts must be a list of host names")
+        object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in self.allowed_hosts))
         _check(isinstance(self.host, str) and bool(self.host), "server.host must be a non-empty string")
         _check(isinstance(self.port, int) and 0 <= self.port <= 65535, f"server.port must be 0..65535, got {self.port!r}")
         _check(_num(self.stall_s) and self.stall_s > 0, "server.stall_s must be > 0")

@@ -44,10 +44,17 @@ def default_loader(cfg: ServeConfig) -> Hosted:
 
     from thor_app.assembly import build_runtime
 
+    from .leftovers import cache_roots, remove_abandoned
+
+    remove_abandoned(cache_roots(cfg))      # before this start builds (and perhaps is killed) itself
     rc = cfg.runtime
     if not rc.model.prefill_chunk:   # one pass: nothing could stop or mark a long prompt meanwhile
         rc = replace(rc, model=replace(rc.model, prefill_chunk=SERVICE_PREFILL_CHUNK))
     a = build_runtime(rc)
+    # the planner prompt's shared start for each configured skill set: from disk, or stored there
+    from thor_app.prefix import attach_skill_sets
+    from .config import skills_path
+    attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
@@ -103,6 +110,7 @@ class ModelHost:
         self.gtok = None
         self.report = None
         self.startup_s: dict[str, float] = {}
+        self.on_status: Callable[[str, str], None] | None = None   # each phase, as it begins
         self._lock = threading.Lock()
 
     @property
@@ -119,6 +127,8 @@ class ModelHost:
                 return
             self.status, self.reason = status, reason
         log.info("%s: %s", status, reason)
+        if self.on_status is not None:
+            self.on_status(status, reason)
 
     def stopping(self) -> None:
         with self._lock:
