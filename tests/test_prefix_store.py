@@ -130,3 +130,25 @@ def test_a_killed_write_leaves_no_file_that_is_read(tiny_llama, tmp_path, monkey
     monkeypatch.undo()
     rt, ids, path = _stored(tiny_llama, tmp_path, small_skills)
     assert os.path.basename(path) != ".x.safetensors.tmp" and _stored(tiny_llama, tmp_path, small_skills)[1] == ids
+
+
+def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills, monkeypatch):
+    """The service's start: one prefix per skill set in its skills directory; a file that is not a
+    skill set, or a set too long for the model, is passed over (its requests get the error)."""
+    import json
+    from types import SimpleNamespace
+
+    from agent.files import DEFAULT_SKILLS
+    from thor_app import prefix
+
+    skills_dir = tmp_path / "skills"
+    skills_dir.mkdir()
+    doc = json.loads(DEFAULT_SKILLS.read_text())
+    (skills_dir / "two.json").write_text(json.dumps({**doc, "skills": doc["skills"][:2]}))
+    (skills_dir / "all.json").write_text(json.dumps(doc))          # past the tiny model's context
+    (skills_dir / "notes.json").write_text("{}")
+    monkeypatch.setattr(prefix, "prefix_dir", lambda config: tmp_path / "prefixes")
+    rt = _runtime(tiny_llama)
+    out = prefix.attach_skill_sets(SimpleNamespace(runtime=rt, loaded=tiny_llama, config=None), [skills_dir])
+    assert sorted(o["source"] for o in out) == ["built", "off"]
+    assert len(rt.prefixes.pinned()) == 1

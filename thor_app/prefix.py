@@ -45,10 +45,10 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
     if runtime.prefixes is None or directory is None or model.device.type != "cpu":
         return {"source": "off", "tokens": 0}
     ids = shared_prefix_ids(tokenizer, skills)
-    if len(ids) < runtime.prefixes.min_tokens:
-        return {"source": "off", "tokens": len(ids)}
+    if not runtime.prefixes.min_tokens <= len(ids) < model.cfg.max_position_embeddings - 1:
+        return {"source": "off", "tokens": len(ids)}   # too short to pay, or no room left for a task
     scales = runtime.kv_scales or KVScales.unit(model.cfg)
-    key = prefix_key(model, runtime.kv_dtype, scales, ids)
+    key = prefix_key(model, runtime.kv_dtype, scales, ids, runtime.prefill_chunk)
     path = prefix_path(directory, key)
     cache = load(path, key, ids, model.cfg, runtime.kv_dtype, model.dtype, scales)
     source = "disk"

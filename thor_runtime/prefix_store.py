@@ -10,7 +10,7 @@ that start as its first chunk would leave in the cache.
 The file is safetensors: ``k`` and ``v`` [L, Hkv, n, Dh] in the cache's storage dtype, ``ids``
 [n] int64, and the key in the metadata. The key covers what the bytes depend on: the model's
 weights file (path, size, mtime), weights dtype and form, KV dtype and scales, torch and the CPU
-kernels it dispatches to, and the exact token ids. A file whose key, ids, shapes or length do
+kernels it dispatches to, the prefill chunk, and the exact token ids. A file whose key, ids, shapes or length do
 not match is refused (the caller rebuilds it); it is written to a temporary name, flushed and
 renamed, so a reader finds the whole file or none, whatever kills the writer.
 """
@@ -44,13 +44,14 @@ def _source_identity(source) -> dict:
         return {"source": str(source)}
 
 
-def prefix_key(model, kv_dtype: str, scales, ids) -> dict:
-    """What the stored K/V depend on (see the module docstring), as strings."""
+def prefix_key(model, kv_dtype: str, scales, ids, prefill_chunk: int = 0) -> dict:
+    """What the stored K/V depend on (see the module docstring), as strings. The prefill chunk
+    too: kernels over other row counts may round otherwise."""
     ids_digest = hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()
     scales_digest = hashlib.sha256(scales.k.numpy().tobytes() + scales.v.numpy().tobytes()).hexdigest()
     key = {"format": FORMAT, **_source_identity(getattr(model, "source", "")),
            "dtype": str(model.dtype), "quant": str(getattr(model, "quant", None)),
-           "layout": str(getattr(model, "layout", None)), "kv_dtype": kv_dtype, "kv_scales": scales_digest,
+           "layout": str(getattr(model, "layout", None)), "kv_dtype": kv_dtype, "kv_scales": scales_digest, "prefill_chunk": prefill_chunk,
            "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
            "tokens": str(len(ids)), "ids_sha256": ids_digest}
     return {k: str(v) for k, v in key.items()}
