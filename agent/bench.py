@@ -11,6 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from thor_runtime.runtime_config import PlannerSettings
 from thor_runtime.speculative import SpecOptions, build_speculation
 
 from .evaluation import first_attempt_alone, load_eval_set, score, summarize
@@ -91,8 +92,8 @@ def _spread(tasks: list, limit: int | None) -> list:
     return out
 
 
-def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False), attempts: int = 2,
-               max_tokens: int = 512, limit: int | None = None, directory=None) -> list[dict]:
+def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False),
+               attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None, directory=None) -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()

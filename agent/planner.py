@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from thor_runtime.errors import ThorError
+from thor_runtime.runtime_config import PlannerSettings
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import PLAIN, Speculation
 from thor_runtime.stats import Stats
@@ -126,7 +127,8 @@ class Planner:
     """speculation: built once by ``build_speculation`` (the CLI's default is ``auto``)."""
 
     def __init__(self, runtime, tokenizer, speculation: Speculation = PLAIN,
-                 max_tokens: int = 512, attempts: int = 2, thinking: bool | None = None,
+                 max_tokens: int = PlannerSettings.max_tokens, attempts: int = PlannerSettings.attempts,
+                 thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True):
         if max_tokens < 16:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
+from thor_runtime.runtime_config import SpeculationSettings
 from thor_runtime.speculative import weights_kind
 from thor_runtime.speculative.dflash_io import default_tap_layers, save_drafter
 from thor_runtime.speculative.dflash_model import (
@@ -61,10 +62,10 @@ class DistillConfig:
     gen_n: int = 64
     gen_max_tokens: int = 192
     layers: int = 1
-    block_size: int = 16
+    block_size: int = DFlashConfig.block_size     # the drafter's own B
     taps: str = "auto"
     num_taps: int = 3
-    window: int = 128
+    window: int = SpeculationSettings.window      # W as the runtime runs it
     steps: int = 1000
     lr: float = 3e-4
     warmup: int = 50

@@ -21,6 +21,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
+from thor_runtime.runtime_config import SpeculationSettings as _Defaults
 from thor_runtime.sampling import SamplingParams
 
 from .datagen import plan_constraint
@@ -34,10 +35,10 @@ class EvalConfig:
     max_tokens: int = 128
     seed: int = 0
     block_size: int | None = None    # None = the drafter's own
-    window: int = 128
+    window: int = _Defaults.window
     prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
     constrained: bool = False        # robot prompts under the plan grammar, as the planner decodes
-    lookup_rate: float = 0.8         # the combined proposer's prior for lookup drafts
+    lookup_rate: float = _Defaults.lookup_rate   # the combined proposer's prior for lookup drafts
 
     def __post_init__(self):
         if self.constrained and self.prompt_set != "robot":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES
+from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES, PlannerSettings
 from thor_runtime.speculative import SPEC_METHODS
 
 from .bench_report import device_info
@@ -70,7 +70,7 @@ def register(sub) -> None:
     p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
     p.add_argument("--solver", choices=["both", "on", "off"], default="both",
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
-    p.add_argument("--attempts", type=int, default=2, help="--plan-set eval: repair attempts per task")
+    p.add_argument("--attempts", type=int, default=PlannerSettings.attempts, help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     p.add_argument("--eval-dir", default=None,
                    help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "

@@ -11,6 +11,7 @@ import sys
 from thor_app.flags import add_config_args, config_from_args
 from .common import positive_int
 from thor_runtime.errors import ThorError
+from thor_runtime.runtime_config import SpeculationSettings
 
 
 def _nonneg_int(s: str) -> int:
@@ -130,7 +131,8 @@ def register(sub) -> None:
     d.add_argument("--block-size", type=positive_int, default=16)
     d.add_argument("--taps", default="auto", help="auto or comma-separated target layer ids")
     d.add_argument("--num-taps", type=positive_int, default=3, help="tap count for --taps auto")
-    d.add_argument("--window", type=positive_int, default=128, help="context window W the drafter sees")
+    d.add_argument("--window", type=positive_int, default=SpeculationSettings.window,
+                   help="context window W the drafter sees")
     d.add_argument("--steps", type=positive_int, default=1000)
     d.add_argument("--lr", type=float, default=3e-4)
     d.add_argument("--warmup", type=_nonneg_int, default=50)
@@ -169,7 +171,7 @@ def register(sub) -> None:
     e.add_argument("--max-tokens", type=positive_int, default=128)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--block-size", type=positive_int, default=None)
-    e.add_argument("--window", type=positive_int, default=128)
+    e.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
     e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
     e.add_argument("--constrained", action="store_true",
                    help="decode under the plan grammar, as the planner does (robot prompts)")

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ThorError
+from ..runtime_config import RELAXED_MARGINS
+from ..runtime_config import SpeculationSettings as _Defaults
 
 
 def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:
@@ -38,12 +40,12 @@ class RelaxedConfig:
 
     begin_id: int
     end_id: int
-    top_k: int = 3
-    delta: float = 2.0
-    margin: str = "logit"
+    top_k: int = _Defaults.relaxed_topk
+    delta: float = _Defaults.relaxed_delta
+    margin: str = _Defaults.relaxed_margin
 
     def __post_init__(self):
-        if self.margin not in ("logit", "prob"):
+        if self.margin not in RELAXED_MARGINS:
             raise ThorError(f"relaxed margin must be 'logit' or 'prob', got {self.margin!r}")
         if self.top_k < 1 or self.delta < 0:
             raise ThorError("relaxed acceptance needs top_k >= 1 and delta >= 0")

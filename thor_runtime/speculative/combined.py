@@ -25,6 +25,7 @@ choice depends on the drafter's own draws only, never on the target's acceptance
 from __future__ import annotations
 
 from ..errors import ThorError
+from ..runtime_config import SpeculationSettings as _Defaults
 from .base import Proposer
 from .dflash import DFlashProposer
 from .ngram import NgramConfig, NgramProposer
@@ -33,7 +34,8 @@ from .ngram import NgramConfig, NgramProposer
 class CombinedProposer(Proposer):
     name = "combined"
 
-    def __init__(self, dflash: DFlashProposer, lookup: NgramProposer, lookup_rate: float = 0.8):
+    def __init__(self, dflash: DFlashProposer, lookup: NgramProposer,
+                 lookup_rate: float = _Defaults.lookup_rate):
         if not 0 < lookup_rate < 1:
             raise ThorError(f"combined: lookup rate must be in (0, 1), got {lookup_rate}")
         self.dflash, self.lookup, self.rate = dflash, lookup, float(lookup_rate)
@@ -45,7 +47,7 @@ class CombinedProposer(Proposer):
         self.dflash.start(prompt_ids, prompt_taps)
 
     @classmethod
-    def around(cls, dflash: DFlashProposer, lookup_rate: float = 0.8, min_n: int = 2,
+    def around(cls, dflash: DFlashProposer, lookup_rate: float = _Defaults.lookup_rate, min_n: int = 2,
                max_n: int = 4) -> "CombinedProposer":
         """The combination for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
         return cls(dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate)

@@ -55,6 +55,7 @@ from torch import nn
 
 from ..config import check_attention_dims
 from ..errors import ThorError
+from ..runtime_config import SpeculationSettings as _Defaults
 from ..model import apply_rope, attend, rms_norm
 
 
@@ -72,7 +73,7 @@ class DFlashConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 1e6
     target_id: str = ""              # informational: the target this drafter was trained for
-    window: int = 128                # default per-token context window W of the proposer
+    window: int = _Defaults.window   # default per-token context window W of the proposer
     # The target's weight kind when its taps were recorded ("fp32", "bf16", "int8", "int4";
     # "" unknown): low-bit weights shift the taps, and with them what the drafter predicts.
     target_weights: str = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ThorError
+from ..runtime_config import SpeculationSettings as _Defaults
 from .base import Proposer
 
 
@@ -15,7 +16,7 @@ from .base import Proposer
 class NgramConfig:
     min_n: int = 2
     max_n: int = 4
-    k: int = 8
+    k: int = _Defaults.ngram_k
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n:
