@@ -161,3 +161,17 @@ def test_the_service_loads_through_the_assembly_and_reports_its_device(tiny_dirs
     assert settings["device"] == "cpu" and settings["speculation"] == "none" and settings["prefix_cache"] == 2
     assert device_info(cfg.runtime)["model_device"] == "cpu"
     json.dumps(settings)
+
+
+def test_config_flags_show_what_to_give_not_where_it_is_kept(capsys):
+    """--help shows a config flag's value as a word (DEVICE, N, FILE) or its choices, never the
+    argparse destination the flag is read back from (CFG__MODEL__DEVICE)."""
+    for argv in (["generate"], ["plan"], ["bench"], ["serve"], ["selftest"], ["engines", "build"],
+                 ["calib", "eval-drafter"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv + ["--help"])
+    out = capsys.readouterr().out
+    assert "CFG__" not in out
+    for shown in ("--device DEVICE", "--prefill-chunk N", "--kv-scales FILE", "--lookup-rate X", "--model MODEL",
+                  "--kv-dtype {fp32,bf16,fp16,fp8}"):
+        assert shown in out, shown

@@ -22,6 +22,23 @@ def _dest(section: str, name: str) -> str:
     return f"{PREFIX}{section}__{name}"
 
 
+# A str field's value in --help where the field's own name does not say what to give.
+METAVARS = {"name": "MODEL", "kv_scales": "FILE", "fp8_scales": "FILE", "weight_cache": "DIR", "cache_dir": "DIR",
+            "drafter": "DIR", "int4_kernel": "KERNEL"}
+
+
+def _metavar(f) -> str | None:
+    """What --help shows after the flag: argparse would show the dest (CFG__MODEL__DEVICE).
+    None where argparse lists the choices itself."""
+    if meta(f).choices is not None:
+        return None
+    if f.default is None or type(f.default) is int:
+        return "N"
+    if type(f.default) is float:
+        return "X"
+    return METAVARS.get(f.name, f.name.upper())
+
+
 def flag_fields(section: str):
     return [f for f in fields(SECTIONS[section]) if meta(f).flag is not None]
 
@@ -43,7 +60,7 @@ def add_config_args(p: argparse.ArgumentParser, sections, defaults: dict | None 
                 g.add_argument(s.flag, action="store_false" if default else "store_true", **kw)
                 continue
             kind = type(f.default) if f.default is not None else int
-            g.add_argument(s.flag, type=kind, choices=s.choices, **kw)
+            g.add_argument(s.flag, type=kind, choices=s.choices, metavar=_metavar(f), **kw)
 
 
 def config_from_args(args, base: RuntimeConfig | None = None) -> RuntimeConfig:
