@@ -20,7 +20,7 @@ from thor_runtime.errors import ThorError
 from .conditions import Cond
 from .files import AGENT_DIR, SkillSet, World, load_skills, load_world, read_json, resolve_skills_path
 from .goals import empty_sets, parse_goal_items
-from .symbolic import HELD, apply, holds, initial_state, process_done, step_conds
+from .symbolic import HELD, apply, holds, initial_state, process_done, step_call
 
 EVAL_DIR = AGENT_DIR / "evalsets" / "1-greenhouse-workshop-pharmacy-depot"
 REFUSALS = ("payload", "object", "workspace")
@@ -74,9 +74,7 @@ def run_steps(plan, world: World, skills: SkillSet):
     moved, put_at = set(), set()
     steps = plan.get("steps") if isinstance(plan, dict) else None
     for i, step in enumerate(steps if isinstance(steps, list) else []):
-        skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
-        args = step.get("args") if isinstance(step, dict) else None
-        conds = step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
+        conds = step_call(step, world, skills)[2]
         if conds is None:
             break
         before = dict(st.loc)

@@ -144,6 +144,14 @@ def _unmet(skill: Skill, c: Cond, actual: str, sid: str) -> Finding:
     return Finding(sid, "precondition", f"{skill.name} needs {c.text()}, but {actual}")
 
 
+def step_call(step, world: World, skills: SkillSet):
+    """-> (skill, args, grounded (preconditions, effects)) of one plan step; the conditions are
+    None when the step names no known skill, has no args object, or its names are not the world's."""
+    skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
+    args = step.get("args") if isinstance(step, dict) else None
+    return skill, args, step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
+
+
 @dataclass(frozen=True)
 class Execution:
     findings: tuple[Finding, ...]
@@ -159,9 +167,7 @@ def execute(steps, world: World, skills: SkillSet, state: State | None = None) -
     calls: list = []
     for i, step in enumerate(steps if isinstance(steps, list) else []):
         sid = step.get("id") if isinstance(step, dict) and isinstance(step.get("id"), str) else f"#{i + 1}"
-        skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
-        args = step.get("args") if isinstance(step, dict) else None
-        conds = step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
+        skill, args, conds = step_call(step, world, skills)
         if conds is None:
             return Execution(tuple(out), st, False, tuple(calls))
         for a in skill.args:

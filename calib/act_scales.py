@@ -27,7 +27,6 @@ saturate at ±448 * scale).
 """
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from engines.segments import SEGMENTS, DenseView, graph_plan
 from thor_runtime.errors import ThorError
 from thor_runtime.kv_cache import KVCache, prompt_set_hash
 
-from .kv_scales import scales_out_path
+from .kv_scales import scales_out_path, with_report
 from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts
 
 
@@ -175,8 +174,5 @@ def calibrate_and_report(loaded, cfg: ActCalibConfig, out: str | Path, progress:
            "prompt_set_sha256": scales.meta["prompt_set_sha256"],
            "scale_range": [round(min(vals), 6), round(max(vals), 6)]}
     if cfg.eval_n:
-        doc["report"] = report(loaded.model, loaded.tokenizer, scales, cfg, progress)
-        rp = out.with_name(out.stem + ".report.json")
-        rp.write_text(json.dumps(doc, indent=1))
-        doc["report_file"] = str(rp)
+        with_report(doc, out, lambda: report(loaded.model, loaded.tokenizer, scales, cfg, progress))
     return doc

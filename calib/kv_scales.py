@@ -121,6 +121,16 @@ def report(model, tok, scales: KVScales, cfg: KVCalibConfig, progress: bool = Fa
             "fp8_unit": agreement(outs["bf16"], outs["fp8_unit"]), "fp8_calibrated_finite": finite}
 
 
+def with_report(doc: dict, out: Path, make_report) -> dict:
+    """``doc`` with its held-out report (``make_report()``), also written beside ``out`` as
+    OUT.report.json; ``report_file`` names it (both calibrations summarize this way)."""
+    doc["report"] = make_report()
+    rp = out.with_name(out.stem + ".report.json")
+    rp.write_text(json.dumps(doc, indent=1))
+    doc["report_file"] = str(rp)
+    return doc
+
+
 def scales_out_path(out: str | Path, example: str) -> Path:
     """--out of a scales command: a file path (its directory made), never a directory."""
     out = Path(out)
@@ -140,8 +150,5 @@ def calibrate_and_report(loaded, cfg: KVCalibConfig, out: str | Path, progress: 
            "k_scale_range": [round(float(scales.k.min()), 6), round(float(scales.k.max()), 6)],
            "v_scale_range": [round(float(scales.v.min()), 6), round(float(scales.v.max()), 6)]}
     if cfg.eval_n:
-        doc["report"] = report(loaded.model, loaded.tokenizer, scales, cfg, progress)
-        rp = out.with_name(out.stem + ".report.json")
-        rp.write_text(json.dumps(doc, indent=1))
-        doc["report_file"] = str(rp)
+        with_report(doc, out, lambda: report(loaded.model, loaded.tokenizer, scales, cfg, progress))
     return doc
