@@ -53,6 +53,18 @@ class EvalConfig:
             raise ThorError(f"eval-drafter: block size must be >= 2, got {self.block_size}")
 
 
+RUNS = ("plain", "spec", "comb")     # each prompt decoded plainly, with the drafter, with the combined proposer
+
+
+def _tally(agg: dict, run: str, stats) -> None:
+    """Add one decode to ``run``'s totals: tokens after the first (that one comes from prefill),
+    decode seconds, verify cycles and committed tokens."""
+    agg[f"{run}_tokens"] += max(stats.generated - 1, 0)
+    agg[f"{run}_s"] += stats.decode_s
+    agg[f"{run}_cycles"] += stats.cycles
+    agg[f"{run}_committed"] += stats.committed
+
+
 def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> dict:
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
@@ -74,8 +86,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
     gtok = GrammarTokenizer(tok) if cfg.constrained else None
-    agg = {"plain_tokens": 0, "plain_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "cycles": 0, "committed": 0,
-           "comb_tokens": 0, "comb_s": 0.0, "comb_cycles": 0, "comb_committed": 0, "comb_lookup_cycles": 0}
+    agg = {f"{run}_{total}": 0 for run in RUNS for total in ("tokens", "s", "cycles", "committed")}
+    agg["comb_lookup_cycles"] = 0
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
     for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
@@ -91,18 +103,9 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         comb_prop = comb_sp.proposer
         same = plain.token_ids == spec.token_ids == comb.token_ids
         identical &= same
-        ps, ss = plain.stats, spec.stats
-        agg["plain_tokens"] += max(ps.generated - 1, 0)    # first token comes from prefill
-        agg["plain_s"] += ps.decode_s
-        agg["spec_tokens"] += max(ss.generated - 1, 0)
-        agg["spec_s"] += ss.decode_s
-        agg["cycles"] += ss.cycles
-        agg["committed"] += ss.committed
-        hs = comb.stats
-        agg["comb_tokens"] += max(hs.generated - 1, 0)
-        agg["comb_s"] += hs.decode_s
-        agg["comb_cycles"] += hs.cycles
-        agg["comb_committed"] += hs.committed
+        ss, hs = spec.stats, comb.stats
+        for run, res in zip(RUNS, (plain, spec, comb)):
+            _tally(agg, run, res.stats)
         agg["comb_lookup_cycles"] += comb_prop.lookup_cycles
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
             if j == len(offered):     # grammar-forced tokens can make a draft longer than B - 1
@@ -120,7 +123,7 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
         "block_size": block,
         "window": cfg.window, "identical_output": identical,
-        "accept_length_mean": round(agg["committed"] / agg["cycles"], 4) if agg["cycles"] else 0.0,
+        "accept_length_mean": round(agg["spec_committed"] / agg["spec_cycles"], 4) if agg["spec_cycles"] else 0.0,
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
         "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
