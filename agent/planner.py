@@ -172,7 +172,8 @@ class Planner:
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
             # a goal that alone shows the task cannot be done ends the plan before its steps
-            constraint = req.grammar.constraint(goal_stop(world, skills))
+            stop = goal_stop(world, skills)
+            constraint = req.grammar.constraint(stop)
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
@@ -181,9 +182,10 @@ class Planner:
             # (or ended after it: goal_stop)
             stated = stated_goal(text) if plan is None else None
             base = plan if plan is not None else stated
-            # The one parse of this attempt's goal: the gate, the grounding check, the solver
-            # and a refusal's reasons all read it (a completed plan keeps the model's goal).
-            parsed = parse_goal(base, world, skills)
+            # The one parse of this attempt's goal (the stop check's, when it read this goal):
+            # the gate, the grounding check, the solver and a refusal's reasons all take it (a
+            # completed plan keeps the model's goal).
+            parsed = stop.parsed_for(base) or parse_goal(base, world, skills)
             gate = _check(task, plan, unreadable, req, parsed)
             if res.finish_reason == "length" and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(

@@ -203,11 +203,31 @@ def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None,
     return problems if goal is None or problems else goal_limits(goal, world, skills)
 
 
-def goal_stop(world: World, skills: SkillSet | None = None):
-    """-> stop(text) for Grammar.constraint: True when the plan written so far states a goal
-    that is refused from the goal alone (goal_reasons), so no steps are decoded for it."""
-    def stop(text: str) -> bool:
+class GoalStop:
+    """stop(text) for Grammar.constraint: True when the plan written so far states a goal that
+    is refused from the goal alone (goal_reasons), so no steps are decoded for it.
+
+    The check parses the goal the decoding wrote; the attempt's plan carries that same goal, so
+    the planner takes this parse (``parsed_for``) rather than parsing it a second time."""
+
+    def __init__(self, world: World, skills: SkillSet | None = None):
+        self.world, self.skills = world, skills
+        self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
+
+    def __call__(self, text: str) -> bool:
         start = text.rfind('{"plan_id"')
         head = stated_goal(text[start:] if start >= 0 else text)
-        return head is not None and bool(goal_reasons(head, world, skills))
-    return stop
+        if head is None:
+            return False
+        self.goal, self.parsed = head["goal"], parse_goal(head, self.world, self.skills)
+        return bool(goal_reasons(head, self.world, self.skills, self.parsed))
+
+    def parsed_for(self, plan) -> ParsedGoal | None:
+        """The parse of ``plan``'s goal when it is the goal this check read, else None."""
+        if self.parsed is None or not isinstance(plan, dict) or plan.get("goal", None) != self.goal:
+            return None
+        return self.parsed
+
+
+def goal_stop(world: World, skills: SkillSet | None = None) -> GoalStop:
+    return GoalStop(world, skills)

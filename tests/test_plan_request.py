@@ -197,3 +197,39 @@ def test_the_goal_is_parsed_once_per_attempt_and_the_task_read_once(tiny_llama, 
     res = Planner(Echo(tok, [CUT, GOOD]), tok, attempts=1, thinking=False).plan(TASK, w, s)
     assert res.valid and res.attempts == 2
     assert len(reads) == 1 and len(goals) == res.attempts
+
+
+class Decoding(Echo):
+    """Echo that commits each token to the grammar constraint as the runtime does, so the
+    goal check asked when the steps open runs; a plan it cuts ends there with EOS."""
+
+    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None):
+        text = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.calls += 1
+        ids = []
+        for t in self.tok.encode(text, add_special=False):
+            if constraint.cut:
+                break
+            constraint.advance(t)
+            ids.append(t)
+        ids.append(self.tok.eos_token_ids[0])
+        constraint.advance(ids[-1])
+        return Result(ids, self.tok.decode(ids), "eos", len(prompt_ids),
+                      Stats(prompt_tokens=len(prompt_ids), generated=len(ids)))
+
+
+def test_the_goal_check_during_decoding_and_the_plan_share_one_parse(tiny_llama, monkeypatch):
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    compact = {"separators": (",", ":")}     # as the grammar writes a plan
+    pan = "put the cast iron pan on the table"
+    heavy = json.dumps({**good_plan(), "task": pan, "goal": [{"object": "cast_iron_pan", "at": "table"}]}, **compact)
+    goals, reads = _goal_spies(monkeypatch)
+    res = Planner(Decoding(tok, [heavy]), tok, attempts=1, thinking=False).plan(pan, w, s)
+    assert not res.valid and res.attempts == 2      # each attempt refused from its goal, at the steps
+    assert all(h["model_text"].endswith('"steps":[') for h in res.history)
+    assert "payload" in {r["check"] for r in res.report}
+    assert len(reads) == 1 and len(goals) == res.attempts
+    goals.clear(), reads.clear()
+    res = Planner(Decoding(tok, [json.dumps(json.loads(GOOD), **compact)]), tok, thinking=False).plan(TASK, w, s)
+    assert res.valid and res.attempts == 1 and len(reads) == 1 and len(goals) == 1
