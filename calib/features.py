@@ -33,7 +33,6 @@ import torch
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.kv_cache import KVCache
 
 FEAT_FORMAT = "thor-calib-features/2"
 PART = 16
@@ -44,10 +43,7 @@ def _compute(model, seq: dict, taps: tuple[int, ...], window: int) -> tuple[torc
     ids = torch.tensor(seq["ids"], dtype=torch.long)
     T = ids.shape[0]
     first = max(0, seq["prompt_len"] - window)
-    if hasattr(model, "new_cache"):   # hybrid target: KV cache + recurrent state
-        cache = model.new_cache(T)
-    else:
-        cache = KVCache(model.cfg, T, "fp32", model.dtype, device=model.device)
+    cache = model.new_cache(T)      # a hybrid target's holds its recurrent state too
     out = model.forward(ids, cache, taps=taps, logits_rows="none")
     raw = torch.cat([out.taps[t][first:] for t in taps], dim=-1)                  # [T - first, n_taps*D]
     return raw.to(torch.bfloat16).cpu(), first

@@ -191,12 +191,7 @@ def check_segments(model, backend: GraphBackend, thr: Thresholds, T: int = 5) ->
 
 
 def _teacher_forced(model, ids, taps, kv_dtype="fp32"):
-    from thor_runtime.kv_cache import KVCache
-
-    if hasattr(model, "new_cache"):  # hybrids: the KV cache of the attention layers + the recurrent state
-        cache = model.new_cache(len(ids), kv_dtype)
-    else:
-        cache = KVCache(model.cfg, len(ids), kv_dtype, model.dtype, None, model.device)
+    cache = model.new_cache(len(ids), kv_dtype)     # hybrids: attention layers' K/V + recurrent state
     o = model.forward(ids, cache, taps=taps)
     return o, cache
 

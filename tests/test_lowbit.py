@@ -14,7 +14,8 @@ from tiny import random_drafter
 
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit import GROUP, int4_kernels, q4_blocks, quantize_int4
+from thor_runtime.lowbit import GROUP, q4_blocks, quantize_int4
+from thor_runtime.lowbit_kernels import int4_kernels
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
@@ -112,8 +113,9 @@ def test_int4_tiny_requantized_is_exact(tiny_llama, kernel):
 
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
-    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel)
+    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel))
     assert m.int4_kernel == kernel
     assert isinstance(m.layers[0].wqkv, KERNELS[kernel]) or m.row_loops
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:30]
@@ -175,19 +177,20 @@ def test_fused_layer_graphs_are_the_projection_path(arch, request):
 
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
-    m = TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
-    m.step = None                     # the per-boundary path, as a bf16 or fp8 cache runs it
+    m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
+    m.runner.step = None                     # the per-boundary path, as a bf16 or fp8 cache runs it
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
     fused = _logits(m, ids)           # built on first use
     key = next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))
-    assert (m.fused is not None) == m.row_verdicts[key]
-    if m.fused is None:
+    assert (m.runner.fused is not None) == m.row_verdicts[key]
+    if m.runner.fused is None:
         pytest.skip("the fused graph is not row-invariant on this CPU (the projection path runs)")
-    assert len(m.fused) == tiny.cfg.num_layers - 1
+    assert len(m.runner.fused) == tiny.cfg.num_layers - 1
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2)))
-    m.fused = None
+    m.runner.fused = None
     split = _logits(m, ids)
     # int8 activation rounding turns last-bit differences of the norms into ~0.2-1 % here
     assert (fused - split).abs().max() <= 2e-2 * split.abs().max()
@@ -204,15 +207,16 @@ def test_step_graph_is_the_layer_path(arch, request):
 
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
-    m = TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
-    m.rows = None               # verifies on the graph too (the row kernel: test_rowstep.py)
+    m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
+    m.runner.rows = None               # verifies on the graph too (the row kernel: test_rowstep.py)
     key = next(k for k in m.row_verdicts if k.startswith("StepGraph"))
-    assert (m.step is not None) == m.row_verdicts[key]
-    if m.step is None:
+    assert (m.runner.step is not None) == m.row_verdicts[key]
+    if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
-    assert m.fused is None                      # not built while only fp32 caches come
+    assert m.runner.fused is None                      # not built while only fp32 caches come
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
     cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     whole = m.forward(ids, cache).logits
@@ -221,17 +225,17 @@ def test_step_graph_is_the_layer_path(arch, request):
     _assert_same(steps, verify)
     assert torch.equal(verify[0], whole[9:])    # a prefill row is a verify row here too
     step_kv = cache
-    m.step, step = None, m.step
+    m.runner.step, step = None, m.runner.step
     ref_cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     layers = m.forward(ids, ref_cache).logits
     assert (whole - layers).abs().max() <= 2e-2 * layers.abs().max()
     n = len(ids)
     assert (step_kv.k[:, :, :n] - ref_cache.k[:, :, :n]).abs().max() <= 2e-2 * ref_cache.k[:, :, :n].abs().max()
-    m.step = step
+    m.runner.step = step
     fp8 = KVCache(m.cfg, len(ids) + 1, "fp8", m.dtype)
-    assert not m.step.fits(fp8, 1)
+    assert not m.runner.step.fits(fp8, 1)
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp8", taps=(1,)))
-    assert m.fused is not None or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]
+    assert m.runner.fused is not None or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]
 
 
 @pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
@@ -243,11 +247,12 @@ def test_step_graph_at_the_end_of_the_context(tiny_llama):
 
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
-    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort")
-    if m.step is None:
+    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
+    if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
-    m.rows = None               # steps and verifies on the graph (the row kernel: test_rowstep.py)
+    m.runner.rows = None               # steps and verifies on the graph (the row kernel: test_rowstep.py)
     assert_end_of_context(m, tiny_llama.tokenizer)
 
 
@@ -273,9 +278,10 @@ def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.lowbit_step import CHUNK_ROWS
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
-    m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort")
-    if m.step is None:
+    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
+    if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
     T = 2 * CHUNK_ROWS + 44
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT) * T)[:T]

@@ -78,7 +78,7 @@ def models(tmp_path_factory):
         graph = load("default", "int4", cache_dir=cache, int4_kernel="ort")
     finally:
         os.environ.pop("CC") if cc is None else os.environ.__setitem__("CC", cc)
-    assert cold.model.cache_hit is False and hit.model.cache_hit is True and graph.model.rows is None
+    assert cold.model.cache_hit is False and hit.model.cache_hit is True and graph.model.runner.rows is None
     return kept.model, cold.model, hit.model, graph.model
 
 
@@ -105,13 +105,13 @@ def test_cached_starts_hold_no_copy_of_ort_weights(models):
 
     kept, cold, hit, graph = models
     for m in (cold, hit, graph):
-        held, weights = ort_weights(m), _nbits(m)
-        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.step is not None
+        held, weights = ort_weights(m, m.runner), _nbits(m)
+        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.runner.step is not None
         assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
-        res, total = _resident(held, None if m.rows is None else {"corr"})
-        assert total * PAGE > (100e6 if m.rows is None else 5e6) and res <= total // 100, (res, total)
-    assert cold.rows is not None and hit.rows is not None
-    res, total = _resident(ort_weights(kept))
+        res, total = _resident(held, None if m.runner.rows is None else {"corr"})
+        assert total * PAGE > (100e6 if m.runner.rows is None else 5e6) and res <= total // 100, (res, total)
+    assert cold.runner.rows is not None and hit.runner.rows is not None
+    res, total = _resident(ort_weights(kept, kept.runner))
     assert res == total
 
 

@@ -206,16 +206,17 @@ def test_qwen2_int4_weight_cache_entry_keeps_the_biases(tiny_qwen2, tmp_path):
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.loading.weight_cache import prepared_tensors, weights_from_prepared
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
     path = tmp_path / "q2-q4.gguf"
     write_tiny_gguf(path, tiny_qwen2.cfg, hf_weights(Path(tiny_qwen2.source)), "Q4_0", arch="qwen2")
     r = open_reader(path)
     cfg = gguf_config(r, path)
-    built = TargetModel(cfg, gguf_weights_int4(r, cfg, path), torch.bfloat16, quant="int4")
+    built = attach(TargetModel(cfg, gguf_weights_int4(r, cfg, path), torch.bfloat16, quant="int4"))
     tensors = prepared_tensors(built)
     assert all(f"{i}.bqkv" in tensors for i in range(cfg.num_layers))
-    hit = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, quant="int4",
-                      row_verdicts=dict(built.row_verdicts))
+    hit = attach(TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, quant="int4",
+                             row_verdicts=dict(built.row_verdicts)))
     for a, b in zip(built.layers, hit.layers):
         assert a.bqkv is not None and torch.equal(a.bqkv, b.bqkv)
     ids = torch.tensor(tiny_qwen2.tokenizer.encode(PROMPTS[0]))

@@ -14,7 +14,7 @@ from tiny import random_drafter
 
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit import int4_kernels
+from thor_runtime.lowbit_kernels import int4_kernels
 from thor_runtime.rowstep import build_library
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
@@ -28,14 +28,15 @@ pytestmark = pytest.mark.skipif(not int4_kernels()["ort"].available(),
 def _model(tiny):
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.model import TargetModel
+    from thor_runtime.runner import attach
 
-    return TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    return attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
 
 
 def _with_rows(tiny):
     m = _model(tiny)
-    if m.rows is None:
-        pytest.skip(f"the row kernel does not run here: {m.rows_why}")
+    if m.runner.rows is None:
+        pytest.skip(f"the row kernel does not run here: {m.runner.rows_why}")
     return m
 
 
@@ -46,9 +47,9 @@ def test_rows_are_the_step_graph_math(arch, request):
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = _with_rows(tiny)
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:24]
-    outs, kernel = [], m.rows
+    outs, kernel = [], m.runner.rows
     for rows in (kernel, None):
-        m.rows = rows
+        m.runner.rows = rows
         cache = KVCache(m.cfg, len(ids) + 2, "fp32", m.dtype)
         m.prefill(ids[:8], cache)
         outs.append((m.verify(ids[8:], cache, taps=(0, 1)), cache))
@@ -95,13 +96,13 @@ def test_last_position_and_other_caches_fall_back(tiny_llama):
 
     m = _with_rows(tiny_llama)
     ids = assert_end_of_context(m, tiny_llama.tokenizer)
-    assert not m.rows.fits(KVCache(m.cfg, 8, "fp8", m.dtype), 1)
+    assert not m.runner.rows.fits(KVCache(m.cfg, 8, "fp8", m.dtype), 1)
     _assert_same(*_steps_vs_verify(m, ids[:30], 9, "fp8"))
 
 
 def test_models_the_kernel_does_not_take(tiny_qwen3):
     m = _model(tiny_qwen3)
-    assert m.rows is None and "q/k norms" in m.rows_why
+    assert m.runner.rows is None and "q/k norms" in m.runner.rows_why
 
 
 def test_library_is_loaded_only_with_its_manifest_hash(tmp_path):
@@ -123,7 +124,7 @@ def test_no_compiler_runs_the_step_graph(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "cache"))
     m = _model(tiny_llama)
-    assert m.rows is None and "no-such-cc" in m.rows_why and m.decode_kernel == "ort-step-graph"
+    assert m.runner.rows is None and "no-such-cc" in m.runner.rows_why and m.decode_kernel == "ort-step-graph"
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:20]
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32"))
 
@@ -136,7 +137,7 @@ def test_default_model_runs_on_rows(default_model, tmp_path_factory):
     from thor_runtime.loading import load
 
     m = load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel="ort").model
-    assert m.rows is not None, m.rows_why
+    assert m.runner.rows is not None, m.runner.rows_why
     assert m.decode_kernel == "rowstep"
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
@@ -196,7 +197,7 @@ def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
     from thor_runtime.rowstep import RowStep, kernel_dir
 
     m = _with_rows(tiny_llama)
-    m.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)     # the suite runs torch on 1
+    m.runner.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)     # the suite runs torch on 1
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:12]
 
     def logits():

@@ -10,6 +10,17 @@ from pathlib import Path
 
 from .errors import ThorError
 
+# Where prepared weights and compiled kernels are kept (the weight cache, the row kernel).
+ENV_CACHE_DIR = "THOR_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "thor-runtime" / "weights"
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     """Hex sha256 of a file, read in chunks (model files are GBs)."""
     h = hashlib.sha256()

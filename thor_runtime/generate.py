@@ -12,15 +12,16 @@ from typing import Callable
 import torch
 
 from .errors import ThorError
-from .kv_cache import KVCache, KVScales
+from .kv_cache import KVScales
 from .prefix_cache import PrefixCache
 from .threads import ThreadGovernor
-from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
-from .model import TargetModel
+from .fixed_shape import STEP_ROWS
+from .runner import DecodeAsk, pick_decode
 from .sampling import SamplingParams, make_generator, target_probs
 from .speculative import PLAIN, Speculation
 from .speculative.accept import accept_relaxed, accept_sampling, accept_strict, in_thinking
 from .stats import Stats
+from .target import Target
 
 
 @dataclass
@@ -64,7 +65,7 @@ class _Stopper:
 class Runtime:
     """Holds the target (and tokenizer); one ``generate`` call per sequence."""
 
-    def __init__(self, model: TargetModel, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
+    def __init__(self, model: Target, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
                  kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0,
                  fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None,
                  compile: bool = False):
@@ -76,27 +77,16 @@ class Runtime:
         self.cache_options = dict(cache_options or {})
         # The K/V of the last ``prefix_cache`` prompts (0: none). Not for hybrid targets: their
         # recurrent state cannot be cut back to a shorter common start.
-        self.prefixes = (PrefixCache(prefix_cache) if prefix_cache > 0 and not hasattr(model, "new_cache")
-                         else None)
-        if fixed_shape is None:
-            fixed_shape = model.device.type == "cuda"
-        own_cache = hasattr(model, "new_cache")
-        self.decoder = (FixedShapeDecoder(model, step_rows, max_context, kv_dtype, kv_scales, compile=compile)
-                        if fixed_shape and not own_cache else None)
-        self.pad_rows = step_rows if fixed_shape and own_cache else 0
+        self.prefixes = PrefixCache(prefix_cache) if prefix_cache > 0 and not model.is_hybrid else None
+        # who runs the verifies and holds the request's cache (runner.py)
+        self.decode = pick_decode(DecodeAsk(model, kv_dtype, kv_scales, fixed_shape, step_rows, max_context,
+                                            compile))
+        self.decoder, self.pad_rows, self.verify = self.decode.decoder, self.decode.pad_rows, self.decode.verify
         self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
-        if self.decoder is not None:
-            self.verify = self.decoder.verify
-        elif self.pad_rows:
-            self.verify = PaddedVerify(model, step_rows).verify
-        else:
-            self.verify = model.verify
 
-    def new_cache(self, capacity: int) -> KVCache:
-        if hasattr(self.model, "new_cache"):  # hybrid targets: KV cache + recurrent state
-            return self.model.new_cache(capacity, self.kv_dtype, self.kv_scales, **self.cache_options)
-        return KVCache(self.model.cfg, capacity, self.kv_dtype, self.model.dtype, self.kv_scales,
-                       self.model.device)
+    def new_cache(self, capacity: int):
+        """An empty cache of the model's own kind (hybrid targets: KV cache + recurrent state)."""
+        return self.model.new_cache(capacity, self.kv_dtype, self.kv_scales, **self.cache_options)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  speculation: Speculation = PLAIN, constraint=None,
@@ -115,11 +105,7 @@ class Runtime:
         if len(prompt_ids) >= cfg.max_position_embeddings:
             raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
                             f"of {cfg.max_position_embeddings} tokens")
-        if self.decoder is not None:    # its key span follows prompt + new tokens, never K
-            cache = self.decoder.new_cache(min(cfg.max_position_embeddings, len(prompt_ids) + params.max_tokens))
-        else:
-            cache = self.new_cache(min(cfg.max_position_embeddings,
-                                       len(prompt_ids) + params.max_tokens + max(k + 1, self.pad_rows)))
+        cache = self.decode.cache(self.new_cache, len(prompt_ids) + params.max_tokens, k)
         gen = None if params.greedy else make_generator(params.seed)
         stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
                       device=str(self.model.device))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .exactness import EXACT_ROWS
 from .lowbit_ort import NBitsWeight, as_rows, session
 
 
@@ -176,7 +177,6 @@ def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
     """The fused graphs for every boundary, or None when one cannot be fused or its rows are
     not row-invariant here (then the per-projection path runs, with its own probes).
     verdict: as in make_rows_exact (kept by the weight cache per CPU environment)."""
-    from .model import EXACT_ROWS
 
     n = model.cfg.num_layers
     if n < 2 or not all(fusable(model, i) for i in range(n - 1)):
@@ -200,7 +200,7 @@ def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
     return FusedLayers([first] + [FusedPostPre(model, i) for i in range(1, n - 1)])
 
 
-def prepare_sessions(model) -> None:
+def prepare_sessions(model, kernels) -> None:
     """Build, at load, every projection session a forward will call outside the fused graphs
     (the first layer's q/k/v, the last layer's MLP, the head), then hand back what ORT now
     holds its own copy of: the pages of memory-mapped weights that only ORT reads
@@ -208,19 +208,20 @@ def prepare_sessions(model) -> None:
     graph by now) and the heap memory that
     building the sessions freed: glibc keeps freed blocks of this size (the serialized graphs,
     tens of MB for the head) in its heap, where they would count as resident for the life of
-    the process."""
+    the process. kernels: the runner's (runner.py): its step graph, fused graphs and row kernel."""
     from .mapped_pages import release_pages
 
     n = model.cfg.num_layers
-    layers = () if model.step is not None else range(n) if model.fused is None else (0, n - 1)
-    head = [] if model.step is not None and model.step.head else [model.head_w]
+    step, fused = kernels.step, kernels.fused
+    layers = () if step is not None else range(n) if fused is None else (0, n - 1)
+    head = [] if step is not None and step.head else [model.head_w]
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
         if isinstance(w, NBitsWeight):
             w.session
     # the row kernel (rowstep.py) reads blobs and scales where they are: only what ORT alone
     # reads is handed back then (Q4_1's corrections: the kernel has its minima apart)
-    alone = None if getattr(model, "rows", None) is None else {"corr"}
-    release_pages([t for w in ort_weights(model) for k, t in w.tensors().items() if alone is None or k in alone])
+    alone = None if kernels.rows is None else {"corr"}
+    release_pages([t for w in ort_weights(model, kernels) for k, t in w.tensors().items() if alone is None or k in alone])
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -228,15 +229,15 @@ def prepare_sessions(model) -> None:
         pass
 
 
-def ort_weights(model) -> list[NBitsWeight]:
+def ort_weights(model, kernels) -> list[NBitsWeight]:
     """The model's MatMulNBits weights whose bytes ORT holds (in their own session, a fused
     graph or the step graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
     n = model.cfg.num_layers
-    fused = set() if model.fused is None else \
+    fused = set() if kernels.fused is None else \
         {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
-    if model.step is not None:
+    if kernels.step is not None:
         fused = {(i, f) for i in range(n) for f in ("wqkv", "wo", "w_gate_up", "w_down")}
-    in_step = model.step is not None and model.step.head
+    in_step = kernels.step is not None and kernels.step.head
     out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and (w._session is not None or in_step)]
     for i, L in enumerate(model.layers):
         for f in ("wqkv", "wo", "w_gate_up", "w_down"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .exactness import EXACT_ROWS
 from .lowbit_fused import graph_key, rms_nodes
 from .lowbit_ort import MIN_ROWS, NBitsWeight, as_rows, session
 
@@ -227,7 +228,6 @@ def rows_invariant(g, cfg, rows: int) -> bool:
 def step_graph(model, verdict: dict[str, bool]) -> StepGraph | None:
     """The model's step graph, or None when its rows are not row-invariant here (then the
     per-boundary graphs run). verdict: as in make_rows_exact (kept per CPU environment)."""
-    from .model import EXACT_ROWS
 
     if model.cfg.head_dim % HEAD_MULTIPLE:
         return None

@@ -9,221 +9,27 @@ loaders feed the same constructor; q/k/v and gate/up are fused here for fewer ke
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from .attention import apply_rope, attend, rms_norm, rope_inv_freq
 from .config import WEIGHT_LAYOUTS, ModelConfig
 from .errors import ThorError
 from .kv_cache import KVCache
-from .lowbit import GROUP, Int4Weight, int4_projection, pick_int4_kernel
+from .lowbit import GROUP, Int4Weight
+from .lowbit_kernels import int4_projection, pick_int4_kernel
+# The math, the weights' forms and the exactness tools live apart (attention.py,
+# projections.py, exactness.py); importers of the model module find them here too.
+from .exactness import EXACT_ROWS, RowLoop, RowWise, backend_for_verify, make_rows_exact, rows_invariant  # noqa: F401
+from .projections import DENSE_MAX_ROWS, INT8_MAX_ROWS, Int8Weight, PackedWeight, linear  # noqa: F401
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # fp32 statistics as in HF, so bf16 weights don't drift on the variance.
-    if x.is_cuda:
-        # one fused kernel instead of five: decode on a GPU is bound by kernel count at these sizes
-        y = F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w     # w is kept in fp32
-    return y if x.dtype == torch.float32 else y.to(x.dtype)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    rs = cfg.rope_scaling or {}
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    if kind == "linear":
-        inv = inv / float(rs["factor"])
-    elif kind == "llama3":
-        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-        old = float(rs["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        smooth = (old / wavelen - lo) / (hi - lo)
-        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
-        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    return inv.float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [H, T, Dh]; cos/sin: [T, Dh]. Rotate-half layout (HF convention)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
-
-
-# Queries per call up to which ``attend`` uses plain batched matmuls. Decode and verify
-# (1..~32 rows) are there: on CPU, torch's SDPA costs ~0.5 ms per call for one query and
-# ~2 ms with a mask, against ~0.05-0.3 ms for the matmuls (SmolLM2-135M, 850 keys).
-# Prefill keeps SDPA, whose fused kernel never materializes [T, n] scores per head.
-SMALL_ATTN_ROWS = 64
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
-    """Scaled dot-product attention with grouped KV heads.
-
-    q [..., H, T, Dh]; k, v [..., Hkv, n, Dh] with H a multiple of Hkv (query head h reads KV
-    head h // (H / Hkv)); mask None, or bool broadcastable to [..., 1, T, n] (True = attend), or
-    float [T, n] added to the scores; causal: query t sees keys 0..t (T == n). -> [..., H, T, Dh].
-    """
-    H, T, Dh = q.shape[-3:]
-    Hkv, n = k.shape[-3], k.shape[-2]
-    if T > SMALL_ATTN_ROWS or (causal and T > 1):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=H != Hkv)
-    g, lead = H // Hkv, q.shape[:-3]
-    if T == 1 and mask is None and q.dim() == 3:
-        # One query row: a decode step, and each row of an exact verify (both come here, so
-        # they share the bits). bmm and an in-place scale: ~1 ms less per step than the
-        # broadcasting matmuls below (SmolLM2-135M, 30 layers), the same kernels and bits.
-        s = torch.bmm(q.reshape(Hkv, g, Dh), k.transpose(1, 2)).mul_(Dh ** -0.5)  # [Hkv, g, n]
-        return torch.bmm(torch.softmax(s, -1, dtype=torch.float32).to(v.dtype), v).view(H, 1, Dh)
-    # The g query heads of one KV head share its keys: fold them into the row dim, so one
-    # matmul per KV head replaces a copy of K/V per query head.
-    qg = q.reshape(*lead, Hkv, g * T, Dh)                                      # [..., Hkv, gT, Dh]
-    s = torch.matmul(qg, k.transpose(-1, -2)) * (Dh ** -0.5)                  # [..., Hkv, gT, n]
-    if mask is not None:
-        s = s.view(*lead, Hkv, g, T, n)
-        s = s + mask if mask.is_floating_point() else s.masked_fill(~mask.unsqueeze(-3), float("-inf"))
-        s = s.view(*lead, Hkv, g * T, n)
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(p, v).view(*lead, H, T, Dh)                           # [..., H, T, Dh]
-
-
-# Up to this many rows the int8 kernel wins (decode and verify); beyond it (prefill) the
-# dense fp32 matmul does — measured on AVX-512 CPUs, see docs/performance.md.
-INT8_MAX_ROWS = 16
 # A prepared head (an Int8Weight from the weight cache) under this key of the weights dict.
 PREPARED_HEAD = "thor.head_w"
-
-
-class Int8Weight:
-    """Weight-only int8, one bf16 scale per output channel, for the weight-bound small-M
-    matmuls of decode and verify (a quarter of fp32's bytes to read per token). Large-M
-    work (prefill) runs on a dense fp32 copy when ``keep_dense`` — compute-bound there,
-    and int8 unpacking would only slow it."""
-
-    def __init__(self, w: torch.Tensor, keep_dense: bool = True):
-        w = w.float()
-        s = w.abs().amax(1).clamp_min(1e-8) / 127.0                 # [out]
-        self.q = torch.round(w / s[:, None]).to(torch.int8).contiguous()  # [out, in]
-        self.s = s.to(torch.bfloat16)
-        self.dense = w.contiguous() if keep_dense else None
-        self.shape = w.shape
-        try:
-            torch._weight_int8pack_mm(torch.zeros(1, w.shape[1], dtype=torch.bfloat16, device=w.device),
-                                      self.q, self.s)
-            self.kernel = True
-        except (RuntimeError, NotImplementedError, AttributeError):
-            self.kernel = False  # no int8 kernel on this device: dequantize instead
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead, d = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, d)                                        # [M, in]
-        if self.kernel and x2.shape[0] <= INT8_MAX_ROWS:
-            # the kernel takes row-major rows only (a hybrid's gated attention output is a view)
-            y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.q, self.s)
-        else:
-            w = self.dense if self.dense is not None else self.q.float() * self.s.float()[:, None]
-            y = F.linear(x2.float(), w)
-        return y.to(x.dtype).view(*lead, -1)
-
-
-# Up to this many rows a dense (MKL) matmul beats the oneDNN-packed one on this CPU class:
-# measured for SmolLM2-135M's projections (2 threads), dense/packed ms for all 30 layers +
-# head: M=1 19.5/23.1, M=2 21.1/23.3, M=3 22.7/22.5, M=4 33.9/24.9, M=16 42.6/34.2.
-DENSE_MAX_ROWS = 3
-
-
-class PackedWeight:
-    """A weight in oneDNN's blocked layout (CPU), packed once at load, for multi-row matmuls.
-
-    MKL's ``F.linear`` switches to a kernel that scales poorly from M = 4 rows on: a 16-row
-    verify costs ~2.2x a 1-row step. The packed weight brings that to ~1.8x, but its 1-row
-    GEMV is ~15% slower than MKL's. ``dense`` (the same weight, plain) serves the rows up to
-    DENSE_MAX_ROWS — plain decoding and short verifies — at the cost of a second copy.
-    """
-
-    def __init__(self, w: torch.Tensor, dense: torch.Tensor | None = None):
-        self.shape = w.shape
-        self.w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None)
-        self.dense = dense
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        lead, d = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, d)                                        # [M, in]
-        if self.dense is not None and x2.shape[0] <= DENSE_MAX_ROWS:
-            return F.linear(x, self.dense)
-        y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.w, None, "none", [], "")
-        return y.view(*lead, -1)
-
-    @staticmethod
-    def available(dtype: torch.dtype, device: torch.device) -> bool:
-        """oneDNN packing exists for this dtype on this device (CPU builds with mkldnn)."""
-        if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-            return False
-        try:
-            PackedWeight(torch.zeros(8, 8, dtype=dtype))(torch.zeros(1, 8, dtype=dtype))
-            return True
-        except (RuntimeError, NotImplementedError, AttributeError):
-            return False
-
-
-# Verify rows at most per forward of the exact decode path (``TargetModel.verify``): wider
-# verifies run as consecutive forwards of this many rows, which is causally the same thing.
-EXACT_ROWS = 16
-
-
-class RowLoop:
-    """A weight whose kernel gives a row different bits depending on how many rows share the
-    call (MKL fp32 switches GEMV/GEMM kernels; ``dual`` mixes two). Decode-sized inputs go one
-    row at a time, so every row gets exactly what a 1-row step gets; prefill-sized ones (more
-    than EXACT_ROWS rows, never part of a verify) keep the fast kernel."""
-
-    def __init__(self, w):
-        self.w, self.shape = w, w.shape
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])                              # [M, in]
-        if not 1 < x2.shape[0] <= EXACT_ROWS:
-            return linear(x, self.w)
-        return torch.cat([linear(x2[i:i + 1], self.w) for i in range(x2.shape[0])]).view(*x.shape[:-1], -1)
-
-
 Weight = torch.Tensor | Int8Weight | PackedWeight | RowLoop | Int4Weight
-
-
-def make_rows_exact(model, names: tuple[str, ...], verdict: dict[str, bool] | None = None) -> list[str]:
-    """Wrap every projection (``names`` of each of ``model.layers``, and ``model.head_w``) whose
-    kernel is not row-invariant here in a RowLoop, one probe per distinct kernel and shape.
-    verdict: earlier probes' results (kernel/shape key -> bool), used and filled in; valid only
-    for the same torch, CPU capability, thread count and dtype (the weight cache keys them so).
-    -> the names of the wrapped projections."""
-    verdict = {} if verdict is None else verdict
-
-    def exact(w) -> bool:
-        key = f"{type(w).__name__}{tuple(w.shape)}{'+dense' if getattr(w, 'dense', None) is not None else ''}"
-        if key not in verdict:
-            verdict[key] = rows_invariant(w, w.shape[1], model.dtype, model.device)
-        return verdict[key]
-
-    wrapped = []
-    for L in model.layers:
-        for n in names:
-            if not exact(getattr(L, n)):
-                setattr(L, n, RowLoop(getattr(L, n)))
-                wrapped.append(n)
-    if not exact(model.head_w):
-        model.head_w = RowLoop(model.head_w)
-        wrapped.append("head")
-    return sorted(set(wrapped))
 
 
 def int8_head(lm_head: torch.Tensor, int4_kernel: str | None):
@@ -233,70 +39,6 @@ def int8_head(lm_head: torch.Tensor, int4_kernel: str | None):
         from .lowbit_ort import NBitsWeight
         return NBitsWeight.from_dense_int8(lm_head)
     return Int8Weight(lm_head, keep_dense=False)
-
-
-def linear(x: torch.Tensor, w) -> torch.Tensor:
-    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
-
-
-class RowWise:
-    """A segment backend (ONNX Runtime, TensorRT) called one row at a time: each call is the
-    very call a 1-row step makes, so ``verify`` stays exact on a backend whose kernels give a
-    row different bits depending on the row count."""
-
-    def __init__(self, backend):
-        self.b = backend
-
-    def embed(self, ids):
-        return self.b.embed(ids)                   # a gather: the same bits for any row count
-
-    def pre_attn(self, i, h, pos):
-        rows = [self.b.pre_attn(i, h[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
-        return tuple(torch.cat(parts, dim=-2) for parts in zip(*rows))   # q [H, T, Dh], k/v [Hkv, T, Dh]
-
-    def post_attn(self, i, h, o):
-        return torch.cat([self.b.post_attn(i, h[t:t + 1], o[t:t + 1]) for t in range(h.shape[0])])
-
-    def post_pre(self, i, h, o, pos):
-        rows = [self.b.post_pre(i, h[t:t + 1], o[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
-        hs, *qkv = zip(*rows)
-        return (torch.cat(hs), *(torch.cat(parts, dim=-2) for parts in qkv))
-
-    def head(self, h):
-        return torch.cat([self.b.head(h[t:t + 1]) for t in range(h.shape[0])])
-
-
-def backend_for_verify(model, backend):
-    """``backend`` itself if its dense segments give each of 2..EXACT_ROWS rows the bits that row
-    gets alone (probed on seeded inputs through the segments a verify calls), else RowWise."""
-    cfg, R = model.cfg, EXACT_ROWS
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(R, cfg.hidden_size, generator=g).to(model.dtype)
-    o = torch.randn(R, cfg.num_heads * cfg.head_dim, generator=g).to(model.dtype)
-    pos = torch.arange(R)
-    rw = RowWise(backend)
-    last = cfg.num_layers - 1       # a fused backend has post_attn for the last layer only
-    calls = [lambda b, m: b.pre_attn(0, h[:m], pos[:m]), lambda b, m: (b.post_attn(last, h[:m], o[:m]),),
-             lambda b, m: (b.head(h[:m]),)]
-    if cfg.num_layers > 1:
-        calls.append(lambda b, m: b.post_pre(0, h[:m], o[:m], pos[:m]))
-    for call in calls:
-        alone = call(rw, R)
-        for m in range(2, R + 1):
-            got = call(backend, m)
-            if not all(torch.equal(x, y[..., :m, :] if y.dim() == 3 else y[:m]) for x, y in zip(got, alone)):
-                return rw
-    return backend
-
-
-def rows_invariant(w, d_in: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether ``linear(x, w)`` gives each of 2..EXACT_ROWS rows the very bits it gives that row
-    alone, on this CPU, with this kernel, shape and thread count. A GEMM computes every row
-    with the same instruction sequence, so one seeded probe per kernel and shape decides."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(EXACT_ROWS, d_in, generator=g).to(device=device, dtype=dtype)   # [R, in]
-    alone = torch.cat([linear(x[i:i + 1], w) for i in range(EXACT_ROWS)])          # [R, out]
-    return all(torch.equal(linear(x[:m], w), alone[:m]) for m in range(2, EXACT_ROWS + 1))
 
 
 @dataclass
@@ -393,7 +135,10 @@ class TargetModel:
     """Batch-1 decoder. Every forward takes the next T token ids of one sequence.
 
     ``quant="int8"``: projection weights (and the head) as Int8Weight, activations bf16.
-    ``layout``: how the other projection weights are held, see WEIGHT_LAYOUTS."""
+    ``layout``: how the other projection weights are held, see WEIGHT_LAYOUTS.
+    A ``target.Target``: the math only; what runs it faster is the runner's (runner.py)."""
+
+    is_hybrid = False          # its cache is K/V alone: prefixes reusable, any verify width
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
@@ -460,36 +205,24 @@ class TargetModel:
         # (fixed_shape.py), not by row-invariant kernels.
         self.row_loops = (make_rows_exact(self, ("wqkv", "wo", "w_gate_up", "w_down"), self.row_verdicts)
                           if self.device.type == "cpu" else [])
-        # MatMulNBits models: the whole forward as one graph for fp32 KV caches
-        # (lowbit_step.py), one graph per layer boundary for the others (lowbit_fused.py),
-        # each where row-invariant. The second is built on first use: it holds its own copy
-        # of the weights.
-        self.step, self.fused, self._fused_built = None, None, False
-        self.rows, self.rows_why = None, "weights are not MatMulNBits blocks"
-        if self.int4_kernel == "ort":
-            from .lowbit_fused import prepare_sessions
-            from .lowbit_step import step_graph
-            self.step = step_graph(self, self.row_verdicts)
-            if self.step is None:
-                self._build_fused()
-            from .rowstep import row_step
-            self.rows, self.rows_why = row_step(self, self.row_verdicts)
-            if self.step is not None:
-                prepare_sessions(self)
-        self.probe_s = time.perf_counter() - t0
+        self.probe_s = time.perf_counter() - t0      # the runner adds its kernels' probes
         # What runs the dense segments in ``forward`` (engines.Backend: ONNX Runtime, TensorRT);
         # None = the torch methods below. Attention stays here: it owns the KV cache.
         self.backend = None
         self.backend_exact = None             # what ``verify`` runs the backend's segments through
+        # What runs a forward once embedded: the kernel runner the loader attaches (runner.py),
+        # which tries its registry in order. A bare model runs the layer path below.
+        self.runner = None
 
     @property
     def decode_kernel(self) -> str:
         """What runs decode steps and verifies on an fp32 cache (reports, /health)."""
-        if self.rows is not None:
-            return "rowstep"
-        if self.step is not None:
-            return "ort-step-graph"
-        return self.int4_kernel or "torch"
+        return self.runner.decode_kernel if self.runner is not None else self.int4_kernel or "torch"
+
+    def new_cache(self, capacity: int, kv_dtype: str = "fp32", kv_scales=None, **options) -> KVCache:
+        """An empty KV cache for ``capacity`` positions. options: a hybrid cache's (naive
+        rollback, hybrid/model.py); a KV cache has none, so a runtime passes its own alike."""
+        return KVCache(self.cfg, capacity, kv_dtype, self.dtype, kv_scales, self.device)
 
     # ---- rope table (grown on demand; positions beyond the config are refused upstream)
     def ensure_positions(self, n: int) -> None:
@@ -570,20 +303,9 @@ class TargetModel:
         L = self.layers[i]
         return residual_mlp(h, o, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, self.cfg.rms_eps)
 
-    def _build_fused(self) -> None:
-        """The per-boundary graphs, then the sessions they leave out, and the weights' pages
-        ORT has read handed back."""
-        from .lowbit_fused import fuse_layers, prepare_sessions
-        self.fused, self._fused_built = fuse_layers(self, self.row_verdicts), True
-        prepare_sessions(self)
-
     def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor):
         """post_attn of layer i then pre_attn of layer i + 1: the dense work between two
         attentions, which a backend may run as one fused graph. -> (h, q, k, v)."""
-        if self.int4_kernel == "ort" and not self._fused_built:      # a first bf16/fp8 cache
-            self._build_fused()
-        if self.fused is not None:
-            return self.fused.post_pre(i, h, o, pos, self.cos, self.sin)
         h = self.post_attn(i, h, o)
         return (h, *self.pre_attn(i + 1, h, pos))
 
@@ -601,23 +323,29 @@ class TargetModel:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
                             f"{self.cfg.max_position_embeddings}")
         self._ensure_rope(start + T)
-        seg = self if self.backend is None else self.backend
-        h = seg.embed(ids.to(self.device))
-        out = ForwardOut(None)
+        h = (self if self.backend is None else self.backend).embed(ids.to(self.device))
         rows = logits_rows if isinstance(logits_rows, slice) else \
             {"all": slice(None), "last": slice(-1, None), "none": None}[logits_rows]
-        if exact and self.rows is not None and self.backend is None and self.rows.fits(cache, T):
-            # steps and verifies: each row alone on our kernel (rowstep.py), no padding
-            out.taps, out.logits = self.rows(h, cache, taps, rows)
-            return out
-        if self.step is not None and self.backend is None and self.step.fits(cache, T):
-            # row-invariant (probed): ``exact`` holds as it is
-            out.taps, out.logits = self.step(h, cache, taps, rows)
-            return out
+        out = ForwardOut(None)
+        run = self.run_layers if self.runner is None else self.runner.run
+        out.taps, out.logits = run(h, cache, taps, rows, exact)
+        return out
+
+    def segments(self, exact: bool):
+        """Whose dense segments the layer path calls: an attached engine backend's (for a
+        verify, row-invariant ones or the backend row by row), else the model's own."""
+        if self.backend is None:
+            return self
+        return self.backend_exact if exact else self.backend
+
+    def run_layers(self, h: torch.Tensor, cache: KVCache, taps: tuple[int, ...], rows: slice | None,
+                   exact: bool, seg=None):
+        """The layer path: h [T, D] embedded -> ({layer: [T, D]}, logits [R, V] of ``rows`` or
+        None). seg: whose dense segments run (default ``segments(exact)``); attention is ours."""
+        seg = self.segments(exact) if seg is None else seg
+        start, T = cache.length, h.shape[0]
         pos = torch.arange(start, start + T, device=self.device)      # [T]
-        n = self.cfg.num_layers
-        if exact and self.backend is not None:
-            seg = self.backend_exact          # row-invariant, or the backend row by row
+        n, out_taps = self.cfg.num_layers, {}
         q, k, v = seg.pre_attn(0, h, pos)
         for i in range(n):
             o = self.attention(i, q, k, v, cache, exact)
@@ -626,10 +354,8 @@ class TargetModel:
             else:
                 h = seg.post_attn(i, h, o)
             if i in taps:
-                out.taps[i] = h
-        if rows is not None:
-            out.logits = seg.head(h[rows])
-        return out
+                out_taps[i] = h
+        return out_taps, None if rows is None else seg.head(h[rows])
 
     def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
         """The decode cycle's forward over anchor + drafts, ids [T] -> logits [T, V].

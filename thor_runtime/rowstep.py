@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .exactness import EXACT_ROWS
+from .fileio import default_cache_dir
 from .lowbit_ort import NBitsWeight
 
 SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
@@ -184,7 +186,6 @@ class RowStep:
 
 
 def kernel_dir() -> Path:
-    from .loading.weight_cache import default_cache_dir
     return default_cache_dir() / "kernels"
 
 
@@ -193,7 +194,6 @@ def row_step(model, verdict: dict[str, bool], threads: int | None = None) -> tup
     not supported, no compiler, or rows not bit-identical here (probed once per CPU
     environment; verdict as in make_rows_exact)."""
     from .lowbit_step import rows_invariant
-    from .model import EXACT_ROWS
 
     why = supports(model)
     if why:

