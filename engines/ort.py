@@ -12,7 +12,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 from . import qdq
-from .backend import BackendOptions, GraphBackend, key_fields
+from .base import BackendOptions, GraphBackend, key_fields
 from .cache import EngineCache, make_key
 from .segments import SEGMENTS, DenseView, export_all, graph_plan, output_shapes
 

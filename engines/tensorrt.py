@@ -20,7 +20,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 from . import qdq
-from .backend import BackendOptions, GraphBackend, key_fields
+from .base import BackendOptions, GraphBackend, key_fields
 from .cache import EngineCache, make_key, sha256_bytes
 from .segments import SEGMENTS, TOKEN_AXIS, DenseView, export_all, graph_plan, output_shapes
 

@@ -1,9 +1,11 @@
-"""The package layering holds: libraries never import the packages above them.
+"""The package layering holds: libraries never import the packages above them, and no module
+imports itself through others.
 
 thor_runtime and engines (runtime, backends) -> agent (planning) -> calib -> thor_app (the
 `thor` CLI and the HTTP server, which nothing imports). Read from the source with ``ast``,
-including imports inside functions, so a lazy import cannot hide a wrong edge. thor_app imports
-every command statically: no importlib, import_module or __import__ dispatch by name.
+including imports inside functions, so a lazy import cannot hide a wrong edge or a cycle.
+thor_app imports every command statically: no importlib, import_module or __import__ dispatch
+by name.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("thor_runtime", "engines", "agent", "calib", "thor_app")
 # package -> the project packages it must never import
 FORBIDDEN = {
     "thor_runtime": {"engines", "agent", "calib", "thor_app"},
@@ -84,3 +87,82 @@ def test_walker_sees_dynamic_imports(tmp_path):
                                     "8: import_module()"]
     src.write_text("import json\nfrom thor_runtime import errors\n")
     assert dynamic_imports(src) == []
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project modules it imports, anywhere in its source (function bodies too).
+    ``from a import b`` is an edge to the module a.b where there is one, else to a; importing a
+    submodule is not counted as importing its package's ``__init__``."""
+    files = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    graph = {}
+    for name, path in files.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    out.add(sub if sub in files else base)
+        graph[name] = {m for m in out if m in files and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 100 and "thor_runtime.runner" in graph["thor_runtime.generate"]
+    found = cycles(graph)
+    assert found == [], "\n".join(" <-> ".join(c) + ": " + "; ".join(
+        f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found)
+
+
+def test_cycle_finder_sees_lazy_and_relative_imports(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .. import a\n")
+    (pkg / "a.py").write_text("def f():\n    from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from ..a import f\n")
+    (pkg / "c.py").write_text("import p.a\n")
+    graph = import_graph(tmp_path, ("p",))
+    assert graph["p.a"] == {"p.sub.b"} and graph["p.sub.b"] == {"p.a"} and graph["p.c"] == {"p.a"}
+    assert graph["p.sub"] == {"p.a"}
+    assert cycles(graph) == [["p.a", "p.sub.b"]]

@@ -91,7 +91,7 @@ def run_neighbour(args, config) -> int:
     from thor_app.assembly import load_model, make_runtime, with_settings
     from thor_runtime.sampling import SamplingParams
 
-    from .bench import device_info
+    from .bench_report import device_info
 
     threads = torch.get_num_threads()       # before any run: the governor may lower it
     loaded = load_model(config)

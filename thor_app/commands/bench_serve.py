@@ -303,7 +303,7 @@ def run_serve(args) -> int:
     from thor_app.server.config import load_config
     from thor_runtime.runtime_config import ModelSettings
 
-    from .bench import device_info
+    from .bench_report import device_info
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     spec = args.spec.split(",")[0].strip()

@@ -63,7 +63,7 @@ def _moe_layers(reader, arch: str, n: int) -> tuple[int, ...]:
 
 
 def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
-    from .gguf_weights import field_value
+    from .gguf_fields import field_value
 
     def get(key, default=None):
         v = field_value(reader, f"{arch}.{key}", default)

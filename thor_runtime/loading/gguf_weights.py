@@ -15,6 +15,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ThorError
+from .gguf_fields import field_value
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -69,13 +70,6 @@ def gguf_architecture(path: str | Path) -> str | None:
     except (OSError, struct.error):
         return None
     return None
-
-
-def field_value(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
 
 
 def gguf_config(reader, path: str | Path) -> ModelConfig:
