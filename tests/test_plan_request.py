@@ -30,7 +30,7 @@ class Echo:
     def __init__(self, tok, texts):
         self.tok, self.texts, self.calls = tok, list(texts), 0
 
-    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None):
+    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None, on_prefill=None):
         text = self.texts[min(self.calls, len(self.texts) - 1)]
         self.calls += 1
         ids = self.tok.encode(text, add_special=False) + [self.tok.eos_token_ids[0]]
@@ -203,7 +203,7 @@ class Decoding(Echo):
     """Echo that commits each token to the grammar constraint as the runtime does, so the
     goal check asked when the steps open runs; a plan it cuts ends there with EOS."""
 
-    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None):
+    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None, on_prefill=None):
         text = self.texts[min(self.calls, len(self.texts) - 1)]
         self.calls += 1
         ids = []
