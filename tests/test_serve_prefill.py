@@ -131,3 +131,38 @@ async def test_a_long_prefill_keeps_the_watchdogs_progress_mark_fresh(slow_serve
     assert worst < 0.15 + 0.3, worst          # a chunk's time, never the whole prompt's
     r = await task
     assert r.status == 200
+
+
+@pytest.fixture(scope="module")
+def tiny_long(tiny_dirs, tmp_path_factory):
+    from serve_util import long_context_copy
+
+    from thor_runtime.loading import load
+
+    return load(str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("prefill_long") / "llama")))
+
+
+@pytest.mark.asyncio
+async def test_a_plan_whose_client_leaves_during_prefill_frees_the_worker_within_a_chunk(aiohttp_client,
+                                                                                         tiny_long):
+    """The planner passes only on_token; the service's runtime view adds the prefill check."""
+    from thor_runtime.generate import Runtime
+
+    model = SlowPrefill(tiny_long.model, 0.1)
+    hosted = Hosted(tiny_long, Runtime(model, tiny_long.tokenizer, prefill_chunk=64), PLAIN)
+    app = make_app(config(), loader=lambda cfg: hosted, selftest=passing, watchdog_s=None)
+    client = await aiohttp_client(app)
+    assert (await wait_health(client))[0] == 200
+    st = app[STATE]
+    model.calls = 0
+    task = asyncio.create_task(client.post("/v1/plan", json={"task": "put the red cup in the sink",
+                                                             "world": "kitchen", "attempts": 0}))
+    await _busy(st)
+    while model.calls < 3:                   # a ~1.5k-token prompt: ~24 chunks of 0.1 s
+        await asyncio.sleep(0.01)
+    task.cancel()
+    left = time.monotonic()
+    while st.jobs.busy:
+        await asyncio.sleep(0.01)
+    assert time.monotonic() - left < 0.1 + 0.4
+    assert model.calls <= 8 and st.jobs.cancelled == {"disconnect": 1}
