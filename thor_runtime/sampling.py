@@ -6,15 +6,16 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ThorError
+from .runtime_config import SamplingSettings as _Defaults
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 128
-    temperature: float = 0.0          # 0 = greedy
-    top_k: int = 0                    # 0 = off
-    top_p: float = 1.0
-    seed: int | None = None
+    temperature: float = _Defaults.temperature    # 0 = greedy
+    top_k: int = _Defaults.top_k                  # 0 = off
+    top_p: float = _Defaults.top_p
+    seed: int | None = _Defaults.seed
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
