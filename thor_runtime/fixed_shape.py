@@ -158,7 +158,8 @@ class FixedShapeDecoder:
                 # 4-D: SDPA's fused kernels take nothing else (3-D falls back to the math form)
                 o = F.scaled_dot_product_attention(q.reshape(1, Hkv, g * R, Dh), K[None], V[None],
                                                    attn_mask=visible)
-                o = o.view(m.cfg.num_heads, R, Dh)                                   # [H, R, Dh]
+                # reshape: on CUDA the fused kernel's output is not laid out for a view (a copy then)
+                o = o.reshape(m.cfg.num_heads, R, Dh)                                # [H, R, Dh]
             else:
                 o = attend(q, K, V, visible)                                         # [H, R, Dh]
             h = seg.post_attn(i, h, o.transpose(0, 1).reshape(R, -1))                # [R, D]
