@@ -350,3 +350,34 @@ async def test_speculative_request_fills_prompt_tokens_and_acceptance_by_positio
         if o:
             assert _metric(text, f'thor_acceptance_by_position{{position="{j}"}}') == pytest.approx(a / o)
             assert _metric(text, f'thor_draft_position_offered_total{{position="{j}"}}') == o
+
+
+async def test_a_higher_priority_overtakes_queued_requests(start):
+    import threading
+
+    from thor_app.server.openai_api import ChatRequest
+    from thor_app.server.plan_api import PlanRequest
+
+    assert PlanRequest.priority > ChatRequest.priority      # a replan overtakes queued chat by default
+    client = await start(limits={"queue_size": 4})
+    st = client.app[STATE]
+    gate = threading.Event()
+    blocker = st.jobs.submit(lambda ctx: gate.wait(30), 60)
+    while not st.jobs.busy:
+        await asyncio.sleep(0.01)
+    order = []
+
+    async def ask(name, **extra):
+        r = await client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, **extra})
+        order.append((name, r.status))
+    tasks = []
+    for name, extra in (("first", {}), ("second", {}), ("urgent", {"priority": 7})):
+        tasks.append(asyncio.ensure_future(ask(name, **extra)))
+        while st.jobs.depth < len(tasks):
+            await asyncio.sleep(0.01)
+    r = await client.post("/v1/chat/completions", json={"messages": MSG, "priority": 10})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "priority"
+    gate.set()
+    await blocker.future
+    await asyncio.gather(*tasks)
+    assert order == [("urgent", 200), ("first", 200), ("second", 200)]

@@ -246,11 +246,11 @@ def _require_ready(st: ServerState) -> None:
                        headers={"Retry-After": "5"})
 
 
-def _submit(st: ServerState, fn):
+def _submit(st: ServerState, fn, priority: int):
     if st.draining:      # parsed while the drain began
         raise ApiError(503, "the server is shutting down", "shutting_down", headers={"Retry-After": "5"})
     try:
-        return st.jobs.submit(fn, st.cfg.limits.request_timeout_s)
+        return st.jobs.submit(fn, st.cfg.limits.request_timeout_s, priority)
     except QueueFull as e:
         raise ApiError(429, f"the generation queue is full ({st.cfg.limits.queue_size} waiting); retry later",
                        "queue_full", headers={"Retry-After": str(e.retry_after_s)}) from None
@@ -325,7 +325,7 @@ async def plan(request: web.Request) -> web.Response:
         check_model(body, _served_names(st))
     req = await asyncio.to_thread(parse_plan, body, st.cfg.planner)
     prepared = await asyncio.to_thread(st.host.prepare_plan, req)
-    job = _submit(st, st.host.plan_job(req, prepared))
+    job = _submit(st, st.host.plan_job(req, prepared), req.priority)
     res = await _result(st, request, job)
     for s in res.generations:
         st.metrics.record_generation(s)
@@ -344,7 +344,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     prepared = await asyncio.to_thread(st.host.prepare_chat, req)
     if req.stream:
         return await _chat_stream(st, request, req, prepared)
-    job = _submit(st, st.host.chat_job(prepared))
+    job = _submit(st, st.host.chat_job(prepared), req.priority)
     res, _ = await _result(st, request, job)
     st.metrics.record_generation(res.stats)
     return web.json_response(completion_body(completion_id(), st.host.model_id, res.text, res.finish_reason,
@@ -355,7 +355,7 @@ async def _chat_stream(st: ServerState, request: web.Request, req, prepared) -> 
     loop = asyncio.get_running_loop()
     texts: asyncio.Queue = asyncio.Queue()   # fed from the worker thread, through the loop
     job = _submit(st, st.host.chat_job(prepared, lambda s: loop.call_soon_threadsafe(texts.put_nowait, s),
-                                       req.stop))
+                                       req.stop), req.priority)
     # The result is delivered through the loop after every text (FIFO), so None comes last.
     job.future.add_done_callback(lambda f: texts.put_nowait(None))
     cid, created, model = completion_id(), int(time.time()), st.host.model_id

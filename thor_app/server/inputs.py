@@ -17,6 +17,10 @@ MAX_DEPTH = 64            # arrays/objects inside one another in a body (a plan'
 MAX_SCHEMA_DEPTH = 32     # subschemas inside one another
 MAX_SCHEMA_NODES = 4096   # objects and arrays in one schema: the grammar compile grows with it
 SEED_LIMIT = 2 ** 64      # what torch.Generator.manual_seed takes
+# Queue order: a higher priority is served first. Plans default above chat, so a robot's replan
+# overtakes an operator's queued chat; a caller may say otherwise.
+PRIORITIES = range(0, 10)
+PLAN_PRIORITY, CHAT_PRIORITY = 5, 0
 
 
 def parse_body(raw: bytes):
@@ -67,6 +71,16 @@ def check_schema_shape(schema, param: str) -> None:
     if nodes > MAX_SCHEMA_NODES:
         raise ApiError(400, f"{param} has {nodes} objects and arrays; the most this server compiles is "
                        f"{MAX_SCHEMA_NODES}", "schema_too_large", param)
+
+
+def priority(body: dict, default: int) -> int:
+    v = body.get("priority")
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v not in PRIORITIES:
+        raise bad_request(f"priority must be an integer in [{PRIORITIES[0]}, {PRIORITIES[-1]}] (higher is served "
+                          "first)", param="priority")
+    return v
 
 
 def check_seed(seed) -> None:

@@ -18,6 +18,7 @@ one, so a long prompt's prefill counts as progress chunk by chunk.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -88,7 +89,9 @@ class JobQueue:
                  on_cancel: Callable[[str, int], None] | None = None):
         """on_cancel(reason, tokens committed before the stop): called in the worker thread."""
         self.clock, self.on_cancel = clock, on_cancel
-        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        # (-priority, arrival, job): a higher priority first, then first come first served
+        self._q: queue.PriorityQueue = queue.PriorityQueue(maxsize=queue_size)
+        self._arrival = itertools.count()
         self._thread: threading.Thread | None = None
         self.running: Job | None = None
         self.last_progress = clock()
@@ -108,7 +111,7 @@ class JobQueue:
         self._stopping = True
         while True:
             try:
-                job = self._q.get_nowait()
+                *_, job = self._q.get_nowait()
             except queue.Empty:
                 break
             if job is not None:
@@ -117,7 +120,7 @@ class JobQueue:
         if cancel_running and self.running is not None:
             self.running.cancel("shutdown")
         if self._thread is not None:
-            self._q.put(None)
+            self._q.put((float("-inf"), next(self._arrival), None))   # ahead of everything: stop
             self._thread.join(timeout_s)
 
     # ---- state the event loop reads ----------------------------------------------------------
@@ -138,13 +141,14 @@ class JobQueue:
         return max(1, int(round(self._mean_job_s * (self.depth + 1))))
 
     # ---- submitting --------------------------------------------------------------------------
-    def submit(self, fn: Callable[[JobContext], Any], timeout_s: float) -> Job:
+    def submit(self, fn: Callable[[JobContext], Any], timeout_s: float, priority: int = 0) -> Job:
+        """priority: a higher one runs before the queued lower ones (never preempts the running job)."""
         loop = asyncio.get_running_loop()
         job = Job(fn, self.clock() + timeout_s, loop, loop.create_future())
         if self._stopping:
             raise QueueFull(self.retry_after())
         try:
-            self._q.put_nowait(job)
+            self._q.put_nowait((-priority, next(self._arrival), job))
         except queue.Full:
             raise QueueFull(self.retry_after()) from None
         self.pending.add(job)
@@ -175,7 +179,7 @@ class JobQueue:
     # ---- the worker thread -------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            job = self._q.get()
+            *_, job = self._q.get()
             if job is None:
                 return
             if job.cancel_reason is not None or self.clock() > job.deadline:

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from .errors import ApiError, bad_request
-from .inputs import check_schema_shape, check_seed
+from .inputs import CHAT_PRIORITY, check_schema_shape, check_seed, priority
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _REFUSED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")
@@ -29,6 +29,7 @@ class ChatRequest:
     include_usage: bool = False
     response_format: str = "text"     # text | json_object | json_schema
     schema: dict | None = None        # the json_schema's schema
+    priority: int = CHAT_PRIORITY     # queue order (not OpenAI's): higher first
 
     def __post_init__(self):
         if self.response_format == "json_schema" and not isinstance(self.schema, dict):
@@ -138,7 +139,8 @@ def parse_chat(body) -> ChatRequest:
         raise bad_request("stream_options must be an object with a boolean include_usage", param="stream_options")
     fmt, schema = _response_format(body.get("response_format"))
     return ChatRequest(_messages(body.get("messages")), max_tokens, float(temperature), float(top_p), seed,
-                       _stop(body.get("stop")), bool(stream), bool(so and so.get("include_usage")), fmt, schema)
+                       _stop(body.get("stop")), bool(stream), bool(so and so.get("include_usage")), fmt, schema,
+                       priority(body, CHAT_PRIORITY))
 
 
 # ---- responses ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from thor_runtime.errors import ThorError
 from .config import worlds_path, skills_path
 from thor_runtime.runtime_config import PlannerSettings
 from .errors import bad_request
-from .inputs import check_schema_shape
+from .inputs import PLAN_PRIORITY, check_schema_shape, priority
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -30,6 +30,7 @@ class PlanRequest:
     max_tokens: int
     attempts: int
     max_steps: int | None
+    priority: int = PLAN_PRIORITY  # queue order: higher first
 
 
 def _by_name(directory: Path, name: str, what: str) -> Path:
@@ -90,4 +91,4 @@ def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
     return PlanRequest(task, world, skills, schema,
                        _int_field(body, "max_tokens", cfg.max_tokens, 16, cfg.max_tokens),
                        _int_field(body, "attempts", cfg.attempts, 0, cfg.attempts),
-                       _int_field(body, "max_steps", cfg.max_steps or None, 1, 256))
+                       _int_field(body, "max_steps", cfg.max_steps or None, 1, 256), priority(body, PLAN_PRIORITY))
