@@ -31,11 +31,11 @@ class SpecOptions:
     drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one for the default target
     block_size: int | None = None     # DFlash block B (K = B - 1); None = the drafter's own
     window: int = _Defaults.window    # DFlash per-token context window W
-    seed_window: bool = True          # fill the window from the prompt tail at prefill
+    seed_window: bool = _Defaults.seed_window   # fill the window from the prompt tail at prefill
     ngram_k: int = _Defaults.ngram_k
     ngram_min: int = 2
     ngram_max: int = 4
-    fixed_k: bool = False             # verify all K drafts every cycle (no draft budget)
+    fixed_k: bool = _Defaults.fixed_k   # verify all K drafts every cycle (no draft budget)
     lookup_rate: float = _Defaults.lookup_rate   # combined: prior per-token acceptance of a lookup draft
 
     def __post_init__(self):

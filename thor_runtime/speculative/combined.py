@@ -47,8 +47,8 @@ class CombinedProposer(Proposer):
         self.dflash.start(prompt_ids, prompt_taps)
 
     @classmethod
-    def around(cls, dflash: DFlashProposer, lookup_rate: float = _Defaults.lookup_rate, min_n: int = 2,
-               max_n: int = 4) -> "CombinedProposer":
+    def around(cls, dflash: DFlashProposer, lookup_rate: float = _Defaults.lookup_rate,
+               min_n: int = NgramConfig.min_n, max_n: int = NgramConfig.max_n) -> "CombinedProposer":
         """The combination for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
         return cls(dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate)
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 from ..errors import ThorError
 from ..runtime_config import SpeculationSettings as _Defaults
+from . import SpecOptions
 from .base import Proposer
 
 
 @dataclass(frozen=True)
 class NgramConfig:
-    min_n: int = 2
-    max_n: int = 4
+    min_n: int = SpecOptions.ngram_min
+    max_n: int = SpecOptions.ngram_max
     k: int = _Defaults.ngram_k
 
     def __post_init__(self):
