@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from serve_util import config, hosted_loader, is_error_body, passing, wait_health
@@ -15,6 +19,7 @@ from thor_app.server.leftovers import remove_abandoned
 
 MSG = [{"role": "user", "content": "pick up the red cup"}]
 KEY = "k-0123456789abcdef"
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
 @pytest.fixture
@@ -145,3 +150,16 @@ def test_leftovers_of_killed_builds_are_removed_and_live_ones_kept(tmp_path):
     gone = remove_abandoned([weights, engines, tmp_path / "absent"])
     assert sorted(gone) == sorted([old_build, dead_old])
     assert live_build.is_dir() and entry.is_dir() and live_old.is_dir() and not old_build.exists()
+
+
+def test_systemd_analyze_security_exposure_is_at_most_2(tmp_path):
+    exe = shutil.which("systemd-analyze")
+    if exe is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    unit = tmp_path / "thor-runtime.service"
+    unit.write_text((DEPLOY / "thor-runtime.service").read_text())
+    r = subprocess.run([exe, "security", "--offline=true", str(unit)], capture_output=True, text=True, timeout=120)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+    if m is None:
+        pytest.skip(f"this systemd-analyze has no offline security check: {(r.stdout + r.stderr)[-200:]}")
+    assert float(m.group(1)) <= 2.0, r.stdout
