@@ -55,7 +55,8 @@ def register(sub) -> None:
     p.add_argument("--peers-python", default=None,
                    help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
     p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
-    p.add_argument("--threads", type=positive_int, default=2, help="with --peers / --serve: threads of every engine (--serve: the server's and the "
+    p.add_argument("--threads", type=positive_int, default=2,
+                   help="with --peers / --serve: threads of every engine (--serve: the server's and the "
                         "in-process side's)")
     p.add_argument("--peers-repeats", type=positive_int, default=None, help="with --peers: repeats (default 3)")
     p.add_argument("--peers-max-tokens", type=positive_int, default=None,
@@ -70,7 +71,8 @@ def register(sub) -> None:
     p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
     p.add_argument("--solver", choices=["both", "on", "off"], default="both",
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
-    p.add_argument("--attempts", type=int, default=PlannerSettings.attempts, help="--plan-set eval: repair attempts per task")
+    p.add_argument("--attempts", type=int, default=PlannerSettings.attempts,
+                   help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     p.add_argument("--eval-dir", default=None,
                    help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "

@@ -71,8 +71,8 @@ def run_backends(args, configs, backends) -> int:
         for k in ("prefill_tok_s", "decode_tok_s"):
             if base.get(k) and r.get(k):
                 r[k.replace("_tok_s", "_vs_first")] = round(r[k] / base[k], 2)
-    doc = {"device": device_info(config), "model": config.model.name, "max_tokens": args.max_tokens, "repeats": args.repeats,
-           "prefill_tokens": args.prefill_tokens, "rows": rows}
+    doc = {"device": device_info(config), "model": config.model.name, "max_tokens": args.max_tokens,
+           "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["engine", "weights", "kv", "load_s", "prefill_tok_s", "prefill_vs_first", "decode_tok_s",
                        "decode_vs_first", "tokens_identical_to_first"])

@@ -77,8 +77,8 @@ def run_plan(args, specs) -> int:
     loaded = load_model(config)
     rt = make_runtime(config, loaded)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None)
-    doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout, "kv": kv,
-           "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
+    doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
+           "kv": kv, "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
