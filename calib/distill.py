@@ -107,7 +107,8 @@ class DistillConfig:
 
     @classmethod
     def from_args(cls, a) -> "DistillConfig":
-        return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, a.block_size, a.taps, a.num_taps,
+        block = cls.block_size if a.block_size is None else a.block_size
+        return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, block, a.taps, a.num_taps,
                    a.window, a.steps, a.lr, a.warmup, a.batch, a.blocks, a.gamma, a.weight_decay,
                    a.ckpt_every, a.resume, a.bf16, a.seed, a.eval_n, a.eval_max_tokens, a.vocab, a.negatives,
                    a.max_time, a.stop_at, draft_vocab=a.draft_vocab)
