@@ -26,6 +26,9 @@ ENGINE_PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 GRAPH_DTYPES = ("auto", "fp32", "bf16", "fp16")
 THINKING = ("auto", "on", "off")
 RELAXED_MARGINS = ("logit", "prob")
+# Prompt lookup's n-gram lengths, shortest and longest: the proposer's and SpecOptions' default,
+# not a CLI flag or TOML key.
+NGRAM_SIZES = (2, 4)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ThorError
-from ..runtime_config import SPEC_METHODS, SpeculationSettings as _Defaults
+from ..runtime_config import NGRAM_SIZES, SPEC_METHODS, SpeculationSettings as _Defaults
 from .budget import DraftBudget
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
@@ -33,8 +33,8 @@ class SpecOptions:
     window: int = _Defaults.window    # DFlash per-token context window W
     seed_window: bool = _Defaults.seed_window   # fill the window from the prompt tail at prefill
     ngram_k: int = _Defaults.ngram_k
-    ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_min: int = NGRAM_SIZES[0]
+    ngram_max: int = NGRAM_SIZES[1]
     fixed_k: bool = _Defaults.fixed_k   # verify all K drafts every cycle (no draft budget)
     lookup_rate: float = _Defaults.lookup_rate   # combined: prior per-token acceptance of a lookup draft
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ThorError
+from ..runtime_config import NGRAM_SIZES
 from ..runtime_config import SpeculationSettings as _Defaults
-from . import SpecOptions
 from .base import Proposer
 
 
 @dataclass(frozen=True)
 class NgramConfig:
-    min_n: int = SpecOptions.ngram_min
-    max_n: int = SpecOptions.ngram_max
+    min_n: int = NGRAM_SIZES[0]
+    max_n: int = NGRAM_SIZES[1]
     k: int = _Defaults.ngram_k
 
     def __post_init__(self):
