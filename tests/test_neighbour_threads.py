@@ -39,7 +39,7 @@ def test_governor_follows_the_neighbour(monkeypatch, two_threads):
     busy = {"others": threads.cores()}
     monkeypatch.setattr(threads, "others_running", lambda: busy["others"])
     monkeypatch.setattr(threads, "cores", lambda: 2)
-    monkeypatch.delenv(threads.ENV, raising=False)
+    monkeypatch.setenv(threads.ENV, "1")
     g = ThreadGovernor(every=1, min_interval_s=0.0)
     g.start()                                         # a request starts beside a busy process
     assert torch.get_num_threads() == 1 and g.limit == 2
@@ -57,13 +57,13 @@ def test_governor_follows_the_neighbour(monkeypatch, two_threads):
     assert g.limit == 2 and torch.get_num_threads() == 2
 
 
-def test_governor_leaves_one_thread_and_the_switch_off_alone(monkeypatch, two_threads):
+def test_governor_off_by_default_and_one_thread_left_alone(monkeypatch, two_threads):
     monkeypatch.setattr(threads, "others_running", lambda: 7)
-    monkeypatch.setenv(threads.ENV, "0")
+    monkeypatch.delenv(threads.ENV, raising=False)    # off unless asked for
     g = ThreadGovernor(every=1, min_interval_s=0.0)
     g.start(), g.tick(), g.tick()
     assert torch.get_num_threads() == 2 and g.changes == 0
-    monkeypatch.delenv(threads.ENV)
+    monkeypatch.setenv(threads.ENV, "1")
     torch.set_num_threads(1)
     g.start(), g.tick(), g.tick()
     assert torch.get_num_threads() == 1 and g.changes == 0
@@ -92,4 +92,4 @@ def test_bench_neighbour_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert set(doc["modes"]) == set(bench_neighbour.MODES)
     assert all(m["decode_tok_s_median"] > 0 for m in doc["modes"].values())
     assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)   # started and gone
-    assert "neighbour-fixed" in capsys.readouterr().out
+    assert "neighbour-adaptive" in capsys.readouterr().out

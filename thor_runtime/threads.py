@@ -4,12 +4,13 @@ A decode step is a few hundred short parallel regions (one per matmul, norm, att
 ending in a barrier. With as many threads as cores and one other busy process on the box, one
 of our threads shares its core with that process: the scheduler runs it for a time slice, then
 the neighbour, and every barrier waits for the thread that is off the core. Measured on a
-2-core machine, decode then fell to a quarter of its quiet speed (1 thread was faster than 2).
+2-core machine, decode then fell to a quarter of its quiet speed at 2 threads, and to about the
+same at 1 (docs/performance.md, "Sharing the CPU").
 Waiting passively (OMP_WAIT_POLICY=passive) is worse still: a futex wake-up per region costs
 more than the region on a virtual machine.
 
-So the pools never ask for more threads than there are idle cores: before a decode step (every
-few steps) the governor counts the runnable tasks that are not ours (``procs_running`` in
+The governor keeps the pools from asking for more threads than there are idle cores: before a
+decode step (every few steps) it counts the runnable tasks that are not ours (``procs_running`` in
 /proc/stat less our own running threads) and runs on ``cores - others`` threads, at least one.
 A busy neighbour then costs its core and no more. torch's intra-op pool is resized in place
 (omp/mkl set_num_threads: no thread is created or killed); the C row kernel runs its shares on
@@ -17,8 +18,10 @@ the calling thread when asked for fewer threads than its pool has, with the same
 share's result does not depend on the thread that computes it. ONNX Runtime's pools are created
 with spinning off (lowbit_ort.session): a spinning pool would take the core the other pool needs.
 
-THOR_ADAPT_THREADS=0 turns the governor off (a fixed thread count, e.g. for bit-for-bit
-comparisons across thread counts, which torch's kernels do not promise).
+It is off unless THOR_ADAPT_THREADS=1: torch's kernels do not promise the same bits at another
+thread count, so with it a plan may depend on the machine's load, and on the 2-core machine it
+was measured on (docs/performance.md, "Sharing the CPU") it did not decode faster beside a busy
+process than the fixed pool did. `thor bench --neighbour` measures both.
 """
 from __future__ import annotations
 
@@ -111,7 +114,7 @@ class ThreadGovernor:
         n = torch.get_num_threads()
         if n != self.current:
             self.limit = self.current = n
-        self.enabled = os.environ.get(ENV, "1") != "0" and self.limit > 1
+        self.enabled = os.environ.get(ENV, "0") == "1" and self.limit > 1
 
     def _decide(self, force: bool = False) -> None:
         now = time.perf_counter()

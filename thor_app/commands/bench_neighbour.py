@@ -6,8 +6,8 @@ busy (every barrier waits for the thread that is off its core). This mode measur
 greedy decode of the same prompt, quiet and beside one busy process (a Python loop, started
 here and killed after each run), interleaved so drift on a shared machine hits every mode alike.
 
-Modes: ``quiet``; ``neighbour`` (the thread governor on, as the runtime runs by default);
-``neighbour-fixed`` (the governor off: every thread the pool was given, the old behaviour).
+Modes: ``quiet`` and ``neighbour`` as the runtime runs by default (every thread the pool was
+given); ``neighbour-adaptive``: the thread governor on (threads.py, THOR_ADAPT_THREADS=1).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ("quiet", "neighbour", "neighbour-fixed")
+MODES = ("quiet", "neighbour", "neighbour-adaptive")
 PROMPT = ("Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
           "List the steps as JSON with skill names and arguments.")
 # Pure-Python spin: one core, no memory traffic to speak of, no threads of its own.
@@ -49,8 +49,7 @@ def measure(rt, ids, params, mode: str) -> dict:
     from thor_runtime.threads import ENV
 
     before = os.environ.get(ENV)
-    if mode == "neighbour-fixed":
-        os.environ[ENV] = "0"
+    os.environ[ENV] = "1" if mode == "neighbour-adaptive" else "0"
     nb = start_neighbour() if mode != "quiet" else None
     try:
         res = rt.generate(ids, params)
