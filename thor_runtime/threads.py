@@ -13,10 +13,10 @@ The governor keeps the pools from asking for more threads than there are idle co
 decode step (every few steps) it counts the runnable tasks that are not ours (``procs_running`` in
 /proc/stat less our own running threads) and runs on ``cores - others`` threads, at least one.
 A busy neighbour then costs its core and no more. torch's intra-op pool is resized in place
-(omp/mkl set_num_threads: no thread is created or killed); the C row kernel runs its shares on
-the calling thread when asked for fewer threads than its pool has, with the same bits, since a
-share's result does not depend on the thread that computes it. ONNX Runtime's pools are created
-with spinning off (lowbit_ort.session): a spinning pool would take the core the other pool needs.
+(omp/mkl set_num_threads: no thread is created or killed). Two pools keep the size they were
+built with: the C row kernel's (rowstep.py; its workers spin while a forward runs) and ONNX
+Runtime's (created with spinning off, lowbit_ort.session, so it does not take the core the other
+pool needs between two projections).
 
 It is off unless THOR_ADAPT_THREADS=1: torch's kernels do not promise the same bits at another
 thread count, so with it a plan may depend on the machine's load, and on the 2-core machine it
