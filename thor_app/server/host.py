@@ -55,10 +55,6 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     from thor_app.prefix import attach_skill_sets
     from .config import skills_path
     attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
-    # the planner prompt's shared start for each configured skill set: from disk, or stored there
-    from thor_app.prefix import attach_skill_sets
-    from .config import skills_path
-    attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
