@@ -8,12 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
-from thor_runtime.loading.weight_cache import default_cache_dir
-from thor_runtime.kv_cache import KVScales
-from thor_runtime.prefix_cache import common_prefix
-from thor_runtime.prefix_store import load, prefix_key, prefix_path, save
+from thor_runtime.fileio import default_cache_dir
 
 
 def prefix_dir(config) -> Path | None:
@@ -29,6 +24,7 @@ def shared_prefix_ids(tokenizer, skills) -> list[int]:
     only past the shared text are rendered and their common start taken, so the chat template's
     tokens and any merge at the boundary are accounted for, whatever the tokenizer."""
     from agent.prompt import shared_instructions
+    from thor_runtime.prefix_cache import common_prefix
 
     text = shared_instructions(skills)
     a, b = ([{"role": "system", "content": f"{text}\nWorld: {w}"}, {"role": "user", "content": f"Task: {w}"}]
@@ -40,9 +36,15 @@ def shared_prefix_ids(tokenizer, skills) -> list[int]:
 def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) -> dict:
     """Pin the shared prefix of ``skills`` in ``runtime``'s prefix cache: from ``directory`` when a
     matching file is there, else computed and written there. -> what happened (tokens, source, s)."""
+    import torch
+
+    from thor_runtime.kv_cache import KVScales
+    from thor_runtime.prefix_store import load, prefix_key, prefix_path, save
+
     t0 = time.perf_counter()
     model = runtime.model
-    if runtime.prefixes is None or directory is None or model.device.type != "cpu":
+    # a runtime without a prefix cache (a scripted one in tests) simply gets none
+    if getattr(runtime, "prefixes", None) is None or directory is None or model.device.type != "cpu":
         return {"source": "off", "tokens": 0}
     ids = shared_prefix_ids(tokenizer, skills)
     if not runtime.prefixes.min_tokens <= len(ids) < model.cfg.max_position_embeddings - 1:
