@@ -51,10 +51,20 @@ def prefix_key(model, kv_dtype: str, scales, ids, prefill_chunk: int = 0) -> dic
     scales_digest = hashlib.sha256(scales.k.numpy().tobytes() + scales.v.numpy().tobytes()).hexdigest()
     key = {"format": FORMAT, **_source_identity(getattr(model, "source", "")),
            "dtype": str(model.dtype), "quant": str(getattr(model, "quant", None)),
-           "layout": str(getattr(model, "layout", None)), "kv_dtype": kv_dtype, "kv_scales": scales_digest, "prefill_chunk": prefill_chunk,
+           "layout": str(getattr(model, "layout", None)), "segments": _segments_identity(model), "kv_dtype": kv_dtype, "kv_scales": scales_digest, "prefill_chunk": prefill_chunk,
            "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
            "tokens": str(len(ids)), "ids_sha256": ids_digest}
     return {k: str(v) for k, v in key.items()}
+
+
+def _segments_identity(model) -> str:
+    """What runs the dense segments: torch, or a graph backend and the engine cache entry its
+    graphs came from (another backend, form or precision rounds otherwise)."""
+    b = getattr(model, "backend", None)
+    if b is None:
+        return "torch"
+    entry = getattr(b, "entry", None)
+    return f"{b.name}:{'fused' if b.fused else 'segments'}:{getattr(entry, 'key', '')}"
 
 
 def prefix_path(directory: str | Path, key: dict) -> Path:
