@@ -126,23 +126,14 @@ def test_sigterm_cuts_a_stream_with_an_error_event_and_exits_0_within_the_grace(
     [DONE], and the process exits 0 about one grace later (not two)."""
     import http.client
 
-    from test_serve_system import free_port, http_get, spawn_serve
+    from test_serve_system import free_port, spawn_serve, wait_ready
 
     grace = 1.0
     port = free_port()
     proc = spawn_serve(tmp_path, f'[server]\nport = {port}\nshutdown_grace_s = {grace}\n[model]\n'
                                  f'name = "{tiny_dirs["llama"]}"\n[speculation]\nmethod = "none"\n')
     try:
-        for _ in range(1200):
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                status, body = http_get(port, "/health")
-            except OSError:
-                time.sleep(0.1)
-                continue
-            if status == 200 or body["status"] == "failed":
-                break
-            time.sleep(0.1)
+        status, body = wait_ready(proc, port, tmp_path)
         if status != 200:
             pytest.skip(f"the tiny model did not pass the real self-test: {body['reason']}")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)

@@ -369,26 +369,32 @@ def http_get(port: int, path: str):
         return e.code, json.loads(e.read())
 
 
+def wait_ready(proc, port: int, tmp_path) -> tuple[int | None, dict | None]:
+    """Poll /health until the service is ready or failed (120 s at most). -> (status, body)."""
+    import time
+
+    status, body = None, None
+    for _ in range(1200):
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+        try:
+            status, body = http_get(port, "/health")
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if status == 200 or body["status"] == "failed":
+            break
+        time.sleep(0.1)
+    return status, body
+
+
 def test_thor_serve_process_answers_health_and_exits_0_on_sigterm(tmp_path, tiny_dirs):
     """Ready only with a passing self-test (the real one); either way /health answers, and
     SIGTERM ends the process with exit 0."""
-    import time
-
     port = free_port()
     proc = spawn_serve(tmp_path, f'[server]\nport = {port}\n[model]\nname = "{tiny_dirs["llama"]}"\n'
                                  '[speculation]\nmethod = "none"\n')
     try:
-        status, body = None, None
-        for _ in range(1200):
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                status, body = http_get(port, "/health")
-            except OSError:
-                time.sleep(0.1)
-                continue
-            if status == 200 or body["status"] == "failed":
-                break
-            time.sleep(0.1)
+        status, body = wait_ready(proc, port, tmp_path)
         assert status == 200 or (status == 503 and "self-test" in body["reason"]), body
     finally:
         proc.send_signal(signal.SIGTERM)

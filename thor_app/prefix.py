@@ -44,7 +44,8 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
     t0 = time.perf_counter()
     model = runtime.model
     # a runtime without a prefix cache (a scripted one in tests) simply gets none
-    if getattr(runtime, "prefixes", None) is None or directory is None or model.device.type != "cpu":
+    if (getattr(runtime, "prefixes", None) is None or directory is None or model.device.type != "cpu"
+            or not getattr(model, "source", "")):
         return {"source": "off", "tokens": 0}
     ids = shared_prefix_ids(tokenizer, skills)
     if not runtime.prefixes.min_tokens <= len(ids) < model.cfg.max_position_embeddings - 1:

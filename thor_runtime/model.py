@@ -144,6 +144,7 @@ class TargetModel:
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
                  layout: str = "auto", row_verdicts: dict[str, bool] | None = None, int4_kernel: str = "auto"):
         check_weights(cfg, weights, source)
+        self.source = source          # the checkpoint's path: what a stored prefix is keyed by
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
         self.dtype, self.layout = dtype, _ = resolve_layout(dtype, self.device, quant, layout)
         self.int4_kernel = pick_int4_kernel(int4_kernel) if quant == "int4" else None

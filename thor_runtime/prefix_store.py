@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import ThorError
 from .kv_cache import KV_DTYPES, KVCache
 
 FORMAT = "thor-prefix/1"
@@ -36,10 +37,16 @@ _TORCH = {v: k for k, v in _ST.items() if k is not None}
 
 
 def _source_identity(source) -> dict:
+    """The checkpoint's path, size and mtime. A model with no file behind it has no identity a
+    file could be matched to: refused, never keyed by whatever an empty path resolves to."""
+    if not source:
+        raise ThorError("a persistent prefix needs the model's checkpoint path (model.source)")
     p = Path(str(source))
     try:
-        st = p.stat()
-        return {"source": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        # a checkpoint directory: its files (replacing a weight file leaves the directory's mtime)
+        files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+        stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        return {"source": str(p.resolve()), "files": hashlib.sha256(repr(stats).encode()).hexdigest()}
     except OSError:
         return {"source": str(source)}
 

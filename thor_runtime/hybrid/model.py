@@ -62,6 +62,7 @@ class HybridModel:
                  source: str = "weights", device: str | torch.device = "cpu", quant: str | None = None,
                  layout: str = "auto"):
         check_hybrid_weights(cfg, weights, source)
+        self.source = source          # the checkpoint's path: what a stored prefix is keyed by
         weights = canonical(cfg, weights)
         self.cfg, self.device, self.quant = cfg, torch.device(device), quant
         self.dtype, self.layout = dtype, layout = resolve_layout(dtype, self.device, quant, layout, ("int8",))
