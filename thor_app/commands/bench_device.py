@@ -10,88 +10,12 @@ plan). Medians of repeats. JSON + table + plot.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
-# name -> (architecture, hidden, intermediate, layers, heads, kv heads, head dim, vocab, tied)
-SHAPES = {
-    "smollm2-135m": ("llama", 576, 1536, 30, 9, 3, 64, 49152, True),
-    "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 64, 151936, True),
-    "qwen3-8b": ("qwen3", 4096, 12288, 36, 32, 8, 128, 151936, False),
-}
-# `make demo`'s kitchen plan with the planner model: prompt and generated tokens (docs/performance.md)
-PLAN_SHAPE = (970, 135)
-
-
-def shape_config(name: str):
-    from thor_runtime.config import ModelConfig
-
-    arch, d, inter, n, h, hk, dh, v, tied = SHAPES[name]
-    return ModelConfig(arch=arch, vocab_size=v, hidden_size=d, intermediate_size=inter, num_layers=n,
-                       num_heads=h, num_kv_heads=hk, head_dim=dh, tie_word_embeddings=tied,
-                       max_position_embeddings=32768, rope_theta=1e6, name=name)
-
-
-def random_model(cfg, device, dtype):
-    """A TargetModel of ``cfg`` with seeded random weights, made directly on ``device``."""
-    import torch
-
-    from thor_runtime.model import TargetModel, _expected_shapes
-
-    g = torch.Generator(device=device).manual_seed(0)
-    weights = {}
-    for name, shape in _expected_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            weights[name] = torch.ones(shape, device=device, dtype=dtype)
-        else:
-            weights[name] = (torch.randn(shape, generator=g, device=device, dtype=dtype) * 0.02)
-    return TargetModel(cfg, weights, dtype, source=cfg.name, device=device)
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs, the device synchronised around each."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes per second a device-to-device copy moves, counting bytes read and written."""
-    import torch
-
-    n = (1 << 30) if device.type == "cuda" else (1 << 27)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * n / timed(lambda: dst.copy_(src), device, 10)
-
-
-def weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every projection and norm, the head, one
-    embedding row."""
-    import torch
-
-    total = 0
-    for L in model.layers:
-        for t in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, L.q_norm, L.k_norm, L.bqkv):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    head = model.head_w if isinstance(model.head_w, torch.Tensor) else model.lm_head
-    return total + head.numel() * head.element_size() + model.embed_w.shape[1] * model.embed_w.element_size()
+from .bench_device_probes import kernel_probe, quant_options
+from .bench_device_shapes import PLAN_SHAPE, SHAPES, copy_bandwidth, random_model, shape_config, sync, timed, \
+    weight_bytes
 
 
 def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int) -> dict:
@@ -183,10 +107,11 @@ def drafter_block(model, prompt, device, repeats: int) -> dict:
 
     from thor_runtime.kv_cache import KVCache
     from thor_runtime.speculative.dflash import DFlashProposer
+    from thor_runtime.speculative.dflash_io import default_tap_layers
     from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
 
     c = model.cfg
-    taps = (1, c.num_layers // 2, c.num_layers - 2)
+    taps = default_tap_layers(c.num_layers, min(3, c.num_layers))
     dc = DFlashConfig(tap_layers=taps, mask_token_id=c.vocab_size - 1, hidden_size=c.hidden_size, num_layers=1,
                       num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                       intermediate_size=c.intermediate_size, block_size=16, rms_eps=c.rms_eps,
@@ -207,67 +132,6 @@ def drafter_block(model, prompt, device, repeats: int) -> dict:
     return res
 
 
-def quant_options(device, repeats: int) -> list[dict]:
-    """Weight formats a quantized GGUF could run as on this device, per projection shape and row
-    count: time and relative error against the fp32 product (the same random weights)."""
-    import torch
-    import torch.nn.functional as F
-
-    out = []
-    g = torch.Generator(device=device).manual_seed(2)
-    for shape_name, (n_out, n_in) in (("qwen2.5-0.5b mlp up", (4864, 896)), ("qwen3-8b mlp up", (12288, 4096))):
-        w32 = torch.randn(n_out, n_in, generator=g, device=device) * 0.02
-        for rows in (1, 8, 16):
-            x32 = torch.randn(rows, n_in, generator=g, device=device)
-            ref = x32 @ w32.t()
-            for fmt, fn in _formats(w32, device).items():
-                try:
-                    y = fn(x32.bfloat16())
-                    err = float((y.float() - ref).norm() / ref.norm())
-                    t = timed(lambda: fn(x32.bfloat16()), device, repeats * 10)
-                    out.append({"shape": shape_name, "rows": rows, "format": fmt, "ms": round(1e3 * t, 4),
-                                "rel_error_vs_fp32": round(err, 5)})
-                except (RuntimeError, NotImplementedError, AttributeError, TypeError) as e:
-                    out.append({"shape": shape_name, "rows": rows, "format": fmt, "error": str(e)[:160]})
-    return out
-
-
-def _formats(w32, device) -> dict:
-    """name -> x_bf16 [M, in] -> y [M, out] for one weight."""
-    import torch
-    import torch.nn.functional as F
-
-    wb = w32.bfloat16()
-    fmts = {"bf16 (dequantized)": lambda x: F.linear(x, wb)}
-    if device.type == "cuda" and hasattr(torch, "_scaled_mm"):
-        ws = w32.abs().amax(1, keepdim=True).clamp_min(1e-8) / 448.0                 # [out, 1] per channel
-        w8 = (w32 / ws).to(torch.float8_e4m3fn)                                       # [out, in]
-        sb = ws.t().contiguous()                                                       # [1, out]
-
-        def fp8(x):
-            xs = x.float().abs().amax(1, keepdim=True).clamp_min(1e-8) / 448.0         # [M, 1] per row
-            x8 = (x.float() / xs).to(torch.float8_e4m3fn)
-            pad = (-x8.shape[0]) % 16                                                  # rows: multiple of 16
-            if pad:
-                x8 = torch.cat([x8, x8.new_zeros(pad, x8.shape[1])])
-                xs = torch.cat([xs, xs.new_ones(pad, 1)])
-            y = torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=sb, out_dtype=torch.bfloat16)
-            return y[:x.shape[0]]
-
-        fmts["fp8 e4m3 per-channel (_scaled_mm)"] = fp8
-    if device.type == "cuda" and hasattr(torch, "_weight_int4pack_mm"):
-        group = 128
-        wg = w32.view(w32.shape[0], -1, group)                                          # [out, in/G, G]
-        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp_min(1e-8)
-        q = ((wg - lo) / scale).round().clamp(0, 15).to(torch.int32).view(w32.shape[0], -1)   # [out, in]
-        packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
-        zeros = lo + 8 * scale                                                          # tinygemm's zero point
-        sz = torch.stack([scale.squeeze(-1), zeros.squeeze(-1)], -1).transpose(0, 1).contiguous().bfloat16()
-        fmts["int4 weight-only g128 (_weight_int4pack_mm)"] = lambda x: torch._weight_int4pack_mm(x, packed, group, sz)
-    return fmts
-
-
 class _NullTokenizer:
     """Decodes nothing: speed runs never look at text."""
 
@@ -278,7 +142,8 @@ class _NullTokenizer:
 
 
 def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, new_tokens: int,
-        out: Path | None) -> dict:
+        out: Path | None, weight_formats: bool = True) -> dict:
+    """weight_formats: also time the formats a quantized GGUF could run as (quant_options)."""
     import torch
 
     from thor_runtime.device import device_name, resolve_device
@@ -296,7 +161,8 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
         del row
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    doc["quantized_weight_options"] = quant_options(device, repeats)
+    if weight_formats:
+        doc["quantized_weight_options"] = quant_options(device, repeats)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -339,53 +205,6 @@ def plot(docs: list[dict], path: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def kernel_probe(name: str, device, repeats: int, row_counts: tuple[int, ...] = (1, 16)) -> dict:
-    """Where a decode step's time goes at one shape: kernels per step and the busiest ones
-    (profiler, one eager 1-row step), then the graphed 1- and 16-row steps with and without
-    torch.compile (elementwise work fused), compile time included."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from thor_runtime.fixed_shape import FixedShapeDecoder
-
-    cfg = shape_config(name)
-    model = random_model(cfg, device, torch.bfloat16)
-    prompt = torch.randint(0, cfg.vocab_size, (512,), generator=torch.Generator().manual_seed(1))
-    row = {"model_shape": name, "device": str(device)}
-    for compiled in (False, True):
-        for rows in row_counts:
-            dec = FixedShapeDecoder(model, rows=rows, max_context=1024, kv_dtype="bf16", compile=compiled)
-            c = dec.new_cache(600)
-            model.prefill(prompt, c, chunk=256)
-            ids = torch.full((rows,), 5)
-
-            def step():
-                dec.verify(ids, c)
-                c.crop(512)
-
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            tag = f"{'compiled_' if compiled else ''}step_{rows}row"
-            row[tag + "_first_call_s"] = round(time.perf_counter() - t0, 2)
-            row[tag + "_ms"] = round(1e3 * timed(step, device, repeats * 10), 3)
-            if not compiled and rows == row_counts[0] and device.type == "cuda":
-                dec.graphs = False
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    step()
-                    sync(device)
-                dec.graphs = True
-                ev = [e for e in prof.events() if e.device_type.name == "CUDA"]
-                row["kernels_per_step"] = len(ev)
-                by = {}
-                for e in ev:
-                    by[e.name[:60]] = by.get(e.name[:60], 0.0) + e.device_time
-                row["top_kernels_us"] = {k: round(v, 1) for k, v in sorted(by.items(), key=lambda x: -x[1])[:12]}
-                row["kernel_time_us"] = round(sum(by.values()), 1)
-            print(json.dumps(row), flush=True)
-    return row
 
 
 def side_by_side(device_spec: str, out: Path, repeats: int = 3) -> int:

@@ -1,0 +1,34 @@
+"""The device benchmark (`thor bench --device`) end to end on the CPU at a tiny shape: every
+figure present and sane, the JSON, table and plot written."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def tiny_shape(monkeypatch):
+    from thor_app.commands import bench_device_shapes
+
+    monkeypatch.setitem(bench_device_shapes.SHAPES, "tiny", ("llama", 64, 128, 3, 4, 2, 16, 320, True))
+    return "tiny"
+
+
+def test_device_bench_rows_table_and_plot(tiny_shape, tmp_path):
+    from thor_app.commands.bench_device import COLUMNS, plot, run, table
+
+    out = tmp_path / "bench.json"
+    doc = run("cpu", [tiny_shape], "fp32", "bf16", 1, 6, out, weight_formats=False)
+    assert json.loads(out.read_text()) == doc and doc["device"] == "cpu" and doc["copy_bandwidth_GBps"] > 0
+    row = doc["rows"][0]
+    assert set(COLUMNS) <= set(row)
+    for k in ("prefill_tok_s", "step_1row_ms", "step_8rows_ms", "verify_16rows_ms", "decode_tok_s",
+              "drafter_block_eager_ms", "drafter_block_fixed_ms", "plan_shaped_latency_s"):
+        assert row[k] > 0, k
+    assert row["verify16_over_step1"] == pytest.approx(row["verify_16rows_ms"] / row["step_1row_ms"], rel=0.01)
+    assert row["graph_speedup_1row"] is None                  # no graphs on the CPU
+    assert 0 < row["decode_bandwidth_share"] < 1
+    assert "| tiny | fp32 | bf16 |" in table(doc)
+    plot([doc], tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 1000
