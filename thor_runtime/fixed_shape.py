@@ -141,8 +141,7 @@ class FixedShapeDecoder:
         g = m.cfg.num_heads // Hkv
         pos = self.offsets + self.start                                              # [R]
         visible = self.key_index[:span][None, :] <= pos[:, None]                     # [R, S]
-        fused = self.sdpa
-        if fused:
+        if self.sdpa:
             # SDPA's fused kernel with the g query heads of a KV head folded into its rows
             # (row j * R + r is head j of the group, token r): plain multi-head attention
             # with a mask, one kernel where the matmul form takes eight.
@@ -154,11 +153,11 @@ class FixedShapeDecoder:
             q, k, v = seg.pre_attn(i, h, rope)                  # q [H, R, Dh], k/v [Hkv, R, Dh]
             c.write(i, k, v, pos)
             K, V = c.read(i, span)                                                   # [Hkv, S, Dh]
-            if fused:
+            if self.sdpa:
                 # 4-D: SDPA's fused kernels take nothing else (3-D falls back to the math form)
                 o = F.scaled_dot_product_attention(q.reshape(1, Hkv, g * R, Dh), K[None], V[None],
                                                    attn_mask=visible)
-                # reshape: on CUDA the fused kernel's output is not laid out for a view (a copy then)
+                # reshape, not view: a fused kernel may hand back another memory layout
                 o = o.reshape(m.cfg.num_heads, R, Dh)                                # [H, R, Dh]
             else:
                 o = attend(q, K, V, visible)                                         # [H, R, Dh]
