@@ -16,6 +16,8 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.kv_cache import prompt_set_hash
 
+from agent.plan_format import FORMAT_KEY, plan_format_fingerprint
+
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
 from .shards import DATA_FORMAT, read_manifest, read_shards, write_shard
 
@@ -57,7 +59,8 @@ class PlanGreedy:
         from thor_runtime.generate import Runtime
         from thor_runtime.speculative import SpecOptions, build_speculation
 
-        self.rt = Runtime(model, tok)
+        # Robot prompts share their instructions and skills: reuse that K/V across requests.
+        self.rt = Runtime(model, tok, prefix_cache=4)
         self.gtok = GrammarTokenizer(tok)
         self.speculation = build_speculation(SpecOptions(method=spec), model)
         self.max_tokens = max_tokens
@@ -83,10 +86,11 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
     prompts = [m for m, _ in items]
     man = {"format": DATA_FORMAT, "split": spec.split, "seed": spec.seed, "n": spec.n,
            "general_frac": spec.general_frac, "max_tokens": gen.max_tokens, "target": target,
-           "constrained": gen.constrained, "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
+           "constrained": gen.constrained, FORMAT_KEY: plan_format_fingerprint(),
+           "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
     old = read_manifest(out)
     if old is not None:
-        keys = ("format", "split", "seed", "general_frac", "max_tokens", "target", "constrained")
+        keys = ("format", "split", "seed", "general_frac", "max_tokens", "target", "constrained", FORMAT_KEY)
         diff = [k for k in keys if old.get(k, False if k == "constrained" else None) != man[k]]
         if diff:
             raise ThorError(f"{out}: existing data was made with different settings ({', '.join(diff)}); "

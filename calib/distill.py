@@ -50,6 +50,8 @@ from thor_runtime.speculative.draft_vocab import DraftVocab, response_counts
 
 from .ckpt import load_checkpoint, save_checkpoint
 from .features import build_features
+from agent.plan_format import FORMAT_KEY
+
 from .shards import read_manifest, read_shards
 
 SPAN = 64   # anchors of one row lie within SPAN tokens, so a row's context is at most W + SPAN
@@ -85,6 +87,8 @@ class DistillConfig:
     stop_at: int = 0                 # stop (with a checkpoint) after this step; 0 = run to `steps`
     eval_prompts: str = "robot"      # held-out set for the report: robot | general
     draft_vocab: int = 2048          # head shortlist: the N most frequent response tokens (0 = full head)
+    intermediate: int = 0            # the drafter's MLP width (0 = the target's): a wide target's
+    #                                  MLP would make the drafter larger than it needs to be
 
     def __post_init__(self):
         for k in ("gen_n", "gen_max_tokens", "layers", "num_taps", "window", "steps", "batch", "blocks",
@@ -95,9 +99,10 @@ class DistillConfig:
             raise ThorError(f"distill: block size must be >= 2, got {self.block_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ThorError(f"distill: lr must be a positive number, got {self.lr}")
-        if min(self.warmup, self.eval_n, self.max_time, self.weight_decay, self.stop_at, self.draft_vocab) < 0:
-            raise ThorError("distill: warmup, eval_n, max_time, weight_decay, stop_at and draft_vocab "
-                            "must be >= 0")
+        if min(self.warmup, self.eval_n, self.max_time, self.weight_decay, self.stop_at, self.draft_vocab,
+               self.intermediate) < 0:
+            raise ThorError("distill: warmup, eval_n, max_time, weight_decay, stop_at, draft_vocab and "
+                            "intermediate must be >= 0")
         if not self.gamma > 0:
             raise ThorError(f"distill: gamma must be > 0, got {self.gamma}")
         if self.vocab not in ("data", "full") or self.negatives < 0:
@@ -111,7 +116,7 @@ class DistillConfig:
         return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, block, a.taps, a.num_taps,
                    a.window, a.steps, a.lr, a.warmup, a.batch, a.blocks, a.gamma, a.weight_decay,
                    a.ckpt_every, a.resume, a.bf16, a.seed, a.eval_n, a.eval_max_tokens, a.vocab, a.negatives,
-                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab)
+                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab, intermediate=a.intermediate)
 
     def tap_list(self, num_layers: int) -> tuple[int, ...]:
         if self.taps == "auto":
@@ -298,9 +303,10 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
     mask_id = mcfg.vocab_size - 1 if mask_id is None else mask_id
     dcfg = DFlashConfig(tap_layers=taps, mask_token_id=mask_id, hidden_size=mcfg.hidden_size,
                         num_layers=cfg.layers, num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads,
-                        head_dim=mcfg.head_dim, intermediate_size=mcfg.intermediate_size,
+                        head_dim=mcfg.head_dim, intermediate_size=cfg.intermediate or mcfg.intermediate_size,
                         block_size=cfg.block_size, rms_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
-                        target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model))
+                        target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model),
+                        plan_format=man.get(FORMAT_KEY, "") if man.get("constrained") else "")
     data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
     feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name}, progress)
     return Prepared(data_dir, man, seqs, dcfg, feats, data_hash)

@@ -128,6 +128,8 @@ def register(sub) -> None:
     d.add_argument("--gen-n", type=positive_int, default=64, help="prompts to generate when --data is absent")
     d.add_argument("--gen-max-tokens", type=positive_int, default=192)
     d.add_argument("--layers", type=positive_int, default=1)
+    d.add_argument("--intermediate", type=_nonneg_int, default=0,
+                   help="the drafter's MLP width (default 0: the target's)")
     d.add_argument("--block-size", type=positive_int, default=None,
                    help="B: anchor + B-1 drafts per pass (default: the drafter config's)")
     d.add_argument("--taps", default="auto", help="auto or comma-separated target layer ids")

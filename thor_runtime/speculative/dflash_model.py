@@ -77,6 +77,9 @@ class DFlashConfig:
     # The target's weight kind when its taps were recorded ("fp32", "bf16", "int8", "int4";
     # "" unknown): low-bit weights shift the taps, and with them what the drafter predicts.
     target_weights: str = ""
+    # The planner request format its training plans were written in (agent/plan_format.py;
+    # "" = unrecorded): a format change leaves the drafter predicting a document that is gone.
+    plan_format: str = ""
 
     def __post_init__(self):
         taps = self.tap_layers
@@ -89,8 +92,9 @@ class DFlashConfig:
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ThorError(f"dflash config: {k} must be an integer, got {v!r}")
-        if not isinstance(self.target_weights, str):
-            raise ThorError(f"dflash config: target_weights must be a string, got {self.target_weights!r}")
+        for k in ("target_weights", "plan_format"):
+            if not isinstance(getattr(self, k), str):
+                raise ThorError(f"dflash config: {k} must be a string, got {getattr(self, k)!r}")
         for k in ("rms_eps", "rope_theta"):
             if not isinstance(getattr(self, k), (int, float)):
                 raise ThorError(f"dflash config: {k} must be a number, got {getattr(self, k)!r}")
