@@ -12,7 +12,8 @@ finished parts.
 Each part records a hash of the sequences it holds, and a part is reused only while that
 hash matches. A data set extended by ``gen-data --n`` (a prefix of the larger set, sorted by
 index) therefore keeps every full part of the old set; only the last, partial part and the
-new sequences are computed. Tap rows cost one target forward per sequence (~1 s each here).
+new sequences are computed. Tap rows cost one target forward per sequence (~1 s each here), from
+where the sequence leaves the previous one's prompt (``_Prefill``).
 
 features/meta.json         {"format": "thor-calib-features/2", key fields}
 features/part-NNNNN.safetensors   (metadata: format, seqs_sha256)
@@ -38,15 +39,34 @@ FEAT_FORMAT = "thor-calib-features/2"
 PART = 16
 
 
-def _compute(model, seq: dict, taps: tuple[int, ...], window: int) -> tuple[torch.Tensor, int]:
-    """-> (rows [T - first, n_taps * D] bf16, first)."""
-    ids = torch.tensor(seq["ids"], dtype=torch.long)
-    T = ids.shape[0]
-    first = max(0, seq["prompt_len"] - window)
-    cache = model.new_cache(T)      # a hybrid target's holds its recurrent state too
-    out = model.forward(ids, cache, taps=taps, logits_rows="none")
-    raw = torch.cat([out.taps[t][first:] for t in taps], dim=-1)                  # [T - first, n_taps*D]
-    return raw.to(torch.bfloat16).cpu(), first
+class _Prefill:
+    """Runs the target over one sequence after another, keeping the last one's K/V: planner
+    prompts share their instructions and skills, so each sequence computes only from where it
+    leaves the previous one (a hybrid target's recurrent state cannot be cut back: it starts over).
+    Reused rows differ from a whole-sequence forward only by float rounding, as at inference,
+    where the runtime's prefix cache does the same."""
+
+    def __init__(self, model, capacity: int):
+        self.model, self.capacity = model, capacity
+        self.reuse = not model.is_hybrid
+        self.cache, self.prev = None, []
+
+    def taps(self, seq: dict, taps: tuple[int, ...], window: int) -> tuple[torch.Tensor, int]:
+        """-> (rows [T - first, n_taps * D] bf16, first)."""
+        ids = seq["ids"]
+        first = max(0, seq["prompt_len"] - window)
+        keep = 0
+        if self.reuse and self.cache is not None:
+            while keep < min(len(self.prev), first) and self.prev[keep] == ids[keep]:
+                keep += 1
+            self.cache.crop(keep)
+        else:
+            self.cache = self.model.new_cache(self.capacity)  # a hybrid's holds its recurrent state too
+        out = self.model.forward(torch.tensor(ids[keep:], dtype=torch.long), self.cache, taps=taps,
+                                 logits_rows="none")
+        self.prev = ids
+        raw = torch.cat([out.taps[t][first - keep:] for t in taps], dim=-1)           # [T - first, n_taps*D]
+        return raw.to(torch.bfloat16).cpu(), first
 
 
 def seqs_hash(seqs: list[dict]) -> str:
@@ -93,12 +113,13 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
             if _part_hash(out_dir / f"part-{p:05d}.safetensors") != seqs_hash(seqs[p * PART:(p + 1) * PART])]
     bar = tqdm(total=len(seqs), initial=len(seqs) - sum(len(seqs[p * PART:(p + 1) * PART]) for p in todo),
                desc="target taps", unit="seq", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    run = _Prefill(model, max((len(s["ids"]) for s in seqs), default=1))
     with torch.inference_mode():
         for p in todo:
             part = seqs[p * PART:(p + 1) * PART]
             rows, firsts, offs = [], [], [0]
             for s in part:
-                r, f = _compute(model, s, taps, window)
+                r, f = run.taps(s, taps, window)
                 rows.append(r)
                 firsts.append(f)
                 offs.append(offs[-1] + r.shape[0])

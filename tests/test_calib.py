@@ -316,6 +316,37 @@ def test_cli_eval_drafter(tiny_dirs, tmp_path, capsys):
                  str(tmp_path / "missing"), "--quiet"]) == 2
 
 
+def test_features_reuse_a_shared_prompt_start(tiny_llama, tmp_path):
+    """Sequences that share their prompt's start (planner instructions) compute only from where
+    they leave the previous one, and store the same rows as a whole-sequence forward."""
+    import calib.features as F
+
+    V = tiny_llama.cfg.vocab_size
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randint(0, V, (20,), generator=g).tolist()
+    seqs = [{"ids": shared + torch.randint(0, V, (10,), generator=g).tolist(), "prompt_len": 26, "index": i}
+            for i in range(3)]
+    fed = []
+    real = tiny_llama.model.forward
+    model = tiny_llama.model
+
+    class Counting:
+        is_hybrid = False
+        new_cache = model.new_cache
+
+        def forward(self, ids, cache, **kw):
+            fed.append(ids.shape[0])
+            return real(ids, cache, **kw)
+
+    got = F.build_features(Counting(), seqs, (0, 2), 4, tmp_path / "a", {"target": "tiny"}, progress=False)
+    assert fed == [30, 10, 10]                  # the shared 20 tokens once
+    with torch.inference_mode():
+        for i, s in enumerate(seqs):
+            whole = model.forward(torch.tensor(s["ids"]), model.new_cache(30), taps=(0, 2), logits_rows="none")
+            want = torch.cat([whole.taps[t][22:] for t in (0, 2)], dim=-1).to(torch.bfloat16)
+            torch.testing.assert_close(got.rows(i, 22, 30).float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_feature_cache_extends_and_recomputes_changed_parts(tiny_llama, tmp_path, monkeypatch):
     """A grown data set keeps the old set's full parts; a part whose sequences changed is
     recomputed, never served stale."""
@@ -326,8 +357,8 @@ def test_feature_cache_extends_and_recomputes_changed_parts(tiny_llama, tmp_path
     seqs = [{"ids": torch.randint(0, V, (12,), generator=g).tolist(), "prompt_len": 6, "index": i}
             for i in range(F.PART + 4)]
     computed = []
-    real = F._compute
-    monkeypatch.setattr(F, "_compute", lambda m, s, *a: computed.append(s["index"]) or real(m, s, *a))
+    real = F._Prefill.taps
+    monkeypatch.setattr(F._Prefill, "taps", lambda self, s, *a: computed.append(s["index"]) or real(self, s, *a))
     key, out = {"target": "tiny"}, tmp_path / "feats"
     small = F.build_features(tiny_llama.model, seqs[:F.PART + 2], (0, 2), 4, out, key, progress=False)
     assert computed == list(range(F.PART + 2))
