@@ -16,6 +16,7 @@ from thor_runtime.speculative import SpecOptions, build_speculation
 
 from .evaluation import first_attempt_alone, load_eval_set, score, summarize
 from .files import load_skills, load_world, resolve_skills_path
+from .plan_format import plan_format_fingerprint
 from .planner import Planner
 
 AGENT_DIR = Path(__file__).resolve().parent
@@ -46,7 +47,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     cases = plan_cases(limit)
     rows, reference = [], None
     for spec in specs:
-        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model)
+        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+                                        plan_format=plan_format_fingerprint())
         planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
         lat, dec, acc, jf, valid, plans = [], [], [], 0, 0, []
         for r in range(repeats):
@@ -98,7 +100,9 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
     miss it; False: the model's steps alone), each with its per-task rows."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     tasks = _spread(tasks, limit)
-    speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model)
+    # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines it)
+    speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+                                    plan_format=plan_format_fingerprint())
     out = []
     for solver in solver_modes:
         planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver)

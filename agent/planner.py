@@ -85,7 +85,7 @@ class PreparedRequest:
 def merge_stats(parts: list[Stats]) -> Stats:
     """Sum the additive counters of several generations; ttft is the first one's (latency to
     the first planned token the user sees)."""
-    total = Stats(kv_dtype=parts[0].kv_dtype if parts else "fp32")
+    total = Stats(kv_dtype=parts[0].kv_dtype if parts else "fp32", spec_note=parts[0].spec_note if parts else "")
     if not parts:
         return total
     for name in _ADDITIVE:

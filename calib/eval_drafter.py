@@ -30,7 +30,7 @@ from .prompts import general_prompts, robot_requests
 
 @dataclass(frozen=True)
 class EvalConfig:
-    drafter: str | None = None       # None = the shipped default drafter
+    drafter: str | None = None       # None = the shipped drafter trained for the target
     n: int = 8
     max_tokens: int = 128
     seed: int = 0
@@ -70,15 +70,21 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     from tqdm import tqdm
 
     from agent.grammar import GrammarTokenizer
-    from thor_runtime.speculative import DEFAULT_DRAFTER, SpecOptions, build_speculation
+    from agent.plan_format import plan_format_fingerprint
+    from thor_runtime.speculative import SpecOptions, build_speculation
     from thor_runtime.speculative.dflash_io import load_drafter
+    from thor_runtime.speculative.shipped import require_drafter_for
 
     model, tok = loaded.model, loaded.tokenizer
+    path = cfg.drafter
     if drafter is None:
-        path = cfg.drafter or str(DEFAULT_DRAFTER)
+        path = path or str(require_drafter_for(model).path)
         drafter = load_drafter(path, model.cfg)
-    opts = SpecOptions(method="dflash", block_size=cfg.block_size, window=cfg.window,
+    # opts.drafter only names the drafter (the one in memory runs) in a stale-format warning
+    opts = SpecOptions(method="dflash", drafter=path, block_size=cfg.block_size, window=cfg.window,
                        lookup_rate=cfg.lookup_rate)
+    # planner requests: a drafter distilled on another plan format is reported stale (once)
+    fmt = plan_format_fingerprint() if cfg.prompt_set == "robot" else None
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
@@ -94,8 +100,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
                                  disable=not progress)):
         req = reqs[i] if cfg.constrained else None
         # Fresh proposers per prompt (their windows and lookup counters are per sequence).
-        spec_sp = build_speculation(opts, model, drafter=drafter)
-        comb_sp = build_speculation(replace(opts, method="combined"), model, drafter=drafter)
+        spec_sp = build_speculation(opts, model, drafter=drafter, plan_format=fmt)
+        comb_sp = build_speculation(replace(opts, method="combined"), model, drafter=drafter, plan_format=fmt)
         with torch.inference_mode():
             plain = rt.generate(ids, params, constraint=plan_constraint(gtok, req))
             spec = rt.generate(ids, params, spec_sp, constraint=plan_constraint(gtok, req))
@@ -123,6 +129,7 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
         "block_size": block,
         "window": cfg.window, "identical_output": identical,
+        "spec_note": spec_sp.note,       # "" unless the drafter is stale for today's planner format
         "accept_length_mean": round(agg["spec_committed"] / agg["spec_cycles"], 4) if agg["spec_cycles"] else 0.0,
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
         "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),

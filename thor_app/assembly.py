@@ -66,11 +66,26 @@ def relaxed_config(config: RuntimeConfig, tokenizer):
     return RelaxedConfig(b, e, s.relaxed_topk, s.relaxed_delta, s.relaxed_margin)
 
 
-def build_speculation(config: RuntimeConfig, loaded):
-    """The one Speculation of a config (proposer, K, budget, relaxed acceptance)."""
+def plan_format(config: RuntimeConfig, plans: bool = True) -> str | None:
+    """Today's planner request format, for the staleness check of a planner drafter; None when
+    the runtime will not plan (free text only) or its method runs no drafter."""
+    from thor_runtime.speculative.shipped import DRAFTER_METHODS
+
+    if not plans or config.speculation.method not in DRAFTER_METHODS + ("hybrid",):
+        return None
+    from agent.plan_format import plan_format_fingerprint
+
+    return plan_format_fingerprint()
+
+
+def build_speculation(config: RuntimeConfig, loaded, plans: bool = True):
+    """The one Speculation of a config (proposer, K, budget, relaxed acceptance). ``plans``:
+    the runtime serves the planner, so a drafter trained on another plan format is stale
+    (thor_runtime/speculative/shipped.py); False for free text only (`thor generate`)."""
     from thor_runtime.speculative import build_speculation as build
 
-    return build(spec_options(config), loaded.model, relaxed_config(config, loaded.tokenizer))
+    return build(spec_options(config), loaded.model, relaxed_config(config, loaded.tokenizer),
+                 plan_format=plan_format(config, plans))
 
 
 def backend_options(config: RuntimeConfig, spec_k: int = 0, **overrides):
@@ -143,12 +158,13 @@ def make_runtime(config: RuntimeConfig, loaded):
                    max_context=m.max_context, compile=m.compile)
 
 
-def build_runtime(config: RuntimeConfig, loaded=None) -> Assembled:
-    """Load (unless ``loaded`` is given), speculate, attach the backend, and wrap it in a Runtime."""
+def build_runtime(config: RuntimeConfig, loaded=None, plans: bool = True) -> Assembled:
+    """Load (unless ``loaded`` is given), speculate, attach the backend, and wrap it in a Runtime.
+    ``plans``: see build_speculation."""
     if config.engine.backend != "torch":
         backend_options(config)             # a bad option combination fails before the model loads
     loaded = loaded if loaded is not None else load_model(config)
-    spec = build_speculation(config, loaded)
+    spec = build_speculation(config, loaded, plans)
     backend = make_backend(config, loaded, spec)
     return Assembled(config, loaded, make_runtime(config, loaded), spec, backend)
 

@@ -108,7 +108,7 @@ class Runtime:
         cache = self.decode.cache(self.new_cache, len(prompt_ids) + params.max_tokens, k)
         gen = None if params.greedy else make_generator(params.seed)
         stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
-                      device=str(self.model.device))
+                      device=str(self.model.device), spec_note=speculation.note)
         taps = proposer.tap_layers if proposer is not None else ()
         stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
 

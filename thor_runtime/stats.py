@@ -27,6 +27,8 @@ class Stats:
     # per draft position j: how many cycles offered a draft there / accepted it
     pos_offered: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
+    # why the proposer that ran is not the one asked for, or what is wrong with it (Speculation.note)
+    spec_note: str = ""
 
     def record_cycle(self, n_drafts: int, n_acc: int, n_committed: int, forced: int,
                      draft_s: float, verify_s: float, rest_s: float, capped: bool = False) -> None:
@@ -70,4 +72,5 @@ class Stats:
             "time_draft_s": round(self.draft_s, 6),
             "time_verify_s": round(self.verify_s, 6),
             "time_rest_s": round(self.rest_s, 6),
+            "spec_note": self.spec_note,
         }

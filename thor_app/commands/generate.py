@@ -52,7 +52,7 @@ def run(args) -> int:
     s = config.sampling
     params = SamplingParams(max_tokens=args.max_tokens, temperature=s.temperature, top_k=s.top_k,
                             top_p=s.top_p, seed=s.seed, stop=tuple(args.stop))
-    a = build_runtime(config)
+    a = build_runtime(config, plans=False)     # free text: a planner drafter's plan format does not matter
     loaded, rt, spec = a.loaded, a.runtime, a.speculation
     ids = encode_prompt(loaded.tokenizer, args.prompt, args.chat, args.system)
     streamer = None if args.json or params.stop else _Streamer(loaded.tokenizer)

@@ -53,10 +53,9 @@ def _load_inputs(args, config):
     from agent.planner import specialize_request
 
     spec = config.speculation
-    if spec.method in ("dflash", "combined", "hybrid") or (spec.method == "auto" and spec.drafter):
-        from thor_runtime.speculative import DEFAULT_DRAFTER
-
-        drafter = Path(spec.drafter) if spec.drafter else DEFAULT_DRAFTER
+    # a given drafter is checked here; the shipped one is the target's, known once it is loaded
+    if spec.method in ("dflash", "combined", "hybrid", "auto") and spec.drafter:
+        drafter = Path(spec.drafter)
         if not drafter.exists():
             raise ThorError(f"DFlash drafter not found: {drafter} (pass --drafter DIR, or --spec ngram)")
     if args.out and not Path(args.out).parent.is_dir():

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from ..errors import ThorError
 from ..runtime_config import NGRAM_SIZES, SPEC_METHODS, SpeculationSettings as _Defaults
 from .budget import DraftBudget
+# drafter discovery and staleness (weights_kind and DRAFTERS_DIR are part of this package's API)
+from .shipped import DRAFTERS_DIR, drafter_for, pick_drafter, require_drafter_for, weights_kind
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from .accept import RelaxedConfig
@@ -21,14 +23,15 @@ if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
 # Earlier spellings, still accepted, and the method each names: "hybrid" was the drafter plus
 # prompt lookup until the word came to mean the Gated-DeltaNet models (thor_runtime/hybrid/).
 SPEC_ALIASES = {"hybrid": "combined"}
-# Drafter shipped for the embedded default target (distilled by `thor calib distill`).
-DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-dflash"
+# The drafter shipped for the embedded default target. Targets find theirs by their config
+# (shipped.py: ``drafter_for``); this name stays for the tests and tools that mean this one.
+DEFAULT_DRAFTER = DRAFTERS_DIR / "smollm2-135m-dflash"
 
 
 @dataclass(frozen=True)
 class SpecOptions:
     method: str = "none"
-    drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one for the default target
+    drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one trained for the target
     block_size: int | None = None     # DFlash block B (K = B - 1); None = the drafter's own
     window: int = _Defaults.window    # DFlash per-token context window W
     seed_window: bool = _Defaults.seed_window   # fill the window from the prompt tail at prefill
@@ -66,6 +69,9 @@ class Speculation:
     # drafter is off its distribution and would only cost its forwards until the budget pauses
     # it; and lookup on plans with a stricter lookup on free text.
     free_text: "Speculation | None" = None
+    # Why the proposer is not what the options asked for, or what is wrong with it (``auto``
+    # declined a stale drafter; a stale one ran as asked): the stats' ``spec_note``.
+    note: str = ""
 
     def __post_init__(self):
         if self.k < 0:
@@ -94,7 +100,7 @@ def _dflash(opts: SpecOptions, model, drafter=None):
     from .dflash_io import load_drafter
 
     if drafter is None:
-        path = Path(opts.drafter) if opts.drafter else DEFAULT_DRAFTER
+        path = Path(opts.drafter) if opts.drafter else require_drafter_for(model).path
         if not path.exists():
             raise ThorError(f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
                             "`thor calib distill`)")
@@ -112,31 +118,13 @@ def _combined(opts: SpecOptions, model, drafter=None):
     return CombinedProposer.around(dflash, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
 
 
-def weights_kind(model) -> str:
-    """How the target holds its weights: its quantization ("int4", "int8") or its dtype."""
-    quant = getattr(model, "quant", None)
-    if quant:
-        return quant
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
-        str(getattr(model, "dtype", "")).removeprefix("torch."), "")
-
-
 def shipped_drafter_fits(model) -> bool:
-    """The shipped drafter was trained for this target: same model id and hidden size, and
-    taps from the same weight kind (a drafter distilled on fp32 taps commits about half as
-    many tokens per cycle on int4 weights, where its forwards then cost more than they save)."""
-    import json
-
-    try:
-        doc = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (doc.get("target_id") == model.cfg.name and doc.get("hidden_size") == model.cfg.hidden_size
-            and doc.get("target_weights", "") in ("", weights_kind(model)))
+    """A shipped drafter was trained for this target and its weight kind (shipped.py)."""
+    return drafter_for(model) is not None
 
 
 def _auto(opts: SpecOptions, model, drafter=None):
-    """The combined proposer where a drafter is given or the shipped one was trained for this
+    """The combined proposer where a drafter is given or a shipped one was trained for this
     target and its weight kind, else prompt lookup (a drafter trained for another model would
     only be paused by the budget)."""
     given = opts.drafter or drafter is not None
@@ -148,12 +136,18 @@ _BUILDERS = {"none": lambda opts, model, drafter=None: (None, 0), "ngram": _ngra
 
 
 def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None,
-                      drafter=None) -> Speculation:
+                      drafter=None, plan_format: str | None = None) -> Speculation:
     """The one constructor of a Speculation from user-facing options.
 
     drafter: a DFlash drafter already in memory (one just distilled, evaluated before it is
-    saved), taken instead of loading ``opts.drafter``; only the DFlash-based methods use it."""
-    proposer, k = _BUILDERS[opts.method](opts, model, drafter)
+    saved), taken instead of loading ``opts.drafter``; only the DFlash-based methods use it.
+    plan_format: the planner's request-format fingerprint today (agent.plan_format), handed in
+    by a caller that plans; a drafter recorded on another format is stale: auto declines it,
+    dflash and combined run it, both say so on stderr (shipped.py). None: no check."""
+    pick = pick_drafter(opts.method, opts.drafter, drafter, model, plan_format)
+    if pick.drafter is not None:
+        opts = replace(opts, drafter=pick.drafter)
+    proposer, k = _BUILDERS[opts.method if pick.use else "ngram"](opts, model, drafter)
     budget = None if opts.fixed_k or proposer is None else DraftBudget()
     free = None
     if opts.method == "auto" and proposer is not None:
@@ -164,4 +158,4 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
         lookup, lk = _ngram(replace(opts, ngram_min=max(opts.ngram_min, 3), ngram_max=max(opts.ngram_max, 3)),
                             model)
         free = Speculation(lookup, lk, None if opts.fixed_k else DraftBudget(), relaxed)
-    return Speculation(proposer, k, budget, relaxed, free)
+    return Speculation(proposer, k, budget, relaxed, free, pick.note)
