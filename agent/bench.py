@@ -14,8 +14,9 @@ from pathlib import Path
 from thor_runtime.runtime_config import PlannerSettings
 from thor_runtime.speculative import SpecOptions, build_speculation
 
-from .evaluation import first_attempt_alone, load_eval_set, score, summarize
+from .evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
 from .files import load_skills, load_world, resolve_skills_path
+from .pddl_check import load_binding, validate
 from .plan_format import plan_format_fingerprint
 from .planner import Planner
 
@@ -86,6 +87,9 @@ def _spread(tasks: list, limit: int | None) -> list:
     by_world: dict[str, list] = {}
     for t in tasks:
         by_world.setdefault(t.world, []).append(t)
+    if len(by_world) > limit:       # a world per task (Blocksworld): the first task of evenly spaced worlds
+        groups = list(by_world.values())
+        return [groups[i][0] for i in sorted({round(j * (len(groups) - 1) / max(limit - 1, 1)) for j in range(limit)})]
     out = []
     for i, group in enumerate(by_world.values()):     # first and last of each world's list, and between
         k = limit // len(by_world) + (i < limit % len(by_world))
@@ -97,8 +101,10 @@ def _spread(tasks: list, limit: int | None) -> list:
 def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False),
                attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None, directory=None) -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
-    miss it; False: the model's steps alone), each with its per-task rows."""
+    miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
+    (pddl_check.py) every plan is also checked by the independent validator."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
+    binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
     # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines it)
     speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
@@ -114,6 +120,9 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
             rows.append(score(t, res, world, skills))
             r = rows[-1]
             r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills, task=t.task).schema, world, skills)
-            print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}", file=sys.stderr)
+            if binding is not None:
+                r.update(validate(binding, t.id, res.plan))
+            print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}"
+                  + (f" pddl_valid={r['pddl_valid']}" if binding is not None else ""), file=sys.stderr)
         out.append({"solver": solver, **summarize(rows), "rows": rows})
     return out

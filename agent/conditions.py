@@ -7,6 +7,8 @@ A condition is a small JSON object; its key set says which kind it is:
     {"object": X, "at": P}                  object X rests at place P
     {"object": X, "is": S}                  X is open / closed / inspected (X may be a place: inspected)
     {"robot_at": P}                         the robot (base) is at place P
+    {"object": X, "on": Y}                  object X rests on object Y (a block on a block)
+    {"clear": X}                            skills only: nothing rests on X and it is not held
     {"missing": NAME}                       goal only: the task needs NAME, which the world lacks
 
 In a skills file a name may be ``$arg``, the value of that argument of the step. The kinds are a
@@ -30,10 +32,17 @@ KINDS = {
     "place_is": (frozenset({"place", "is"}), "place", "is", "place", "state"),
     "robot_at": (frozenset({"robot_at"}), None, "robot_at", None, "place"),
     "missing": (frozenset({"missing"}), "missing", None, "name", None),
+    # objects as places: what an object rests on is another object ("the red block on the blue")
+    "on": (frozenset({"object", "on"}), "object", "on", "object", "object"),
+    # derived from where everything rests, never set by an effect: only a precondition asks it
+    "clear": (frozenset({"clear"}), "clear", None, "object", None),
 }
-EFFECT_KINDS = ("hand", "holding", "at", "is", "place_is", "robot_at")
-SKILL_PRE_KINDS = ("hand", "holding", "at", "is", "place_is", "robot_at")
-GOAL_KINDS = ("holding", "at", "is", "place_is", "robot_at", "hand", "missing")
+EFFECT_KINDS = ("hand", "holding", "at", "is", "place_is", "robot_at", "on")
+SKILL_PRE_KINDS = ("hand", "holding", "at", "is", "place_is", "robot_at", "on", "clear")
+# `on` last: a parse error lists the forms in this order, and the older forms come first
+GOAL_KINDS = ("holding", "at", "is", "place_is", "robot_at", "hand", "missing", "on")
+# the value kinds that name a thing of the world (a place, or an object standing as one)
+NAME_VALUES = ("place", "object")
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,8 @@ class Cond:
         """Short words for prompts, notes and findings: "apple at table", "hand empty"."""
         s, v = self.subject, self.value
         return {"hand": f"hand {v}", "holding": f"holding {s}", "at": f"{s} at {v}", "is": f"{s} {v}",
-                "place_is": f"{s} {v}", "robot_at": f"robot at {v}", "missing": f"{s} is not in this world"
-                }[self.kind]
+                "place_is": f"{s} {v}", "robot_at": f"robot at {v}", "missing": f"{s} is not in this world",
+                "on": f"{s} on {v}", "clear": f"{s} clear"}[self.kind]
 
     def ground(self, args: dict) -> "Cond":
         """Replace ``$arg`` names with the step's argument values (non-strings stay unresolved)."""
@@ -73,7 +82,7 @@ class Cond:
                 v = args.get(x[1:])
                 return v if isinstance(v, str) else None
             return x
-        return Cond(self.kind, sub(self.subject), sub(self.value) if KINDS[self.kind][4] == "place" else self.value)
+        return Cond(self.kind, sub(self.subject), sub(self.value) if KINDS[self.kind][4] in NAME_VALUES else self.value)
 
     def refs(self) -> list[tuple[str, str]]:
         """[(name, "object"|"place"|"name")] this condition mentions (skills: "$arg" names)."""
@@ -81,8 +90,8 @@ class Cond:
         out = []
         if skind is not None and self.subject is not None:
             out.append((self.subject, skind))
-        if vkind == "place" and self.value is not None:
-            out.append((self.value, "place"))
+        if vkind in NAME_VALUES and self.value is not None:
+            out.append((self.value, vkind))
         return out
 
 

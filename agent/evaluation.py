@@ -82,7 +82,7 @@ def run_steps(plan, world: World, skills: SkillSet):
         for obj, loc in st.loc.items():
             if loc != before.get(obj):
                 moved.add(obj)
-                if loc not in (None, HELD):
+                if loc not in (None, HELD) and world.place(loc):      # not onto another object
                     put_at.add(loc)
     return st, moved, put_at
 
@@ -150,4 +150,15 @@ def summarize(rows: list[dict]) -> dict:
             "first_attempt_model_alone": sum(r.get("first_attempt_alone", False) for r in rows),
             "unsafe_on_exit0": sum(bool(r["unsafe"]) for r in rows),
             "attempts_mean": round(sum(r["attempts"] for r in rows) / max(len(rows), 1), 2),
-            "latency_median_s": round(statistics.median(lat), 3) if lat else None}
+            "latency_median_s": round(statistics.median(lat), 3) if lat else None, **_pddl(rows)}
+
+
+def _pddl(rows: list[dict]) -> dict:
+    """On a set with PDDL (pddl_check.py): the exit-0 plans the independent validator accepts,
+    and the plans on which it and this project's executor disagree (executable and reaching the
+    task's goal by one, not by the other). Nothing on a set without."""
+    if not any("pddl_valid" in r for r in rows):
+        return {}
+    checked = [r for r in rows if r.get("pddl_valid") is not None]
+    return {"pddl_valid": f"{sum(r['valid'] and r['pddl_valid'] for r in checked)}/{sum(r['valid'] for r in rows)}",
+            "pddl_disagree": sum(r["pddl_valid"] != (r["executable"] and r.get("reached", False)) for r in checked)}

@@ -24,6 +24,7 @@ SCHEMA_DIR = AGENT_DIR / "schemas"
 DEFAULT_SKILLS = AGENT_DIR / "skills" / "manipulation.json"
 PLAN_SCHEMA = SCHEMA_DIR / "plan.schema.json"
 ARG_TYPES = ("number", "integer", "string", "enum", "object", "place", "position")
+MAX_PLAN_STEPS = 99         # step ids are s1..s99 (plan.schema.json)
 OBJECT_STATES = ("open", "closed")
 
 
@@ -38,6 +39,7 @@ class WorldObject:
     at: str | None = None        # the place it rests at initially (None: at no named place)
     state: str | None = None     # open / closed, for drawers, doors, lids (None: not stated)
     aliases: tuple[str, ...] = ()  # what the people here also call it ("the guitar")
+    on: str | None = None        # the object it rests on initially (a block on a block), instead of `at`
 
     def __post_init__(self):
         _check_xyz(self.position, f"object {self.name!r} position")
@@ -107,12 +109,32 @@ class World:
         for who, where in [(f"object {o.name!r}", o.at) for o in self.objects] + [("robot", self.robot.at)]:
             if where is not None and where not in places:
                 raise ThorError(f"{who}: `at` names {where!r}, which is not a place of this world")
+        _check_supports(self.objects)
 
     def object(self, name: str) -> WorldObject | None:
         return next((o for o in self.objects if o.name == name), None)
 
     def place(self, name: str) -> Place | None:
         return next((p for p in self.places if p.name == name), None)
+
+
+def _check_supports(objects) -> None:
+    """`on` names another object of this world, never with `at` beside it, and following what
+    each rests on ends at a place or nowhere: a loop would leave where things are undefined."""
+    below = {o.name: o.on for o in objects if o.on is not None}
+    for o in objects:
+        if o.on is None:
+            continue
+        if o.at is not None:
+            raise ThorError(f"object {o.name!r}: give `at` or `on`, not both (it rests on one thing)")
+        if o.on == o.name or not any(x.name == o.on for x in objects):
+            raise ThorError(f"object {o.name!r}: `on` names {o.on!r}, which is not another object of this world")
+        seen, cur = {o.name}, o.on
+        while cur in below:
+            if cur in seen:
+                raise ThorError(f"object {o.name!r}: what it rests on loops back to {cur!r}")
+            seen.add(cur)
+            cur = below[cur]
 
 
 # ---- skills ---------------------------------------------------------------------------------
@@ -189,17 +211,22 @@ class Skill:
         """Object args this skill holds or moves: they get the payload and graspability checks
         whatever their `payload` flag says."""
         return frozenset(c.subject[1:] for c in self.effects
-                         if c.kind in ("holding", "at") and c.subject and c.subject.startswith("$"))
+                         if c.kind in ("holding", "at", "on") and c.subject and c.subject.startswith("$"))
 
 
 @dataclass(frozen=True)
 class SkillSet:
     skills: tuple[Skill, ...]
     source: str = "<memory>"
+    # the most steps a plan in this library may take (None: the plan schema's own cap); a
+    # library of finer skills needs more ("unstack, put down" is one move of a block)
+    max_steps: int | None = None
 
     def __post_init__(self):
         if not self.skills:
             raise ThorError("the skills file defines no skills")
+        if self.max_steps is not None and not 1 <= self.max_steps <= MAX_PLAN_STEPS:
+            raise ThorError(f"max_steps must be 1..{MAX_PLAN_STEPS}, got {self.max_steps}")
         names = [s.name for s in self.skills]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:
@@ -252,7 +279,7 @@ def world_from_dict(data: dict, source: str = "<memory>", base_dir: Path | None 
     try:
         objs = tuple(WorldObject(o["name"], o["type"], tuple(o["position"]), float(o["mass_kg"]),
                                  bool(o.get("graspable", True)), o.get("at"), o.get("state"),
-                                 tuple(o.get("aliases", ())))
+                                 tuple(o.get("aliases", ())), o.get("on"))
                      for o in data["objects"])
         places = tuple(Place(p["name"], tuple(p["position"]), tuple(p.get("aliases", ()))) for p in data["places"])
         ws = data["robot"]["workspace"]
@@ -289,7 +316,7 @@ def skills_from_dict(data: dict, source: str = "<memory>") -> SkillSet:
             msg = str(e) if str(e).startswith("skill ") else f"skill {s['name']!r}: {e}"  # named once
             raise ThorError(f"{source}: {msg}") from None
     try:
-        return SkillSet(tuple(skills), source)
+        return SkillSet(tuple(skills), source, data.get("max_steps"))
     except ThorError as e:
         raise ThorError(f"{source}: {e}") from None
 

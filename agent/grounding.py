@@ -13,7 +13,8 @@ is valid, safe and wrong. These findings catch them, all from the task's reading
   task's own verb ("open", "shut", "have a look", "keep it in your hand") asks for a condition
   of a referred object that can take it, and the goal does not state it; or the goal puts an
   object at a place the task does not say, when the task does say where ("from the supply
-  room to bay 2": bay 2); or a task about places only (go, scan) says nothing of them.
+  room to bay 2": bay 2), or on an object the task does not say, when it says what it goes on
+  ("the red block on the blue block"); or a task about places only (go, scan) says nothing of them.
 - ``object`` too: the task mentions no object of this world and is neither about the robot
   going somewhere nor about looking at a place ("bring the pallet", "the newspaper goes on the
   desk"), yet the goal says nothing is missing.
@@ -29,7 +30,7 @@ from .goals import Goal
 from .reading import TaskReading, read_task
 from .symbolic import ParsedGoal, parse_goal, states_by_object
 
-_OBJECT_KINDS = ("at", "is", "holding")
+_OBJECT_KINDS = ("at", "is", "holding", "on")
 
 
 def grounding_findings(task: str, plan, world: World, skills=None, parsed: ParsedGoal | None = None,
@@ -55,7 +56,8 @@ def grounding_findings(task: str, plan, world: World, skills=None, parsed: Parse
     in_goal = {c.subject for c in goal if c.kind in _OBJECT_KINDS} | goal.objects(world)
     members = {n for _, names in goal.sets for n in names}
     for c in [c for c in goal if c.subject not in members] + goal.all_acts() + goal.all_conds()[len(goal):]:
-        for name in (c.objects(world) if c.kind == "do" else [c.subject] if c.kind in _OBJECT_KINDS else []):
+        for name in (c.objects(world) if c.kind == "do" else [n for n, k in c.refs() if k == "object"]
+                     if c.kind in _OBJECT_KINDS else []):
             if name not in r.mentioned:
                 out.append(Finding(None, "object", _unmentioned(c, name)))
     for name in r.referred:
@@ -87,6 +89,9 @@ def place_findings(r: TaskReading, goal, kinds: set[str]) -> list[Finding]:
         dest = r.destinations(c.subject) if c.kind == "at" else ()
         if dest and c.value not in dest:
             out.append(Finding(None, "goal", f"goal {c.text()}: the task says where it goes: {' or '.join(dest)}"))
+        base = r.supports.get(c.subject, ()) if c.kind == "on" else ()
+        if base and c.value not in base:
+            out.append(Finding(None, "goal", f"goal {c.text()}: the task says what it goes on: {' or '.join(base)}"))
     asked = r.place_kinds & kinds
     dest = r.about_places if asked else ()
     if dest and not any(c.subject in dest or c.value in dest for c in goal if c.kind in asked):
@@ -106,11 +111,11 @@ def verb_findings(r: TaskReading, goal, reachable, kinds: set[str]) -> list[Find
                                            'visited or looked at; if what it asks for is not here, the goal is '
                                            '[{"missing": "<it>"}]'))
     for name in r.referred:
-        want = r.verbs_for(name) & (reachable(name) | ({("at", None)} if "at" in kinds else set()))
+        want = r.verbs_for(name) & (reachable(name) | {(k, None) for k in ("at", "on") if k in kinds})
         have = {(c.kind, c.value if c.kind == "is" else None) for c in goal if c.subject == name}
         if want and have and not want & have:      # (an object left out is said above)
-            said = " or ".join(sorted(st or ("held" if k == "holding" else "at " + " or ".join(r.destinations(name)))
-                                      for k, st in want))
+            said = " or ".join(sorted(st or {"holding": "held", "on": "on " + " or ".join(r.supports.get(name, ()))}.get(
+                k, "at " + " or ".join(r.destinations(name))) for k, st in want))
             out.append(Finding(None, "goal", f"the task asks for {name} {said}; the goal does not say so"))
         also = r.also_at(name) if "at" in kinds and want - {("holding", None), ("at", None)} else ()
         if also and not any(c.kind == "at" and c.subject == name and c.value in also for c in goal):

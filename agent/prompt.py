@@ -57,7 +57,7 @@ def describe_skill(s: Skill) -> str:
 
 
 def _obj(o) -> str:
-    extra = "".join([f", at {o.at}" if o.at else "", f", {o.state}" if o.state else "",
+    extra = "".join([f", at {o.at}" if o.at else "", f", on {o.on}" if o.on else "", f", {o.state}" if o.state else "",
                      ", fixed" if not o.graspable else "", _called(o)])
     return f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, {_xyz(o.position)}{extra})"
 
@@ -91,6 +91,7 @@ _GOAL_EXAMPLES = {
     "holding": ("keep the pen in the gripper", '{"holding":"pen"}'),
     "place_is": ("check the shelf", '{"place":"shelf","is":"inspected"}'),
     "robot_at": ("go to the dock", '{"robot_at":"dock"}'),
+    "on": ("stack the cup on the box", '{"object":"cup","on":"box"}'),
 }
 
 

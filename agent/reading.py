@@ -12,7 +12,8 @@ field is empty when the words do not decide it, and an empty field restricts not
 - places it mentions the same way, and which of them are *sources* ("from the supply room",
   "out of the drop box", "off the wall shelf") rather than where things should end up;
 - the conditions its verbs ask for ("open", "shut", "have a look", "keep it in your hand"),
-  and whether it asks for a thing to be moved, the robot to go somewhere, or a look around.
+  and whether it asks for a thing to be moved, the robot to go somewhere, or a look around;
+- what it puts on what, when that is another object ("stack the red block on the blue block").
 
 The vocabulary and the rules that find a name in the task's words are in wording.py.
 """
@@ -25,7 +26,8 @@ from .files import World, alias_words
 from .wording import (ASIDE, DESCRIBED, WANTED_THERE, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
-                      said, said_after, tokens, unique_cues, unknown_words, verb_place, where_said, words)
+                      said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
+                      where_said, words)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class TaskReading:
     lacking: tuple = ()
     # A word of a set ("everything", "all"): the task may be about things it does not name.
     sets: bool = False
+    # object -> the objects the task says it goes on ("the red block on the blue block"), and
+    # the objects said only as what another goes on (the blue block there): objects as places
+    supports: dict = field(default_factory=dict)
+    under: frozenset = frozenset()
 
     @property
     def only_missing(self) -> bool:
@@ -99,6 +105,8 @@ class TaskReading:
         ("keep the milk in the fridge"); to be there, when the task says where it goes and
         asks no state of it ("the jug goes in the cage")."""
         want = self.wanted - {("holding", None)} if self._own(obj) else self.wanted
+        if not want and self.supports.get(obj) and not self._own(obj):
+            return frozenset({("on", None)})      # "stack the red block on the blue block"
         return want or (frozenset({("at", None)}) if self.destinations(obj) else frozenset())
 
     def also_at(self, obj: str) -> tuple:
@@ -207,9 +215,16 @@ def read_task(task: str, world: World) -> TaskReading:
         verbs.add(("is", "closed"))
     at = {n: min(where_said(toks, n, {c for c, o in heads.items() if o == n}), hit.get(n, len(toks))) for n in ref}
     at |= {n: min(where_said(toks, n, {c for c, o in pcues.items() if o == n}), hit.get(n, len(toks))) for n in places}
-    objs, spots = sorted(ref, key=lambda n: (at[n], n)), sorted(places, key=lambda n: (at[n], n))
+    # what goes on what: an object said first as what another goes on is ordered by where it is
+    # said as the thing that moves ("put the blue block on the green block and the red on the blue")
+    supports, moves = stacked(toks, {n: set(said_all(toks, name_words(n))) | set(at_hit(n))
+                                     | {i for a in world.object(n).aliases for i in said_all(toks, alias_words(a))}
+                                     for n in ref})
+    under = {n for ns in supports.values() for n in ns}
+    order = {n: moves.get(n, at[n]) if n in under else at[n] for n in ref}
+    objs, spots = sorted(ref, key=lambda n: (order[n], n)), sorted(places, key=lambda n: (at[n], n))
     # "go and dock": the verb is the robot's going as well as the place
-    paired, go_to = _layout(toks, at, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
+    paired, go_to = _layout(toks, {**at, **order}, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     return TaskReading(
         words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
                                              or o.name in ref or any(said(toks, alias_words(a)) is not None
@@ -220,4 +235,5 @@ def read_task(task: str, world: World) -> TaskReading:
         move=bool((set(toks) - taken) & MOVE_VERBS or WANTED_THERE.search(task.lower())),
         toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
-        lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS))
+        lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
+        supports=supports, under=frozenset(n for n in under if n not in moves))

@@ -14,6 +14,11 @@ A goal's required calls (`do`, goals.py) are searched as calls of their own, wit
 fixed arguments and safe values for the rest, and a search state carries how far each `do` and
 `before` has got, so the shortest plan found does every call, in every order, with every
 precondition met (a `wait` that changes nothing is still inserted where the order puts it).
+
+A goal that stacks objects on objects (`on`) is solved move by move instead (stacking.py): the
+breadth-first search over every block of a tower grows too fast, and the classic tower strategy
+is complete for it. Each move is still found by this search, so the skills' own preconditions
+and effects decide which calls make it.
 """
 from __future__ import annotations
 
@@ -23,10 +28,11 @@ from itertools import product
 
 from .conditions import Cond
 from .files import ArgSpec, Skill, SkillSet, World
+from . import stacking
 from .goals import Act, Goal, advance, done, start
 from .limits import _arg_findings
 from .specialize import MAX_TIMEOUT_S
-from .symbolic import ParsedGoal, apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
+from .symbolic import ParsedGoal, State, apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
 
 MAX_STATES = 20_000
 NOTE_CHARS = 60
@@ -107,10 +113,11 @@ def relevant(goal: tuple[Cond, ...], actions: list[Action]) -> list[Action]:
             or any(r.matches(a.skill.name, a.args) for r in acts)]
 
 
-def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_depth: int) -> list[Action] | None:
-    """Shortest action sequence from the world's initial state that reaches the goal."""
+def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_depth: int,
+           state: State | None = None) -> list[Action] | None:
+    """Shortest action sequence from ``state`` (the world's initial state) that reaches the goal."""
     actions = relevant(goal, actions)
-    first = initial_state(world)
+    first = initial_state(world) if state is None else state
     g = goal if isinstance(goal, Goal) else Goal(goal)
     p0 = start(g, first, holds)
     frontier, seen = deque([(first, p0, [])]), {(first.key(), p0)}
@@ -144,11 +151,13 @@ def _timeout(skill: Skill, tmpl: dict | None) -> float:
     return limit
 
 
-def complete(plan, world: World, skills: SkillSet, max_steps: int = 10,
+def complete(plan, world: World, skills: SkillSet, max_steps: int | None = None,
              parsed: ParsedGoal | None = None) -> dict | None:
     """-> a plan with the model's goal and solver-made steps, or None (no goal, a goal naming
-    something missing, already reached, or unreachable with safe calls within ``max_steps``).
-    ``parsed``: ``parse_goal(plan, world, skills)`` when the caller already has it."""
+    something missing, already reached, or unreachable with safe calls within ``max_steps``:
+    the library's own cap, else 10). ``parsed``: ``parse_goal(plan, world, skills)`` when the
+    caller already has it."""
+    max_steps = max_steps if max_steps is not None else skills.max_steps or 10
     goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     if goal is None or problems:
         return None
@@ -160,8 +169,11 @@ def complete(plan, world: World, skills: SkillSet, max_steps: int = 10,
     objects = goal.objects(world)
     objects |= {n for sk in skills.skills for c in sk.preconditions + sk.effects
                 for n, kind in c.refs() if kind == "object" and not n.startswith("$")}
+    if stacking.applies(goal):
+        objects |= stacking.towers_of(objects, world)
     actions = ground_actions(world, skills, objects, templates, tuple(goal.all_acts()))
-    path = search(goal, world, actions, max_steps)
+    path = stacking.plan(goal, world, actions, max_steps, search) if stacking.applies(goal) else \
+        search(goal, world, actions, max_steps)
     if not path:
         return None
     out_steps = []

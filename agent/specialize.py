@@ -119,23 +119,25 @@ def _shape(props: dict) -> dict:
 
 
 def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
-                     only: set | None = None) -> list[dict]:
-    """Conditions about these objects: at a place, held, or in a state their type can reach
-    (objects with the same reachable states share one branch, so the grammar stays small).
+                     only: set | None = None, bases=None) -> list[dict]:
+    """Conditions about these objects: at a place, held, in a state their type can reach, or on
+    another object (objects with the same choices share one branch, so the grammar stays small).
     places: the names an `at` may take, or f(object) -> them; only: {(kind, state)} to keep
-    (the task's verbs), None for all."""
+    (the task's verbs), None for all; bases: f(object) -> the objects an `on` may take."""
     def keep(kind: str, st: str | None = None) -> bool:
         return only is None or (kind, st) in only
 
-    out = []
-    if "at" in kinds and objs and keep("at"):
-        where = places if callable(places) else (lambda o: places)
+    def grouped(key: str, values) -> list[dict]:
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in objs:
-            ps = tuple(where(o))
-            if ps:
-                groups.setdefault(ps, []).append(o)
-        out += [_shape({"object": _enum(g), "at": _enum(list(ps))}) for ps, g in groups.items()]
+            vs = tuple(values(o))
+            if vs:
+                groups.setdefault(vs, []).append(o)
+        return [_shape({"object": _enum(g), key: _enum(list(vs))}) for vs, g in groups.items()]
+
+    out = []
+    if "at" in kinds and objs and keep("at"):
+        out += grouped("at", places if callable(places) else (lambda o: places))
     if "holding" in kinds and objs and keep("holding"):
         out.append(_shape({"holding": _enum(objs)}))
     if "is" in kinds:
@@ -145,13 +147,28 @@ def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
             if st:
                 groups.setdefault(st, []).append(o)
         out += [_shape({"object": _enum(g), "is": _enum(list(st))}) for st, g in groups.items()]
+    if "on" in kinds and objs and keep("on") and bases is not None:
+        out += grouped("on", bases)
     return out
 
 
-def _lead(name: str, kinds: set[str], places, states: dict, verbs: set) -> list[dict]:
+def _lead(name: str, kinds: set[str], places, states: dict, verbs: set, bases=None) -> list[dict]:
     """The goal's condition about an object the task names: the kind its verb asks for when
     the object can take it ("open the cabinet": cabinet open), else any."""
-    return _object_branches([name], kinds, places, states, verbs) or _object_branches([name], kinds, places, states)
+    return (_object_branches([name], kinds, places, states, verbs, bases)
+            or _object_branches([name], kinds, places, states, None, bases))
+
+
+def _stacked_over(obj: str, supports: dict) -> set[str]:
+    """The objects the task puts above ``obj``, directly or on one another."""
+    out, todo = set(), [obj]
+    while todo:
+        below = todo.pop()
+        for top, bases in supports.items():
+            if below in bases and top not in out:
+                out.add(top)
+                todo.append(top)
+    return out
 
 
 def _place_branches(kinds: set[str], looked_at: list[str], visited: list[str]) -> list[dict]:
@@ -243,6 +260,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     states = states_by_object(world, skills)
     lead: list[dict] = []
     where, looked_at = places, places
+    # objects as places (a skill puts one object on another): on any other object of the task's
+    bases = (lambda o: [n for n in objs if n != o]) if "on" in kinds else None
     only_missing = False
     r = reading if reading is not None or task is None else read_task(task, world)
     if r is not None:
@@ -250,9 +269,12 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         # a thing to carry that is not here ("put a sunflower in with the roses"): nothing else
         objs = [] if only_missing else list(r.mentioned)
         where = lambda o: list(r.destinations(o)) or places
-        for n in ([] if only_missing else r.referred):
+        if bases is not None:       # on what the task says it goes on, else on another it mentions
+            bases = lambda o: list(r.supports.get(o, ())) or [n for n in objs if n != o]
+        # an object said only as what another goes on is no lead of its own ("... on the blue block")
+        for n in [n for n in ([] if only_missing else r.referred) if bases is None or n not in r.under]:
             verbs = r.verbs_for(n)
-            bs = _lead(n, kinds, where, states, verbs)
+            bs = _lead(n, kinds, where, states, verbs, bases)
             lead += [{"anyOf": bs}] if bs else []
             said = verbs - {("holding", None), ("at", None)}
             if said and _object_branches([n], kinds, places, states, said) and r.also_at(n) and "at" in kinds:
@@ -268,7 +290,16 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
             pb = _place_branches(kinds, dest if "place_is" in pk else [], dest if "robot_at" in pk else [])
             lead = [{"anyOf": pb}] if pb else []
             looked_at = dest
-    branches = _object_branches(objs, kinds, where, states)
+    tail, tail_bases = objs, bases
+    if bases is not None and r is not None and r.supports:
+        # a stacking task: a block rests in one spot and holds up one block, so what follows the
+        # leads neither moves a block they place, nor puts another where one of them goes, nor
+        # puts a block onto one the task stacks above it (a loop)
+        placed = {n for n in r.referred if n not in r.under}
+        taken = {x for xs in r.supports.values() for x in xs}
+        tail = [o for o in objs if o not in placed]
+        tail_bases = lambda o: [n for n in bases(o) if n not in taken and n not in _stacked_over(o, r.supports)]
+    branches = _object_branches(tail, kinds, where, states, None, tail_bases)
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
 
@@ -326,6 +357,8 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     if isinstance(goal, dict) and "items" in goal:
         schema["properties"]["goal"] = goal_schema(world, skills, task, goal, reading, defs)
         _drop_unused(schema, ("condition", "action", "selector"))
+    if skills.max_steps is not None:      # a library of finer skills takes more steps per task
+        steps["maxItems"] = skills.max_steps
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))
     return schema

@@ -2,7 +2,9 @@
 declared preconditions and effects, and check the plan's own stated goal on the final state.
 
 The state is what the vocabulary in conditions.py can say: what the hand holds, at which place
-each object rests, which things are open / closed / inspected, where the robot base is. A fact
+(or on which object) each object rests, which things are open / closed / inspected, where the
+robot base is. An object rests on another when its location is that object's name (names are one
+namespace), so a block is clear when it is not held and no location names it. A fact
 the world file does not state (a drawer with no `state`, a robot with no `at`) is *unknown*:
 a skill precondition on an unknown fact passes (the file did not say otherwise), but a goal
 condition is reached only by a known fact.
@@ -32,7 +34,7 @@ HELD = "(held)"          # an object's location while the robot holds it
 @dataclass(frozen=True)
 class State:
     held: str | None = None
-    loc: dict = field(default_factory=dict)          # object -> place | HELD | None (no named place)
+    loc: dict = field(default_factory=dict)          # object -> place | object under it | HELD | None
     status: dict = field(default_factory=dict)       # object -> "open" | "closed"
     inspected: frozenset = frozenset()
     robot_at: str | None = None
@@ -46,7 +48,7 @@ class State:
 
 
 def initial_state(world: World) -> State:
-    return State(loc={o.name: o.at for o in world.objects},
+    return State(loc={o.name: o.on or o.at for o in world.objects},
                  status={o.name: o.state for o in world.objects if o.state is not None},
                  robot_at=world.robot.at)
 
@@ -54,7 +56,8 @@ def initial_state(world: World) -> State:
 def where(st: State, obj: str) -> str:
     """Where an object is, in words, with how it got there when the plan moved it."""
     at = st.loc.get(obj)
-    text = "held" if at == HELD else f"at {at}" if at else "at no named place"
+    # every object is a key of ``loc``: a location that is one is what the object rests on
+    text = "held" if at == HELD else (f"on {at}" if at in st.loc else f"at {at}") if at else "at no named place"
     how = st.why.get(obj)
     return f"{obj} is {text}" + (f" ({how})" if how else "")
 
@@ -70,8 +73,12 @@ def holds(c: Cond, st: State) -> tuple[bool | None, str]:
         if st.held == s:
             return True, ""
         return False, (f"the hand holds {st.held}, not {s}" if st.held else where(st, s))
-    if k == "at":
+    if k in ("at", "on"):
         return st.loc.get(s) == v, where(st, s)
+    if k == "clear":
+        above = sorted(o for o, at in st.loc.items() if at == s)
+        return (st.held != s and not above), (f"{s} is held" if st.held == s else
+                                              f"{' and '.join(above)} {'is' if len(above) == 1 else 'are'} on {s}")
     if k in ("is", "place_is"):
         if v == "inspected":
             return s in st.inspected, f"{s} was not inspected"
@@ -101,10 +108,10 @@ def apply(effects, st: State, sid: str) -> State:
             held, loc[s] = s, HELD
             dropped.discard(s)
             why[s] = f"picked up in step {sid}"
-        elif k == "at":
+        elif k in ("at", "on"):
             loc[s] = v
             dropped.discard(s)
-            why[s] = f"put at {v} in step {sid}"
+            why[s] = f"put {k} {v} in step {sid}"
             if held == s:
                 held = None
         elif k == "hand":            # only "empty" is an effect: let go of whatever is held
@@ -222,8 +229,9 @@ def goal_limits(goal: tuple[Cond, ...], world: World, skills: SkillSet | None = 
     goal safe, so the report names the reason rather than only the steps' symptoms."""
     r, out = world.robot, []
     for c in (goal.all_conds() if isinstance(goal, Goal) else goal):
-        o = world.object(c.subject) if c.kind in ("at", "holding", "is") and c.subject else None
-        if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)):
+        o = world.object(c.subject) if c.kind in ("at", "holding", "is", "on") and c.subject else None
+        if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)
+                              or (c.kind == "on" and c.value != o.on)):
             if o.mass_kg > r.max_payload_kg:
                 out.append(Finding(None, "payload", f"goal {c.text()}: {o.name} weighs {o.mass_kg:g} kg, above "
                                                     f"the max payload {r.max_payload_kg:g} kg"))
@@ -235,6 +243,10 @@ def goal_limits(goal: tuple[Cond, ...], world: World, skills: SkillSet | None = 
         p = world.place(c.value) if c.kind in ("at", "robot_at") and c.value else None
         if p is not None and not r.inside(p.position):
             out.append(Finding(None, "workspace", f"goal {c.text()}: place {p.name} at {list(p.position)} "
+                                                  "is outside the workspace"))
+        u = world.object(c.value) if c.kind == "on" and c.value else None
+        if u is not None and not r.inside(u.position):      # what it goes on must be in reach too
+            out.append(Finding(None, "workspace", f"goal {c.text()}: {u.name} at {list(u.position)} "
                                                   "is outside the workspace"))
     return out + (act_limits(goal, world, skills) if isinstance(goal, Goal) and skills is not None else [])
 

@@ -63,6 +63,8 @@ SET_WORDS = frozenset({"everything", "all", "every", "each", "anything", "whatev
 PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
 # "the tray over row C", "the shelf by the door": a place said to locate another one
 LOCATIVE = frozenset({"over", "above", "beside", "behind", "near", "by", "opposite", "below", "beneath"})
+# "the red block on (top of) the blue block": the thing said next is what the first goes on
+ONTO = (("on",), ("onto",), ("on", "top", "of"), ("atop",), ("upon",))
 # Where a place's own word may follow and still be a place ("with customs", "to consult 1").
 PREPOSITIONS = frozenset({"to", "at", "in", "into", "on", "onto", "by", "with", "near", "from", "for", "toward",
                           "towards", "round", "through"})
@@ -275,3 +277,31 @@ def lacking_words(toks: list[str], known: set[str]) -> tuple:
         if phrase and not any(singular(w) & known for w in phrase):
             return tuple(phrase)
     return ()
+
+
+def said_all(toks: list[str], phrase: list[str]) -> list[int]:
+    """Every index where the words of ``phrase`` are said in a row."""
+    return [i for i in range(len(toks) - len(phrase) + 1)
+            if phrase and all(w in singular(t) for w, t in zip(phrase, toks[i:i + len(phrase)]))]
+
+
+def stacked(toks: list[str], spots: dict[str, set[int]]) -> tuple[dict, dict]:
+    """What the task puts on what: an object said right after "on", "onto" or "on top of" (past
+    its articles) is what the object said just before it goes on ("stack the red block on the
+    blue block"). ``spots``: object -> where it is said. -> ({object: the objects it goes on, in
+    task order}, {object: where it is first said as the thing that moves, for those said so})."""
+    said = sorted((i, n) for n, idx in spots.items() for i in idx)
+    onto, under = {}, set()
+    for k, (i, n) in enumerate(said):
+        j = i
+        while j > 0 and toks[j - 1] in DETERMINERS:
+            j -= 1
+        lead = tuple(toks[max(0, j - 3):j])
+        if k and said[k - 1][1] != n and any(lead[len(lead) - len(w):] == w for w in ONTO if len(lead) >= len(w)):
+            onto.setdefault(said[k - 1][1], []).append(n)
+            under.add((i, n))
+    moves = {}
+    for i, n in said:
+        if (i, n) not in under:
+            moves.setdefault(n, i)
+    return {n: tuple(dict.fromkeys(v)) for n, v in onto.items()}, moves

@@ -15,6 +15,8 @@ from .bench_report import device_info, peak_rss_mb, print_table
 EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
                 "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
                 "latency_median_s"]
+# a set with PDDL (agent/pddl_check.py): the independent validator's verdict beside the executor's
+PDDL_COLUMNS = ["pddl_valid", "pddl_disagree"]
 
 
 def _eval_dir(given: str | None) -> tuple[Path, str]:
@@ -36,12 +38,16 @@ def _eval_dir(given: str | None) -> tuple[Path, str]:
 def run_eval(args, specs) -> int:
     from agent.bench import eval_bench
     from agent.evaluation import load_eval_set
+    from agent.pddl_check import load_binding, require_validator
 
     if args.attempts < 0:
         raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
     eval_dir, eval_name = _eval_dir(args.eval_dir)
     load_eval_set(eval_dir)             # a bad set fails here, before any model is loaded
+    pddl = load_binding(eval_dir) is not None
+    if pddl:
+        require_validator()
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     config = _plan_config(args, wdt, kv)
     models = [m.strip() for m in (args.models or config.model.name).split(",") if m.strip()]
@@ -56,7 +62,7 @@ def run_eval(args, specs) -> int:
            "prefix_cache": args.prefix_cache,
            "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
-    print_table(rows, EVAL_COLUMNS)
+    print_table(rows, EVAL_COLUMNS[:-1] + (PDDL_COLUMNS if pddl else []) + EVAL_COLUMNS[-1:])
     return 0
 
 

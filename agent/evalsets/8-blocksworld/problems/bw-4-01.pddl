@@ -1,0 +1,5 @@
+(define (problem bw-4-01)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable a) (ontable c) (on d c) (on b d) (clear a) (clear b))
+  (:goal (and (on c a) (ontable b) (ontable d))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-02)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable c) (ontable d) (on a c) (on b a) (clear b) (clear d))
+  (:goal (and (on c a) (on d b))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-03)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable d) (on c b) (on a d) (clear c) (clear a))
+  (:goal (and (on d b) (on a c))))

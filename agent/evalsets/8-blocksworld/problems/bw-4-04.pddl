@@ -1,0 +1,5 @@
+(define (problem bw-4-04)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable d) (on a b) (on c a) (clear c) (clear d))
+  (:goal (and (on a c) (on d b) (on b a))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-05)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable d) (on a d) (on c a) (clear b) (clear c))
+  (:goal (and (on d c) (ontable a))))

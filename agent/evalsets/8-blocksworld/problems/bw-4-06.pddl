@@ -1,0 +1,5 @@
+(define (problem bw-4-06)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable a) (ontable c) (on d a) (on b c) (clear d) (clear b))
+  (:goal (and (on a b) (on c a) (on d c))))

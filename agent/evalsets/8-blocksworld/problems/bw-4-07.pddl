@@ -1,0 +1,5 @@
+(define (problem bw-4-07)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable a) (ontable b) (ontable d) (on c a) (clear c) (clear b) (clear d))
+  (:goal (and (on a b) (on d a) (ontable c))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-08)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable c) (on d b) (on a c) (clear d) (clear a))
+  (:goal (and (on c a) (on b d) (on a b))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-09)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable c) (on d c) (on b d) (on a b) (clear a))
+  (:goal (and (on d b) (on c d) (ontable a))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-10)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable c) (ontable d) (on a d) (clear b) (clear c) (clear a))
+  (:goal (and (on b a) (on c b) (on a d))))

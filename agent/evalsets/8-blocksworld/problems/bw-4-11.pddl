@@ -1,0 +1,5 @@
+(define (problem bw-4-11)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable b) (ontable c) (ontable d) (on a d) (clear b) (clear c) (clear a))
+  (:goal (and (on d c) (on c b) (ontable a))))

@@ -1,0 +1,5 @@
+(define (problem bw-4-12)
+  (:domain blocksworld)
+  (:objects a b c d)
+  (:init (handempty) (ontable a) (ontable b) (on c a) (on d b) (clear c) (clear d))
+  (:goal (and (on a d) (on d b) (ontable c))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-01)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable a) (ontable d) (ontable e) (on c a) (on b c) (clear b) (clear d) (clear e))
+  (:goal (and (on b c) (on c a) (on e d) (on d b))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-02)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable a) (ontable c) (on e a) (on d c) (on b d) (clear e) (clear b))
+  (:goal (and (on e c) (on d e) (ontable b))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-03)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (ontable c) (ontable d) (ontable e) (on a b) (clear a) (clear c) (clear d) (clear e))
+  (:goal (and (on c d) (on d b) (on a e) (on e c))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-04)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (ontable c) (on e b) (on a c) (on d a) (clear e) (clear d))
+  (:goal (and (on c d) (on b e) (on e a))))

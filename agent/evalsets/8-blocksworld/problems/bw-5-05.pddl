@@ -1,0 +1,5 @@
+(define (problem bw-5-05)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (ontable c) (ontable e) (on d b) (on a d) (clear a) (clear c) (clear e))
+  (:goal (and (on e a) (on d b) (on b c))))

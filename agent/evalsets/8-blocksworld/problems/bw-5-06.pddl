@@ -1,0 +1,5 @@
+(define (problem bw-5-06)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable a) (ontable d) (ontable e) (on c a) (on b c) (clear b) (clear d) (clear e))
+  (:goal (and (on b d) (on e b) (on a e) (on c a))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-07)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (ontable d) (ontable e) (on c e) (on a c) (clear b) (clear d) (clear a))
+  (:goal (and (on d c) (on b a) (on c b) (on a e))))

@@ -1,0 +1,5 @@
+(define (problem bw-5-08)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable a) (ontable e) (on c a) (on b e) (on d b) (clear c) (clear d))
+  (:goal (and (on a d) (on c a) (on e b))))

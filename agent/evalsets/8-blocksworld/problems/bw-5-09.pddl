@@ -1,0 +1,5 @@
+(define (problem bw-5-09)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (ontable c) (on e c) (on a e) (on d a) (clear b) (clear d))
+  (:goal (and (on c e) (on b a) (on e d) (on a c))))

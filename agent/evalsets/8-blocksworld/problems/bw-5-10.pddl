@@ -1,0 +1,5 @@
+(define (problem bw-5-10)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable e) (on c e) (on a c) (on b a) (on d b) (clear d))
+  (:goal (and (on b c) (on d b) (on a e))))

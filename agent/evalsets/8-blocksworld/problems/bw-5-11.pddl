@@ -1,0 +1,5 @@
+(define (problem bw-5-11)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable b) (on a b) (on e a) (on c e) (on d c) (clear d))
+  (:goal (and (on d c) (on b d) (on e a))))

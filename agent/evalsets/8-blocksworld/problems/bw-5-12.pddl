@@ -1,0 +1,5 @@
+(define (problem bw-5-12)
+  (:domain blocksworld)
+  (:objects a b c d e)
+  (:init (handempty) (ontable a) (ontable c) (ontable e) (on b a) (on d c) (clear b) (clear d) (clear e))
+  (:goal (and (on d b) (on a c) (on c e) (on b a))))

@@ -1,0 +1,5 @@
+(define (problem bw-6-01)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable b) (ontable c) (ontable d) (on f b) (on e f) (on a d) (clear e) (clear c) (clear a))
+  (:goal (and (on f e) (on e d) (on b c) (ontable a))))

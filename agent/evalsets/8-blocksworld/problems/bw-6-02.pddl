@@ -1,0 +1,5 @@
+(define (problem bw-6-02)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable a) (ontable c) (ontable f) (on b a) (on e b) (on d c) (clear e) (clear d) (clear f))
+  (:goal (and (on b a) (ontable d) (ontable e))))

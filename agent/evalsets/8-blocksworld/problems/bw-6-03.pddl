@@ -1,0 +1,5 @@
+(define (problem bw-6-03)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable c) (ontable e) (on f c) (on b f) (on d e) (on a d) (clear b) (clear a))
+  (:goal (and (on d c) (on b f) (on a b))))

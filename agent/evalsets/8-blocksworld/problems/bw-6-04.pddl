@@ -1,0 +1,5 @@
+(define (problem bw-6-04)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable c) (ontable d) (ontable e) (ontable f) (on b d) (on a b) (clear c) (clear a) (clear e) (clear f))
+  (:goal (and (on f e) (on c d) (ontable a) (ontable b))))

@@ -1,0 +1,5 @@
+(define (problem bw-6-05)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable a) (ontable d) (ontable f) (on c a) (on e c) (on b f) (clear e) (clear d) (clear b))
+  (:goal (and (on e d) (on c a) (ontable b))))

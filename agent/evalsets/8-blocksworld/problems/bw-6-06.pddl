@@ -1,0 +1,5 @@
+(define (problem bw-6-06)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable a) (ontable f) (on c f) (on b c) (on d b) (on e d) (clear a) (clear e))
+  (:goal (and (on f b) (on c f) (on d a) (ontable e))))

@@ -1,0 +1,5 @@
+(define (problem bw-6-07)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable a) (ontable f) (on b f) (on c b) (on d c) (on e d) (clear a) (clear e))
+  (:goal (and (on d a) (on c f) (on a e) (ontable b))))

@@ -1,0 +1,5 @@
+(define (problem bw-6-08)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable b) (ontable c) (on e c) (on f e) (on d f) (on a d) (clear b) (clear a))
+  (:goal (and (on a c) (on e b) (on b d) (on c f))))

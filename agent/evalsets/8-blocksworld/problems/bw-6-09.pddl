@@ -1,0 +1,5 @@
+(define (problem bw-6-09)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable a) (ontable d) (ontable e) (on b a) (on c d) (on f c) (clear b) (clear f) (clear e))
+  (:goal (and (on e b) (on f a) (on a d) (on b f))))

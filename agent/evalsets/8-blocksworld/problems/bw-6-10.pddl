@@ -1,0 +1,5 @@
+(define (problem bw-6-10)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable c) (on f c) (on e f) (on a e) (on b a) (on d b) (clear d))
+  (:goal (and (on f d) (on b c) (on c e) (on e f))))

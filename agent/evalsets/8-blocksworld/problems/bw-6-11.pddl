@@ -1,0 +1,5 @@
+(define (problem bw-6-11)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable c) (on f c) (on d f) (on e d) (on a e) (on b a) (clear b))
+  (:goal (and (on e a) (on d b) (on c d) (on f e))))

@@ -1,0 +1,5 @@
+(define (problem bw-6-12)
+  (:domain blocksworld)
+  (:objects a b c d e f)
+  (:init (handempty) (ontable e) (ontable f) (on a e) (on d a) (on c f) (on b c) (clear d) (clear b))
+  (:goal (and (on e d) (on d c) (on f a) (on c b))))
