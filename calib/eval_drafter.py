@@ -1,9 +1,9 @@
 """`thor calib eval-drafter`: held-out acceptance and speedup of a DFlash drafter, in one run.
 
 For each held-out robot prompt (never trained on: see prompts.py) the target decodes greedily
-three times, back to back — plain (K = 0), with the drafter alone, and with the combined
-proposer (the drafter plus prompt lookup, speculative/combined.py) — so all see the same machine
-load. Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts +
+four times, back to back — plain (K = 0), with the drafter alone, with the combined proposer
+(the drafter plus prompt lookup, speculative/combined.py) and with prompt lookup alone — so all
+see the same machine load. Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts +
 the bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio
 to plain, and whether the outputs are identical (greedy speculative decoding must not change
 a token).
@@ -53,7 +53,9 @@ class EvalConfig:
             raise ThorError(f"eval-drafter: block size must be >= 2, got {self.block_size}")
 
 
-RUNS = ("plain", "spec", "comb")     # each prompt decoded plainly, with the drafter, with the combined proposer
+# each prompt decoded plainly, with the drafter, with the combined proposer and with prompt
+# lookup alone (the proposer a drafter has to beat)
+RUNS = ("plain", "spec", "comb", "ngram")
 
 
 def _tally(agg: dict, run: str, stats) -> None:
@@ -102,15 +104,17 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         # Fresh proposers per prompt (their windows and lookup counters are per sequence).
         spec_sp = build_speculation(opts, model, drafter=drafter, plan_format=fmt)
         comb_sp = build_speculation(replace(opts, method="combined"), model, drafter=drafter, plan_format=fmt)
+        ngram_sp = build_speculation(replace(opts, method="ngram"), model)
         with torch.inference_mode():
             plain = rt.generate(ids, params, constraint=plan_constraint(gtok, req))
             spec = rt.generate(ids, params, spec_sp, constraint=plan_constraint(gtok, req))
             comb = rt.generate(ids, params, comb_sp, constraint=plan_constraint(gtok, req))
+            look = rt.generate(ids, params, ngram_sp, constraint=plan_constraint(gtok, req))
         comb_prop = comb_sp.proposer
-        same = plain.token_ids == spec.token_ids == comb.token_ids
+        same = plain.token_ids == spec.token_ids == comb.token_ids == look.token_ids
         identical &= same
         ss, hs = spec.stats, comb.stats
-        for run, res in zip(RUNS, (plain, spec, comb)):
+        for run, res in zip(RUNS, (plain, spec, comb, look)):
             _tally(agg, run, res.stats)
         agg["comb_lookup_cycles"] += comb_prop.lookup_cycles
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
@@ -125,6 +129,7 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
     spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
     comb_tps = agg["comb_tokens"] / agg["comb_s"] if agg["comb_s"] else 0.0
+    ngram_tps = agg["ngram_tokens"] / agg["ngram_s"] if agg["ngram_s"] else 0.0
     return {
         "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
         "block_size": block,
@@ -141,5 +146,11 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             "decode_tok_s": round(comb_tps, 2),
             "speedup": round(comb_tps / plain_tps, 3) if plain_tps else 0.0,
         },
+        "ngram": {
+            "accept_length_mean": round(agg["ngram_committed"] / agg["ngram_cycles"], 4) if agg["ngram_cycles"] else 0.0,
+            "decode_tok_s": round(ngram_tps, 2),
+            "speedup": round(ngram_tps / plain_tps, 3) if plain_tps else 0.0,
+        },
+        "spec_vs_ngram": round(spec_tps / ngram_tps, 3) if ngram_tps else 0.0,
         "per_prompt": per_prompt,
     }
