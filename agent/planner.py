@@ -95,6 +95,7 @@ def merge_stats(parts: list[Stats]) -> Stats:
     width = max(len(p.pos_offered) for p in parts)
     total.pos_offered = [sum(p.pos_offered[j] for p in parts if j < len(p.pos_offered)) for j in range(width)]
     total.pos_accepted = [sum(p.pos_accepted[j] for p in parts if j < len(p.pos_accepted)) for j in range(width)]
+    total.auto_choice = parts[-1].auto_choice       # what the attempt that ended the plan ran
     return total
 
 
@@ -207,8 +208,9 @@ class Planner:
                 break
             errors, previous = gate.report(), text
         merged = merge_stats(stats).to_dict()
-        # spec: the proposer that ran (auto resolves to combined or ngram), not the option
-        merged.update(attempts=len(stats), spec=self.speculation.name, k=self.speculation.k, completed=completed,
+        # spec: the proposer that ran (auto's choice for the last attempt), not the option
+        ran = merged.get("auto_choice") or {"proposer": self.speculation.name, "k_max": self.speculation.k}
+        merged.update(attempts=len(stats), spec=ran["proposer"], k=ran["k_max"], completed=completed,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],

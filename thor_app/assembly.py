@@ -155,7 +155,8 @@ def make_runtime(config: RuntimeConfig, loaded):
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
     return Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
                    kv_scales=scales, prefix_cache=m.prefix_cache, step_rows=m.step_rows,
-                   max_context=m.max_context, compile=m.compile)
+                   max_context=m.max_context, compile=m.compile,   # auto's cost curve: beside the weights
+                   cost_cache=None if m.weight_cache == "auto" else m.weight_cache)
 
 
 def build_runtime(config: RuntimeConfig, loaded=None, plans: bool = True) -> Assembled:

@@ -19,6 +19,7 @@ from .fixed_shape import STEP_ROWS
 from .runner import DecodeAsk, pick_decode
 from .sampling import SamplingParams, make_generator, target_probs
 from .speculative import PLAIN, Speculation
+from .speculative.budget import Cycle
 from .speculative.accept import accept_relaxed, accept_sampling, accept_strict, in_thinking
 from .stats import Stats
 from .target import Target
@@ -68,9 +69,10 @@ class Runtime:
     def __init__(self, model: Target, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
                  kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0,
                  fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None,
-                 compile: bool = False):
+                 compile: bool = False, cost_cache: str | None = None):
         """fixed_shape: run every decode forward at ``step_rows`` rows (fixed_shape.py); None =
-        where kernels are not row-invariant (CUDA), for dense targets."""
+        where kernels are not row-invariant (CUDA), for dense targets. cost_cache: where the
+        verify cost curve is kept (speculative/cost.py; None = the default cache dir, '' = not kept)."""
         self.model, self.tok = model, tokenizer
         self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
         # Passed to a model that builds its own cache (hybrid: {"naive": True} = replay rollback).
@@ -83,10 +85,20 @@ class Runtime:
                                             compile))
         self.decoder, self.pad_rows, self.verify = self.decode.decoder, self.decode.pad_rows, self.decode.verify
         self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
+        self.cost_cache, self._curve = cost_cache, None
 
     def new_cache(self, capacity: int):
         """An empty cache of the model's own kind (hybrid targets: KV cache + recurrent state)."""
         return self.model.new_cache(capacity, self.kv_dtype, self.kv_scales, **self.cache_options)
+
+    def cost_curve(self, rows: int):
+        """What this runtime's verify of 1..rows rows costs, in 1-row steps (speculative/cost.py):
+        measured once per machine and model, then read from the cache dir."""
+        if self._curve is None or self._curve.rows < min(rows, self.pad_rows or rows):
+            from .speculative.cost import verify_costs
+
+            self._curve = verify_costs(self, rows, self.cost_cache)
+        return self._curve
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  speculation: Speculation = PLAIN, constraint=None,
@@ -96,7 +108,11 @@ class Runtime:
         on_prefill(rows done): called between prefill chunks (``prefill_chunk``), so a caller can
         mark progress or stop a long prompt by raising; the chunks are those of an unhooked call."""
         cfg = self.model.cfg
-        if constraint is None and speculation.free_text is not None:
+        if speculation.auto is not None:
+            # auto: this request's proposer and its K per cycle, from the cost curve (auto.py)
+            speculation = speculation.auto.pick(constraint is not None, self.cost_curve(speculation.auto.rows),
+                                                speculation)
+        elif constraint is None and speculation.free_text is not None:
             speculation = speculation.free_text  # per request: free text vs constrained plans
         proposer, k, relaxed = speculation.proposer, speculation.k, speculation.relaxed
         draft_budget = speculation.budget
@@ -140,8 +156,10 @@ class Runtime:
         while not done:
             self.threads.tick()
             t_a = time.perf_counter()
-            cap = draft_budget.cap(k, budget_state) if draft_budget is not None else k
-            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap)
+            forced_ids = self._forced(stop, params, constraint)
+            cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
+            t_p = time.perf_counter()
+            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap, forced_ids)
             t_b = time.perf_counter()
             rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
             vout = self.verify(rows, cache, taps=taps)                             # logits [K+1, V]
@@ -151,14 +169,18 @@ class Runtime:
             # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
             # token becomes the next anchor.
             cache.crop(len(seq) + n_acc)
+            t_k = time.perf_counter()
             if proposer is not None:
                 proposer.commit(n_acc + 1, vout.taps or None)
+            keep_s = time.perf_counter() - t_k
             done = self._commit(committed, seq, stop, constraint, on_token)
             if draft_budget is not None:
-                budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0))
+                cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
+                budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0), cost)
             stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
                                time.perf_counter() - t_c, capped=cap < k)
         stats.decode_s = time.perf_counter() - t_dec
+        stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
         stats.generated = len(stop.out)
         return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
 
@@ -174,12 +196,18 @@ class Runtime:
         return self.model.prefill(ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
 
     # ---- the three verbs' helpers
-    def propose(self, proposer, seq, k, stop, params, constraint, cap):
-        """Forced grammar tokens first (they ride in the draft for free), then at most ``cap``
-        of the proposer's drafts, cut at the first token the grammar rejects and at the token
-        budget."""
+    @staticmethod
+    def _forced(stop, params, constraint) -> list[int]:
+        """The tokens the grammar forces next, within the token budget."""
         budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
-        forced = list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
+        return list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
+
+    def propose(self, proposer, seq, k, stop, params, constraint, cap, forced=None):
+        """Forced grammar tokens first (they ride in the draft for free; ``forced``, else asked
+        here), then at most ``cap`` of the proposer's drafts, cut at the first token the grammar
+        rejects and at the token budget."""
+        budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
+        forced = self._forced(stop, params, constraint) if forced is None else forced
         drafts, probs = list(forced), None
         room = min(k, budget, len(drafts) + cap) - len(drafts)
         if proposer is not None and room > 0:

@@ -21,6 +21,9 @@ class Stats:
     committed: int = 0
     jump_forward: int = 0
     capped_cycles: int = 0            # cycles whose drafts the draft budget cut (to low_k or none)
+    # --spec auto: the class, proposer and K it chose for this request, and where its cost curve
+    # came from (speculative/auto.py CostBudget.report); None for the other methods
+    auto_choice: dict | None = None
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
@@ -69,6 +72,7 @@ class Stats:
                                     for a, o in zip(self.pos_accepted, self.pos_offered)],
             "jump_forward_tokens": self.jump_forward,
             "capped_cycles": self.capped_cycles,
+            **({"auto_choice": self.auto_choice} if self.auto_choice is not None else {}),
             "time_draft_s": round(self.draft_s, 6),
             "time_verify_s": round(self.verify_s, 6),
             "time_rest_s": round(self.rest_s, 6),

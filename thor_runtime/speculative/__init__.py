@@ -18,6 +18,7 @@ from .shipped import DRAFTERS_DIR, drafter_for, pick_drafter, require_drafter_fo
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from .accept import RelaxedConfig
+    from .auto import AutoPolicy
     from .base import Proposer
 
 # Earlier spellings, still accepted, and the method each names: "hybrid" was the drafter plus
@@ -72,6 +73,9 @@ class Speculation:
     # Why the proposer is not what the options asked for, or what is wrong with it (``auto``
     # declined a stale drafter; a stale one ran as asked): the stats' ``spec_note``.
     note: str = ""
+    # ``auto``: chooses the proposer and its K per request from the verify cost curve and the
+    # acceptance seen so far (auto.py); the Runtime resolves it, with its curve, per request.
+    auto: "AutoPolicy | None" = None
 
     def __post_init__(self):
         if self.k < 0:
@@ -158,4 +162,9 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
         lookup, lk = _ngram(replace(opts, ngram_min=max(opts.ngram_min, 3), ngram_max=max(opts.ngram_max, 3)),
                             model)
         free = Speculation(lookup, lk, None if opts.fixed_k else DraftBudget(), relaxed)
-    return Speculation(proposer, k, budget, relaxed, free, pick.note)
+    spec = Speculation(proposer, k, budget, relaxed, free, pick.note)
+    if opts.method == "auto" and not opts.fixed_k:
+        from .auto import with_cost_policy
+
+        spec = with_cost_policy(spec, opts)   # the choice per request, from the cost curve (auto.py)
+    return spec

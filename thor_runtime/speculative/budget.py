@@ -15,6 +15,10 @@ one accepted probe lifts the mean over the threshold again.
 Drafts never decide which token is committed, so this changes speed, never output.
 The state is a plain (mean, cycles since the mean fell below the threshold) tuple that the
 generation loop carries.
+
+This is the budget of the named methods (``--spec ngram|dflash|combined``). ``--spec auto``
+runs ``auto.CostBudget`` in its place, which chooses K from the verify cost curve and the
+running acceptance per position, with the same probe schedule (``probe_due``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,25 @@ from dataclasses import dataclass
 from ..errors import ThorError
 
 State = tuple[float, int, int]  # (running mean, paused cycles, drafts accepted last cycle)
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What one cycle cost, for a budget that learns from it (the loop fills it in)."""
+    rows: int = 1              # verified rows: anchor + forced + drafts
+    forced: int = 0            # grammar-forced tokens among them
+    verify_s: float = 0.0
+    draft_s: float = 0.0       # the proposer's propose call (0 when it was not asked)
+    keep_s: float = 0.0        # the proposer's commit (its window update)
+
+
+def probe_due(paused: int, every: int, max_gap: int) -> bool:
+    """After ``every`` paused cycles (or requests), then 2x, 4x ... as many, at most
+    ``max_gap`` apart: whether to try the paused proposer now."""
+    if paused <= 0 or paused % every:
+        return False
+    q = paused // every
+    return q & (q - 1) == 0 or paused % max_gap == 0
 
 
 @dataclass(frozen=True)
@@ -58,23 +81,21 @@ class DraftBudget:
         """A new request starts drafting in full."""
         return float(self.initial), 0, 0
 
-    def cap(self, k: int, state: State) -> int:
-        """Proposer drafts to verify next (grammar-forced tokens come on top)."""
+    def cap(self, k: int, state: State, forced: int = 0) -> int:
+        """Proposer drafts to verify next (grammar-forced tokens, ``forced`` of them, come on top)."""
         mean, below, last = state
         if mean >= self.threshold:
             return k if not self.ramp else min(k, self.low_k + math.ceil(self.ramp * last))
-        return min(k, self.low_k) if self._probe(below) else 0
+        return min(k, self.low_k) if probe_due(below, self.probe_every, self.max_gap) else 0
 
-    def _probe(self, below: int) -> bool:
-        """Probe after probe_every paused cycles, then 2x, 4x ... as many, at most max_gap apart."""
-        if below % self.probe_every:
-            return False
-        q = below // self.probe_every
-        return q & (q - 1) == 0 or below % self.max_gap == 0
-
-    def update(self, state: State, drafted: int, accepted: int) -> State:
-        """After a cycle in which the proposer drafted ``drafted`` tokens, ``accepted`` kept."""
+    def update(self, state: State, drafted: int, accepted: int, cycle: Cycle | None = None) -> State:
+        """After a cycle in which the proposer drafted ``drafted`` tokens, ``accepted`` kept
+        (``cycle``: its costs, which this budget does not read)."""
         mean, below, last = state
         if drafted:
             mean, last = (1 - self.decay) * mean + self.decay * accepted, accepted
         return mean, (below + 1 if mean < self.threshold else 0), last
+
+    def report(self, state: State) -> dict | None:
+        """What the stats show of this budget's choices: nothing beyond ``capped_cycles``."""
+        return None

@@ -1,0 +1,243 @@
+"""``--spec auto``: per request, the proposer and the number of drafts per cycle that maximise
+the expected tokens per unit of time, from the verify cost curve (cost.py) and the acceptance
+each proposer has shown on each prompt class (constrained plans, free text) in this process.
+
+A proposer's drafts are accepted at position j with probability a_j, given the earlier ones
+were (its running acceptance per position). Verifying K drafts behind f grammar-forced tokens
+then commits, in expectation,
+
+    E[K] = 1 + f + o * sum_{k=1..K} prod_{j<=k} a_j
+
+tokens, o being how often the proposer has a draft at all (lookup finds no match on many
+cycles), and costs, in 1-row steps, with c the cost curve,
+
+    T[K] = o * c(1 + f + K) + (1 - o) * c(1 + f) + d + w      (K >= 1)
+    T[0] = c(1 + f) + w
+
+d is the proposer's drafting time per cycle it is asked, w its upkeep per cycle (the drafter's
+window), both measured as it runs. Each cycle verifies the K with the largest E[K] / T[K]
+(``CostBudget``, which takes the draft budget's place under auto); K = 0 pauses the proposer,
+with probes on the draft budget's schedule (``budget.probe_due``) so that a paused proposer can
+show it is right again. Acceptance is kept apart after a cycle that accepted nothing (cold)
+and one that accepted drafts (hot): lookup that is copying a span keeps being right.
+
+Each request runs the candidate of its class with the largest expected rate; plain decoding is
+a candidate (rate 1 / c(1 + f)), and every other one is probed after 4, 8, 16, 32 requests it
+was not the best, then every 32, so no proposer is dropped for good on a few bad requests.
+Drafts never decide which token is committed: all of this changes speed, never output.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from .budget import Cycle, probe_due
+from .cost import CostCurve
+
+CLASSES = ("constrained", "free")
+# Prior per-position acceptance of a drafter-based proposer. On plans: the shipped drafter with
+# lookup commits 10.75 tokens per 15-draft cycle on held-out requests (docs/calibration.md),
+# about 0.93 per position; auto only takes a drafter trained for this target. On free text the
+# planner drafter is off its distribution and accepts almost nothing (docs/performance.md).
+DRAFTER_PRIOR = {"constrained": 0.9, "free": 0.3}
+DRAFTER_COST_PRIOR = 0.25     # its forward per cycle, in 1-row steps, until measured
+PRIOR_WEIGHT = 2.0            # pseudo-observations behind each position's prior
+DECAY = 1 - 1 / 64            # older observations fade: about the last 64 count per position
+EWMA = 0.1                    # weight of the newest cycle in the running costs and rates
+LOW_K = 2                     # drafts per probing cycle
+PROBE_EVERY, PROBE_GAP = 4, 32    # cycles (within a request) or requests (between them)
+
+
+@dataclass
+class _Track:
+    """Acceptance per draft position (decayed counts) and how often a draft came, in one context."""
+    sums: list[float]
+    counts: list[float]
+    offer: float = 1.0
+
+    def rates(self, prior: float) -> list[float]:
+        """a_j: each position's data, shrunk toward the position before it (the first toward
+        the prior), so positions never verified yet inherit what the earlier ones show."""
+        out, above = [], prior
+        for s, n in zip(self.sums, self.counts):
+            above = (s + PRIOR_WEIGHT * above) / (n + PRIOR_WEIGHT)
+            out.append(above)
+        return out
+
+
+class Arm:
+    """One candidate of one class: a proposer (None: plain decoding), its K, what it has shown."""
+
+    def __init__(self, name: str, proposer, kmax: int, prior: float = 0.0, draft_cost: float = 0.0):
+        self.name, self.proposer, self.kmax, self.prior = name, proposer, kmax if proposer else 0, prior
+        self.tracks = tuple(_Track([0.0] * self.kmax, [0.0] * self.kmax) for _ in range(2))  # cold, hot
+        self.hot = 0.5                # share of cycles that follow an accepting one
+        self.draft = draft_cost       # steps per cycle it is asked to draft
+        self.keep = 0.0               # steps per cycle (commit: the drafter's window)
+        self.since_best = 0           # requests of its class since it was last the best
+        self.owed = False             # a probe came due and has not run yet (one probe per request)
+
+    def best_k(self, curve: CostCurve, kmax: int, hot: int, forced: float) -> tuple[int, float, float]:
+        """-> (K, E[K], T[K]) with the largest E / T, K <= kmax (the module doc's formulas)."""
+        base = curve(1 + forced)
+        best = (0, 1 + forced, base + self.keep)
+        if self.proposer is None:
+            return best
+        t = self.tracks[hot]
+        run = total = 0.0
+        for K, a in enumerate(t.rates(self.prior)[:kmax], start=1):
+            run = a if K == 1 else run * a
+            total += run
+            e = 1 + forced + t.offer * total
+            cost = t.offer * curve(1 + forced + K) + (1 - t.offer) * base + self.draft + self.keep
+            if e * best[2] > best[1] * cost:
+                best = (K, e, cost)
+        return best
+
+    def rate(self, curve: CostCurve, forced: float) -> float:
+        """Expected tokens per step over a request: cold and hot cycles, each at its best K."""
+        _, e0, t0 = self.best_k(curve, self.kmax, 0, forced)
+        _, e1, t1 = self.best_k(curve, self.kmax, 1, forced)
+        h = self.hot if self.proposer is not None else 0.0
+        return ((1 - h) * e0 + h * e1) / ((1 - h) * t0 + h * t1)
+
+    def observe(self, hot: int, drafted: int, accepted: int) -> None:
+        """A verified cycle: positions 1..accepted were accepted, the next one (if drafted) not."""
+        t = self.tracks[hot]
+        for j in range(min(drafted, accepted + 1, self.kmax)):
+            t.sums[j] = DECAY * t.sums[j] + (j < accepted)
+            t.counts[j] = DECAY * t.counts[j] + 1
+
+
+@dataclass
+class _Class:
+    name: str
+    arms: list[Arm]
+    forced: float = 0.0           # grammar-forced tokens per cycle, running mean
+
+
+class AutoPolicy:
+    """The candidates of each class and what they have shown, shared by the requests of a
+    process (one Speculation). ``pick`` chooses for one request."""
+
+    def __init__(self, constrained: list[Arm], free: list[Arm]):
+        self.classes = {"constrained": _Class("constrained", constrained), "free": _Class("free", free)}
+        self.step_s = 0.0         # seconds of a 1-row step now (running: the machine's load moves it)
+
+    @property
+    def rows(self) -> int:
+        """The widest verify a candidate may ask for: the cost curve's reach."""
+        return 1 + max(a.kmax for c in self.classes.values() for a in c.arms)
+
+    def choice(self, constrained: bool, curve: CostCurve) -> Arm:
+        """The best candidate of the class now (no probing, no state change); on a tie plain
+        decoding, which has no probes to pay for."""
+        c = self.classes[CLASSES[0] if constrained else CLASSES[1]]
+        return max(c.arms, key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
+
+    def pick(self, constrained: bool, curve: CostCurve, spec):
+        """The Speculation one request runs: ``spec`` with the chosen proposer, its K and a
+        CostBudget; the best candidate, or one due for a probe."""
+        c = self.classes[CLASSES[0] if constrained else CLASSES[1]]
+        best = self.choice(constrained, curve)
+        for a in c.arms:
+            a.since_best = 0 if a is best else a.since_best + 1
+            a.owed = a is not best and a.proposer is not None and (
+                a.owed or probe_due(a.since_best, PROBE_EVERY, PROBE_GAP))
+        arm = next((a for a in c.arms if a.owed), best)
+        arm.owed = False
+        return replace(spec, proposer=arm.proposer, k=arm.kmax, budget=CostBudget(self, c, arm, curve, arm is not best),
+                       free_text=None, auto=None)
+
+    def observe_step(self, verify_s: float, steps: float) -> None:
+        if verify_s > 0:
+            s = verify_s / steps
+            self.step_s = s if self.step_s <= 0 else (1 - EWMA) * self.step_s + EWMA * s
+
+
+@dataclass
+class _Request:
+    """One request's state in the loop: the context (hot after an accepting cycle), paused
+    cycles in a row (probes that failed included), this cycle's K and whether it is a probe,
+    and the K chosen per drafting cycle (the stats)."""
+    hot: int = 0
+    paused: int = 0
+    cap: int = 0
+    probing: bool = False
+    ks: Counter = field(default_factory=Counter)
+
+
+class CostBudget:
+    """The draft budget of one auto request: K per cycle from the cost curve (module doc)."""
+
+    def __init__(self, policy: AutoPolicy, cls: _Class, arm: Arm, curve: CostCurve, probe: bool = False):
+        self.policy, self.cls, self.arm, self.curve, self.probe = policy, cls, arm, curve, probe
+        if policy.step_s <= 0 and curve.step_s > 0:
+            policy.step_s = curve.step_s
+
+    def start(self) -> _Request:
+        return _Request()
+
+    def cap(self, k: int, state: _Request, forced: int = 0) -> int:
+        """Proposer drafts to verify next (behind ``forced`` grammar-forced tokens). Records it
+        in ``state`` for ``update``."""
+        K = 0
+        if self.arm.proposer is not None and k > 0:
+            K = self.arm.best_k(self.curve, min(k, self.arm.kmax), state.hot, forced)[0]
+            if K == 0 and probe_due(state.paused, PROBE_EVERY, PROBE_GAP):
+                K = min(k, LOW_K)
+                state.probing = True
+        state.cap = K
+        return K
+
+    def update(self, state: _Request, drafted: int, accepted: int, cycle: Cycle | None = None) -> _Request:
+        """After a cycle: the proposer drafted ``drafted`` tokens (grammar-forced ones not
+        counted), ``accepted`` of them kept; ``cycle`` has what it cost."""
+        cycle = cycle or Cycle()
+        arm, pol = self.arm, self.policy
+        pol.observe_step(cycle.verify_s, self.curve(cycle.rows))
+        self.cls.forced = (1 - EWMA) * self.cls.forced + EWMA * cycle.forced
+        if arm.proposer is not None:
+            step = pol.step_s or 1.0
+            if state.cap:
+                t = arm.tracks[state.hot]
+                t.offer = (1 - EWMA) * t.offer + EWMA * (drafted > 0)
+                arm.draft = (1 - EWMA) * arm.draft + EWMA * cycle.draft_s / step
+                if drafted:
+                    arm.observe(state.hot, drafted, accepted)
+            arm.keep = (1 - EWMA) * arm.keep + EWMA * cycle.keep_s / step
+            arm.hot = (1 - EWMA) * arm.hot + EWMA * state.hot
+        if state.cap:
+            state.ks[state.cap] += 1
+        # a failed probe keeps the pause going, so the next probe waits twice as long
+        state.paused = state.paused + 1 if not state.cap or (state.probing and not accepted) else 0
+        state.hot, state.probing = int(accepted > 0), False
+        return state
+
+    def report(self, state: _Request) -> dict:
+        """auto's choice for the stats: the class, the proposer, the K it verified most often."""
+        k = state.ks.most_common(1)[0][0] if state.ks else 0
+        return {"class": self.cls.name, "proposer": self.arm.name, "k": k, "k_max": self.arm.kmax,
+                "probe": self.probe, "cost_curve": self.curve.source}
+
+
+def with_cost_policy(spec, opts):
+    """``spec``, auto's proposers as build_speculation chose them (the drafter-based one where a
+    drafter fits, else lookup; the stricter lookup for free text), with the policy choosing
+    among them and plain decoding per request. The named draft budget gives way to CostBudget."""
+    from .ngram import NgramConfig, NgramProposer
+
+    main, free = spec.proposer, spec.free_text
+    rho = opts.lookup_rate
+    if main is not None and main.tap_layers:          # a drafter: lookup alone is a candidate too
+        lookup = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
+        constrained = [Arm(main.name, main, spec.k, DRAFTER_PRIOR["constrained"], DRAFTER_COST_PRIOR),
+                       Arm(lookup.name, lookup, opts.ngram_k, rho)]
+        loose = [Arm(free.proposer.name, free.proposer, free.k, rho),
+                 Arm(main.name, main, spec.k, DRAFTER_PRIOR["free"], DRAFTER_COST_PRIOR)]
+    else:
+        constrained = [Arm(main.name, main, spec.k, rho)] if main is not None else []
+        loose = [Arm(free.proposer.name, free.proposer, free.k, rho)] if free is not None else []
+    policy = AutoPolicy(constrained + [Arm("none", None, 0)], loose + [Arm("none", None, 0)])
+    return replace(spec, budget=None, free_text=replace(free, budget=None) if free is not None else None,
+                   auto=policy)
