@@ -376,3 +376,28 @@ def test_feature_cache_extends_and_recomputes_changed_parts(tiny_llama, tmp_path
         F.Features.load(tmp_path / "fresh", seqs)
     with pytest.raises(ThorError, match="other settings"):
         F.build_features(tiny_llama.model, seqs, (0, 1), 4, out, key, progress=False)
+
+
+def test_export_drafter_stores_bf16_that_the_runtime_loads(tiny_llama, tmp_path):
+    """A shipped copy: bf16 weights (half the bytes), the same config and shortlist, the report
+    beside it; refused when the source is not a drafter."""
+    from calib.export import export_drafter
+    from thor_runtime.speculative.dflash_io import load_drafter, save_drafter
+    from thor_runtime.speculative.draft_vocab import DraftVocab
+    from collections import Counter
+
+    from tiny import random_drafter
+
+    d = random_drafter(tiny_llama.cfg)
+    d.draft_vocab = DraftVocab.from_counts(Counter({3: 5, 7: 2}), 2, tiny_llama.cfg.vocab_size, source={})
+    src = save_drafter(d, tmp_path / "trained")
+    (src / "report.json").write_text('{"final_loss": 0.5}')
+    doc = export_drafter(src, tmp_path / "shipped")
+    assert doc["dtype"] == "bf16" and doc["draft_vocab"]
+    assert doc["bytes"] < (src / "model.safetensors").stat().st_size * 0.6
+    back = load_drafter(tmp_path / "shipped", tiny_llama.cfg)
+    assert back.cfg == d.cfg and (tmp_path / "shipped" / "report.json").read_text() == '{"final_loss": 0.5}'
+    for (n, a), (_, b) in zip(d.state_dict().items(), back.state_dict().items()):
+        torch.testing.assert_close(b.float(), a.to(torch.bfloat16).float(), msg=n)
+    with pytest.raises(ThorError):
+        export_drafter(tmp_path / "nothing", tmp_path / "x")

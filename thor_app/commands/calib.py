@@ -1,4 +1,4 @@
-"""`thor calib {gen-data,distill,draft-vocab,eval-drafter,kv-scales,fp8-scales}` — offline calibration and drafter training.
+"""`thor calib {gen-data,distill,draft-vocab,export-drafter,eval-drafter,kv-scales,fp8-scales}` — offline calibration and drafter training.
 
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
@@ -68,6 +68,13 @@ def _draft_vocab(args) -> int:
     from calib.distill import write_draft_vocab
 
     return _emit(write_draft_vocab(args.drafter, args.data, args.size, load_config(args.target).vocab_size))
+
+
+# ---- export-drafter --------------------------------------------------------------------------
+def _export_drafter(args) -> int:
+    from calib.export import export_drafter
+
+    return _emit(export_drafter(args.drafter, args.out, args.dtype))
 
 
 # ---- eval-drafter ----------------------------------------------------------------------------
@@ -166,6 +173,12 @@ def register(sub) -> None:
     v.add_argument("--data", required=True, help="gen-data dir of the train split")
     v.add_argument("--size", type=positive_int, default=2048)
     v.set_defaults(func=_draft_vocab)
+
+    x = cs.add_parser("export-drafter", help="a trained drafter stored for shipping (bf16 weights, its report beside)")
+    x.add_argument("--drafter", required=True, help="the drafter dir `distill` wrote")
+    x.add_argument("--out", required=True, help="where the shipped copy goes")
+    x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    x.set_defaults(func=_export_drafter)
 
     e = cs.add_parser("eval-drafter", parents=[common], help="held-out acceptance length and speedup vs plain decoding")
     e.add_argument("--target", default="default")
