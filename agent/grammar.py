@@ -24,6 +24,8 @@ import torch
 from thor_runtime.constraint import Constraint
 from thor_runtime.errors import ThorError
 
+from .free_text import FreeTextTracker
+
 # Compact JSON: no free whitespace means fewer tokens to decode and more of them forced.
 _JSON_OPTIONS = {"whitespace_flexible": False}
 THINK_TOKENS = ("<think>", "</think>")
@@ -162,10 +164,12 @@ class Grammar:
         if self._pristine.is_error():
             raise _engine_error(self._pristine.get_error(), schema)
 
-    def constraint(self, stop=None) -> "GrammarConstraint":
+    def constraint(self, stop=None, free_text: tuple[str, ...] = ()) -> "GrammarConstraint":
         """stop(text) -> bool, asked once when the plan's steps open (its goal is written): True
-        ends the plan there (see GrammarConstraint)."""
-        return GrammarConstraint(self._pristine.deep_copy(), self.gtok, stop)
+        ends the plan there (see GrammarConstraint). free_text: top-level keys whose string value
+        no consumer reads (the plan's ``rationale``): ``relaxed_spans`` names the drafts inside
+        them; none by default, so a caller's own schema is never relaxed."""
+        return GrammarConstraint(self._pristine.deep_copy(), self.gtok, stop, free_text)
 
 
 class GrammarConstraint(Constraint):
@@ -184,11 +188,14 @@ class GrammarConstraint(Constraint):
 
     STEPS = b'"steps":['
 
-    def __init__(self, matcher, gtok: GrammarTokenizer, stop=None):
+    def __init__(self, matcher, gtok: GrammarTokenizer, stop=None, free_text: tuple[str, ...] = ()):
         self.m, self.gtok = matcher, gtok
         self.eos = frozenset(gtok.eos_ids)
         self.finished = False          # EOS committed
         self.stop, self.cut, self.text = stop, False, bytearray()
+        # only when asked for: tracking costs a little Python per committed byte
+        self.free = (FreeTextTracker.for_keys(gtok.token_bytes, free_text, self.eos, gtok.think_ids)
+                     if free_text else None)
 
     # -- queries that leave the state unchanged ------------------------------------------------
     def forced(self) -> list[int]:
@@ -224,6 +231,12 @@ class GrammarConstraint(Constraint):
     def is_accepting(self) -> bool:
         return not self.finished and (self.cut or bool(self.m.is_accepting()))
 
+    def relaxed_spans(self, drafts: list[int]) -> list[bool]:
+        """Per draft: wholly inside the string value of a ``free_text`` key (agent/free_text.py)."""
+        if self.free is None:
+            return [False] * len(drafts)
+        return self.free.spans(drafts)
+
     # -- the only state change: a committed token ------------------------------------------------
     def advance(self, token: int) -> None:
         t = int(token)
@@ -240,6 +253,8 @@ class GrammarConstraint(Constraint):
             if self.STEPS in self.text[-len(self.STEPS) - 16:]:
                 self.cut = bool(self.stop(self.text.decode("utf-8", "replace")))
                 self.stop = None           # asked once
+        if self.free is not None:
+            self.free.advance(t)           # EOS writes nothing there
 
     # -- helpers -------------------------------------------------------------------------------
     def _walk(self, drafts: list[int], at_row) -> int:

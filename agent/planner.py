@@ -27,6 +27,7 @@ from thor_runtime.stats import Stats
 
 from .files import SkillSet, World, base_plan_schema
 from .gate import Finding, GateResult, check_plan, parse_plan
+from .free_text import drop_free_text, trailing_free_text
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
 from .prompt import build_messages
@@ -37,7 +38,7 @@ from .specialize import specialize
 from .symbolic import ParsedGoal, parse_goal
 
 _ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
-             "committed", "jump_forward", "draft_s", "verify_s", "rest_s")
+             "committed", "jump_forward", "relaxed_accepted", "draft_s", "verify_s", "rest_s")
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,9 @@ class Planner:
         self.thinking = self.gtok.think_ids is not None if thinking is None else bool(thinking)
         if self.thinking and self.gtok.think_ids is None:
             raise ThorError("thinking requested but the tokenizer has no <think> / </think> tokens")
+        # Relaxed acceptance may reach into the plan only where no executor reads the wording
+        # (free_text.py): asked for with RelaxedConfig.spans (--relaxed-spans).
+        self.relaxed_spans = speculation.relaxed is not None and speculation.relaxed.spans
 
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
                 task: str | None = None) -> PreparedRequest:
@@ -170,14 +174,19 @@ class Planner:
         stats: list[Stats] = []
         history = []
         errors, previous, gate, completed = None, None, None, False
+        # the plan's trailing free text (its rationale): its wording is never executed, so it
+        # may be relaxed, and neither its length nor its words may steer what is
+        free = trailing_free_text(req.schema)
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
             # a goal that alone shows the task cannot be done ends the plan before its steps
             stop = goal_stop(world, skills)
-            constraint = req.grammar.constraint(stop)
+            constraint = req.grammar.constraint(stop, free if self.relaxed_spans else ())
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)
             text = self._json_text(res.token_ids)
+            # cut by the budget in its free text, a plan is whole without it
+            text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
             plan, unreadable = parse_plan(text)
             # Cut off by the budget: the goal, written before the steps, may still be whole.
             # (or ended after it: goal_stop)
@@ -188,7 +197,7 @@ class Planner:
             # completed plan keeps the model's goal).
             parsed = stop.parsed_for(base) or parse_goal(base, world, skills)
             gate = _check(task, plan, unreadable, req, parsed)
-            if res.finish_reason == "length" and not gate.valid:
+            if res.finish_reason == "length" and not cut_in_free and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
             model_text = text
@@ -206,7 +215,7 @@ class Planner:
                              else f"rejected ({len(gate.findings)} problems)"))
             if gate.valid:
                 break
-            errors, previous = gate.report(), text
+            errors, previous = gate.report(), drop_free_text(text, free)[0]
         merged = merge_stats(stats).to_dict()
         # spec: the proposer that ran (auto's choice for the last attempt), not the option
         ran = merged.get("auto_choice") or {"proposer": self.speculation.name, "k_max": self.speculation.k}

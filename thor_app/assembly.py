@@ -55,15 +55,19 @@ def spec_options(config: RuntimeConfig):
 
 
 def relaxed_config(config: RuntimeConfig, tokenizer):
+    """Relaxed acceptance in the thinking span (--relaxed-thinking) and in the plan's free-text
+    spans (--relaxed-spans, which needs no thinking tokens); None when both are off."""
     s = config.speculation
-    if not s.relaxed_thinking:
+    if not (s.relaxed_thinking or s.relaxed_spans):
         return None
     from thor_runtime.speculative.accept import RelaxedConfig
 
-    b, e = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
-    if b is None or e is None:
-        raise ThorError("--relaxed-thinking: the tokenizer has no <think> / </think> tokens")
-    return RelaxedConfig(b, e, s.relaxed_topk, s.relaxed_delta, s.relaxed_margin)
+    b = e = None
+    if s.relaxed_thinking:
+        b, e = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+        if b is None or e is None:
+            raise ThorError("--relaxed-thinking: the tokenizer has no <think> / </think> tokens")
+    return RelaxedConfig(b, e, s.relaxed_topk, s.relaxed_delta, s.relaxed_margin, spans=s.relaxed_spans)
 
 
 def plan_format(config: RuntimeConfig, plans: bool = True) -> str | None:

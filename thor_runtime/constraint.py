@@ -11,6 +11,10 @@ after every *committed* token. Within one cycle the runtime calls, in order:
                      state after drafts[:j]; so the recovered / bonus token is legal.
                      Must leave the state unchanged.
 4. ``advance(t)``    once per committed token.
+
+With relaxed acceptance on free-text spans (``RelaxedConfig.spans``), the runtime also asks
+``relaxed_spans(drafts)`` before accepting: which drafts lie wholly inside text that nothing
+downstream reads, where a close runner-up of the target may be kept.
 """
 from __future__ import annotations
 
@@ -23,6 +27,12 @@ class Constraint(ABC):
     def forced(self) -> list[int]:
         """Tokens the grammar allows as the only continuation (none by default)."""
         return []
+
+    def relaxed_spans(self, drafts: list[int]) -> list[bool]:
+        """Per draft j: True when, after the committed text and drafts[:j], draft j lies wholly
+        inside a span whose wording no consumer of the output reads (it neither opens nor closes
+        the span). Must leave the state unchanged. Default: no such span, every draft strict."""
+        return [False] * len(drafts)
 
     @abstractmethod
     def valid_prefix(self, drafts: list[int]) -> int:

@@ -20,7 +20,7 @@ from .runner import DecodeAsk, pick_decode
 from .sampling import SamplingParams, make_generator, target_probs
 from .speculative import PLAIN, Speculation
 from .speculative.budget import Cycle
-from .speculative.accept import accept_relaxed, accept_sampling, accept_strict, in_thinking
+from .speculative.accept import accept_relaxed_at, accept_sampling, accept_strict, in_thinking, thinking_flags
 from .stats import Stats
 from .target import Target
 
@@ -165,7 +165,7 @@ class Runtime:
             vout = self.verify(rows, cache, taps=taps)                             # logits [K+1, V]
             t_c = time.perf_counter()
             n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
-                                            constraint)
+                                            constraint, stats)
             # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
             # token becomes the next anchor.
             cache.crop(len(seq) + n_acc)
@@ -227,17 +227,31 @@ class Runtime:
             probs = probs[:len(drafts)]
         return drafts, probs, len(forced)
 
-    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint):
+    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint, stats=None):
         if constraint is not None:
             logits = constraint.mask_rows(logits, drafts.tolist())            # [K+1, V], -inf where illegal
-        if params.greedy and relaxed is None:
+        relax = self._relaxable(drafts, seq, relaxed, constraint) if params.greedy and relaxed is not None else []
+        if params.greedy and not any(relax):
             return accept_strict(logits, drafts)     # the argmax on the device, K + 1 ids back
         # The token-by-token policies read single entries: one copy of the rows to the host
         # first, not one synchronisation per entry (logits on a GPU).
         logits = logits.cpu()
         if params.greedy:
-            return accept_relaxed(logits, drafts, in_thinking(seq, relaxed), relaxed)
+            n, committed, kept = accept_relaxed_at(logits, drafts, relax, relaxed)
+            if stats is not None:
+                stats.relaxed_accepted += kept
+            return n, committed
         return accept_sampling(target_probs(logits, params), drafts, gen, draft_probs)
+
+    @staticmethod
+    def _relaxable(drafts, seq, relaxed, constraint) -> list[bool]:
+        """Per draft: may the relaxed rule keep it? Inside the thinking span, and with
+        ``relaxed.spans`` inside the spans the constraint names (a plan's free-text rationale)."""
+        ids = drafts.tolist()
+        relax = thinking_flags(ids, in_thinking(seq, relaxed), relaxed)
+        if relaxed.spans and constraint is not None and ids:
+            relax = [a or b for a, b in zip(relax, constraint.relaxed_spans(ids))]
+        return relax
 
     def _commit(self, tokens, seq, stop, constraint, on_token) -> bool:
         for t in tokens:

@@ -169,6 +169,8 @@ class SpeculationSettings:
                             "rarely right)", "--fixed-k")
     relaxed_thinking: bool = setting(False, "relaxed acceptance inside <think>...</think> (greedy only)",
                                      "--relaxed-thinking")
+    relaxed_spans: bool = setting(False, "relaxed acceptance inside the plan's free-text rationale too (greedy "
+                                  "only); goal, steps and arguments stay exact", "--relaxed-spans")
     relaxed_topk: int = setting(3, "relaxed acceptance: the draft is in the target's top k", "--relaxed-topk",
                                 low=1)
     relaxed_delta: float = setting(2.0, "relaxed acceptance: the most its margin may be below the top",

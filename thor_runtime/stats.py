@@ -24,6 +24,7 @@ class Stats:
     # --spec auto: the class, proposer and K it chose for this request, and where its cost curve
     # came from (speculative/auto.py CostBudget.report); None for the other methods
     auto_choice: dict | None = None
+    relaxed_accepted: int = 0         # drafts the relaxed rule kept where strict greedy would not
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
@@ -73,6 +74,7 @@ class Stats:
             "jump_forward_tokens": self.jump_forward,
             "capped_cycles": self.capped_cycles,
             **({"auto_choice": self.auto_choice} if self.auto_choice is not None else {}),
+            "relaxed_accepted": self.relaxed_accepted,
             "time_draft_s": round(self.draft_s, 6),
             "time_verify_s": round(self.verify_s, 6),
             "time_rest_s": round(self.rest_s, 6),

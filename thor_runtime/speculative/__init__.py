@@ -64,7 +64,7 @@ class Speculation:
     proposer: Proposer | None = None
     k: int = 0                               # drafts per cycle at most
     budget: DraftBudget | None = None        # how many of them to verify; None = always k
-    relaxed: RelaxedConfig | None = None     # relaxed acceptance in the thinking span (greedy)
+    relaxed: RelaxedConfig | None = None     # relaxed acceptance: thinking span, free-text spans (greedy)
     # What an unconstrained request (free text) runs instead, if not this: ``auto`` pairs the
     # planner-trained drafter (constrained plans) with prompt lookup for free text, where the
     # drafter is off its distribution and would only cost its forwards until the budget pauses

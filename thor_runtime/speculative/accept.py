@@ -29,32 +29,41 @@ def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list
 
 @dataclass(frozen=True)
 class RelaxedConfig:
-    """Relaxed acceptance inside a thinking span [begin_id ... end_id].
+    """Relaxed acceptance inside a thinking span [begin_id ... end_id] and, with ``spans``,
+    inside the free-text spans the constraint names (``Constraint.relaxed_spans``).
 
-    A draft inside the span is kept when it is in the target's top-k and its margin to
-    the top-1 is <= delta. margin="logit" compares raw logits (as FlashRT does);
+    A draft inside a span is kept when it is in the target's top-k and its margin to the
+    top-1 is <= delta. margin="logit" compares raw logits (as FlashRT does);
     margin="prob" compares softmax probabilities (as TensorRT-LLM's MTP does).
     Default: logit margin, top-k 3, delta 2.0 — loose enough to pay off, and only ever
-    applied to text the planner never parses.
+    applied to text the planner never parses. begin_id / end_id None: no thinking span
+    (a tokenizer without <think>), only the constraint's spans.
     """
 
-    begin_id: int
-    end_id: int
+    begin_id: int | None
+    end_id: int | None
     top_k: int = _Defaults.relaxed_topk
     delta: float = _Defaults.relaxed_delta
     margin: str = _Defaults.relaxed_margin
+    spans: bool = False
 
     def __post_init__(self):
         if self.margin not in RELAXED_MARGINS:
             raise ThorError(f"relaxed margin must be 'logit' or 'prob', got {self.margin!r}")
         if self.top_k < 1 or self.delta < 0:
             raise ThorError("relaxed acceptance needs top_k >= 1 and delta >= 0")
-        if self.begin_id == self.end_id:
+        if (self.begin_id is None) != (self.end_id is None):
+            raise ThorError("relaxed acceptance: give both thinking tokens or neither")
+        if self.begin_id is not None and self.begin_id == self.end_id:
             raise ThorError("relaxed acceptance: begin and end thinking tokens must differ")
+        if self.begin_id is None and not self.spans:
+            raise ThorError("relaxed acceptance needs a thinking span or free-text spans; neither is set")
 
 
 def in_thinking(seq: list[int], cfg: RelaxedConfig) -> bool:
     """True when the last begin-thinking token in ``seq`` has not been closed."""
+    if cfg.begin_id is None:
+        return False
     for t in reversed(seq):
         if t == cfg.end_id:
             return False
@@ -63,33 +72,53 @@ def in_thinking(seq: list[int], cfg: RelaxedConfig) -> bool:
     return False
 
 
-def accept_relaxed(logits: torch.Tensor, drafts: torch.Tensor, inside: bool,
-                   cfg: RelaxedConfig) -> tuple[int, list[int]]:
-    """``inside``: whether the anchor is inside a thinking span. Outside the span, and
-    for the draft that closes it, the check is strict; a begin token opens it for the
-    drafts after it."""
+def thinking_flags(drafts: list[int], inside: bool, cfg: RelaxedConfig) -> list[bool]:
+    """Per draft: whether it may be relaxed as thinking text. ``inside``: the anchor is inside
+    the span. The draft that closes the span is checked strictly; a begin token opens it for
+    the drafts after it."""
+    out = []
+    for d in drafts:
+        out.append(inside and d != cfg.end_id)
+        if d == cfg.end_id:
+            inside = False
+        elif d == cfg.begin_id:
+            inside = True
+    return out
+
+
+def accept_relaxed_at(logits: torch.Tensor, drafts: torch.Tensor, relax: list[bool],
+                      cfg: RelaxedConfig) -> tuple[int, list[int], int]:
+    """``relax[j]``: draft j may be kept by the relaxed rule; every other draft must equal the
+    target's argmax. -> (n_accepted, committed, how many of the accepted the relaxed rule kept
+    that strict acceptance would have refused)."""
     target = logits.argmax(-1)                                          # [K+1]
     k = drafts.shape[0]
     if cfg.margin == "prob":
         score = torch.softmax(logits.float(), dim=-1)                   # [K+1, V]
     else:
         score = logits.float()
-    n = 0
+    n = relaxed = 0
     for j in range(k):
         d = int(drafts[j])
         ok = d == int(target[j])
-        if not ok and inside and d != cfg.end_id:
+        if not ok and j < len(relax) and relax[j]:
             row = score[j]
             topk = torch.topk(row, min(cfg.top_k, row.shape[0])).indices
             ok = bool((topk == d).any()) and float(row.max() - row[d]) <= cfg.delta
+            relaxed += ok
         if not ok:
             break
         n += 1
-        if d == cfg.end_id:
-            inside = False
-        elif d == cfg.begin_id:
-            inside = True
-    return n, drafts[:n].tolist() + [int(target[n])]
+    return n, drafts[:n].tolist() + [int(target[n])], relaxed
+
+
+def accept_relaxed(logits: torch.Tensor, drafts: torch.Tensor, inside: bool,
+                   cfg: RelaxedConfig) -> tuple[int, list[int]]:
+    """``inside``: whether the anchor is inside a thinking span. Outside the span, and
+    for the draft that closes it, the check is strict; a begin token opens it for the
+    drafts after it."""
+    n, committed, _ = accept_relaxed_at(logits, drafts, thinking_flags(drafts.tolist(), inside, cfg), cfg)
+    return n, committed
 
 
 def accept_sampling(probs: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator,
