@@ -279,6 +279,13 @@ class Trained:
     acc: torch.Tensor                # [B-1] last step's per-position train accuracy
 
 
+def _weights_key(model) -> dict:
+    """Taps of other weights are other features; fp32, the long-standing default, adds no key so
+    caches made before the key existed stay valid."""
+    kind = weights_kind(model)
+    return {} if kind == "fp32" else {"weights": kind}
+
+
 def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
     """Generate the data when none is given, check it, and compute (or reuse) the features."""
     model, tok = loaded.model, loaded.tokenizer
@@ -308,7 +315,7 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
                         target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model),
                         plan_format=man.get(FORMAT_KEY, "") if man.get("constrained") else "")
     data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
-    feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name}, progress)
+    feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name, **_weights_key(model)}, progress)
     return Prepared(data_dir, man, seqs, dcfg, feats, data_hash)
 
 

@@ -401,3 +401,19 @@ def test_export_drafter_stores_bf16_that_the_runtime_loads(tiny_llama, tmp_path)
         torch.testing.assert_close(b.float(), a.to(torch.bfloat16).float(), msg=n)
     with pytest.raises(ThorError):
         export_drafter(tmp_path / "nothing", tmp_path / "x")
+
+
+def test_gen_data_weights_are_part_of_the_data(tiny_dirs, tmp_path, capsys):
+    """--weights int4 makes data from the runtime's int4 path, stamped as such; the same
+    directory then refuses fp32 data (taps of other weights are other features)."""
+    from thor_app.cli import main
+
+    out = tmp_path / "data"
+    args = ["calib", "gen-data", "--target", str(tiny_dirs["llama"]), "--n", "2", "--max-tokens", "3",
+            "--general-frac", "1", "--out", str(out), "--quiet"]
+    assert main(args + ["--weights", "int4"]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["target"].endswith("@int4")
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "different settings (target)" in capsys.readouterr().err

@@ -21,8 +21,9 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-def _load_target(args, dtype: str = "fp32", layout: str = "auto"):
-    """The target on --device, with calibration's own weights (fp32 unless stated)."""
+def _load_target(args, dtype: str | None = None, layout: str = "auto"):
+    """The target on --device, with calibration's own weights: --weights where the command has
+    it (a drafter learns the taps of the weights it is trained on), else fp32."""
     import torch
 
     from thor_app.assembly import load_model, with_settings
@@ -30,6 +31,7 @@ def _load_target(args, dtype: str = "fp32", layout: str = "auto"):
     # One thread by default: on a shared 2-core box, two OpenMP threads competing with other
     # jobs were measured 10-20x slower than one (spin-waiting threads starve each other).
     torch.set_num_threads(args.threads)
+    dtype = dtype or getattr(args, "weights", "fp32")
     return load_model(with_settings(config_from_args(args), model__name=args.target, model__dtype=dtype,
                                     model__weights_layout=layout))
 
@@ -47,7 +49,8 @@ def _gen_data(args) -> int:
     spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
     gen = GenConfig(args.max_tokens, args.batch, args.constrained)
     loaded = _load_target(args)
-    return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out, target=args.target,
+    return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out,
+                                  target=args.target if args.weights == "fp32" else f"{args.target}@{args.weights}",
                                   progress=not args.quiet))
 
 
@@ -113,7 +116,14 @@ def register(sub) -> None:
     common.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     add_config_args(common, ("model",), only={"model.device"})
 
-    g = cs.add_parser("gen-data", parents=[common],
+    # what the drafter's data, taps and evaluation run on: fp32, or the weights the runtime
+    # itself runs (auto: a quantized GGUF stays int4), which a drafter for that path must learn
+    weights = type(p)(add_help=False)
+    weights.add_argument("--weights", default="fp32", choices=["fp32", "auto", "bf16", "int8", "int4"],
+                         help="target weights for data, taps and evaluation (default fp32; auto = as "
+                              "`thor plan` runs them)")
+
+    g = cs.add_parser("gen-data", parents=[common, weights],
                       help="the target's greedy responses to calibration prompts (drafter data)")
     g.add_argument("--target", default="default")
     g.add_argument("--split", default="train", choices=["train", "heldout"])
@@ -128,7 +138,7 @@ def register(sub) -> None:
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_gen_data)
 
-    d = cs.add_parser("distill", parents=[common], help="train a DFlash drafter on gen-data output")
+    d = cs.add_parser("distill", parents=[common, weights], help="train a DFlash drafter on gen-data output")
     d.add_argument("--target", default="default")
     d.add_argument("--out", required=True)
     d.add_argument("--data", default=None, help="gen-data dir (default: OUT/data, generated if absent)")
@@ -180,7 +190,7 @@ def register(sub) -> None:
     x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     x.set_defaults(func=_export_drafter)
 
-    e = cs.add_parser("eval-drafter", parents=[common], help="held-out acceptance length and speedup vs plain decoding")
+    e = cs.add_parser("eval-drafter", parents=[common, weights], help="held-out acceptance length and speedup vs plain decoding")
     e.add_argument("--target", default="default")
     e.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
     e.add_argument("--n", type=positive_int, default=8)
