@@ -35,9 +35,10 @@ from .budget import Cycle, probe_due
 from .cost import CostCurve
 
 CLASSES = ("constrained", "free")
-# Prior per-position acceptance of a drafter-based proposer. On plans: the shipped drafter with
-# lookup commits 10.75 tokens per 15-draft cycle on held-out requests (docs/calibration.md),
-# about 0.93 per position; auto only takes a drafter trained for this target. On free text the
+# Prior per-position acceptance of a drafter-based proposer. On plans: the shipped drafters'
+# first positions accept 0.7-0.9 on held-out requests, and with lookup they commit 5.8-6.7
+# tokens per 15-draft cycle (docs/calibration.md); auto only takes a drafter trained for this
+# target, and the prior fades as the request's own cycles come in. On free text the
 # planner drafter is off its distribution and accepts almost nothing (docs/performance.md).
 DRAFTER_PRIOR = {"constrained": 0.9, "free": 0.3}
 DRAFTER_COST_PRIOR = 0.25     # its forward per cycle, in 1-row steps, until measured
