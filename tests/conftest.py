@@ -104,3 +104,16 @@ def _weight_cache_dir(tmp_path_factory):
         os.environ.pop("THOR_CACHE_DIR", None)
     else:
         os.environ["THOR_CACHE_DIR"] = old
+
+
+# the tiny model's tokenizer and its grammar view (grammar and relaxed-span tests)
+@pytest.fixture(scope="module")
+def tok(tiny_llama):
+    return tiny_llama.tokenizer
+
+
+@pytest.fixture(scope="module")
+def gtok(tok):
+    from agent.grammar import GrammarTokenizer
+
+    return GrammarTokenizer(tok)

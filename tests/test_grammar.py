@@ -35,16 +35,6 @@ PLAN_LIKE = {
 GOOD = '{"skill":"pick","target":{"name":"red_cup","xyz":[0.5,1,0.25]},"notes":["ok"]}'
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_llama):
-    return tiny_llama.tokenizer
-
-
-@pytest.fixture(scope="module")
-def gtok(tok):
-    return GrammarTokenizer(tok)
-
-
 def enc(tok, text: str) -> list[int]:
     return tok.encode(text, add_special=False)
 

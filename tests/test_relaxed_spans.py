@@ -17,7 +17,7 @@ from test_cutoff import BudgetRuntime
 
 from agent.files import base_plan_schema
 from agent.free_text import FreeTextTracker, drop_free_text, trailing_free_text
-from agent.grammar import Grammar, GrammarTokenizer
+from agent.grammar import Grammar
 from agent.planner import Planner
 from agent.specialize import specialize
 from agent.symbolic import execute, parse_goal
@@ -123,16 +123,6 @@ def test_relaxed_rule_applies_only_to_flagged_drafts():
 
 
 # ---- with the grammar on the tiny tokenizer ----------------------------------------------------
-@pytest.fixture(scope="module")
-def tok(tiny_llama):
-    return tiny_llama.tokenizer
-
-
-@pytest.fixture(scope="module")
-def gtok(tok):
-    return GrammarTokenizer(tok)
-
-
 def span_of(gtok, ids: list[int]) -> list[bool]:
     """Per token: its bytes lie inside the top-level rationale's value, read from the finished
     text (an oracle apart from the tracker: the value's bounds by plain search)."""
