@@ -57,10 +57,8 @@ def plan_format_fingerprint() -> str:
 
 
 def stale_reason(recorded: str | None) -> str | None:
-    """Why a drafter stamped with ``recorded`` is stale for today's planner; None if it is current."""
-    current = plan_format_fingerprint()
-    if recorded == current:
-        return None
-    if not recorded:
-        return "it records no plan format (distilled before formats were fingerprinted)"
-    return f"it was distilled on plan format {recorded[:19]}, the planner now writes {current[:19]}"
+    """Why a drafter stamped with ``recorded`` is stale for today's planner; None if it is current.
+    The runtime words it (it cannot import this module, so it is handed the fingerprint)."""
+    from thor_runtime.speculative.shipped import format_stale
+
+    return format_stale(recorded or "", plan_format_fingerprint())

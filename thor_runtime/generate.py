@@ -202,12 +202,11 @@ class Runtime:
         budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
         return list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
 
-    def propose(self, proposer, seq, k, stop, params, constraint, cap, forced=None):
-        """Forced grammar tokens first (they ride in the draft for free; ``forced``, else asked
-        here), then at most ``cap`` of the proposer's drafts, cut at the first token the grammar
-        rejects and at the token budget."""
+    def propose(self, proposer, seq, k, stop, params, constraint, cap, forced):
+        """``forced`` grammar tokens first (they ride in the draft for free), then at most ``cap``
+        of the proposer's drafts, cut at the first token the grammar rejects and at the token
+        budget."""
         budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
-        forced = self._forced(stop, params, constraint) if forced is None else forced
         drafts, probs = list(forced), None
         room = min(k, budget, len(drafts) + cap) - len(drafts)
         if proposer is not None and room > 0:

@@ -127,16 +127,11 @@ def shipped_drafter_fits(model) -> bool:
     return drafter_for(model) is not None
 
 
-def _auto(opts: SpecOptions, model, drafter=None):
-    """The combined proposer where a drafter is given or a shipped one was trained for this
-    target and its weight kind, else prompt lookup (a drafter trained for another model would
-    only be paused by the budget)."""
-    given = opts.drafter or drafter is not None
-    return _combined(opts, model, drafter) if given or shipped_drafter_fits(model) else _ngram(opts, model)
-
-
 _BUILDERS = {"none": lambda opts, model, drafter=None: (None, 0), "ngram": _ngram, "dflash": _dflash,
-             "combined": _combined, "auto": _auto}
+             "combined": _combined,
+             # auto runs the combined proposer: pick_drafter (shipped.py) has already routed it to
+             # prompt lookup where no current drafter fits the target
+             "auto": _combined}
 
 
 def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None,

@@ -114,8 +114,7 @@ def require_drafter_for(model, root: str | Path | None = None) -> ShippedDrafter
 
 def format_stale(recorded: str, current: str | None) -> str | None:
     """Why a drafter stamped with ``recorded`` is stale for the planner format ``current``; None
-    if it is current or ``current`` is unknown (the caller does not plan). The wording is
-    agent.plan_format.stale_reason's (a test holds them equal)."""
+    if it is current or ``current`` is unknown (the caller does not plan)."""
     if current is None or recorded == current:
         return None
     if not recorded:
