@@ -151,15 +151,9 @@ def precision_of(model, backend: GraphBackend) -> str:
 
 
 def device_info(model) -> dict:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"name": name, "machine": platform.machine(), "model_device": str(model.device),
+    from thor_runtime.device import cpu_name
+
+    info = {"name": cpu_name(), "machine": platform.machine(), "model_device": str(model.device),
             "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         info["name"] = torch.cuda.get_device_name(0)

@@ -7,7 +7,9 @@ this machine does not have, with one line that says so.
 """
 from __future__ import annotations
 
+import platform
 import re
+from pathlib import Path
 
 from .errors import ThorError
 
@@ -49,3 +51,14 @@ def device_name(device) -> str:
     if d.type != "cuda":
         return "cpu"
     return f"cuda:{d.index or 0} ({torch.cuda.get_device_name(d)})"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (x86 "model name", ARM "Model" or "CPU part"), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":")[0].strip() in ("model name", "Model", "CPU part"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -6,22 +6,15 @@ import os
 import platform
 import statistics
 import sys
-from pathlib import Path
 
 
 def device_info(config=None) -> dict:
     """The machine, and with a config the device its model runs on (``model_device``)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    from thor_runtime.device import cpu_name
+
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(0)

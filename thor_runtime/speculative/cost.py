@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..device import cpu_name
 from ..fileio import default_cache_dir, write_json_atomic
 
 ENV = "THOR_SPEC_COSTS"            # "default": no measuring, the linear curve; "measure": measure again
@@ -88,22 +88,12 @@ def normalise(seconds: list[float], source: str = "measured") -> CostCurve:
     return CostCurve(tuple(round(s / base, 4) for s in fit), base, source)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":")[0].strip() in ("model name", "Model", "CPU part"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_key(device) -> dict:
     d = torch.device(device)
     if d.type == "cuda":
         where = {"gpu": torch.cuda.get_device_name(d)}
     else:
-        where = {"cpu": _cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+        where = {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     return {**where, "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
