@@ -99,10 +99,12 @@ def _spread(tasks: list, limit: int | None) -> list:
 
 
 def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False),
-               attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None, directory=None) -> list[dict]:
+               attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None,
+               directory=None, goal_choice: int = PlannerSettings.goal_choice, words: bool = True) -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
-    (pddl_check.py) every plan is also checked by the independent validator."""
+    (pddl_check.py) every plan is also checked by the independent validator. ``goal_choice``
+    and ``words``: the Planner's (goal_choice.py; the word rules on or off)."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
@@ -111,7 +113,8 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
                                     plan_format=plan_format_fingerprint())
     out = []
     for solver in solver_modes:
-        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver)
+        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver,
+                          goal_choice=goal_choice, words=words)
         rows = []
         for t in tasks:
             world, skills = worlds[t.world]
@@ -120,6 +123,9 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
             rows.append(score(t, res, world, skills))
             r = rows[-1]
             r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills, task=t.task).schema, world, skills)
+            if goal_choice:      # what the choice did, per attempt
+                r.update(goal_changed=res.stats.get("goal_changed", 0), goal_choice=res.stats.get("goal_choice", []),
+                         goal_choice_s=res.stats.get("goal_choice_s", 0.0))
             if binding is not None:
                 r.update(validate(binding, t.id, res.plan))
             print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}"

@@ -150,6 +150,7 @@ def summarize(rows: list[dict]) -> dict:
             "first_attempt_model_alone": sum(r.get("first_attempt_alone", False) for r in rows),
             "unsafe_on_exit0": sum(bool(r["unsafe"]) for r in rows),
             "attempts_mean": round(sum(r["attempts"] for r in rows) / max(len(rows), 1), 2),
+            "goal_changed": sum(bool(r.get("goal_changed")) for r in rows),
             "latency_median_s": round(statistics.median(lat), 3) if lat else None, **_pddl(rows)}
 
 

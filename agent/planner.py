@@ -15,9 +15,10 @@ service prepares before queueing, and both hand the result to ``Planner.plan``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from thor_runtime.errors import ThorError
 from thor_runtime.runtime_config import PlannerSettings
@@ -28,6 +29,7 @@ from thor_runtime.stats import Stats
 from .files import SkillSet, World, base_plan_schema
 from .gate import Finding, GateResult, check_plan, parse_plan
 from .free_text import drop_free_text, trailing_free_text
+from .goal_choice import INFEASIBLE, REACHABLE, UNREACHED, Candidate, Choice, GoalChooser
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
 from .prompt import build_messages
@@ -101,13 +103,15 @@ def merge_stats(parts: list[Stats]) -> Stats:
 
 
 def specialize_request(task: str | None, world: World, skills: SkillSet, schema: dict | None = None,
-                       max_steps: int | None = None) -> SpecializedRequest:
+                       max_steps: int | None = None, words: bool = True) -> SpecializedRequest:
     """Read the task and specialize the schema to it (with a task, the goal is focused on the
-    objects it speaks of: specialize.py). No tokenizer needed: bad input fails before a model loads."""
+    objects it speaks of: specialize.py). No tokenizer needed: bad input fails before a model loads.
+    ``words`` False: no reading of the task's words at all (an ablation): the goal grammar is this
+    world's and these skills', and the gate holds the goal to no words."""
     t0 = time.perf_counter()
-    reading = read_task(task, world) if task is not None else None
+    reading = read_task(task, world) if task is not None and words else None
     spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps,
-                             task, reading)
+                             task if words else None, reading)
     return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0)
 
 
@@ -120,9 +124,10 @@ def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest, thinking: b
 
 
 def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet, schema: dict | None = None,
-                    max_steps: int | None = None, thinking: bool = False, task: str | None = None) -> PreparedRequest:
+                    max_steps: int | None = None, thinking: bool = False, task: str | None = None,
+                    words: bool = True) -> PreparedRequest:
     """specialize_request, then compile_request."""
-    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps), thinking)
+    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps, words), thinking)
 
 
 class Planner:
@@ -132,7 +137,8 @@ class Planner:
                  max_tokens: int = PlannerSettings.max_tokens, attempts: int = PlannerSettings.attempts,
                  thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
-                 grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True):
+                 grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True,
+                 goal_choice: int = PlannerSettings.goal_choice, words: bool = True):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -149,10 +155,17 @@ class Planner:
         # Relaxed acceptance may reach into the plan only where no executor reads the wording
         # (free_text.py): asked for with RelaxedConfig.spans (--relaxed-spans).
         self.relaxed_spans = speculation.relaxed is not None and speculation.relaxed.spans
+        # goal_choice: alternative goals scored against the greedy one (goal_choice.py); its
+        # forwards crop the cache back, which a hybrid target's recurrent state cannot do
+        model = getattr(runtime, "model", None)
+        self.chooser = (GoalChooser(model, tokenizer, self.gtok, runtime.new_cache, goal_choice,
+                                    getattr(runtime, "prefill_chunk", 0), _prefix_restore(runtime))
+                        if goal_choice > 0 and model is not None and not model.is_hybrid else None)
+        self.words = bool(words)     # False: the task's word rules are off (an ablation)
 
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
                 task: str | None = None) -> PreparedRequest:
-        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking, task)
+        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking, task, self.words)
 
     def compile(self, req: SpecializedRequest) -> PreparedRequest:
         """A request specialized before the model was loaded, compiled for this planner's tokenizer."""
@@ -174,6 +187,7 @@ class Planner:
         stats: list[Stats] = []
         history = []
         errors, previous, gate, completed = None, None, None, False
+        choices: list[dict] = []
         # the plan's trailing free text (its rationale): its wording is never executed, so it
         # may be relaxed, and neither its length nor its words may steer what is
         free = trailing_free_text(req.schema)
@@ -184,6 +198,10 @@ class Planner:
             constraint = req.grammar.constraint(stop, free if self.relaxed_spans else ())
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)
+            if self.chooser is not None:
+                res, choice = self._choose(ids, res, req, task, stats, on_token)
+                if choice is not None:
+                    choices.append(choice.summary())
             text = self._json_text(res.token_ids)
             # cut by the budget in its free text, a plan is whole without it
             text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
@@ -219,11 +237,67 @@ class Planner:
         merged = merge_stats(stats).to_dict()
         # spec: the proposer that ran (auto's choice for the last attempt), not the option
         ran = merged.get("auto_choice") or {"proposer": self.speculation.name, "k_max": self.speculation.k}
+        if self.chooser is not None:
+            merged.update(goal_choice=choices, goal_changed=sum(c["changed"] for c in choices),
+                          goal_choice_s=round(sum(c["seconds"] for c in choices), 6))
         merged.update(attempts=len(stats), spec=ran["proposer"], k=ran["k_max"], completed=completed,
                       grammar_compile_s=round(req.compile_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
                           tuple(history), completed, tuple(stats))
+
+    def _choose(self, ids: list[int], res, req: PreparedRequest, task: str, stats: list, on_token):
+        """-> (the attempt's result, the Choice or None): the greedy result, or the chosen goal's
+        head, with its steps decoded after it when the solver is off (with the solver on, it
+        completes them from the goal, as for any plan whose own steps miss its goal)."""
+        t0 = time.perf_counter()
+        greedy = stated_goal(self._json_text(res.token_ids))
+        if greedy is None:
+            return res, None                      # no whole goal: nothing to choose among
+        world, skills = req.world, req.skills
+        if goal_reasons(greedy, world, skills):   # cheap, before any forward: the refusal stands
+            return res, Choice(None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept")
+        cands = self.chooser.candidates(ids, res.token_ids, req.grammar, self._think_end(res.token_ids))
+        if not cands:
+            return res, None
+        own = parse_plan(self._json_text(res.token_ids))[0]
+        choice = self.chooser.choose(cands, lambda c: self._judge(c, req, task, own))
+        choice.seconds = time.perf_counter() - t0
+        if not choice.changed:
+            return res, choice
+        head = choice.chosen.ids
+        if self.complete:
+            return replace(res, token_ids=list(head), text="", finish_reason="stop"), choice
+        after = req.grammar.constraint(None, trailing_free_text(req.schema) if self.relaxed_spans else ())
+        for t in head:
+            after.advance(t)
+        more = self.rt.generate(ids + head, SamplingParams(max_tokens=max(16, self.max_tokens - len(head))),
+                                self.speculation, constraint=after, on_token=on_token)
+        stats.append(more.stats)
+        choice.seconds = time.perf_counter() - t0
+        return replace(res, token_ids=list(head) + list(more.token_ids), text="", finish_reason=more.finish_reason), choice
+
+    def _judge(self, cand: Candidate, req: PreparedRequest, task: str, own: dict | None) -> tuple[int, list | None]:
+        """A candidate goal's tier: infeasible from the goal alone, reachable (the solver's steps
+        for it, or for the greedy one its own steps, pass the gate and the grounding check), or not."""
+        head = stated_goal(self._json_text(cand.ids))
+        if head is None:
+            return UNREACHED, None
+        world, skills = req.world, req.skills
+        parsed = parse_goal(head, world, skills)
+        if goal_reasons(head, world, skills, parsed):
+            return INFEASIBLE, head["goal"]
+        if cand.branch is None and own is not None and _check(task, own, [], req, parsed).valid:
+            return REACHABLE, head["goal"]
+        filled = solve_from_goal(head, world, skills, _max_items(req.schema), parsed)
+        ok = filled is not None and _check(task, filled, [], req, parsed).valid
+        return (REACHABLE if ok else UNREACHED), head["goal"]
+
+    def _think_end(self, token_ids: list[int]) -> int:
+        """Where the JSON starts: after the last </think>, else 0."""
+        if self.gtok.think_ids is None or self.gtok.think_ids[1] not in token_ids:
+            return 0
+        return len(token_ids) - token_ids[::-1].index(self.gtok.think_ids[1])
 
     def _json_text(self, token_ids: list[int]) -> str:
         """The JSON part of the output: after the thinking span, without the EOS token."""
@@ -240,8 +314,24 @@ def _check(task: str, plan: dict | None, unreadable: list, req: PreparedRequest,
     if plan is None:
         return GateResult(None, tuple(unreadable))
     gate = check_plan(plan, req.schema, req.world, req.skills, parsed)
+    if req.reading is None:      # the word rules are off: nothing to hold the goal to
+        return gate
     return GateResult(gate.plan, gate.findings + tuple(
         grounding_findings(task, gate.plan, req.world, req.skills, parsed, req.reading)))
+
+
+def _prefix_restore(runtime):
+    """restore(ids, cache, limit) from the runtime's prefix cache (``thor plan`` and the service
+    keep one; the benches by default do not), under the runtime's lock on it; None without one."""
+    prefixes = getattr(runtime, "prefixes", None)
+    if prefixes is None:
+        return None
+    lock = getattr(runtime, "_shared", None) or contextlib.nullcontext()
+
+    def restore(ids, cache, limit: int) -> int:
+        with lock:
+            return prefixes.restore(ids, cache, limit)
+    return restore
 
 
 def _max_items(schema: dict) -> int:

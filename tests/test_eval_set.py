@@ -243,7 +243,7 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
 
     seen = []
 
-    def fake_eval_bench(rt, tok, spec, drafter, modes, attempts, limit=None, directory=None):
+    def fake_eval_bench(rt, tok, spec, drafter, modes, attempts, limit=None, directory=None, **planner_kw):
         seen.append(directory)
         return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
 

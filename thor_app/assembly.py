@@ -198,4 +198,5 @@ def make_planner(a: Assembled, on_progress=None, **kw):
     p = a.config.planner
     return Planner(a.runtime, a.loaded.tokenizer, a.speculation, max_tokens=p.max_tokens, attempts=p.attempts,
                    thinking=p.think, max_steps=p.max_steps or None, on_progress=on_progress, complete=p.solver,
+                   goal_choice=p.goal_choice,
                    **kw)

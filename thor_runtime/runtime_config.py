@@ -203,6 +203,9 @@ class PlannerSettings:
                             "--thinking", choices=THINKING)
     solver: bool = setting(True, "complete the steps from the plan's goal with the symbolic solver",
                            "--no-solver", toml=False)
+    goal_choice: int = setting(0, "alternative goals scored against the greedy one by the model's likelihood and "
+                               "reachability, the likeliest reachable kept (0 = off: the greedy goal)",
+                               "--goal-choice", low=0, high=8, toml=False)
     worlds_dir: str = setting("", "the service's worlds by name: <dir>/<name>.json ('' = the shipped samples)")
     skills_dir: str = setting("", "the service's skills by name ('' = the shipped samples)")
 

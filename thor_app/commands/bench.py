@@ -74,6 +74,10 @@ def register(sub) -> None:
     p.add_argument("--attempts", type=int, default=PlannerSettings.attempts,
                    help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
+    add_config_args(p, ("planner",), only={"planner.goal_choice"})
+    p.add_argument("--no-word-rules", dest="word_rules", action="store_false",
+                   help="--plan-set eval: plan without the task's word rules (an ablation: no reading focuses "
+                        "the goal grammar or holds the goal to the task's words)")
     p.add_argument("--eval-dir", default=None,
                    help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "
                         "the others are agent/evalsets/*")

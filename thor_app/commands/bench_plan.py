@@ -14,7 +14,7 @@ from .bench_report import device_info, peak_rss_mb, print_table
 
 EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
                 "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
-                "latency_median_s"]
+                "goal_changed", "latency_median_s"]
 # a set with PDDL (agent/pddl_check.py): the independent validator's verdict beside the executor's
 PDDL_COLUMNS = ["pddl_valid", "pddl_disagree"]
 
@@ -56,10 +56,12 @@ def run_eval(args, specs) -> int:
         loaded = load_model(config, name=m)
         rt = make_runtime(config, loaded)
         for r in eval_bench(rt, loaded.tokenizer, specs[0], config.speculation.drafter or None, modes, args.attempts,
-                            limit=args.eval_limit, directory=eval_dir):
+                            limit=args.eval_limit, directory=eval_dir, goal_choice=config.planner.goal_choice,
+                            words=args.word_rules):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
     doc = {"device": device_info(config), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
-           "prefix_cache": args.prefix_cache,
+           "prefix_cache": args.prefix_cache, "goal_choice": config.planner.goal_choice,
+           "word_rules": args.word_rules,
            "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, EVAL_COLUMNS[:-1] + (PDDL_COLUMNS if pddl else []) + EVAL_COLUMNS[-1:])

@@ -1,0 +1,222 @@
+"""Choosing the plan's goal among the few the grammar allows, by the model's own likelihood and by
+reachability, rather than taking the first greedy guess.
+
+The plan writes its goal before its steps, under a grammar specialized to this world, these
+skills and (with the word rules) this task. Greedy decoding takes the likeliest token at each
+point, which is not the likeliest goal: "wait 10" can lose to "wait 10.5" at the token after
+"10" and still be the likelier whole. So after the attempt's greedy decode:
+
+1. The prompt and the greedy plan's head (up to ``"steps":[``) run through the model once, and
+   every goal token's distribution is masked by the grammar (a legal token's log-probability
+   is renormalized over the legal ones, so a forced token costs nothing and a goal is not
+   penalized for the grammar's punctuation).
+2. At the ``branches`` goal tokens where the greedy token led the best other legal token by the
+   least, that other token is taken instead and the goal completed greedily under the grammar
+   from the shared cache (cropped back to the branch point), scoring its tokens as it goes.
+3. Each candidate is judged: infeasible from the goal alone (payload, workspace, a missing
+   thing, an empty set), reachable (the solver's steps for it pass the gate and the task's
+   grounding check), or neither. A reachable candidate ranks above one that is not; among
+   reachable ones the higher log-likelihood wins.
+
+A greedy goal infeasible from the goal alone is never replaced: that is the task's refusal for
+its stated reason, and a likelier goal about another thing would turn it into a wrong plan.
+Only a reachable candidate ever replaces the greedy goal.
+
+The forwards here are the model's plain ``forward`` (not the decode loop's row-exact verify):
+scores are deterministic for a given model and input, and the greedy goal's own tokens are the
+decode loop's, so only the ranking reads these numbers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+GOAL_OPEN = b'"goal":['
+STEPS_OPEN = b'"steps":['
+# a goal longer than this many tokens after its branch point is left unfinished (dropped)
+MAX_GOAL_TOKENS = 160
+
+REACHABLE, UNREACHED, INFEASIBLE = 0, 1, 2
+TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "infeasible"}
+
+
+@dataclass
+class Candidate:
+    ids: list[int]            # generated ids from the first through the one that opens the steps
+    logprob: float            # sum over the goal's tokens of the grammar-masked log-probability
+    tokens: int               # goal tokens scored
+    branch: int | None        # index into ids where it left the greedy head; None: the greedy one
+    text: str = ""
+    tier: int = UNREACHED
+    goal: list | None = None
+
+
+@dataclass
+class Choice:
+    """What the choice did, for the plan's stats."""
+    chosen: Candidate | None
+    candidates: list[Candidate] = field(default_factory=list)
+    changed: bool = False
+    seconds: float = 0.0
+    note: str = ""
+
+    def summary(self) -> dict:
+        return {"changed": self.changed, "seconds": round(self.seconds, 4), "note": self.note,
+                "candidates": [{"goal": c.goal, "logprob": round(c.logprob, 4), "tokens": c.tokens,
+                                "greedy": c.branch is None, "tier": TIER_NAMES[c.tier]}
+                               for c in self.candidates]}
+
+
+def head_span(token_bytes: list[bytes], ids: list[int], start: int = 0) -> tuple[int, int] | None:
+    """-> (g, h): ids[g] is the first token that writes into the goal array, ids[h - 1] the one
+    that completes ``"steps":[``; None when the ids do not write a whole goal. ``start``: ignore
+    tokens before it (a thinking span)."""
+    text, g, ends = bytearray(), None, []
+    for i in range(start, len(ids)):
+        t = ids[i]
+        text += token_bytes[t] if t < len(token_bytes) else b""
+        ends.append(len(text))
+        if g is None:
+            at = text.find(GOAL_OPEN)
+            if at >= 0:
+                open_end = at + len(GOAL_OPEN)
+                # the first token with a byte past the bracket: that one may already choose
+                g = next(start + j for j, e in enumerate(ends) if e > open_end) if len(text) > open_end else i + 1
+        if g is not None and text.find(STEPS_OPEN, max(0, len(text) - len(STEPS_OPEN) - 16)) >= 0:
+            return g, i + 1
+    return None
+
+
+def _masked_logprobs(constraint, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+    """logits [R, V] -> log-probabilities [R, V] renormalized over each row's legal tokens (row j
+    at the grammar's state after drafts[:j]); -inf where illegal."""
+    return torch.log_softmax(constraint.mask_rows(logits.float(), drafts), dim=-1)
+
+
+class GoalChooser:
+    """``branches``: how many alternative goals to score (0: none, the chooser is off)."""
+
+    def __init__(self, model, tokenizer, gtok, new_cache, branches: int, prefill_chunk: int = 0,
+                 restore=None):
+        """restore(prompt_ids, cache, limit) -> positions filled from the runtime's prefix cache
+        (the prompt the attempt's decode just stored), or None when it keeps none."""
+        self.model, self.tok, self.gtok = model, tokenizer, gtok
+        self.new_cache, self.branches, self.prefill_chunk = new_cache, int(branches), prefill_chunk
+        self.restore = restore
+
+    def candidates(self, prompt_ids: list[int], gen_ids: list[int], grammar, start: int = 0) -> list[Candidate]:
+        """The greedy goal (``gen_ids``' head) and up to ``branches`` alternatives, each scored."""
+        span = head_span(self.gtok.token_bytes, gen_ids, start)
+        if span is None:
+            return []
+        g, h = span
+        head, P = list(gen_ids[:h]), len(prompt_ids)
+        cache = self.new_cache(P + h + 2 * MAX_GOAL_TOKENS)
+        # the prompt's K/V: from the prefix cache when the runtime keeps one (the decode just
+        # stored this very prompt), else one prefill; its last row always runs (its logits)
+        done = self.restore(prompt_ids, cache, P - 1) if self.restore is not None else 0
+        ids = torch.tensor(prompt_ids[done:], dtype=torch.long)
+        last = self.model.prefill(ids, cache, self.prefill_chunk).logits                # [1, V]
+        out = self.model.forward(torch.tensor(head[:h - 1], dtype=torch.long), cache, logits_rows=slice(max(g - 1, 0), None))
+        rows = out.logits if g > 0 else torch.cat([last[-1:], out.logits])          # [h - g, V]: predict head[g:h]
+        c = grammar.constraint()
+        for t in head[:g]:
+            c.advance(t)
+        lp = _masked_logprobs(c, rows, head[g:h - 1])                              # [h - g, V]
+        picked = lp[torch.arange(h - g), torch.tensor(head[g:h])]                   # [h - g]
+        greedy = Candidate(head, float(picked.sum()), h - g, None)
+        tb = self.gtok.token_bytes
+        rest = [b"".join(tb[t] for t in head[g + j:h] if t < len(tb)) for j in range(h - g)]
+
+        def options(j: int, n: int) -> list[int]:
+            """The likeliest legal tokens at goal token j other than the greedy one, leaving out
+            those that only spell the greedy text another way (its bytes begin the greedy rest)."""
+            row = lp[j].clone()
+            row[head[g + j]] = float("-inf")
+            top = torch.topk(row, min(16, row.numel()))
+            return [int(t) for v, t in zip(top.values.tolist(), top.indices.tolist())
+                    if v > float("-inf") and not rest[j].startswith(tb[int(t)] if int(t) < len(tb) else b"")][:n]
+
+        alts = {j: options(j, max(self.branches // 2, 1)) for j in range(h - g)}
+        choices = [j for j in range(h - g) if alts[j]]
+        if not choices:
+            return [greedy]
+        # The goal's first choice is what kind of thing it asks (an end state, a call, an order,
+        # a set) or what its first condition is about: half the branches take its next likeliest
+        # options there, so a goal of another kind is weighed at all. The rest go where the
+        # greedy token led the best other legal one by the least.
+        first = choices[0]
+        points = [(first, t) for t in alts[first]]
+        lead = {j: float(picked[j] - lp[j, alts[j][0]]) for j in choices[1:]}
+        points += [(j, alts[j][0]) for j in sorted(lead, key=lead.get)][:self.branches - len(points)]
+        out_c = [greedy]
+        # latest branch first: each one only crops the cache back further, and the K/V before
+        # its branch point are still the greedy head's
+        for j, t in sorted(points, key=lambda p: -p[0]):
+            cand = self._complete(cache, P, head[:g + j], t, float(picked[:j].sum() + lp[j, t]),
+                                  grammar, j + 1, g + j)
+            if cand is not None:
+                out_c.append(cand)
+        return out_c
+
+    def _complete(self, cache, P: int, prefix: list[int], alt: int, score: float, grammar, scored: int,
+                  branch: int) -> Candidate | None:
+        """The goal from ``prefix`` + ``alt``, completed greedily under the grammar until the steps
+        open; None when it ends first or runs past MAX_GOAL_TOKENS."""
+        cache.crop(P + len(prefix))
+        c = grammar.constraint()
+        for t in prefix:
+            c.advance(t)
+        ids, text, eos = list(prefix), bytearray(), set(self.gtok.eos_ids)
+        tb = self.gtok.token_bytes
+
+        def push(t: int) -> bool:
+            """Commit t; True once the steps open (the goal is whole)."""
+            c.advance(t)
+            ids.append(t)
+            text.extend(tb[t] if t < len(tb) else b"")
+            return STEPS_OPEN in text
+
+        if push(alt):
+            return Candidate(ids, score, scored, branch)
+        feed = [alt]
+        while len(ids) - len(prefix) < MAX_GOAL_TOKENS:
+            # the grammar's forced tokens follow at no cost (log-probability 0 under the mask)
+            for t in c.forced():
+                feed.append(t)
+                scored += 1
+                if push(t):
+                    return Candidate(ids, score, scored, branch)
+            logits = self.model.forward(torch.tensor(feed, dtype=torch.long), cache, logits_rows="last").logits
+            lp = _masked_logprobs(c, logits[-1:], [])[0]                              # [V]
+            t = int(torch.argmax(lp))
+            if t in eos or not torch.isfinite(lp[t]):
+                return None
+            score += float(lp[t])
+            scored += 1
+            if push(t):
+                return Candidate(ids, score, scored, branch)
+            feed = [t]
+        return None
+
+    def choose(self, cands: list[Candidate], judge) -> Choice:
+        """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]."""
+        for cand in cands:
+            cand.tier, cand.goal = judge(cand)
+        greedy = cands[0]
+        # one entry per distinct goal: the greedy one's own, else the likelier spelling
+        seen: dict[str, Candidate] = {}
+        for cand in cands:
+            key, had = repr(cand.goal), seen.get(repr(cand.goal))
+            if had is None or (had.branch is not None and cand.logprob > had.logprob):
+                seen[key] = cand
+        if greedy.tier == INFEASIBLE:
+            return Choice(greedy, cands, False, note="refused from the goal alone: kept")
+        reachable = [c for c in seen.values() if c.tier == REACHABLE and c.goal != greedy.goal]
+        best = max(reachable, key=lambda c: c.logprob, default=None)
+        if best is not None and (greedy.tier != REACHABLE or best.logprob > greedy.logprob):
+            return Choice(best, cands, True, note="likelier reachable goal" if greedy.tier == REACHABLE
+                          else "the greedy goal is not reached; a reachable one is")
+        return Choice(greedy, cands, False, note="greedy kept")
