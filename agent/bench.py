@@ -100,11 +100,11 @@ def _spread(tasks: list, limit: int | None) -> list:
 
 def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False),
                attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None,
-               directory=None, goal_choice: int = PlannerSettings.goal_choice, words: bool = True) -> list[dict]:
+               directory=None, goal_choice: int = PlannerSettings.goal_choice, words: str = "all") -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
     (pddl_check.py) every plan is also checked by the independent validator. ``goal_choice``
-    and ``words``: the Planner's (goal_choice.py; the word rules on or off)."""
+    and ``words``: the Planner's (goal_choice.py; where the word rules act, planner.WORD_RULES)."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)

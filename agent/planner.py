@@ -39,6 +39,9 @@ from .solver import goal_reasons, goal_stop, stated_goal
 from .specialize import specialize
 from .symbolic import ParsedGoal, parse_goal
 
+# Where the task's word rules (reading.py) act: the goal grammar's focus and the gate's grounding
+# check, one of them, or neither (an ablation: what the rules add on a set they were not written from)
+WORD_RULES = ("all", "grammar", "gate", "none")
 _ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
              "committed", "jump_forward", "relaxed_accepted", "draft_s", "verify_s", "rest_s")
 
@@ -70,6 +73,7 @@ class SpecializedRequest:
     reading: TaskReading | None    # None without a task
     schema: dict
     seconds: float
+    grounding: bool = True         # the gate holds the goal to the task's words (grounding.py)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class PreparedRequest:
     schema: dict
     grammar: Grammar
     compile_s: float           # reading + specializing + compiling
+    grounding: bool = True     # the gate holds the goal to the task's words (grounding.py)
 
 
 def merge_stats(parts: list[Stats]) -> Stats:
@@ -103,16 +108,21 @@ def merge_stats(parts: list[Stats]) -> Stats:
 
 
 def specialize_request(task: str | None, world: World, skills: SkillSet, schema: dict | None = None,
-                       max_steps: int | None = None, words: bool = True) -> SpecializedRequest:
+                       max_steps: int | None = None, words: str = "all") -> SpecializedRequest:
     """Read the task and specialize the schema to it (with a task, the goal is focused on the
     objects it speaks of: specialize.py). No tokenizer needed: bad input fails before a model loads.
-    ``words`` False: no reading of the task's words at all (an ablation): the goal grammar is this
-    world's and these skills', and the gate holds the goal to no words."""
+    ``words``: where the task's word rules act (an ablation; WORD_RULES): ``all``, only in the
+    goal ``grammar``, only in the ``gate`` (grounding.py), or ``none`` (the goal grammar is this
+    world's and these skills', and the goal is held to no words)."""
+    if words not in WORD_RULES:
+        raise ThorError(f"word rules must be one of {', '.join(WORD_RULES)}, got {words!r}")
     t0 = time.perf_counter()
-    reading = read_task(task, world) if task is not None and words else None
+    reading = read_task(task, world) if task is not None and words != "none" else None
+    focus = words in ("all", "grammar")
     spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills, max_steps,
-                             task if words else None, reading)
-    return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0)
+                             task if focus else None, reading if focus else None)
+    return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0,
+                              words in ("all", "gate"))
 
 
 def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest, thinking: bool = False) -> PreparedRequest:
@@ -120,12 +130,12 @@ def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest, thinking: b
     t0 = time.perf_counter()
     grammar = Grammar(gtok, req.schema, thinking=thinking)
     return PreparedRequest(req.task, req.world, req.skills, req.reading, req.schema, grammar,
-                           req.seconds + time.perf_counter() - t0)
+                           req.seconds + time.perf_counter() - t0, req.grounding)
 
 
 def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet, schema: dict | None = None,
                     max_steps: int | None = None, thinking: bool = False, task: str | None = None,
-                    words: bool = True) -> PreparedRequest:
+                    words: str = "all") -> PreparedRequest:
     """specialize_request, then compile_request."""
     return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps, words), thinking)
 
@@ -138,7 +148,7 @@ class Planner:
                  thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True,
-                 goal_choice: int = PlannerSettings.goal_choice, words: bool = True):
+                 goal_choice: int = PlannerSettings.goal_choice, words: str = "all"):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -161,7 +171,7 @@ class Planner:
         self.chooser = (GoalChooser(model, tokenizer, self.gtok, runtime.new_cache, goal_choice,
                                     getattr(runtime, "prefill_chunk", 0), _prefix_restore(runtime))
                         if goal_choice > 0 and model is not None and not model.is_hybrid else None)
-        self.words = bool(words)     # False: the task's word rules are off (an ablation)
+        self.words = words           # where the task's word rules act (WORD_RULES; an ablation)
 
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
                 task: str | None = None) -> PreparedRequest:
@@ -314,7 +324,7 @@ def _check(task: str, plan: dict | None, unreadable: list, req: PreparedRequest,
     if plan is None:
         return GateResult(None, tuple(unreadable))
     gate = check_plan(plan, req.schema, req.world, req.skills, parsed)
-    if req.reading is None:      # the word rules are off: nothing to hold the goal to
+    if req.reading is None or not req.grounding:      # no words to hold the goal to
         return gate
     return GateResult(gate.plan, gate.findings + tuple(
         grounding_findings(task, gate.plan, req.world, req.skills, parsed, req.reading)))

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from thor_runtime.errors import ThorError
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 
 from agent.files import base_plan_schema
@@ -174,15 +175,25 @@ def test_off_by_default_and_without_word_rules_the_goal_is_held_to_no_words(tiny
     assert Planner(_Runtime(tok, [], tiny_llama.model), tok).chooser is None
     # the word rules off: the goal grammar is the world's, with no task focus, and the gate does
     # not ask the goal to be about the apple the task names
-    req = specialize_request(TASK, w, s, words=False)
-    assert req.reading is None and req.schema == specialize(base_plan_schema(), w, s)
+    focused = specialize_request(TASK, w, s).schema
+    none, grammar, gate = (specialize_request(TASK, w, s, words=m) for m in ("none", "grammar", "gate"))
+    assert none.reading is None and none.schema == specialize(base_plan_schema(), w, s) != focused
+    assert grammar.schema == focused and gate.schema == none.schema
+    assert (none.grounding, grammar.grounding, gate.grounding) == (False, False, True)
+    with pytest.raises(ThorError, match="word rules"):
+        specialize_request(TASK, w, s, words="some")
     cup = _compact({**good_plan(), "goal": [{"object": "red_cup", "at": "table"}], "steps": [
         {"id": "s1", "skill": "pick", "args": {"object": "red_cup", "grasp": "side", "force": 10},
          "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
         {"id": "s2", "skill": "place", "args": {"object": "red_cup", "target": "table"},
          "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})
-    on = Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False, complete=False).plan(TASK, w, s)
-    off = Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False, complete=False,
-                  words=False).plan(TASK, w, s)
-    assert not on.valid and {f["check"] for f in on.report} & {"object", "goal"}
-    assert off.valid
+
+    def plan(words):
+        return Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False, complete=False,
+                       words=words).plan(TASK, w, s)
+    for words in ("all", "gate"):
+        res = plan(words)
+        assert not res.valid and {f["check"] for f in res.report} & {"object", "goal"}, words
+    assert plan("none").valid
+    # the grammar alone: the focused schema refuses the goal (no grounding finding needed)
+    assert {f["check"] for f in plan("grammar").report} == {"schema"}

@@ -75,9 +75,9 @@ def register(sub) -> None:
                    help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
     add_config_args(p, ("planner",), only={"planner.goal_choice"})
-    p.add_argument("--no-word-rules", dest="word_rules", action="store_false",
-                   help="--plan-set eval: plan without the task's word rules (an ablation: no reading focuses "
-                        "the goal grammar or holds the goal to the task's words)")
+    p.add_argument("--word-rules", default="all", choices=["all", "grammar", "gate", "none"],
+                   help="--plan-set eval: where the task's word rules act, an ablation: the goal grammar's "
+                        "focus and the gate's grounding check (all), one of them, or neither")
     p.add_argument("--eval-dir", default=None,
                    help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "
                         "the others are agent/evalsets/*")
