@@ -123,6 +123,7 @@ def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_mode
             rows.append(score(t, res, world, skills))
             r = rows[-1]
             r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills, task=t.task).schema, world, skills)
+            r["goal"] = res.plan.get("goal") if isinstance(res.plan, dict) else None   # what the plan stated
             if goal_choice:      # what the choice did, per attempt
                 r.update(goal_changed=res.stats.get("goal_changed", 0), goal_choice=res.stats.get("goal_choice", []),
                          goal_choice_s=res.stats.get("goal_choice_s", 0.0))

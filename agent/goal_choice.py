@@ -135,9 +135,19 @@ class GoalChooser:
             those that only spell the greedy text another way (its bytes begin the greedy rest)."""
             row = lp[j].clone()
             row[head[g + j]] = float("-inf")
-            top = torch.topk(row, min(16, row.numel()))
-            return [int(t) for v, t in zip(top.values.tolist(), top.indices.tolist())
-                    if v > float("-inf") and not rest[j].startswith(tb[int(t)] if int(t) < len(tb) else b"")][:n]
+            top = torch.topk(row, min(32, row.numel()))
+            kept: list[int] = []
+            said = [rest[j]]
+            for v, t in zip(top.values.tolist(), top.indices.tolist()):
+                b = tb[t] if t < len(tb) else b""
+                # one option per text: a token that begins, or is begun by, one taken already
+                # (the greedy rest included) would mostly spell that text again
+                if v == float("-inf") or len(kept) == n:
+                    break
+                if b and not any(x.startswith(b) or b.startswith(x) for x in said):
+                    kept.append(int(t))
+                    said.append(b)
+            return kept
 
         alts = {j: options(j, max(self.branches // 2, 1)) for j in range(h - g)}
         choices = [j for j in range(h - g) if alts[j]]
