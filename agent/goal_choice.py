@@ -119,8 +119,9 @@ class GoalChooser:
         done = self.restore(prompt_ids, cache, P - 1) if self.restore is not None else 0
         ids = torch.tensor(prompt_ids[done:], dtype=torch.long)
         last = self.model.prefill(ids, cache, self.prefill_chunk).logits                # [1, V]
-        out = self.model.forward(torch.tensor(head[:h - 1], dtype=torch.long), cache, logits_rows=slice(max(g - 1, 0), None))
-        rows = out.logits if g > 0 else torch.cat([last[-1:], out.logits])          # [h - g, V]: predict head[g:h]
+        out = self.model.forward(torch.tensor(head[:h - 1], dtype=torch.long), cache,
+                                 logits_rows=slice(max(g - 1, 0), None))
+        rows = out.logits if g > 0 else torch.cat([last[-1:], out.logits])    # [h - g, V]: predict head[g:h]
         c = grammar.constraint()
         for t in head[:g]:
             c.advance(t)
@@ -131,8 +132,8 @@ class GoalChooser:
         rest = [b"".join(tb[t] for t in head[g + j:h] if t < len(tb)) for j in range(h - g)]
 
         def options(j: int, n: int) -> list[int]:
-            """The likeliest legal tokens at goal token j other than the greedy one, leaving out
-            those that only spell the greedy text another way (its bytes begin the greedy rest)."""
+            """The likeliest legal tokens at goal token j other than the greedy one, one per text
+            (leaving out those that only spell the greedy text, or an option taken, another way)."""
             row = lp[j].clone()
             row[head[g + j]] = float("-inf")
             top = torch.topk(row, min(32, row.numel()))

@@ -285,7 +285,8 @@ class Planner:
                                 self.speculation, constraint=after, on_token=on_token)
         stats.append(more.stats)
         choice.seconds = time.perf_counter() - t0
-        return replace(res, token_ids=list(head) + list(more.token_ids), text="", finish_reason=more.finish_reason), choice
+        whole = replace(res, token_ids=list(head) + list(more.token_ids), text="", finish_reason=more.finish_reason)
+        return whole, choice
 
     def _judge(self, cand: Candidate, req: PreparedRequest, task: str, own: dict | None) -> tuple[int, list | None]:
         """A candidate goal's tier: infeasible from the goal alone, reachable (the solver's steps
