@@ -5,7 +5,9 @@ decoding share every line that decides which token is committed and when to stop
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -86,6 +88,21 @@ class Runtime:
         self.decoder, self.pad_rows, self.verify = self.decode.decoder, self.decode.pad_rows, self.decode.verify
         self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
         self.cost_cache, self._curve = cost_cache, None
+        # Sequences generated at once from several threads share verifies (inflight.py); None:
+        # one caller at a time, every forward its own.
+        self.batch = None
+        self._shared = threading.Lock()        # the prefix cache and the cost curve, between callers
+
+    def share(self, limit: int) -> None:
+        """Let up to ``limit`` concurrent ``generate`` calls decode together: their verifies run
+        as one forward (what each commits stays what it would commit alone), their prefill
+        chunks and rounds one at a time on the cores."""
+        from .inflight import StepBatch
+
+        self.batch = StepBatch(self.model, self.verify, limit) if limit > 1 else None
+
+    def _compute(self):
+        return self.batch.compute if self.batch is not None else nullcontext()
 
     def new_cache(self, capacity: int):
         """An empty cache of the model's own kind (hybrid targets: KV cache + recurrent state)."""
@@ -94,11 +111,13 @@ class Runtime:
     def cost_curve(self, rows: int):
         """What this runtime's verify of 1..rows rows costs, in 1-row steps (speculative/cost.py):
         measured once per machine and model, then read from the cache dir."""
-        if self._curve is None or self._curve.rows < min(rows, self.pad_rows or rows):
-            from .speculative.cost import verify_costs
+        with self._shared:
+            if self._curve is None or self._curve.rows < min(rows, self.pad_rows or rows):
+                from .speculative.cost import verify_costs
 
-            self._curve = verify_costs(self, rows, self.cost_cache)
-        return self._curve
+                with self._compute():     # measured alone on the cores
+                    self._curve = verify_costs(self, rows, self.cost_cache)
+            return self._curve
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  speculation: Speculation = PLAIN, constraint=None,
@@ -116,6 +135,8 @@ class Runtime:
             speculation = speculation.free_text  # per request: free text vs constrained plans
         proposer, k, relaxed = speculation.proposer, speculation.k, speculation.relaxed
         draft_budget = speculation.budget
+        if self.batch is not None and proposer is not None:
+            proposer = proposer.fork()   # other sequences may be drafting with it right now
         if not prompt_ids:
             raise ThorError("the prompt is empty")
         if len(prompt_ids) >= cfg.max_position_embeddings:
@@ -135,11 +156,13 @@ class Runtime:
         seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
         # a start some recent prompt shared comes from the prefix cache; the last row (its
         # logits) and the drafter's seed rows (their taps) always run
-        reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
-                  if self.prefixes is not None else 0)
+        with self._shared:
+            reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
+                      if self.prefixes is not None else 0)
         out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
         if self.prefixes is not None:
-            self.prefixes.store(prompt_ids, cache)
+            with self._shared:
+                self.prefixes.store(prompt_ids, cache)
         stats.cached_prompt_tokens = reused
         if proposer is not None:
             proposer.start(list(prompt_ids), out.taps or None)
@@ -153,32 +176,37 @@ class Runtime:
         # ---- decode: one cycle per iteration
         t_dec = time.perf_counter()
         budget_state = draft_budget.start() if draft_budget is not None else None
-        while not done:
-            self.threads.tick()
-            t_a = time.perf_counter()
-            forced_ids = self._forced(stop, params, constraint)
-            cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
-            t_p = time.perf_counter()
-            drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap, forced_ids)
-            t_b = time.perf_counter()
-            rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
-            vout = self.verify(rows, cache, taps=taps)                             # logits [K+1, V]
-            t_c = time.perf_counter()
-            n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
-                                            constraint, stats)
-            # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
-            # token becomes the next anchor.
-            cache.crop(len(seq) + n_acc)
-            t_k = time.perf_counter()
-            if proposer is not None:
-                proposer.commit(n_acc + 1, vout.taps or None)
-            keep_s = time.perf_counter() - t_k
-            done = self._commit(committed, seq, stop, constraint, on_token)
-            if draft_budget is not None:
-                cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
-                budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0), cost)
-            stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
-                               time.perf_counter() - t_c, capped=cap < k)
+        verify = self.batch.verify if self.batch is not None else self.verify
+        with self.batch.member() if self.batch is not None else nullcontext():
+            while not done:
+                self.threads.tick()
+                t_a = time.perf_counter()
+                forced_ids = self._forced(stop, params, constraint)
+                cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
+                t_p = time.perf_counter()
+                with self._compute():      # a drafter's forward: not beside a round's
+                    drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
+                                                               forced_ids)
+                t_b = time.perf_counter()
+                rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
+                vout = verify(rows, cache, taps=taps)                                   # logits [K+1, V]
+                t_c = time.perf_counter()
+                n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
+                                                constraint, stats)
+                # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
+                # token becomes the next anchor.
+                cache.crop(len(seq) + n_acc)
+                t_k = time.perf_counter()
+                if proposer is not None:
+                    proposer.commit(n_acc + 1, vout.taps or None)
+                keep_s = time.perf_counter() - t_k
+                done = self._commit(committed, seq, stop, constraint, on_token)
+                if draft_budget is not None:
+                    cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
+                    budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
+                                                       cost)
+                stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
+                                   time.perf_counter() - t_c, capped=cap < k)
         stats.decode_s = time.perf_counter() - t_dec
         stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
         stats.generated = len(stop.out)
@@ -191,9 +219,11 @@ class Runtime:
         if on_prefill is not None and step > 0:
             head = max(0, len(ids) - max(1, seed_rows)) // step * step
         for s in range(0, head, step or 1):
-            self.model.prefill(ids[s:s + step], cache, step)
+            with self._compute():             # one chunk, then a waiting round may run
+                self.model.prefill(ids[s:s + step], cache, step)
             on_prefill(s + step)
-        return self.model.prefill(ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+        with self._compute():
+            return self.model.prefill(ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
 
     # ---- the three verbs' helpers
     @staticmethod

@@ -101,6 +101,8 @@ def _bind(path: Path):
     lib.rowstep_set_head.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.rowstep_forward.restype = _I
     lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P]
+    lib.rowstep_forward_rows.restype = _I
+    lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
     return lib
 
 
@@ -182,6 +184,34 @@ class RowStep:
         if rc != 0:
             raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
         cache.lengths = [start + T] * self.n
+        return tap_out, logits
+
+
+    def many(self, h: torch.Tensor, caches: list, counts: list[int], taps: tuple[int, ...] = ()):
+        """Rows of several sequences in one call: h [N, D] holds ``counts[j]`` rows of the
+        sequence in ``caches[j]`` after its cached ones, in that order (N <= MAX_ROWS). Each
+        row runs what a 1-row call at its position runs; every cache grows by its count.
+        -> ({i: [N, D]} for taps, logits [N, V])."""
+        N, cfg = h.shape[0], self.model.cfg
+        starts = [c.length for c in caches]
+        pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts)]).astype(np.int32)   # [N]
+        self.model.ensure_positions(int(pos.max()) + 1)
+        owner = [j for j, n in enumerate(counts) for _ in range(n)]                                  # [N]
+        ks = (_P * N)(*[caches[j].k.data_ptr() for j in owner])
+        vs = (_P * N)(*[caches[j].v.data_ptr() for j in owner])
+        Ss = np.ascontiguousarray([caches[j].k.shape[2] for j in owner], np.int32)
+        h = h.float().contiguous().clone()                                                           # [N, D]
+        tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
+        tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
+        r = torch.arange(N, dtype=torch.int64)
+        logits = torch.empty(N, cfg.vocab_size)
+        rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
+                                            self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
+                                            r.data_ptr(), N, logits.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
+        for c, s, n in zip(caches, starts, counts):
+            c.lengths = [s + n] * self.n
         return tap_out, logits
 
 

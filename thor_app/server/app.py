@@ -43,7 +43,8 @@ class ServerState:
         self.cfg, self.host, self.notifier, self.watchdog_s = cfg, host, notifier, watchdog_s
         self.keys = tuple(k.encode() for k in keys)
         self.metrics = Metrics(lambda: self.jobs.depth, lambda: self.host.ready)
-        self.jobs = JobQueue(cfg.limits.queue_size, on_cancel=self.metrics.record_cancel)
+        self.jobs = JobQueue(cfg.limits.queue_size, on_cancel=self.metrics.record_cancel,
+                             workers=cfg.limits.batch)
         self.created = int(time.time())
         self.tasks: list[asyncio.Task] = []
         self.draining = False
@@ -288,7 +289,7 @@ async def health(request: web.Request) -> web.Response:
         return _not_ready(h)
     return web.json_response({"status": "ok", "model": h.model_id,
                               "selftest": h.reason.removeprefix("self-test passed: "),
-                              "queue_depth": st.jobs.depth, "generating": st.jobs.busy})
+                              "queue_depth": st.jobs.depth, "generating": len(st.jobs.running)})
 
 
 async def health_report(request: web.Request) -> web.Response:
@@ -303,7 +304,7 @@ async def health_report(request: web.Request) -> web.Response:
         "speculation": h.hosted.speculation.name, "selftest": h.reason.removeprefix("self-test passed: "),
         "selftest_report": rep.to_dict() if callable(getattr(rep, "to_dict", None)) else None,
         "runtime": h.settings(), "startup_s": {k: round(v, 3) for k, v in h.startup_s.items()},
-        "queue_depth": st.jobs.depth, "generating": st.jobs.busy})
+        "queue_depth": st.jobs.depth, "generating": len(st.jobs.running)})
 
 
 async def metrics(request: web.Request) -> web.Response:

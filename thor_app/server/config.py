@@ -48,7 +48,8 @@ class ServerSection:
 @dataclass(frozen=True)
 class LimitsSection:
     max_body_bytes: int = 1 << 20
-    queue_size: int = 8            # requests waiting behind the running one; more -> 429
+    queue_size: int = 8            # requests waiting for a generation slot; more -> 429
+    batch: int = 4                 # requests generating at once, their forwards shared; 1 = one at a time
     request_timeout_s: float = 120.0
     default_max_tokens: int = 256  # chat, when the request gives none
     max_tokens: int = 2048         # chat, the most a request may ask for
@@ -56,6 +57,7 @@ class LimitsSection:
     def __post_init__(self):
         _check(_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "limits.max_body_bytes must be >= 1024")
         _check(_int(self.queue_size) and self.queue_size >= 1, "limits.queue_size must be an integer >= 1")
+        _check(_int(self.batch) and 1 <= self.batch <= 16, "limits.batch must be an integer 1..16")
         _check(_num(self.request_timeout_s) and self.request_timeout_s > 0, "limits.request_timeout_s must be > 0")
         _check(_int(self.default_max_tokens) and self.default_max_tokens >= 1, "limits.default_max_tokens must be >= 1")
         _check(_int(self.max_tokens) and self.max_tokens >= self.default_max_tokens,

@@ -163,6 +163,8 @@ class ModelHost:
         if not getattr(report, "passed", False):
             self._set("failed", f"self-test failed: {_summary(report)}")
             return False
+        # the requests the workers run at once share the target's forwards (inflight.py)
+        hosted.runtime.share(self.cfg.limits.batch)
         self.hosted, self.gtok = hosted, gtok
         self._set("ready", f"self-test passed: {_summary(report)}")
         return True

@@ -1,5 +1,7 @@
-"""The service's job queue: one generation worker, a thread that runs jobs one at a time from
-a bounded queue. (Not to be confused with engines/, the backends the model's segments run on.)
+"""The service's job queue: generation workers, threads that take jobs from a bounded queue,
+``workers`` of them at once (``limits.batch``; their sequences share the target's forwards, see
+thor_runtime/inflight.py). (Not to be confused with engines/, the backends the model's segments
+run on.)
 
 Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering
 /health and /metrics. A job is a plain function of a ``JobContext``; it calls ``ctx.check()``
@@ -13,7 +15,8 @@ on a shutdown) the loop fails the job's future itself (``Job.fail``), and the wo
 result is dropped.
 
 Each check also records progress; the watchdog reads it to tell a slow generation from a hung
-one, so a long prompt's prefill counts as progress chunk by chunk.
+one, so a long prompt's prefill counts as progress chunk by chunk, and any running job's
+progress counts.
 """
 from __future__ import annotations
 
@@ -86,14 +89,18 @@ class JobQueue:
     """submit() from the event loop; results come back as asyncio futures."""
 
     def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic,
-                 on_cancel: Callable[[str, int], None] | None = None):
-        """on_cancel(reason, tokens committed before the stop): called in the worker thread."""
-        self.clock, self.on_cancel = clock, on_cancel
+                 on_cancel: Callable[[str, int], None] | None = None, workers: int = 1):
+        """on_cancel(reason, tokens committed before the stop): called in a worker thread.
+        workers: jobs running at once."""
+        if workers < 1:
+            raise ValueError(f"a job queue needs at least one worker, got {workers}")
+        self.clock, self.on_cancel, self.workers = clock, on_cancel, workers
         # (-priority, arrival, job): a higher priority first, then first come first served
         self._q: queue.PriorityQueue = queue.PriorityQueue(maxsize=queue_size)
         self._arrival = itertools.count()
-        self._thread: threading.Thread | None = None
-        self.running: Job | None = None
+        self._threads: list[threading.Thread] = []
+        self.running: set[Job] = set()
+        self._count = threading.Lock()      # the counters below, from several workers
         self.last_progress = clock()
         self.completed = 0
         self.cancelled: dict[str, int] = {}
@@ -103,11 +110,13 @@ class JobQueue:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._work, name="thor-generate", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._work, name=f"thor-generate-{i}", daemon=True)
+                         for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
 
     def stop(self, cancel_running: bool, timeout_s: float = 30.0) -> None:
-        """Refuse new jobs, cancel the queued ones, optionally cancel the running one, join."""
+        """Refuse new jobs, cancel the queued ones, optionally cancel the running ones, join."""
         self._stopping = True
         while True:
             try:
@@ -117,28 +126,31 @@ class JobQueue:
             if job is not None:
                 job.cancel("shutdown")
                 self._finish(job, exc=Cancelled("shutdown"))
-        if cancel_running and self.running is not None:
-            self.running.cancel("shutdown")
-        if self._thread is not None:
+        if cancel_running:
+            for job in list(self.running):
+                job.cancel("shutdown")
+        for _ in self._threads:
             self._q.put((float("-inf"), next(self._arrival), None))   # ahead of everything: stop
-            self._thread.join(timeout_s)
+        end = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, end - time.monotonic()))
 
     # ---- state the event loop reads ----------------------------------------------------------
     @property
     def depth(self) -> int:
-        """Jobs waiting behind the running one."""
+        """Jobs waiting for a worker."""
         return self._q.qsize()
 
     @property
     def busy(self) -> bool:
-        return self.running is not None
+        return bool(self.running)
 
     def stalled_for(self) -> float:
-        """Seconds since the running job last made progress (0 when idle)."""
-        return self.clock() - self.last_progress if self.running is not None else 0.0
+        """Seconds since a running job last made progress (0 when idle)."""
+        return self.clock() - self.last_progress if self.running else 0.0
 
     def retry_after(self) -> int:
-        return max(1, int(round(self._mean_job_s * (self.depth + 1))))
+        return max(1, int(round(self._mean_job_s * (self.depth + 1) / self.workers)))
 
     # ---- submitting --------------------------------------------------------------------------
     def submit(self, fn: Callable[[JobContext], Any], timeout_s: float, priority: int = 0) -> Job:
@@ -185,7 +197,8 @@ class JobQueue:
             if job.cancel_reason is not None or self.clock() > job.deadline:
                 self._finish(job, exc=Cancelled(job.cancel_reason or "timeout"))
                 continue
-            self.running, job.started = job, True
+            job.started = True
+            self.running.add(job)
             t0 = self.last_progress = self.clock()
             try:
                 result = job.fn(JobContext(job, self))
@@ -194,16 +207,18 @@ class JobQueue:
             else:
                 self._finish(job, result=result)
             finally:
-                self.running = None
-                self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (self.clock() - t0)
+                self.running.discard(job)
+                with self._count:
+                    self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * (self.clock() - t0)
 
     def _finish(self, job: Job, result=None, exc: BaseException | None = None) -> None:
-        if isinstance(exc, Cancelled):
-            self.cancelled[exc.reason] = self.cancelled.get(exc.reason, 0) + 1
-            if self.on_cancel is not None:
-                self.on_cancel(exc.reason, job.tokens)
-        else:
-            self.completed += 1
+        with self._count:
+            if isinstance(exc, Cancelled):
+                self.cancelled[exc.reason] = self.cancelled.get(exc.reason, 0) + 1
+            else:
+                self.completed += 1
+        if isinstance(exc, Cancelled) and self.on_cancel is not None:
+            self.on_cancel(exc.reason, job.tokens)
 
         def deliver():
             if job.future.done():     # the handler is gone (client disconnected)

@@ -58,9 +58,11 @@ static void weigh_values(const float *w, const float *V, int n, int Dh, float *o
 }
 
 typedef struct {
-    Engine *e; int T, start, layer, S;
+    Engine *e; int T, layer;
+    const int *pos;          /* [T] each row's position in its own sequence */
+    float *const *k, *const *v;  /* [T] each row's cache [L, Hkv, S, Dh] */
+    const int *S;            /* [T] each row's cache length */
     const float *qkv;        /* [T, (H + 2 Hkv) Dh], roped */
-    float *k, *v;            /* this layer's cache [Hkv, S, Dh] */
     float *out;              /* [T, H Dh] */
 } AttnTask;
 
@@ -71,9 +73,10 @@ static void attn_task(void *arg, int tid, int nth) {
     float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)tid * e->maxpos;
     share(a->T * H, 1, tid, nth, &lo, &hi);
     for (int j = lo; j < hi; j++) {
-        int t = j / H, h = j % H, g = h / group, n = a->start + t + 1;   /* keys 0..start + t */
+        int t = j / H, h = j % H, g = h / group, n = a->pos[t] + 1;      /* keys 0..pos[t] */
         const float *q = a->qkv + (size_t)t * W + h * Dh;
-        const float *K = a->k + (size_t)g * a->S * Dh, *Vv = a->v + (size_t)g * a->S * Dh;
+        size_t at = ((size_t)a->layer * e->Hkv + g) * a->S[t] * Dh;
+        const float *K = a->k[t] + at, *Vv = a->v[t] + at;
         float mx = -INFINITY, sum = 0.f, *o = a->out + (size_t)t * H * Dh + h * Dh;
         scores(q, K, n, Dh, sc);
         for (int p = 0; p < n; p++) { sc[p] *= scale; mx = sc[p] > mx ? sc[p] : mx; }
@@ -160,15 +163,20 @@ void rowstep_set_head(void *h, const float *final_norm, const void *blob, const 
     e->head = proj(blob, s, m, NULL, e->V, e->D, bits);
 }
 
-/* h [T, D] (embedded rows, overwritten with the last layer's output) at positions
-   start..start + T - 1; k/v: the cache [L, Hkv, S, Dh]; cos/sin [>= start + T, Dh].
-   taps [L] of output pointers (NULL: not wanted), each [T, D]; rows [R] of rows whose
-   logits go to logits [R, V] (R = 0: none). Returns 0, or -1 when T or the positions do
-   not fit the scratch. */
-int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, int S,
-                    const float *cos, const float *sin, float **taps, const int64_t *rows, int R, float *logits) {
+/* h [T, D] (embedded rows, overwritten with the last layer's output); row t sits at position
+   pos[t] of its own sequence, whose cache k[t]/v[t] is [L, Hkv, S[t], Dh]: rows of several
+   sequences share the projections, each attends only its own keys 0..pos[t]. A sequence's rows
+   come in order. Every row runs the instructions a 1-row forward runs, so its bits do not
+   depend on the rows beside it. cos/sin [> max pos, Dh]. taps [L] of output pointers (NULL: not
+   wanted), each [T, D]; rows [R] of rows whose logits go to logits [R, V] (R = 0: none).
+   Returns 0, or -1 when T or a position does not fit the scratch or its cache. */
+int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const *k, float *const *v,
+                         const int *S, const float *cos, const float *sin, float **taps, const int64_t *rows,
+                         int R, float *logits) {
     Engine *e = hd;
-    if (T < 1 || T > e->maxrows || start + T > S || start + T > e->maxpos) return -1;
+    if (T < 1 || T > e->maxrows) return -1;
+    for (int t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= S[t] || pos[t] >= e->maxpos) return -1;
     int D = e->D, H = e->H, Hkv = e->Hkv, Dh = e->Dh, I = e->I, W = (H + 2 * Hkv) * Dh;
     QRows qr;
     pool_active(&e->pool, 1);
@@ -176,17 +184,17 @@ int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, in
         for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, e->attn_norm[i], D, e->eps, e->x + (size_t)t * D);
         quantize_rows(e, e->x, T, D, 1, &qr);
         matmul(e, &e->qkv[i], &qr, e->y);                                          /* [T, W] */
-        float *kc = k + (size_t)i * Hkv * S * Dh, *vc = v + (size_t)i * Hkv * S * Dh;
         for (int t = 0; t < T; t++) {
             float *row = e->y + (size_t)t * W;
-            int pos = start + t;
-            for (int hh = 0; hh < H + Hkv; hh++) rope(row + hh * Dh, cos + (size_t)pos * Dh, sin + (size_t)pos * Dh, Dh);
+            float *kc = k[t] + (size_t)i * Hkv * S[t] * Dh, *vc = v[t] + (size_t)i * Hkv * S[t] * Dh;
+            int p = pos[t];
+            for (int hh = 0; hh < H + Hkv; hh++) rope(row + hh * Dh, cos + (size_t)p * Dh, sin + (size_t)p * Dh, Dh);
             for (int g = 0; g < Hkv; g++) {
-                memcpy(kc + ((size_t)g * S + pos) * Dh, row + (H + g) * Dh, sizeof(float) * Dh);
-                memcpy(vc + ((size_t)g * S + pos) * Dh, row + (H + Hkv + g) * Dh, sizeof(float) * Dh);
+                memcpy(kc + ((size_t)g * S[t] + p) * Dh, row + (H + g) * Dh, sizeof(float) * Dh);
+                memcpy(vc + ((size_t)g * S[t] + p) * Dh, row + (H + Hkv + g) * Dh, sizeof(float) * Dh);
             }
         }
-        AttnTask at = {e, T, start, i, S, e->y, kc, vc, e->att};
+        AttnTask at = {e, T, i, pos, k, v, S, e->y, e->att};
         pool_run(&e->pool, attn_task, &at);                                         /* [T, H Dh] */
         quantize_rows(e, e->att, T, H * Dh, 1, &qr);
         matmul(e, &e->o[i], &qr, e->y);                                            /* [T, D] */
@@ -212,4 +220,14 @@ int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, in
     }
     pool_active(&e->pool, 0);
     return 0;
+}
+
+/* One sequence: rows at positions start..start + T - 1 of the cache k/v [L, Hkv, S, Dh]. */
+int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, int S,
+                    const float *cos, const float *sin, float **taps, const int64_t *rows, int R, float *logits) {
+    int pos[SCRATCH_ROWS], Ss[SCRATCH_ROWS];
+    float *ks[SCRATCH_ROWS], *vs[SCRATCH_ROWS];
+    if (T < 1 || T > SCRATCH_ROWS) return -1;
+    for (int t = 0; t < T; t++) { pos[t] = start + t; ks[t] = k; vs[t] = v; Ss[t] = S; }
+    return rowstep_forward_rows(hd, h, T, pos, ks, vs, Ss, cos, sin, taps, rows, R, logits);
 }

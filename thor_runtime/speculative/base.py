@@ -26,6 +26,11 @@ class Proposer(ABC):
     def propose(self, seq: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """seq: every committed token, the anchor last. -> (drafts [<= k], draft probs [n, V] or None)."""
 
+    def fork(self) -> "Proposer":
+        """A proposer for another sequence at the same time: these settings and weights, state
+        of its own. This one keeps none (its drafts read only ``seq``), so it serves both."""
+        return self
+
     def commit(self, n_rows: int, taps: dict[int, torch.Tensor] | None) -> None:
         """The first ``n_rows`` verified rows (anchor + accepted drafts) are now in the KV cache;
         ``taps`` are the verify's tap hidden states, [K+1, D] per layer, in row order."""

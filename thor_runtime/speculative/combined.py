@@ -42,6 +42,9 @@ class CombinedProposer(Proposer):
         self.tap_layers, self.window = dflash.tap_layers, dflash.window
         self.lookup_cycles = 0      # cycles whose verified draft came from lookup (stats, tests)
 
+    def fork(self) -> "CombinedProposer":
+        return CombinedProposer(self.dflash.fork(), self.lookup.fork(), self.rate)
+
     def start(self, prompt_ids, prompt_taps):
         self.lookup_cycles = 0
         self.dflash.start(prompt_ids, prompt_taps)

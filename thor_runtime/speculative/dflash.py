@@ -24,6 +24,8 @@ Lifecycle (driven by ``generate.py``):
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..errors import ThorError
@@ -80,6 +82,18 @@ class DFlashProposer(Proposer):
         fixed = on_cuda if fixed_block is None else fixed_block
         self._block = (GraphedBlock(self.drafter, self._kv, self.block_size, graphs=on_cuda)
                        if fixed and self.window > 0 else None)
+
+    def fork(self) -> "DFlashProposer":
+        """The same drafter and settings with a window of its own (the drafter's weights are
+        shared; its draft generator is seeded from this one's)."""
+        other = copy.copy(self)
+        other.gen = torch.Generator(device=self.gen.device)
+        other.gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.gen, device=self.gen.device)))
+        other._ids = other._head = None
+        other._alloc()
+        if self._block is not None:
+            other._block = GraphedBlock(other.drafter, other._kv, other.block_size, graphs=other._kv.is_cuda)
+        return other
 
     # ---- window storage
     def _alloc(self) -> None:
