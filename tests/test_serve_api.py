@@ -230,7 +230,7 @@ async def test_api_keys_guard_every_route_but_health(start, tmp_path):
 async def test_full_queue_is_429_with_retry_after_and_a_late_request_times_out(start):
     import threading
 
-    client = await start(limits={"queue_size": 1, "request_timeout_s": 0.5})
+    client = await start(limits={"queue_size": 1, "request_timeout_s": 0.5, "batch": 1})   # one worker
     st = client.app[STATE]
     gate = threading.Event()
     blocker = st.jobs.submit(lambda ctx: gate.wait(30), 60)   # occupies the worker
@@ -359,7 +359,7 @@ async def test_a_higher_priority_overtakes_queued_requests(start):
     from thor_app.server.plan_api import PlanRequest
 
     assert PlanRequest.priority > ChatRequest.priority      # a replan overtakes queued chat by default
-    client = await start(limits={"queue_size": 4})
+    client = await start(limits={"queue_size": 4, "batch": 1})   # one worker: the queue decides the order
     st = client.app[STATE]
     gate = threading.Event()
     blocker = st.jobs.submit(lambda ctx: gate.wait(30), 60)

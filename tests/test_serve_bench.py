@@ -9,7 +9,8 @@ import pytest
 from serve_util import long_context_copy
 
 from thor_app.cli import main
-from thor_app.commands.bench_serve import TASKS, check_same_settings
+from thor_app.commands.bench_serve import LOAD_TASKS, TASKS, check_same_settings
+from thor_app.server.config import LimitsSection
 from thor_app.server.host import SERVICE_PREFILL_CHUNK
 from thor_runtime.runtime_config import ModelSettings as ModelSection
 from thor_runtime.errors import ThorError
@@ -55,11 +56,18 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     # the throughput levels are still there
     assert [r["clients"] for r in doc["levels"]] == [1, 2]
     for r in doc["levels"]:
-        assert r["requests"] == max(r["clients"], repeats) and r["req_per_s"] > 0 and r["p50_s"] <= r["p99_s"]
+        assert r["requests"] == max(2 * r["clients"], repeats) and r["req_per_s"] > 0 and r["p50_s"] <= r["p99_s"]
+    # ... against a server on the same config taking one request at a time: every task got one plan
+    assert doc["batch"] == LimitsSection.batch > 1
+    assert [r["clients"] for r in doc["levels_one_at_a_time"]] == [1, 2]
+    b = doc["batching"]
+    assert b["plans_identical"] is True and b["tasks"] == len(LOAD_TASKS)
+    assert [r["clients"] for r in b["levels"]] == [1, 2] and all(r["req_per_s_ratio"] > 0 for r in b["levels"])
 
     md = out.with_suffix(".md").read_text()
     assert f"| prefix_cache | {ModelSection().prefix_cache} | {ModelSection().prefix_cache} |" in md
     assert "| overhead (HTTP / in-process - 1), median of pairs |" in md and "| clients | requests |" in md
+    assert "req/s ratio" in md
     assert md in capsys.readouterr().out
 
 

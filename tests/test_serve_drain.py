@@ -40,7 +40,8 @@ def server(aiohttp_client, tiny_llama):
         from thor_runtime.generate import Runtime
 
         hosted = Hosted(tiny_llama, Runtime(SlowSteps(tiny_llama.model), tiny_llama.tokenizer), PLAIN)
-        app = make_app(config(), loader=lambda cfg: hosted, selftest=passing, watchdog_s=None)
+        app = make_app(config(limits={"batch": 1}), loader=lambda cfg: hosted, selftest=passing,
+                       watchdog_s=None)   # one worker: a second request queues
         client = await aiohttp_client(app)
         assert (await wait_health(client))[0] == 200
         return client, app

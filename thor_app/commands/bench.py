@@ -85,6 +85,9 @@ def register(sub) -> None:
                    help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
     p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")
     p.add_argument("--serve-world", default="kitchen", help="--serve: sample world the plans use")
+    p.add_argument("--serve-batch", type=int, default=None,
+                   help="--serve: limits.batch of the server measured against one at a time (default: the "
+                        "service's default)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.add_argument("--backend", default="torch", help=f"comma list of {'|'.join(ENGINE_BACKENDS)}")
     add_config_args(p, ("engine",), only={"engine.cache_dir", "engine.threads", "engine.ort_opt_level",

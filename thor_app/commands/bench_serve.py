@@ -14,8 +14,10 @@ Measured:
     overhead HTTP / in-process - 1; the summary is the median of those with its quartiles and
     range. Pairing cancels the drift of a shared machine that separate runs pick up;
   * streaming time to the first content chunk against the same chat in-process, paired too;
-  * plan requests/s and p50/p99 latency with 1, 4 and 16 concurrent clients (server only: one
-    generation runs at a time, so more clients raise latency, not throughput);
+  * plan requests/s and p50/p99 latency with 1, 4 and 16 concurrent clients, twice: the server
+    as configured (``limits.batch`` requests generating at once, sharing forwards), then a second
+    server on the same config with ``batch = 1`` (one generation at a time), one after the other;
+    every answer to one task must be the same plan in both (batching never changes a plan);
   * HTTP latency minus the plan time the server reports for itself: the transport, parsing and
     queueing alone, a different figure from the paired overhead.
 """
@@ -35,6 +37,8 @@ from pathlib import Path
 from thor_runtime.errors import ThorError
 
 TASKS = ("put the red cup in the sink", "move the apple to the table")
+# the throughput levels' requests: more tasks, so clients at once plan different things
+LOAD_TASKS = TASKS + ("put the apple in the sink", "move the red cup to the table")
 CHAT = [{"role": "user", "content": "Name three things a kitchen robot can do."}]
 CHAT_TOKENS = 16
 
@@ -54,7 +58,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: int) -> Path:
+def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: int, batch: int,
+                  name: str = "thor.toml") -> Path:
     """The one config both sides run (TOML strings written as JSON strings: the same escapes)."""
     from thor_app.flags import config_from_args
 
@@ -68,9 +73,9 @@ def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: i
             f"[engine]\nbackend = {q(backend)}\n"
             f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(s.drafter)}\n"
             f"block_size = {s.block_size}\nwindow = {s.window}\n"
-            f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\n"
+            f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\nbatch = {batch}\n"
             f"[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n")
-    path = tmp / "thor.toml"
+    path = tmp / name
     path.write_text(text)
     return path
 
@@ -217,15 +222,17 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
     return pairs, ttft
 
 
-async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int) -> dict:
+async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int, plans: dict) -> dict:
+    """``plans``: task -> the set of plan documents answered for it (filled in)."""
     import aiohttp
 
     lat, todo = [], list(range(n))
 
     async def client(s):
         while todo:
-            i = todo.pop()
-            dt, _ = await _post_plan(s, base, _plan_body(TASKS[i % len(TASKS)], world, max_tokens))
+            task = LOAD_TASKS[todo.pop() % len(LOAD_TASKS)]
+            dt, doc = await _post_plan(s, base, _plan_body(task, world, max_tokens))
+            plans.setdefault(task, set()).add(json.dumps([doc["plan"], doc["valid"]], sort_keys=True))
             lat.append(dt)
 
     t0 = time.perf_counter()
@@ -234,6 +241,19 @@ async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int) 
     wall = time.perf_counter() - t0
     return {"clients": clients, "requests": n, "req_per_s": round(n / wall, 4), "p50_s": _pct(lat, 0.5),
             "p99_s": _pct(lat, 0.99)}
+
+
+def compare_levels(batched: list[dict], one: list[dict], plans: dict) -> dict:
+    """Batched against one-at-a-time at each client count; the issue's yardsticks: plans/s at 4
+    clients over one-at-a-time's, p99 at 4 clients over one client's p50."""
+    by = {r["clients"]: r for r in one}
+    rows = [{"clients": r["clients"], "req_per_s_ratio": round(r["req_per_s"] / by[r["clients"]]["req_per_s"], 3),
+             "p50_ratio": round(r["p50_s"] / by[r["clients"]]["p50_s"], 3)} for r in batched if r["clients"] in by]
+    single = next((r for r in batched if r["clients"] == 1), None)
+    four = next((r for r in batched if r["clients"] == 4), None)
+    return {"levels": rows,
+            "p99_4_over_p50_1": round(four["p99_s"] / single["p50_s"], 3) if four and single else None,
+            "tasks": len(plans), "plans_identical": all(len(v) == 1 for v in plans.values())}
 
 
 def summarize(pairs: list[dict], ttft: list[dict]) -> dict:
@@ -273,9 +293,17 @@ def markdown(doc: dict) -> str:
             "", "| repeat | task | first | HTTP s | in-process s | diff s | overhead |", "|---|---|---|---|---|---|---|"]
     out += [f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | {p['diff_s']} | "
             f"{p['overhead']:+.2%} |" for p in doc["pairs"]]
-    out += ["", "| clients | requests | req/s | p50 s | p99 s |", "|---|---|---|---|---|"]
-    out += [f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} |"
-            for r in doc["levels"]]
+    cmp = doc["batching"]
+    ratio = {r["clients"]: r["req_per_s_ratio"] for r in cmp["levels"]}
+    out += ["", f"| clients | requests | req/s, batch {doc['batch']} | p50 s | p99 s | req/s, one at a time | "
+            "p50 s | p99 s | req/s ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    one = {r["clients"]: r for r in doc["levels_one_at_a_time"]}
+    for r in doc["levels"]:
+        o = one.get(r["clients"], {})
+        out.append(f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} | "
+                   f"{o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | {ratio.get(r['clients'])} |")
+    out += ["", f"p99 at 4 clients / p50 at 1 client (batched): {cmp['p99_4_over_p50_1']}; "
+            f"every task answered with one plan in both modes: {cmp['plans_identical']} ({cmp['tasks']} tasks)"]
     return "\n".join(out) + "\n"
 
 
@@ -297,10 +325,19 @@ def _levels_arg(text: str) -> list[int]:
     return levels
 
 
+def _level_rows(base, levels, repeats, world, max_tokens, plans, label) -> list[dict]:
+    rows = []
+    for c in levels:
+        n = max(2 * c, repeats)            # two waves at least: one wave times its slowest plan
+        _log(f"{label}: {c} client(s), {n} plan requests ...")
+        rows.append(asyncio.run(_levels(base, c, n, world, max_tokens, plans)))
+    return rows
+
+
 def run_serve(args) -> int:
     import torch
 
-    from thor_app.server.config import load_config
+    from thor_app.server.config import LimitsSection, load_config
     from thor_runtime.runtime_config import ModelSettings
 
     from .bench_report import device_info
@@ -308,11 +345,14 @@ def run_serve(args) -> int:
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     spec = args.spec.split(",")[0].strip()
     levels = _levels_arg(args.serve_clients)
+    batch = LimitsSection.batch if args.serve_batch is None else args.serve_batch
     prefix = ModelSettings().prefix_cache if args.prefix_cache is None else args.prefix_cache
     world, threads_before = args.serve_world, torch.get_num_threads()
+    plans: dict = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        cfg_path = _write_config(args, tmp, wdt, kv, spec, prefix)
+        cfg_path = _write_config(args, tmp, wdt, kv, spec, prefix, batch)
+        one_path = _write_config(args, tmp, wdt, kv, spec, prefix, 1, "one-at-a-time.toml")
         cfg = load_config(str(cfg_path))                  # a bad setting fails here, before any load
         port = cfg.server.port
         proc = _start_server(cfg_path, args.threads, tmp / "serve.log")
@@ -327,23 +367,35 @@ def run_serve(args) -> int:
             check_same_settings(served, inproc.settings)
             _log(f"{args.repeats} x {len(TASKS)} paired plans and {args.repeats} paired TTFTs ...")
             pairs, ttft = asyncio.run(_paired(base, inproc, world, args.max_tokens, args.repeats))
-            rows = []
-            for c in levels:
-                n = max(c, args.repeats)
-                _log(f"{c} client(s), {n} plan requests ...")
-                rows.append(asyncio.run(_levels(base, c, n, world, args.max_tokens)))
+            local = inproc.settings
+            del inproc                                    # its memory: not beside the load runs
+            rows = _level_rows(base, levels, args.repeats, world, args.max_tokens, plans, f"batch {batch}")
+            proc.terminate()
+            proc.wait(120)
+            # the same config but one generation at a time, alone on the machine
+            one_port = load_config(str(one_path)).server.port
+            proc = _start_server(one_path, args.threads, tmp / "serve-one.log")
+            _log(f"waiting for thor serve with batch = 1 on port {one_port} ...")
+            check_same_settings(_wait_ready(proc, one_port, tmp / "serve-one.log").get("runtime") or {}, served)
+            one = _level_rows(f"http://127.0.0.1:{one_port}", levels, args.repeats, world, args.max_tokens, plans,
+                              "one at a time")
         finally:
             torch.set_num_threads(threads_before)
             proc.terminate()
             proc.wait(120)
     doc = {"device": device_info(cfg.runtime), "model": cfg.model.name, "weights": wdt, "kv": kv, "spec": spec,
            "world": world, "max_tokens": args.max_tokens, "repeats": args.repeats, "tasks": list(TASKS),
-           "settings": {"server": served, "in_process": inproc.settings, "identical": served == inproc.settings},
-           "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows}
+           "batch": batch, "load_tasks": list(LOAD_TASKS),
+           "settings": {"server": served, "in_process": local, "identical": served == local},
+           "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows,
+           "levels_one_at_a_time": one, "batching": compare_levels(rows, one, plans)}
     out = Path(args.json_out)
     out.write_text(json.dumps(doc, indent=1))
     md = out.with_suffix(".md")
     md.write_text(markdown(doc))
     print(markdown(doc))
     _log(f"results written to {out} and {md}")
+    if not doc["batching"]["plans_identical"]:
+        raise ThorError("a task got different plans from the batched and the one-at-a-time server: " + ", ".join(
+            t for t, v in plans.items() if len(v) > 1))
     return 0
