@@ -183,6 +183,12 @@ class Runtime:
                 t_a = time.perf_counter()
                 forced_ids = self._forced(stop, params, constraint)
                 cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
+                if self.batch is not None and self.batch.members > 1:
+                    # In a shared round every row is compute the other sequences wait for, and on a
+                    # CPU a row costs ~0.4 of a step even in a wide round (the verify cost
+                    # curve): the others' anchors fill the round better than guesses do. The
+                    # grammar's forced tokens still ride (they are certain).
+                    cap = 0
                 t_p = time.perf_counter()
                 with self._compute():      # a drafter's forward: not beside a round's
                     drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
