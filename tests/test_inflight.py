@@ -183,3 +183,15 @@ def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind
     together = _generate_all(rt, prompts, spec, constraint_for, concurrent=True)
     assert together == alone
     assert max(rt.batch.rounds) > 1, rt.batch.rounds      # rounds were shared, not taken in turn
+
+
+def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
+    from thor_runtime.batch_verify import shares
+
+    m = tiny_llama.model
+    assert shares(m, m.verify)
+    assert not shares(m, lambda ids, cache, taps=(): m.verify(ids, cache, taps))   # another decode owner's
+    assert not shares(tiny_qwen3_5.model, tiny_qwen3_5.model.verify)                # recurrent state
+    rt = Runtime(tiny_qwen3_5.model, tiny_qwen3_5.tokenizer)
+    rt.share(4)
+    assert rt.batch is not None and not rt.batch.shared_forward   # its rounds: one call after another

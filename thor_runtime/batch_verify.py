@@ -47,6 +47,14 @@ def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[Forwar
     return form(model, calls)
 
 
+def shares(model, verify) -> bool:
+    """Whether rounds of this model and verify run as one forward (else one call after another)."""
+    if model.is_hybrid or getattr(verify, "__self__", None) is not model:
+        return False
+    r = model.runner
+    return r is None or r.rows is not None or r.step is None
+
+
 def _form(model, verify, calls):
     """The batched form that runs these calls as their verifies alone would, or None."""
     if len(calls) < 2 or model.is_hybrid or getattr(verify, "__self__", None) is not model:

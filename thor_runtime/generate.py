@@ -183,7 +183,7 @@ class Runtime:
                 t_a = time.perf_counter()
                 forced_ids = self._forced(stop, params, constraint)
                 cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
-                if self.batch is not None and self.batch.members > 1:
+                if self.batch is not None and self.batch.shared_forward and self.batch.members > 1:
                     # In a shared round every row is compute the other sequences wait for, and on a
                     # CPU a row costs ~0.4 of a step even in a wide round (the verify cost
                     # curve): the others' anchors fill the round better than guesses do. The

@@ -23,7 +23,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable
 
-from .batch_verify import VerifyCall, verify_many
+from .batch_verify import VerifyCall, shares, verify_many
 
 
 class FairLock:
@@ -62,6 +62,7 @@ class StepBatch:
         if limit < 1:
             raise ValueError(f"a batch takes at least one sequence, got {limit}")
         self.model, self._verify, self.limit = model, verify, limit
+        self.shared_forward = shares(model, verify)   # else a round's calls run one after another
         self.compute = FairLock()
         self._cond = threading.Condition()
         self._members = 0
