@@ -195,3 +195,11 @@ def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
     rt = Runtime(tiny_qwen3_5.model, tiny_qwen3_5.tokenizer)
     rt.share(4)
     assert rt.batch is not None and not rt.batch.shared_forward   # its rounds: one call after another
+
+
+def test_a_decoder_with_one_store_serves_one_sequence_at_a_time(tiny_llama):
+    """Fixed-shape decode keeps one static KV store for every request: sharing it would mix
+    sequences, so the runtime allows one generate at a time (the service runs one worker)."""
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, max_context=64)
+    assert rt.share(4) == 1 and rt.batch is None
+    assert Runtime(tiny_llama.model, tiny_llama.tokenizer).share(4) == 4

@@ -93,13 +93,18 @@ class Runtime:
         self.batch = None
         self._shared = threading.Lock()        # the prefix cache and the cost curve, between callers
 
-    def share(self, limit: int) -> None:
+    def share(self, limit: int) -> int:
         """Let up to ``limit`` concurrent ``generate`` calls decode together: their verifies run
         as one forward (what each commits stays what it would commit alone), their prefill
-        chunks and rounds one at a time on the cores."""
+        chunks and rounds one at a time on the cores. -> how many calls may run at once: 1
+        where the decode owner keeps one KV store for every request (fixed-shape decode)."""
         from .inflight import StepBatch
 
+        if self.decoder is not None:
+            self.batch = None
+            return 1
         self.batch = StepBatch(self.model, self.verify, limit) if limit > 1 else None
+        return max(1, limit)
 
     def _compute(self):
         return self.batch.compute if self.batch is not None else nullcontext()

@@ -96,6 +96,7 @@ def _in_daemon(fn: Callable):
 async def _bring_up(st: ServerState) -> None:
     st.notifier.send("STATUS=loading the model")
     if await _in_daemon(st.host.start):
+        st.jobs.workers = st.host.concurrency      # what the loaded runtime can run at once
         st.jobs.start()
         await st.notifier.send_reliably("READY=1", f"STATUS=ready: {st.host.reason}")
     else:  # never READY=1: systemd's start timeout fails the unit; /health says why

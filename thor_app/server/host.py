@@ -111,6 +111,7 @@ class ModelHost:
         self.report = None
         self.startup_s: dict[str, float] = {}
         self.on_status: Callable[[str, str], None] | None = None   # each phase, as it begins
+        self.concurrency = 1           # requests the runtime may generate at once (set when ready)
         self._lock = threading.Lock()
 
     @property
@@ -164,7 +165,10 @@ class ModelHost:
             self._set("failed", f"self-test failed: {_summary(report)}")
             return False
         # the requests the workers run at once share the target's forwards (inflight.py)
-        hosted.runtime.share(self.cfg.limits.batch)
+        self.concurrency = hosted.runtime.share(self.cfg.limits.batch)
+        if self.concurrency < self.cfg.limits.batch:
+            log.info("limits.batch %d: one request at a time (fixed-shape decode keeps one KV store)",
+                     self.cfg.limits.batch)
         self.hosted, self.gtok = hosted, gtok
         self._set("ready", f"self-test passed: {_summary(report)}")
         return True
