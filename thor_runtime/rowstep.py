@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,7 @@ class RowStep:
         self.model, self.n = model, cfg.num_layers
         self._lib = _bind(lib_path)
         self._keep: list[torch.Tensor] = []      # every buffer the C side points into
+        self._one = threading.Lock()             # one scratch: one forward at a time, whoever calls
         self._h = self._lib.rowstep_new(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                                         cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.rms_eps,
                                         threads, cfg.max_position_embeddings)
@@ -178,9 +180,10 @@ class RowStep:
         r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
         logits = torch.empty(len(r), cfg.vocab_size) if want is not None else None
         cos, sin = self.model.cos, self.model.sin
-        rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
-                                       cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
-                                       len(r), None if logits is None else logits.data_ptr())
+        with self._one:
+            rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
+                                           cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
+                                           len(r), None if logits is None else logits.data_ptr())
         if rc != 0:
             raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
         cache.lengths = [start + T] * self.n
@@ -205,9 +208,10 @@ class RowStep:
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         r = torch.arange(N, dtype=torch.int64)
         logits = torch.empty(N, cfg.vocab_size)
-        rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
-                                            self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                            r.data_ptr(), N, logits.data_ptr())
+        with self._one:
+            rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
+                                                self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
+                                                r.data_ptr(), N, logits.data_ptr())
         if rc != 0:
             raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
         for c, s, n in zip(caches, starts, counts):
