@@ -16,6 +16,8 @@ load (``step_graph``) and the graph is used only where they do.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -120,6 +122,7 @@ class StepGraph:
         self.key = graph_key(model, "StepGraph" + ("+head" if self.head else ""))
         self.session = session([nodes], inits, inputs, outputs, torch.get_num_threads())
         self._bound = (None, None, {})     # (cache, its K/V storage pointers, {taps: IOBinding})
+        self._one = threading.Lock()       # the binding above serves one call at a time
         self._tables = None          # (the model's cos table, cos half, sin half): RoPE for GQA
 
     def _outputs(self, taps: tuple[int, ...]) -> list[str]:
@@ -162,7 +165,8 @@ class StepGraph:
         for s in range(0, T, CHUNK_ROWS):
             e = min(T, s + CHUNK_ROWS)
             w = None if want is None else want[(want >= s) & (want < e)] - s
-            parts.append(self._run(h[s:e], cache, taps, w if w is not None and len(w) else None))
+            with self._one:
+                parts.append(self._run(h[s:e], cache, taps, w if w is not None and len(w) else None))
         if len(parts) == 1:
             return parts[0]
         return ({i: torch.cat([p[0][i] for p in parts]) for i in taps},
