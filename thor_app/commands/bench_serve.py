@@ -326,6 +326,9 @@ def _levels_arg(text: str) -> list[int]:
 
 
 def _level_rows(base, levels, repeats, world, max_tokens, plans, label) -> list[dict]:
+    # unrecorded: every load task once, one at a time, so both servers start the levels equally
+    # warm (prefix cache, auto's acceptance so far)
+    asyncio.run(_levels(base, 1, len(LOAD_TASKS), world, max_tokens, plans))
     rows = []
     for c in levels:
         n = max(2 * c, repeats)            # two waves at least: one wave times its slowest plan
