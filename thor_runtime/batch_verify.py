@@ -57,7 +57,7 @@ def shares(model, verify) -> bool:
 
 def _form(model, verify, calls):
     """The batched form that runs these calls as their verifies alone would, or None."""
-    if len(calls) < 2 or model.is_hybrid or getattr(verify, "__self__", None) is not model:
+    if len(calls) < 2 or not shares(model, verify):
         return None
     r = model.runner
     if r is None:
@@ -153,7 +153,7 @@ def _rowstep(model, calls) -> list[ForwardOut]:
         used += p[2]
     groups.append(cur)
     taps_parts: dict[int, list] = {i: [] for i in want}
-    logit_parts, order = [], []
+    logit_parts = []
     for g in groups:
         ids = torch.cat([calls[j].ids[s:s + m] for j, s, m in g])
         h = model.embed(ids.to(model.device))                                             # [n, D]
@@ -161,10 +161,5 @@ def _rowstep(model, calls) -> list[ForwardOut]:
         logit_parts.append(lg)
         for i in want:
             taps_parts[i].append(t[i])
-        order += [(j, s + r) for j, s, m in g for r in range(m)]
-    logits = torch.cat(logit_parts)                                                       # [N, V] pieces' order
-    taps = {i: torch.cat(p) for i, p in taps_parts.items()}
-    # pieces' order -> calls' order
-    index = {key: n for n, key in enumerate(order)}
-    perm = torch.tensor([index[(j, r)] for j, c in enumerate(calls) for r in range(c.ids.shape[0])])
-    return _split(calls, {i: t[perm] for i, t in taps.items()}, logits[perm])
+    # groups are consecutive runs of the pieces, which follow the calls' rows in order
+    return _split(calls, {i: torch.cat(p) for i, p in taps_parts.items()}, torch.cat(logit_parts))
