@@ -91,5 +91,6 @@ def test_bench_neighbour_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     doc = json.loads(out.read_text())
     assert set(doc["modes"]) == set(bench_neighbour.MODES)
     assert all(m["decode_tok_s_median"] > 0 for m in doc["modes"].values())
-    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)   # started and gone
-    assert "neighbour-adaptive" in capsys.readouterr().out
+    assert len(spawned) == 3 and all(p.poll() is not None for p in spawned)   # started and gone
+    out = capsys.readouterr().out
+    assert "neighbour-adaptive" in out and "neighbour-fixed" in out

@@ -66,3 +66,40 @@ json.dump({{"version": "llama-cpp-python test"}}, open(sys.argv[4], "w"))
     assert out["version"] == "llama-cpp-python test, extra buffer types off (with them: killed by signal 11)"
     assert _run(str(fake), {"engine": "llama.cpp", "fail": True}, {}) == {"error": "exit status 3"}
     assert "error" in _run(str(fake), {"engine": "thor"}, {})      # only llama.cpp is retried
+
+
+@pytest.mark.slow
+def test_peers_beside_a_neighbour(tmp_path, monkeypatch):
+    """--peers --neighbour: each configuration quiet and beside one busy process (started and
+    reaped around that run only), its decode speed also as a share of the quiet one."""
+    from thor_app.commands import bench_neighbour
+    from thor_app.peers.driver import run_peers
+
+    monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "wcache"))
+    spawned, real = [], bench_neighbour.start_neighbour
+
+    def counted():
+        spawned.append(real())
+        return spawned[-1]
+    monkeypatch.setattr(bench_neighbour, "start_neighbour", counted)
+    doc = run_peers("default", tmp_path, short=True, peers_py=str(tmp_path / "no-such-python"), threads=1,
+                    log=lambda *_: None, configs=["int4/none"], neighbour=True, transformers=False, plans=0)
+    rows = {(r["config"], r["load"]): r for r in doc["rows"]}
+    assert set(rows) == {("int4/none", "quiet"), ("int4/none", "neighbour")}
+    assert "transformers" in doc["skipped"] and doc["neighbour"] is True
+    quiet, busy = rows[("int4/none", "quiet")], rows[("int4/none", "neighbour")]
+    assert quiet["decode_vs_quiet"] == 1.0
+    assert busy["decode_vs_quiet"] == round(busy["decode_tok_s"] / quiet["decode_tok_s"], 3)
+    assert len(spawned) == 1 and spawned[0].poll() is not None
+    assert "| thor | int4/none | neighbour |" in (tmp_path / "peers.md").read_text()
+
+
+def test_peers_configs_are_checked():
+    from thor_app.peers.driver import parse_configs
+    from thor_runtime.errors import ThorError
+
+    assert parse_configs(None) is None
+    assert parse_configs("int4/none, int4@torch/auto") == ["int4/none", "int4@torch/auto"]
+    for bad in ("int3/none", "int4/fast", "fp32@torch/none", "int4@cuda/none", ","):
+        with pytest.raises(ThorError):
+            parse_configs(bad)

@@ -222,3 +222,36 @@ def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
         os.waitpid(pid, 0)
         pytest.fail("the forked child's forward did not return within 60 s")
     assert done[1] == 0 and torch.equal(torch.from_numpy(np.load(out, allow_pickle=False)), want)
+
+
+def test_threads_in_use_follow_the_idle_cores_and_change_no_bit(tiny_qwen2, monkeypatch):
+    """The kernel's pool uses the cores others leave idle (two agreeing readings, or one when
+    told to take it as is); a forward on 1 of 3 threads gives the bits of one on all 3, since a
+    part's outputs do not depend on the thread that computes it. THOR_ADAPT_THREADS=0 fixes it."""
+    from thor_runtime import threads
+    from thor_runtime.rowstep import row_step
+
+    m = _with_rows(tiny_qwen2)
+    kernel, why = row_step(m, {}, threads=3)
+    assert kernel is not None, why
+    kernel.fit = threads.FitWatch(3, every=1, min_interval_s=0.0)
+    busy = {"others": 0}
+    monkeypatch.setattr(threads, "cores", lambda: 3)
+    monkeypatch.setattr(threads, "others_running", lambda: busy["others"])
+    monkeypatch.delenv(threads.ENV, raising=False)
+    m.runner.rows = kernel
+    ids = torch.tensor(tiny_qwen2.tokenizer.encode(PROMPT))[:30]
+    runs = {}
+    for others, used in ((0, 3), (2, 1), (1, 2)):
+        busy["others"] = others
+        kernel._fit(), kernel._fit()
+        assert kernel.threads == used
+        runs[used] = _steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2))
+        assert kernel.threads == used
+    for used in (1, 2):
+        _assert_same(runs[3][0], runs[used][0])       # steps
+        _assert_same(runs[3][1], runs[used][1])       # verifies
+    monkeypatch.setenv(threads.ENV, "0")
+    busy["others"] = 2
+    kernel._fit(), kernel._fit()
+    assert kernel.threads == 3

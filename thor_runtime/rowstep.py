@@ -31,6 +31,7 @@ import torch
 from .exactness import EXACT_ROWS
 from .fileio import default_cache_dir
 from .lowbit_ort import NBitsWeight
+from .threads import FitWatch, adapt_mode
 
 SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
 MAX_ROWS = 16                 # the C side's scratch rows (EXACT_ROWS: a verify's rows)
@@ -104,6 +105,8 @@ def _bind(path: Path):
     lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P]
     lib.rowstep_forward_rows.restype = _I
     lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
+    lib.rowstep_set_threads.restype = _I
+    lib.rowstep_set_threads.argtypes = [_P, _I]
     return lib
 
 
@@ -139,6 +142,9 @@ class RowStep:
                                         threads, cfg.max_position_embeddings)
         if not self._h:
             raise MemoryError("rowstep: no memory for the kernel's scratch")
+        # threads in use follow the idle cores (threads.py): exact, a part's bits do not depend
+        # on the thread that computes it
+        self.fit, self.threads = FitWatch(threads), max(1, threads)
         for i, lay in enumerate(model.layers):
             args = [self._ptr(lay.attn_norm), self._ptr(lay.mlp_norm)]
             for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down):
@@ -166,6 +172,16 @@ class RowStep:
             self._lib.rowstep_free(self._h)
             self._h = None
 
+    def _fit(self) -> None:
+        """Before a forward: the pool's threads in use, from the idle cores (adapt_mode)."""
+        if adapt_mode() == "off":
+            self.fit.reset(self.fit.limit)
+            want = self.fit.limit
+        else:
+            want = self.fit.poll()
+        if want is not None and want != self.threads:
+            self.threads = self._lib.rowstep_set_threads(self._h, want)
+
     def fits(self, cache, T: int) -> bool:
         return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
                 and 1 <= T <= MAX_ROWS and cache.length + T <= cache.k.shape[2])
@@ -181,6 +197,7 @@ class RowStep:
         logits = torch.empty(len(r), cfg.vocab_size) if want is not None else None
         cos, sin = self.model.cos, self.model.sin
         with self._one:
+            self._fit()
             rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
                                            cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
                                            len(r), None if logits is None else logits.data_ptr())
@@ -209,6 +226,7 @@ class RowStep:
         r = torch.arange(N, dtype=torch.int64)
         logits = torch.empty(N, cfg.vocab_size)
         with self._one:
+            self._fit()
             rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
                                                 self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
                                                 r.data_ptr(), N, logits.data_ptr())

@@ -9,19 +9,21 @@ same at 1 (docs/performance.md, "Sharing the CPU").
 Waiting passively (OMP_WAIT_POLICY=passive) is worse still: a futex wake-up per region costs
 more than the region on a virtual machine.
 
-The governor keeps the pools from asking for more threads than there are idle cores: before a
-decode step (every few steps) it counts the runnable tasks that are not ours (``procs_running`` in
-/proc/stat less our own running threads) and runs on ``cores - others`` threads, at least one.
-A busy neighbour then costs its core and no more. torch's intra-op pool is resized in place
-(omp/mkl set_num_threads: no thread is created or killed). Two pools keep the size they were
-built with: the C row kernel's (rowstep.py; its workers spin while a forward runs) and ONNX
-Runtime's (created with spinning off, lowbit_ort.session, so it does not take the core the other
-pool needs between two projections).
+What follows the idle cores: before a forward (every few) a watch counts the runnable tasks
+that are not ours (``procs_running`` in /proc/stat less our own running threads) and asks for
+``cores - others`` threads, at least one, so a busy neighbour costs its core and no more.
 
-It is off unless THOR_ADAPT_THREADS=1: torch's kernels do not promise the same bits at another
-thread count, so with it a plan may depend on the machine's load, and on the 2-core machine it
-was measured on (docs/performance.md, "Sharing the CPU") it did not decode faster beside a busy
-process than the fixed pool did. `thor bench --neighbour` measures both.
+- The C row kernel's pool (rowstep.py), by default: its parts are claimed one at a time and
+  each part's bits are the same on any thread, so its thread count never changes a result; the
+  threads it does not use sleep.
+- torch's intra-op pool only with THOR_ADAPT_THREADS=1: torch's kernels do not promise the same
+  bits at another thread count (a plan could depend on the machine's load), and on the 2-core
+  machine it was measured on (docs/performance.md, "Sharing the CPU") resizing it did not decode
+  faster beside a busy process than the fixed pool did. THOR_ADAPT_THREADS=0 fixes every pool.
+- ONNX Runtime's pools keep their size; they are created with spinning off
+  (lowbit_ort.session), so they do not take the core another pool needs between two calls.
+
+`thor bench --neighbour` measures each.
 """
 from __future__ import annotations
 
@@ -78,58 +80,90 @@ def fitting_threads(limit: int, others: int | None, n_cores: int | None = None) 
     return max(1, min(limit, (n_cores or cores()) - others))
 
 
-class ThreadGovernor:
-    """Resizes torch's intra-op pool between decode steps to the cores left idle by others.
+def adapt_mode() -> str:
+    """Which pools follow the idle cores (THOR_ADAPT_THREADS): "exact" (unset, the default):
+    only pools whose results do not depend on their thread count (the row kernel's); "all"
+    ("1"): torch's intra-op pool too; "off" ("0"): none."""
+    return {"1": "all", "0": "off"}.get(os.environ.get(ENV, ""), "exact")
 
-    ``tick()`` costs an increment on most steps; every ``every`` steps (and at most every
-    ``min_interval_s``) it reads /proc (~20 us). A change needs two readings in a row that agree,
-    so one short-lived task does not flip the pool back and forth."""
 
-    def __init__(self, every: int = 8, min_interval_s: float = 0.02):
+class FitWatch:
+    """How many of ``limit`` threads fit beside the machine's other busy tasks, re-read every
+    ``every`` calls (and at most every ``min_interval_s``) from /proc (~20-100 us). A change
+    needs two readings in a row that agree, so one short-lived task does not flip a pool back
+    and forth; ``poll(force=True)`` takes one reading as it is (a request's start)."""
+
+    def __init__(self, limit: int, every: int = 8, min_interval_s: float = 0.02):
+        self.limit = self.current = max(1, limit)
         self.every, self.min_interval_s = every, min_interval_s
-        self.limit = self.current = torch.get_num_threads()
-        self.enabled = False
         self._count, self._last, self._pending = 0, 0.0, None
         self.changes = 0
+
+    def reset(self, limit: int) -> None:
+        self.limit = self.current = max(1, limit)
+        self._count, self._last, self._pending = 0, 0.0, None
+
+    def poll(self, force: bool = False) -> int | None:
+        """-> the new thread count when it changes now, else None."""
+        self._count += 1
+        if not force and self._count % self.every:
+            return None
+        now = time.perf_counter()
+        if not force and now - self._last < self.min_interval_s:
+            return None
+        self._last = now
+        want = fitting_threads(self.limit, others_running())
+        if want == self.current:
+            self._pending = None
+            return None
+        if force or self._pending == want:
+            self.current, self._pending = want, None
+            self.changes += 1
+            return want
+        self._pending = want
+        return None
+
+
+class ThreadGovernor:
+    """Resizes torch's intra-op pool between decode steps to the cores left idle by others
+    (only with THOR_ADAPT_THREADS=1: torch's bits depend on its thread count)."""
+
+    def __init__(self, every: int = 8, min_interval_s: float = 0.02):
+        self.watch = FitWatch(torch.get_num_threads(), every, min_interval_s)
+        self.enabled = False
+
+    @property
+    def limit(self) -> int:
+        return self.watch.limit
+
+    @property
+    def current(self) -> int:
+        return self.watch.current
+
+    @property
+    def changes(self) -> int:
+        return self.watch.changes
 
     def start(self) -> None:
         """At a request's start (prefill too): read the machine now, the last request may be long ago."""
         self._sync()
         if self.enabled:
-            self._count, self._last = 0, 0.0
-            self._decide(force=True)
+            self._apply(self.watch.poll(force=True))
 
     def tick(self) -> None:
         """Before a decode step."""
-        if not self.enabled:
-            return
-        self._count += 1
-        if self._count % self.every == 0:
+        if self.enabled:
             self._sync()
-            self._decide()
+            self._apply(self.watch.poll())
 
     def _sync(self) -> None:
         # A pool size we did not set is the caller's (bench's one-thread gate, calib --threads):
         # it becomes the most we use.
         n = torch.get_num_threads()
-        if n != self.current:
-            self.limit = self.current = n
-        self.enabled = os.environ.get(ENV, "0") == "1" and self.limit > 1
+        if n != self.watch.current:
+            self.watch.reset(n)
+        self.enabled = adapt_mode() == "all" and self.watch.limit > 1
 
-    def _decide(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self._last < self.min_interval_s:
-            return
-        self._last = now
-        want = fitting_threads(self.limit, others_running())
-        if want == self.current:
-            self._pending = None
-        elif force or self._pending == want:
-            self._apply(want)
-        else:
-            self._pending = want
-
-    def _apply(self, n: int) -> None:
-        torch.set_num_threads(n)
-        self.current, self._pending = n, None
-        self.changes += 1
+    def _apply(self, n: int | None) -> None:
+        if n is not None:
+            torch.set_num_threads(n)

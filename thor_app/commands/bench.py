@@ -42,7 +42,8 @@ def register(sub) -> None:
                         "(default: speculative/lossless.py's DEFAULT_TIE_TOL)")
     p.add_argument("--no-baseline", action="store_true", help="skip transformers' generate")
     p.add_argument("--neighbour", action="store_true",
-                   help="decode quiet and beside one CPU-bound process (bench_neighbour.py)")
+                   help="decode quiet and beside one CPU-bound process (bench_neighbour.py); with --peers: "
+                        "every engine quiet and beside it")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
     p.add_argument("--rollback", action="store_true",
@@ -61,7 +62,11 @@ def register(sub) -> None:
     p.add_argument("--peers-repeats", type=positive_int, default=None, help="with --peers: repeats (default 3)")
     p.add_argument("--peers-max-tokens", type=positive_int, default=None,
                    help="with --peers: decode tokens per prompt (default 128)")
-    p.add_argument("--peers-plans", type=positive_int, default=None, help="with --peers: plan requests (default 6)")
+    p.add_argument("--peers-plans", type=non_negative_int, default=None,
+                   help="with --peers: plan requests (default 6)")
+    p.add_argument("--peers-configs", default=None,
+                   help="with --peers: comma list of thor's WEIGHTS[@KERNEL]/SPEC configurations (default: "
+                        "all of them)")
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--accept", default="half", choices=("half", "none", "all-but-one"),
                    help="with --rollback: drafts accepted per cycle (K//2, 0 or K-1)")
@@ -133,15 +138,16 @@ def run(args) -> int:
     if _on_accelerator(config) and not (args.plan or args.serve or args.peers or args.backend != "torch"):
         from .bench_device import side_by_side
         return side_by_side(config.model.device, Path(args.json_out), args.repeats)
+    if args.peers:
+        from thor_app.peers.driver import parse_configs, run_peers
+        run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
+                  threads=args.threads, configs=parse_configs(args.peers_configs), neighbour=args.neighbour,
+                  transformers=not args.no_baseline, repeats=args.peers_repeats,
+                  max_tokens=args.peers_max_tokens, plans=args.peers_plans)
+        return 0
     if args.neighbour:
         from .bench_neighbour import run_neighbour
         return run_neighbour(args, config)
-    if args.peers:
-        from thor_app.peers.driver import run_peers
-        run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,
-                  threads=args.threads, repeats=args.peers_repeats, max_tokens=args.peers_max_tokens,
-                  plans=args.peers_plans)
-        return 0
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
         if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in KV_DTYPES:

@@ -6,8 +6,10 @@ busy (every barrier waits for the thread that is off its core). This mode measur
 greedy decode of the same prompt, quiet and beside one busy process (a Python loop, started
 here and killed after each run), interleaved so drift on a shared machine hits every mode alike.
 
-Modes: ``quiet`` and ``neighbour`` as the runtime runs by default (every thread the pool was
-given); ``neighbour-adaptive``: the thread governor on (threads.py, THOR_ADAPT_THREADS=1).
+Modes (threads.py): ``quiet`` and ``neighbour`` as the runtime runs by default (the row
+kernel's pool follows the idle cores, torch's keeps its size); ``neighbour-fixed``: every pool
+keeps the threads it was given (THOR_ADAPT_THREADS=0); ``neighbour-adaptive``: torch's pool
+follows the idle cores too (THOR_ADAPT_THREADS=1).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ("quiet", "neighbour", "neighbour-adaptive")
+MODES = ("quiet", "neighbour", "neighbour-fixed", "neighbour-adaptive")
+ADAPT = {"neighbour-fixed": "0", "neighbour-adaptive": "1"}     # THOR_ADAPT_THREADS per mode; else unset
 PROMPT = ("Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
           "List the steps as JSON with skill names and arguments.")
 # Pure-Python spin: one core, no memory traffic to speak of, no threads of its own.
@@ -48,21 +51,22 @@ def measure(rt, ids, params, mode: str) -> dict:
     """One greedy decode in ``mode``; the threads the governor ended on."""
     from thor_runtime.threads import ENV
 
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "1" if mode == "neighbour-adaptive" else "0"
+    before = os.environ.pop(ENV, None)
+    if mode in ADAPT:
+        os.environ[ENV] = ADAPT[mode]
     nb = start_neighbour() if mode != "quiet" else None
     try:
         res = rt.generate(ids, params)
     finally:
         if nb is not None:
             stop_neighbour(nb)
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
+        os.environ.pop(ENV, None)
+        if before is not None:
             os.environ[ENV] = before
     s = res.stats.to_dict()
+    rows = getattr(rt.model.runner, "rows", None)
     return {"decode_tok_s": s["decode_tok_s"], "threads_after": rt.threads.current,
-            "decode_kernel": s.get("decode_kernel")}
+            "row_kernel_threads_after": getattr(rows, "threads", None), "decode_kernel": s.get("decode_kernel")}
 
 
 def summarize(samples: dict[str, list[dict]]) -> dict:
@@ -73,6 +77,7 @@ def summarize(samples: dict[str, list[dict]]) -> dict:
         med = statistics.median(tok)
         out[mode] = {"decode_tok_s_median": round(med, 2), "decode_tok_s": [round(t, 2) for t in tok],
                      "threads_after": [x["threads_after"] for x in xs],
+                     "row_kernel_threads_after": [x.get("row_kernel_threads_after") for x in xs],
                      "vs_quiet": round(med / quiet, 3) if quiet else None}
     return out
 

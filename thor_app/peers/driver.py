@@ -2,7 +2,9 @@
 
 Writes peers.json (machine, versions, raw and median figures), peers.md (the table) and PNG
 plots (decode tok/s, plan latency, acceptance by draft position) into --out-dir. A peer that
-is not installed is skipped with the reason printed.
+is not installed is skipped with the reason printed. With ``neighbour``, every configuration
+also runs beside one CPU-bound process (bench_neighbour.py's), interleaved with its quiet run,
+so each engine is measured under the same load.
 """
 from __future__ import annotations
 
@@ -29,6 +31,25 @@ SHORT = {"max_tokens": 8, "plan_max_tokens": 24, "decode_prompts": 1, "plans": 1
 THOR_FULL = ["int4/none", "int4/ngram", "int4/dflash", "int4/hybrid", "int4/auto", "int4@torch/none", "int8/none",
              "bf16/none", "fp32/none"]
 THOR_SHORT = ["int4/none", "int4/auto"]
+
+
+def parse_configs(text: str | None) -> list[str] | None:
+    """--peers-configs: "int4/none,int4@torch/auto" -> the list, each checked (None: the defaults)."""
+    from thor_runtime.speculative import SPEC_METHODS
+
+    if text is None:
+        return None
+    out = [c.strip() for c in text.split(",") if c.strip()]
+    for c in out:
+        weights, _, method = c.partition("/")
+        dtype, _, kernel = weights.partition("@")
+        if (dtype not in ("fp32", "bf16", "int8", "int4") or method not in SPEC_METHODS
+                or kernel not in ("", "auto", "ort", "torch") or (kernel and dtype != "int4")):
+            raise ThorError(f"bad --peers-configs entry {c!r}; expected WEIGHTS[@KERNEL]/SPEC like int4/none or "
+                            f"int4@torch/auto (SPEC one of {', '.join(SPEC_METHODS)})")
+    if not out:
+        raise ThorError("--peers-configs is empty")
+    return out
 
 
 def peers_python(arg: str | None) -> str | None:
@@ -97,8 +118,11 @@ def _p90(xs):
 
 
 def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | None = None,
-              threads: int = 2, log=print, **counts) -> dict:
-    """counts: overrides of max_tokens, plan_max_tokens, decode_prompts, plans, repeats."""
+              threads: int = 2, log=print, configs: list[str] | None = None, neighbour: bool = False,
+              transformers: bool = True, **counts) -> dict:
+    """configs: thor's configurations (default THOR_FULL or THOR_SHORT); transformers: run it
+    too; counts: overrides of max_tokens, plan_max_tokens, decode_prompts, plans, repeats."""
+    from thor_app.commands.bench_neighbour import start_neighbour, stop_neighbour
     from thor_app.commands.bench_report import device_info
     from thor_runtime.loading import resolve
 
@@ -118,12 +142,12 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
         skipped["llama.cpp"] = reason
     else:
         runs.append(("llama.cpp", "greedy", lp))
-    reason = _has(sys.executable, "transformers")
+    reason = _has(sys.executable, "transformers") if transformers else "not asked for (--no-baseline)"
     if reason:
         skipped["transformers"] = reason
     else:
         runs += [("transformers", c, sys.executable) for c in (["greedy"] if short else ["greedy", "prompt-lookup"])]
-    runs += [("thor", c, sys.executable) for c in (THOR_SHORT if short else THOR_FULL)]
+    runs += [("thor", c, sys.executable) for c in (configs or (THOR_SHORT if short else THOR_FULL))]
     for k, v in skipped.items():
         log(f"peers: {k} skipped: {v}")
     if any(c.startswith(("int4", "auto")) for e, c, _ in runs if e == "thor"):
@@ -131,26 +155,34 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
         for kernel in ("auto", "torch"):
             subprocess.run([sys.executable, "-m", "thor_app.peers.worker", "--prepare", f"int4@{kernel}/none", path],
                            env=env, check=True)
-    raw: dict[str, list[dict]] = {f"{e}:{c}": [] for e, c, _ in runs}
-    for rep in range(cfg["repeats"]):                # interleaved: one repeat of every peer at a time
-        for engine, config, python in runs:
-            log(f"peers: repeat {rep + 1}/{cfg['repeats']} {engine} {config}")
-            spec = {"engine": engine, "config": config, "model": path, "requests": requests, "threads": threads,
-                    "max_tokens": cfg["max_tokens"], "plan_max_tokens": cfg["plan_max_tokens"]}
-            if engine == "transformers" or (engine == "thor" and config.endswith("none")
-                                             and not config.startswith("int4")):
-                spec["requests"] = {**requests, "plans": []}  # plans: llama.cpp vs thor's int4 rows
-            raw[f"{engine}:{config}"].append(_run(python, spec, env))
+    loads = ("quiet", "neighbour") if neighbour else ("quiet",)
+    raw: dict[str, list[dict]] = {_key(e, c, ld): [] for e, c, _ in runs for ld in loads}
+    for rep, (engine, config, python), load in ((r, x, ld) for r in range(cfg["repeats"]) for x in runs
+                                                 for ld in loads):
+        # interleaved: one repeat of every peer (quiet, then beside the neighbour) at a time
+        log(f"peers: repeat {rep + 1}/{cfg['repeats']} {engine} {config}" + (f" ({load})" if neighbour else ""))
+        spec = {"engine": engine, "config": config, "model": path, "requests": requests, "threads": threads,
+                "max_tokens": cfg["max_tokens"], "plan_max_tokens": cfg["plan_max_tokens"]}
+        if engine == "transformers" or (engine == "thor" and config.endswith("none")
+                                         and not config.startswith("int4")):
+            spec["requests"] = {**requests, "plans": []}  # plans: llama.cpp vs thor's int4 rows
+        busy = start_neighbour() if load == "neighbour" else None
+        try:
+            raw[_key(engine, config, load)].append(_run(python, spec, env))
+        finally:
+            if busy is not None:
+                stop_neighbour(busy)
     rows = []
-    for (engine, config, _) in runs:
-        rs = [r for r in raw[f"{engine}:{config}"] if "error" not in r]
+    for (engine, config, _), load in ((x, ld) for x in runs for ld in loads):
+        key = _key(engine, config, load)
+        rs = [r for r in raw[key] if "error" not in r]
         if not rs:
-            log(f"peers: {engine} {config} failed: {raw[f'{engine}:{config}'][0]['error']}")
+            log(f"peers: {engine} {config} ({load}) failed: {raw[key][0]['error']}")
             continue
         lat = [x for r in rs for x in r.get("plan_latency_s", [])]
         acc = [x for r in rs for x in r.get("accept_length", [])]
         pos = [r["accept_by_position"] for r in rs if r.get("accept_by_position")]
-        rows.append({"engine": engine, "config": config, "version": rs[0].get("version"),
+        rows.append({"engine": engine, "config": config, "load": load, "version": rs[0].get("version"),
                      "load_s": _median([r["load_s"] for r in rs]), "peak_rss_mb": _median([r["peak_rss_mb"] for r in rs]),
                      "prefill_tok_s": _median([r["prefill_tok_s"] for r in rs]),
                      "decode_tok_s": _median([x for r in rs for x in r["decode_tok_s"]]),
@@ -167,7 +199,12 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
                      if rs[0].get("vs_plain_paired") else None,
                      "verify16_x_step": _median([r.get("verify16_x_step") for r in rs]),
                      "accept_by_position": [round(statistics.mean(v), 3) for v in zip(*pos)] if pos else None})
+    quiet = {(r["engine"], r["config"]): r["decode_tok_s"] for r in rows if r["load"] == "quiet"}
+    for r in rows:
+        q = quiet.get((r["engine"], r["config"]))
+        r["decode_vs_quiet"] = round(r["decode_tok_s"] / q, 3) if q and r["decode_tok_s"] else None
     doc = {"machine": device_info(), "model": Path(path).name, "threads": threads, "short": short, **cfg,
+           "neighbour": neighbour,
            "skipped": skipped, "rows": rows, "raw": raw}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "peers.json").write_text(json.dumps(doc, indent=1))
@@ -177,7 +214,11 @@ def run_peers(model: str, out_dir: Path, short: bool = False, peers_py: str | No
     return doc
 
 
-COLUMNS = ["engine", "config", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s", "verify16_x_step",
+def _key(engine: str, config: str, load: str) -> str:
+    return f"{engine}:{config}" + ("" if load == "quiet" else f"+{load}")
+
+
+COLUMNS = ["engine", "config", "load", "decode_vs_quiet", "load_s", "peak_rss_mb", "prefill_tok_s", "decode_tok_s", "verify16_x_step",
            "plan_latency_median_s", "plan_latency_p90_s", "plan_warm_median_s", "accept_length",
            "vs_plain_paired_min"]
 

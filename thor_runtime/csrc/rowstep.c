@@ -66,12 +66,12 @@ typedef struct {
     float *out;              /* [T, H Dh] */
 } AttnTask;
 
-static void attn_task(void *arg, int tid, int nth) {
+static void attn_task(void *arg, int part, int nparts, int slot) {
     const AttnTask *a = arg;
     const Engine *e = a->e;
     int H = e->H, Dh = e->Dh, W = (e->H + 2 * e->Hkv) * Dh, group = e->H / e->Hkv, lo, hi;
-    float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)tid * e->maxpos;
-    share(a->T * H, 1, tid, nth, &lo, &hi);
+    float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)slot * e->maxpos;
+    share(a->T * H, 1, part, nparts, &lo, &hi);
     for (int j = lo; j < hi; j++) {
         int t = j / H, h = j % H, g = h / group, n = a->pos[t] + 1;      /* keys 0..pos[t] */
         const float *q = a->qkv + (size_t)t * W + h * Dh;
@@ -91,7 +91,7 @@ static void attn_task(void *arg, int tid, int nth) {
 
 static void matmul(Engine *e, const Proj *w, const QRows *x, float *y) {
     MatmulTask t = {w, x, y};
-    pool_run(&e->pool, matmul_task, &t);
+    pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, (w->N + 15) / 16));
 }
 
 #define SCRATCH_ROWS 16
@@ -119,6 +119,7 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     e->is = malloc(sizeof(int32_t) * SCRATCH_ROWS * wide / BLK);
     Pool *p = &e->pool;
     p->n = e->nth;
+    atomic_store(&p->use, e->nth);
     p->pid = getpid();
     pthread_mutex_init(&p->mu, NULL); pthread_cond_init(&p->cv, NULL);
     for (int i = 1; i < p->n; i++) {
@@ -132,12 +133,20 @@ void rowstep_free(void *h) {
     Engine *e = h;
     Pool *p = &e->pool;
     atomic_store(&p->stop, 1);
-    atomic_fetch_add(&p->gen, 1);
     pool_active(p, 0);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
     free(e->attn_norm); free(e->mlp_norm); free(e->qkv); free(e->o); free(e->gu); free(e->down);
     free(e->x); free(e->y); free(e->big); free(e->att); free(e->scores); free(e->qx); free(e->sx); free(e->zs); free(e->is);
     free(e);
+}
+
+/* Threads that take part in the coming forwards (1..threads given at rowstep_new); the
+   results do not depend on it. -> the count now in use. */
+int rowstep_set_threads(void *h, int n) {
+    Engine *e = h;
+    n = n < 1 ? 1 : n > e->nth ? e->nth : n;
+    atomic_store(&e->pool.use, n);
+    return n;
 }
 
 static Proj proj(const void *blob, const float *s, const float *m, const float *bias, int N, int K, int bits) {
@@ -195,7 +204,7 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
             }
         }
         AttnTask at = {e, T, i, pos, k, v, S, e->y, e->att};
-        pool_run(&e->pool, attn_task, &at);                                         /* [T, H Dh] */
+        pool_run(&e->pool, attn_task, &at, pool_parts(&e->pool, T * H));          /* [T, H Dh] */
         quantize_rows(e, e->att, T, H * Dh, 1, &qr);
         matmul(e, &e->o[i], &qr, e->y);                                            /* [T, D] */
         for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];

@@ -23,8 +23,13 @@
 #define MAXT 64
 #define BLK 32
 
-/* ---------------------------------------------------------------- a fork-join pool */
-typedef void (*task_fn)(void *arg, int tid, int nth);
+/* ---------------------------------------------------------------- a fork-join pool
+   A region is cut into parts that threads claim one at a time (a ticket: generation, part
+   count, next part in one word), so a thread the scheduler takes off its core holds back at
+   most the part it has claimed, never a fixed share of the region. A part's outputs are the
+   same bits whichever thread computes it, so neither the claiming order nor the number of
+   threads in use changes a result. `use` (1..n) threads take part in a forward; the others sleep. */
+typedef void (*task_fn)(void *arg, int part, int nparts, int slot);
 typedef struct Pool Pool;
 typedef struct { Pool *p; int tid; } WorkerArg;
 struct Pool {
@@ -32,63 +37,85 @@ struct Pool {
     pid_t pid;              /* the process whose threads these are */
     pthread_t th[MAXT];
     WorkerArg args[MAXT];
-    atomic_int gen, done, active, stop;
+    _Atomic uint64_t ticket;   /* generation << 40 | parts << 24 | next part */
+    atomic_int done, active, stop, use;
     task_fn fn;
     void *arg;
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
 
-static void *worker(void *a) {
-    Pool *p = ((WorkerArg *)a)->p;
-    int tid = ((WorkerArg *)a)->tid, seen = 0;
-    for (;;) {
-        /* spin while a forward runs (many short tasks), sleep between forwards */
-        while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
-            if (!atomic_load(&p->active)) {
-                pthread_mutex_lock(&p->mu);
-                while (atomic_load(&p->gen) == seen && !atomic_load(&p->active))
-                    pthread_cond_wait(&p->cv, &p->mu);
-                pthread_mutex_unlock(&p->mu);
-            } else {
-                PAUSE();
-            }
+#define TK_NEXT(t) ((int)((t) & 0xffffff))
+#define TK_PARTS(t) ((int)(((t) >> 24) & 0xffff))
+#define TK_GEN(t) ((t) >> 40)
+
+/* claim and run parts of the current region until none is left */
+static void pool_claim(Pool *p, int slot) {
+    uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+    while (TK_NEXT(t) < TK_PARTS(t)) {
+        if (atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            /* the region cannot end (nor fn/arg change) before this part is done */
+            p->fn(p->arg, TK_NEXT(t), TK_PARTS(t), slot);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            t = atomic_load_explicit(&p->ticket, memory_order_acquire);
         }
-        seen = atomic_load(&p->gen);
-        if (atomic_load(&p->stop)) return NULL;
-        p->fn(p->arg, tid, p->n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
     }
 }
 
+static void *worker(void *a) {
+    Pool *p = ((WorkerArg *)a)->p;
+    int tid = ((WorkerArg *)a)->tid;
+    for (;;) {
+        if (atomic_load(&p->stop)) return NULL;
+        uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        if (TK_NEXT(t) < TK_PARTS(t) && tid < atomic_load(&p->active)) {
+            pool_claim(p, tid);
+        } else if (tid < atomic_load(&p->active)) {
+            PAUSE();            /* spin while a forward runs (many short regions) */
+        } else {                /* sleep between forwards, and when not in use */
+            pthread_mutex_lock(&p->mu);
+            while (tid >= atomic_load(&p->active) && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+/* on: `use` threads take part in the coming regions; off: every worker sleeps */
 static void pool_active(Pool *p, int on) {
     pthread_mutex_lock(&p->mu);
-    atomic_store(&p->active, on);
+    atomic_store(&p->active, on ? atomic_load(&p->use) : 0);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }
 
-static void pool_run(Pool *p, task_fn fn, void *arg) {
-    if (p->n == 1 || getpid() != p->pid) {
-        /* a forked child has no workers: it runs every share itself (the same bits, since
-           a share's outputs do not depend on the thread that computes them) */
-        for (int t = 0; t < p->n; t++) fn(arg, t, p->n);
+/* run fn over `nparts` parts (at most 65535) on the threads in use; returns when all are done */
+static void pool_run(Pool *p, task_fn fn, void *arg, int nparts) {
+    if (nparts < 1) return;
+    if (atomic_load(&p->active) <= 1 || getpid() != p->pid) {
+        /* alone, or a forked child (which has no workers): every part here, in order */
+        for (int i = 0; i < nparts; i++) fn(arg, i, nparts, 0);
         return;
     }
     p->fn = fn; p->arg = arg;
     atomic_store(&p->done, 0);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    if (!atomic_load(&p->active)) {
-        pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->cv); pthread_mutex_unlock(&p->mu);
-    }
-    fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n - 1) PAUSE();
+    uint64_t gen = TK_GEN(atomic_load(&p->ticket)) + 1;
+    atomic_store_explicit(&p->ticket, gen << 40 | (uint64_t)nparts << 24, memory_order_release);
+    pool_claim(p, 0);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < nparts) PAUSE();
 }
 
-/* [lo, hi) of n items for thread tid, in chunks of `align` */
-static void share(int n, int align, int tid, int nth, int *lo, int *hi) {
-    int chunks = (n + align - 1) / align, per = chunks / nth, rem = chunks % nth;
-    int c0 = tid * per + (tid < rem ? tid : rem), c1 = c0 + per + (tid < rem);
+/* parts per region: a few per thread in use, so one descheduled thread holds back little */
+static int pool_parts(Pool *p, int items) {
+    int want = 4 * atomic_load(&p->active);
+    return items < want ? (items > 0 ? items : 1) : want;
+}
+
+/* [lo, hi) of n items for part `part` of `nparts`, in chunks of `align` */
+static void share(int n, int align, int part, int nparts, int *lo, int *hi) {
+    int chunks = (n + align - 1) / align, per = chunks / nparts, rem = chunks % nparts;
+    int c0 = part * per + (part < rem ? part : rem), c1 = c0 + per + (part < rem);
     *lo = c0 * align < n ? c0 * align : n;
     *hi = c1 * align < n ? c1 * align : n;
 }
@@ -394,11 +421,12 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
 #endif
 }
 
-static void matmul_task(void *arg, int tid, int nth) {
+static void matmul_task(void *arg, int part, int nparts, int slot) {
     const MatmulTask *t = arg;
     const Proj *w = t->w;
     int lo, hi, M = t->x->M;
-    share(w->N, 16, tid, nth, &lo, &hi);
+    (void)slot;
+    share(w->N, 16, part, nparts, &lo, &hi);
     for (int n = lo; n < hi; n += NT)
         for (int r = 0; r < M; r += RT) {
             float *y = t->y + (size_t)r * w->N + n;
