@@ -7,7 +7,7 @@ THOR   := $(VENV)/bin/thor
 STAMP  := $(VENV)/.installed
 DEMO_TASK ?= Put the red mug in the dish rack.
 
-.PHONY: demo test test-gpu test-exact-cpus install bench bench-peers clean
+.PHONY: demo test test-gpu test-exact-cpus install bench bench-peers bench-peers-avx2 clean
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ test: $(STAMP)
 # hold on every CPU, not only on the one that runs `make test`.
 EXACT_TESTS := tests/test_exact.py tests/test_layouts.py tests/test_spec.py tests/test_core.py \
 	tests/test_dflash.py tests/test_combined.py tests/test_lowbit.py tests/test_prefix_cache.py tests/test_fixed_shape.py \
-	tests/test_inflight.py
+	tests/test_inflight.py tests/test_rowstep.py
 # THOR_EXPECT_CPU_CAPABILITY: tests/conftest.py stops the run if ATen did not take the setting.
 AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 THOR_EXPECT_CPU_CAPABILITY=AVX2
 test-exact-cpus: $(STAMP)
@@ -57,6 +57,12 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	PYTHON=$(PYTHON) bench/peers_setup.sh
 	$(THOR) bench --peers --peers-python .venv-peers/bin/python --out-dir bench/peers
+
+# The same on an AVX2-only CPU, emulated on any x86: llama.cpp built without AVX-512 or VNNI,
+# thor with ATen's AVX2 kernels and the row kernel built for AVX2 (THOR_CPU_ISA follows ATen).
+bench-peers-avx2: $(STAMP)
+	PEERS_ISA=avx2 PYTHON=$(PYTHON) bench/peers_setup.sh
+	$(AVX2_ENV) $(THOR) bench --peers --peers-python .venv-peers-avx2/bin/python --out-dir bench/peers-avx2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

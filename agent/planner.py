@@ -42,8 +42,9 @@ from .symbolic import ParsedGoal, parse_goal
 # Where the task's word rules (reading.py) act: the goal grammar's focus and the gate's grounding
 # check, one of them, or neither (an ablation: what the rules add on a set they were not written from)
 WORD_RULES = ("all", "grammar", "gate", "none")
-_ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "generated", "prefill_s", "decode_s", "cycles", "drafted", "accepted",
-             "committed", "jump_forward", "relaxed_accepted", "draft_s", "verify_s", "rest_s")
+_ADDITIVE = ("prompt_tokens", "cached_prompt_tokens", "pinned_prompt_tokens", "generated", "prefill_s", "decode_s",
+             "cycles", "drafted", "accepted", "committed", "jump_forward", "relaxed_accepted", "draft_s", "verify_s",
+             "rest_s", "grammar_s")
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Planner:
         history = []
         errors, previous, gate, completed = None, None, None, False
         choices: list[dict] = []
+        check_s = 0.0              # the gate, the grounding check and the solver, every attempt
         # the plan's trailing free text (its rationale): its wording is never executed, so it
         # may be relaxed, and neither its length nor its words may steer what is
         free = trailing_free_text(req.schema)
@@ -212,6 +214,7 @@ class Planner:
                 res, choice = self._choose(ids, res, req, task, stats, on_token)
                 if choice is not None:
                     choices.append(choice.summary())
+            t_check = time.perf_counter()
             text = self._json_text(res.token_ids)
             # cut by the budget in its free text, a plan is whole without it
             text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
@@ -236,6 +239,7 @@ class Planner:
                     gate, completed, text = again, True, json.dumps(filled)
             if not gate.valid and stated is not None:   # a refusal names the goal's own reason
                 gate = GateResult(gate.plan, gate.findings + tuple(goal_reasons(stated, world, skills, parsed)))
+            check_s += time.perf_counter() - t_check
             history.append({"text": text, "report": gate.report(), "finish_reason": res.finish_reason,
                             "completed": completed, "model_text": model_text})
             self.progress(f"attempt {attempt + 1}/{1 + self.attempts}: {res.stats.generated} tokens, "
@@ -251,7 +255,7 @@ class Planner:
             merged.update(goal_choice=choices, goal_changed=sum(c["changed"] for c in choices),
                           goal_choice_s=round(sum(c["seconds"] for c in choices), 6))
         merged.update(attempts=len(stats), spec=ran["proposer"], k=ran["k_max"], completed=completed,
-                      grammar_compile_s=round(req.compile_s, 6),
+                      grammar_compile_s=round(req.compile_s, 6), time_check_s=round(check_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
                           tuple(history), completed, tuple(stats))

@@ -60,6 +60,12 @@ def test_stored_then_loaded_by_a_new_runtime(default_model, tmp_path):
     ids = list(rt.prefixes.pinned()[0])
     res = rt.generate(tiny_llama.tokenizer.encode_chat(build_messages(TASK, w, s)), SamplingParams(max_tokens=2))
     assert res.stats.cached_prompt_tokens == len(ids)      # a new process prefills only world + task
+    d = res.stats.to_dict()                                 # and says where its prompt came from
+    assert d["prompt_tokens_from_disk"] == len(ids) and d["prompt_tokens_from_memory"] == 0
+    assert d["prompt_tokens_computed"] == d["prompt_tokens"] - len(ids) > 0
+    again = rt.generate(tiny_llama.tokenizer.encode_chat(build_messages(TASK, w, s)), SamplingParams(max_tokens=2))
+    d = again.stats.to_dict()                               # the same prompt again: the recent copy
+    assert d["prompt_tokens_from_disk"] == 0 and d["prompt_tokens_from_memory"] == d["prompt_tokens"] - 1
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
@@ -78,6 +84,11 @@ def test_a_plan_with_the_stored_prefix_is_byte_identical(default_model, tmp_path
     with_prefix = plan(rt)
     assert rt.prefixes.hits == 1 and rt.prefixes.tokens_reused == len(rt.prefixes.pinned()[0])
     assert with_prefix.text == without.text and with_prefix.plan == without.plan
+    # where the plan's time went: the grammar, the checks, prefill and decode, within the latency
+    st = with_prefix.stats
+    assert st["prompt_tokens_from_disk"] == rt.prefixes.tokens_reused and without.stats["prompt_tokens_from_disk"] == 0
+    assert st["time_grammar_s"] > 0 and st["time_check_s"] > 0 and st["attempts"] == 1
+    assert st["time_prefill_s"] + st["time_decode_s"] + st["time_check_s"] <= st["plan_latency_s"]
 
 
 def _stored(tiny_llama, tmp_path, s, kv="fp32"):

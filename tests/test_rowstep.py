@@ -255,3 +255,32 @@ def test_threads_in_use_follow_the_idle_cores_and_change_no_bit(tiny_qwen2, monk
     busy["others"] = 2
     kernel._fit(), kernel._fit()
     assert kernel.threads == 3
+
+
+def test_the_kernel_builds_for_an_avx2_only_cpu(monkeypatch, tmp_path):
+    """THOR_CPU_ISA=avx2 (or ATen's AVX2 emulation) compiles for AVX2 + FMA without AVX-512 or
+    VNNI, into its own library; a bad value is refused by name."""
+    import platform
+
+    from thor_runtime import rowstep
+    from thor_runtime.errors import ThorError
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 only")
+    monkeypatch.delenv(rowstep.ISA_ENV, raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert "-march=native" in rowstep._flags()
+    native, why = build_library(tmp_path)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert rowstep.cpu_isa() == "avx2" and "-march=x86-64-v3" in rowstep._flags()
+    monkeypatch.setenv(rowstep.ISA_ENV, "avx2")
+    avx2, why = build_library(tmp_path)
+    assert avx2 is not None and native is not None and avx2 != native, why
+    import shutil
+    import subprocess
+    if shutil.which("objdump"):                         # no 512-bit register in the AVX2 build
+        asm = subprocess.run(["objdump", "-d", str(avx2)], capture_output=True, text=True).stdout
+        assert "ymm" in asm and "zmm" not in asm
+    monkeypatch.setenv(rowstep.ISA_ENV, "avx9")
+    with pytest.raises(ThorError, match="THOR_CPU_ISA"):
+        rowstep._flags()

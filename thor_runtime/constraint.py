@@ -18,6 +18,7 @@ downstream reads, where a close runner-up of the target may be kept.
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import torch
@@ -49,3 +50,36 @@ class Constraint(ABC):
     @abstractmethod
     def is_accepting(self) -> bool:
         """True when the grammar is complete (EOS is legal)."""
+
+
+class TimedConstraint(Constraint):
+    """A generation's constraint whose every call adds its time to ``stats.grammar_s`` (where
+    a plan's time goes: the grammar's share)."""
+
+    def __init__(self, inner: Constraint, stats):
+        self.inner, self.stats = inner, stats
+
+    def _timed(self, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.stats.grammar_s += time.perf_counter() - t
+
+    def forced(self) -> list[int]:
+        return self._timed(self.inner.forced)
+
+    def relaxed_spans(self, drafts: list[int]) -> list[bool]:
+        return self._timed(self.inner.relaxed_spans, drafts)
+
+    def valid_prefix(self, drafts: list[int]) -> int:
+        return self._timed(self.inner.valid_prefix, drafts)
+
+    def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        return self._timed(self.inner.mask_rows, logits, drafts)
+
+    def advance(self, token: int) -> None:
+        return self._timed(self.inner.advance, token)
+
+    def is_accepting(self) -> bool:
+        return self._timed(self.inner.is_accepting)

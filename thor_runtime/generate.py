@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from .constraint import TimedConstraint
 from .errors import ThorError
 from .kv_cache import KVScales
 from .prefix_cache import PrefixCache
@@ -151,6 +152,8 @@ class Runtime:
         gen = None if params.greedy else make_generator(params.seed)
         stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
                       device=str(self.model.device), spec_note=speculation.note)
+        if constraint is not None:
+            constraint = TimedConstraint(constraint, stats)
         taps = proposer.tap_layers if proposer is not None else ()
         stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
 
@@ -164,6 +167,7 @@ class Runtime:
         with self._shared:
             reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
                       if self.prefixes is not None else 0)
+            stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
         out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
         if self.prefixes is not None:
             with self._shared:

@@ -44,6 +44,7 @@ class PrefixCache:
         self._items: list[_Entry] = []          # most recently used last
         self._pinned: list[_Entry] = []
         self.hits = self.tokens_reused = 0
+        self.last_pinned = False                # the last restore came from a pinned entry
 
     def __len__(self) -> int:
         return len(self._items)
@@ -67,8 +68,10 @@ class PrefixCache:
             m = min(common_prefix(e.ids, ids), limit)
             if m > n:
                 best, n = e, m
+        self.last_pinned = False
         if best is None or n < self.min_tokens:
             return 0
+        self.last_pinned = best in self._pinned
         cache.load_prefix(best.cache, n)
         if best in self._items:
             self._items.remove(best)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .exactness import EXACT_ROWS
+from .errors import ThorError
 from .fileio import default_cache_dir
 from .lowbit_ort import NBitsWeight
 from .threads import FitWatch, adapt_mode
@@ -39,8 +40,26 @@ _ZERO_POINT = {4: 8, 8: 128}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
+# THOR_CPU_ISA=avx2 builds the kernel for an AVX2-only x86 CPU (AVX2 + FMA, no AVX-512 or VNNI:
+# an AMD Zen 2/3) on any x86, to measure and test it as one; unset, it follows the AVX2
+# emulation of ATen (ATEN_CPU_CAPABILITY=avx2), so one setting emulates the whole runtime.
+ISA_ENV = "THOR_CPU_ISA"
+_ISA_MARCH = {"native": "-march=native", "avx2": "-march=x86-64-v3"}
+
+
+def cpu_isa() -> str:
+    isa = os.environ.get(ISA_ENV) or ("avx2" if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2"
+                                       else "native")
+    if isa not in _ISA_MARCH:
+        raise ThorError(f"{ISA_ENV}={isa!r}: expected one of {', '.join(_ISA_MARCH)}")
+    return isa
+
+
 def _flags() -> list[str]:
-    arch = "-mcpu=native" if platform.machine() in ("aarch64", "arm64") else "-march=native"
+    if platform.machine() in ("aarch64", "arm64"):
+        arch = "-mcpu=native"
+    else:
+        arch = _ISA_MARCH[cpu_isa()]
     return ["-O3", arch, "-fPIC", "-shared", "-std=c11", "-pthread"]
 
 

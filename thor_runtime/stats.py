@@ -11,6 +11,7 @@ class Stats:
     kv_bytes: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0     # of those, taken from the prefix cache instead of prefilled
+    pinned_prompt_tokens: int = 0     # of those, from a pinned shared prefix (on disk, memory-mapped)
     generated: int = 0
     ttft_s: float = 0.0
     prefill_s: float = 0.0
@@ -28,6 +29,7 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     rest_s: float = 0.0
+    grammar_s: float = 0.0            # in the constraint (forced tokens, masks, advancing), any phase
     # per draft position j: how many cycles offered a draft there / accepted it
     pos_offered: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
@@ -61,6 +63,10 @@ class Stats:
             "decode_tok_s": round(decode_tokens / self.decode_s, 2) if self.decode_s else 0.0,
             "prompt_tokens": self.prompt_tokens,
             "cached_prompt_tokens": self.cached_prompt_tokens,
+            # where the prompt came from: a pinned shared prefix (disk), a recent prompt (memory), computed
+            "prompt_tokens_from_disk": self.pinned_prompt_tokens,
+            "prompt_tokens_from_memory": self.cached_prompt_tokens - self.pinned_prompt_tokens,
+            "prompt_tokens_computed": self.prompt_tokens - self.cached_prompt_tokens,
             "generated_tokens": self.generated,
             "kv_dtype": self.kv_dtype,
             "device": self.device,
@@ -78,5 +84,8 @@ class Stats:
             "time_draft_s": round(self.draft_s, 6),
             "time_verify_s": round(self.verify_s, 6),
             "time_rest_s": round(self.rest_s, 6),
+            "time_prefill_s": round(self.prefill_s, 6),
+            "time_decode_s": round(self.decode_s, 6),
+            "time_grammar_s": round(self.grammar_s, 6),
             "spec_note": self.spec_note,
         }

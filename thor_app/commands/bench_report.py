@@ -16,6 +16,11 @@ def device_info(config=None) -> dict:
 
     info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
+    # the instruction sets the run was told to act as (an AVX2-only CPU, emulated)
+    info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    from thor_runtime.rowstep import cpu_isa
+
+    info["row_kernel_isa"] = cpu_isa()
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name(0)
     if config is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from thor_app.assembly import build_runtime, make_planner
@@ -78,7 +79,9 @@ def run(args) -> int:
     _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
          f"{len(skills.skills)} skills from {skills.source}")
     _log(f"loading model {config.model.name} ...")
+    t0 = time.perf_counter()
     assembled = build_runtime(config)
+    _log(f"model loaded in {time.perf_counter() - t0:.2f} s")
     # the prompt start this skill library shares, from disk when an earlier run stored it
     attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills, prefix_dir(config), _log)
     planner = make_planner(assembled, on_progress=_log)
