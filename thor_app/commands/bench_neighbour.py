@@ -25,8 +25,9 @@ MODES = ("quiet", "neighbour", "neighbour-fixed", "neighbour-adaptive")
 ADAPT = {"neighbour-fixed": "0", "neighbour-adaptive": "1"}     # THOR_ADAPT_THREADS per mode; else unset
 PROMPT = ("Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
           "List the steps as JSON with skill names and arguments.")
-# Pure-Python spin: one core, no memory traffic to speak of, no threads of its own.
-SPIN = "while True: pass"
+# Pure-Python spin: one core, no memory traffic to speak of, no threads of its own; it ends
+# with the process that started it, even one killed before it could stop it.
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
 
 
 def start_neighbour() -> subprocess.Popen:
