@@ -43,6 +43,11 @@ def plan_cases(limit: int | None = None) -> list[tuple]:
     return cases[:limit]
 
 
+# per plan: where its prompt came from and where its time went (docs/planning.md)
+WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "prompt_tokens_from_memory",
+                   "prompt_tokens_computed", "time_prefill_s", "time_decode_s", "time_grammar_s", "time_check_s")
+
+
 def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
                limit: int | None = None) -> list[dict]:
     cases = plan_cases(limit)
@@ -51,7 +56,7 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
         speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
                                         plan_format=plan_format_fingerprint())
         planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
-        lat, dec, acc, jf, valid, plans = [], [], [], 0, 0, []
+        lat, dec, acc, jf, valid, plans, where = [], [], [], 0, 0, [], []
         for r in range(repeats):
             for name, task, world, skills in cases:
                 print(f"bench plan: spec={spec} {name}: {task}", file=sys.stderr)
@@ -60,6 +65,7 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                 lat.append(s["plan_latency_s"])
                 dec.append(s["decode_tok_s"])
                 acc.append(s["accept_length_mean"])
+                where.append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
                 if r == 0:
                     jf += s["jump_forward_tokens"]
                     valid += bool(res.valid)
@@ -68,7 +74,7 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                "latency_median_s": round(statistics.median(lat), 3), "latency_p90_s": round(_p90(lat), 3),
                "decode_tok_s": round(statistics.median(dec), 2),
                "accept_length_mean": round(statistics.mean(acc), 3), "jump_forward_tokens": jf,
-               "latencies_s": [round(x, 4) for x in lat]}
+               "latencies_s": [round(x, 4) for x in lat], "per_plan": where}
         if reference is None:
             reference = plans
         else:

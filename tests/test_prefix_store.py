@@ -163,3 +163,16 @@ def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills,
     out = prefix.attach_skill_sets(SimpleNamespace(runtime=rt, loaded=tiny_llama, config=None), [skills_dir])
     assert sorted(o["source"] for o in out) == ["built", "off"]
     assert len(rt.prefixes.pinned()) == 1
+
+
+def test_bench_plan_says_where_each_plan_went(default_model):
+    """`thor bench --plan` keeps, per plan, where its prompt came from and where its time went."""
+    from agent.bench import WHERE_TIME_GOES, plan_bench
+
+    rt = _runtime(default_model)
+    row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1)[0]
+    first, second = row["per_plan"]
+    assert set(first) == {"case", *WHERE_TIME_GOES} and first["case"] == second["case"]
+    assert first["prompt_tokens_computed"] > 0 and first["time_prefill_s"] > 0 and first["time_decode_s"] > 0
+    # the same request again: its prompt comes from the recent prompts kept in memory
+    assert second["prompt_tokens_from_memory"] > 0 and second["prompt_tokens_computed"] < first["prompt_tokens_computed"]
