@@ -114,17 +114,25 @@ def goal_forms(skills: SkillSet) -> str:
                      + [f'"{t}" -> [{g}]' for need, t, g in _PROCESS_EXAMPLES if need <= have])
 
 
+# the instructions' own words, around the example and the goal forms (prompt_parts.py counts them)
+OPENING = "You are a robot task planner. Reply with one JSON plan and nothing else."
+GOAL_RULE = ("Goal first, one condition per object the task names: ",
+             '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
+             "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.")
+
+
+def describe_skills(skills: SkillSet) -> str:
+    return "\n".join(["Skills:", *(describe_skill(s) for s in skills.skills)])
+
+
 def shared_instructions(skills: SkillSet) -> str:
     """The system text every world and task on ``skills`` shares. It opens the prompt, so its
     K/V can be computed once and kept on disk (thor_runtime/prefix_store.py)."""
     return "\n".join([
-        "You are a robot task planner. Reply with one JSON plan and nothing else.",
+        OPENING,
         "Example: " + _EXAMPLE,
-        "Goal first, one condition per object the task names: " + goal_forms(skills)
-        + '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
-        "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
-        "Skills:",
-        *(describe_skill(s) for s in skills.skills),
+        GOAL_RULE[0] + goal_forms(skills) + GOAL_RULE[1],
+        describe_skills(skills),
     ])
 
 

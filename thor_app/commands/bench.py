@@ -3,7 +3,8 @@
 The modes live beside this file: the default decode bench against transformers
 (bench_decode.py), constrained planning and the evaluation sets (bench_plan.py), the graph
 backends (bench_backends.py), the service over loopback (bench_serve.py), the device
-benchmark (bench_device.py), decode beside a busy process (bench_neighbour.py); --rollback and
+benchmark (bench_device.py), decode beside a busy process (bench_neighbour.py), the plan
+prompt's tokens per part (bench_prompt.py); --rollback and
 --peers run code of their own packages. Each mode is imported when it runs, so `thor bench
 --help` loads none of them.
 """
@@ -44,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--neighbour", action="store_true",
                    help="decode quiet and beside one CPU-bound process (bench_neighbour.py); with --peers: "
                         "every engine quiet and beside it")
+    p.add_argument("--prompt-parts", action="store_true",
+                   help="tokens per part of the plan prompt (instructions, example, goal forms, skills, world, "
+                        "task, template) on the sample worlds and every evaluation set (bench_prompt.py)")
     p.add_argument("--plan", action="store_true",
                    help="benchmark constrained planning (thor plan) on the sample worlds instead")
     p.add_argument("--rollback", action="store_true",
@@ -138,6 +142,9 @@ def run(args) -> int:
     if _on_accelerator(config) and not (args.plan or args.serve or args.peers or args.backend != "torch"):
         from .bench_device import side_by_side
         return side_by_side(config.model.device, Path(args.json_out), args.repeats)
+    if args.prompt_parts:
+        from .bench_prompt import run_prompt_parts
+        return run_prompt_parts(args, config)
     if args.peers:
         from thor_app.peers.driver import parse_configs, run_peers
         run_peers(config.model.name, Path(args.out_dir), short=args.short, peers_py=args.peers_python,

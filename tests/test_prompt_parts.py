@@ -1,0 +1,41 @@
+"""Where a plan prompt's tokens go (agent/prompt_parts.py, `thor bench --prompt-parts`): the
+parts cover the prompt, the shared ones are the stored prefix, and each moves with what it counts."""
+from __future__ import annotations
+
+import json
+
+from test_agent import world_and_skills
+
+from agent.prompt_parts import PARTS, prompt_parts, summarize
+from thor_app.cli import main
+from thor_app.prefix import shared_prefix_ids
+
+
+def test_the_parts_cover_the_prompt(default_model):
+    tok = default_model.tokenizer
+    w, s = world_and_skills("kitchen")
+    p = prompt_parts(tok, "put the apple on the table", w, s)
+    assert set(p) == {*PARTS, "total"} and all(p[k] > 0 for k in PARTS if k != "template")
+    assert 0 <= p["template"] <= 40                  # role markers and seams only: no text left uncounted
+    shared = p["instructions"] + p["example"] + p["goal_forms"] + p["skills"]
+    assert abs(shared - len(shared_prefix_ids(tok, s))) <= 20   # what the disk prefix holds
+    longer = prompt_parts(tok, "put the apple on the table and then wipe the counter twice, carefully", w, s)
+    assert longer["task"] > p["task"] and longer["world"] == p["world"] and longer["skills"] == p["skills"]
+    fewer = type(s)(skills=s.skills[:2], source=s.source)
+    q = prompt_parts(tok, "put the apple on the table", w, fewer)
+    assert q["skills"] < p["skills"] and q["total"] < p["total"]
+
+
+def test_summary_medians_and_shares():
+    rows = [{**{k: 10 for k in PARTS}, "total": 70}, {**{k: 20 for k in PARTS}, "total": 140}]
+    m = summarize(rows)
+    assert m["world"] == {"median": 15.0, "share": round(1 / 7, 3)} and m["total"]["median"] == 105.0
+
+
+def test_bench_prompt_parts_end_to_end(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["bench", "--prompt-parts", "--model", "default", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert "sample worlds" in doc["sets"] and any(k.startswith("8-blocksworld") for k in doc["sets"])
+    assert all(r["requests"] == len(r["rows"]) > 0 for r in doc["sets"].values())
+    assert "| sample worlds |" in capsys.readouterr().out
