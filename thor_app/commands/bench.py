@@ -19,7 +19,7 @@ from thor_runtime.errors import ThorError
 from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES, PlannerSettings
 from thor_runtime.speculative import SPEC_METHODS
 
-from .bench_report import device_info
+from .bench_report import BENCH_WEIGHTS, device_info
 from .common import non_negative_int, positive_int
 
 
@@ -157,7 +157,7 @@ def run(args) -> int:
         return run_neighbour(args, config)
     configs = [c.strip().split("/") for c in args.configs.split(",") if c.strip()]
     for c in configs:
-        if len(c) != 2 or c[0] not in ("fp32", "bf16", "int8", "int4") or c[1] not in KV_DTYPES:
+        if len(c) != 2 or c[0] not in BENCH_WEIGHTS or c[1] not in KV_DTYPES:
             raise ThorError(f"bad --configs entry {'/'.join(c)!r}; expected WEIGHTS/KV like bf16/fp8")
     specs = [s.strip() for s in args.spec.split(",") if s.strip()]
     for s in specs:

@@ -8,6 +8,10 @@ import statistics
 import sys
 
 
+# the weight dtypes a bench configuration may name (--configs, --peers-configs)
+BENCH_WEIGHTS = ("fp32", "bf16", "int8", "int4")
+
+
 def device_info(config=None) -> dict:
     """The machine, and with a config the device its model runs on (``model_device``)."""
     import torch

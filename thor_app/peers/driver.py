@@ -35,6 +35,7 @@ THOR_SHORT = ["int4/none", "int4/auto"]
 
 def parse_configs(text: str | None) -> list[str] | None:
     """--peers-configs: "int4/none,int4@torch/auto" -> the list, each checked (None: the defaults)."""
+    from thor_app.commands.bench_report import BENCH_WEIGHTS
     from thor_runtime.speculative import SPEC_METHODS
 
     if text is None:
@@ -43,7 +44,7 @@ def parse_configs(text: str | None) -> list[str] | None:
     for c in out:
         weights, _, method = c.partition("/")
         dtype, _, kernel = weights.partition("@")
-        if (dtype not in ("fp32", "bf16", "int8", "int4") or method not in SPEC_METHODS
+        if (dtype not in BENCH_WEIGHTS or method not in SPEC_METHODS
                 or kernel not in ("", "auto", "ort", "torch") or (kernel and dtype != "int4")):
             raise ThorError(f"bad --peers-configs entry {c!r}; expected WEIGHTS[@KERNEL]/SPEC like int4/none or "
                             f"int4@torch/auto (SPEC one of {', '.join(SPEC_METHODS)})")
