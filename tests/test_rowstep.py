@@ -48,6 +48,7 @@ def test_rows_are_the_step_graph_math(arch, request):
     m = _with_rows(tiny)
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:24]
     outs, kernel = [], m.runner.rows
+    m.runner.prefill_on_rows = False                      # both prompts on the graph
     for rows in (kernel, None):
         m.runner.rows = rows
         cache = KVCache(m.cfg, len(ids) + 2, "fp32", m.dtype)
@@ -284,3 +285,36 @@ def test_the_kernel_builds_for_an_avx2_only_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv(rowstep.ISA_ENV, "avx9")
     with pytest.raises(ThorError, match="THOR_CPU_ISA"):
         rowstep._flags()
+
+
+def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
+    """Prompt rows run on the row kernel where measured faster (prefill_choice.py, the verdict
+    kept with the row-invariance probes). Any split of a prompt, calls past MAX_ROWS rows
+    included, gives the same K/V bits, so a stored prefix changes nothing; and they are the
+    step graph's math within the int8 rounding of activations."""
+    from thor_runtime.prefill_choice import prefill_on_rows
+    from thor_runtime.rowstep import MAX_ROWS
+
+    m = _with_rows(tiny_qwen2)
+    key = f"PrefillOnRows:{m.runner.rows.build}"
+    assert m.row_verdicts[key] == m.runner.prefill_on_rows            # measured at load, kept
+    m.row_verdicts[key] = not m.runner.prefill_on_rows                # a kept verdict is not measured again
+    assert prefill_on_rows(m, m.runner.rows, m.runner.step, m.row_verdicts) == m.row_verdicts[key]
+    assert prefill_on_rows(m, m.runner.rows, None, {}) and not prefill_on_rows(m, None, m.runner.step, {})
+
+    T = MAX_ROWS + 20
+    ids = torch.arange(T) * 7 % m.cfg.vocab_size
+
+    def prompt(on_rows: bool, splits: tuple[int, ...]):
+        m.runner.prefill_on_rows = on_rows
+        cache = KVCache(m.cfg, T + 1, "fp32", m.dtype)
+        for a, b in zip((0,) + splits, splits + (T,)):
+            out = m.prefill(ids[a:b], cache)
+        assert m.runner.pick(cache, 1, exact=False).name == ("rowstep" if on_rows else "ort-step-graph")
+        return cache, out.logits
+    (one, l1), (split, l2) = prompt(True, ()), prompt(True, (5, 16, MAX_ROWS + 3))
+    assert torch.equal(one.k[:, :, :T], split.k[:, :, :T]) and torch.equal(one.v[:, :, :T], split.v[:, :, :T])
+    assert torch.equal(l1, l2)
+    graph, lg = prompt(False, ())
+    assert (one.k[:, :, :T] - graph.k[:, :, :T]).abs().max() <= 3e-2 * graph.k[:, :, :T].abs().max()
+    assert (l1 - lg).abs().max() <= 3e-2 * lg.abs().max()

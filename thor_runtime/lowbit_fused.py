@@ -218,9 +218,10 @@ def prepare_sessions(model, kernels) -> None:
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
         if isinstance(w, NBitsWeight):
             w.session
-    # the row kernel (rowstep.py) reads blobs and scales where they are: only what ORT alone
-    # reads is handed back then (Q4_1's corrections: the kernel has its minima apart)
-    alone = None if kernels.rows is None else {"corr"}
+    # the row kernel (rowstep.py) reads blobs and scales where they are, unless its build keeps
+    # a regrouped copy: only what ORT alone reads is handed back then (Q4_1's corrections: the
+    # kernel has its minima apart)
+    alone = None if kernels.rows is None or kernels.rows.group else {"corr"}
     release_pages([t for w in ort_weights(model, kernels) for k, t in w.tensors().items() if alone is None or k in alone])
     try:
         import ctypes

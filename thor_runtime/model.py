@@ -220,6 +220,11 @@ class TargetModel:
         """What runs decode steps and verifies on an fp32 cache (reports, /health)."""
         return self.runner.decode_kernel if self.runner is not None else self.int4_kernel or "torch"
 
+    @property
+    def prefill_kernel(self) -> str:
+        """What runs prompt rows on an fp32 cache (reports, /health)."""
+        return self.runner.prefill_kernel if self.runner is not None else self.int4_kernel or "torch"
+
     def new_cache(self, capacity: int, kv_dtype: str = "fp32", kv_scales=None, **options) -> KVCache:
         """An empty KV cache for ``capacity`` positions. options: a hybrid cache's (naive
         rollback, hybrid/model.py); a KV cache has none, so a runtime passes its own alike."""

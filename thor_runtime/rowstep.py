@@ -4,8 +4,10 @@ Why. On ONNX Runtime a 1-row step is padded to two rows (MLAS's 1-row GEMV path 
 bits than its GEMM path) and pays a per-node cost ~660 times; the kernel here runs each row on
 its own with the same instructions whatever the row count, so a 1-row step needs no padding
 and a verify row is a step's bits by construction (the load probe checks it like any kernel).
-It reads the MatMulNBits blobs and scales in place; only each block's minimum is laid out
-again (``s q + m``, [N, K/32] fp32). Prompts keep ONNX Runtime's step graph: its GEMM is the
+It reads the MatMulNBits blobs and scales in place (each block's minimum laid out again,
+``s q + m``, [N, K/32] fp32), or, built for AVX-512 VNNI, its own copy of them regrouped 16
+outputs side by side (csrc/rowstep_simd.h, ``gtile``: ~5x fewer vector operations per product,
+which is what verify and prompt rows are bound by). Prompts keep ONNX Runtime's step graph: its GEMM is the
 faster one from ~16 rows on, and a prefill row need not be a step's.
 
 The library is compiled for this CPU (``-march=native``) on first use, into the kernel cache
@@ -35,7 +37,7 @@ from .lowbit_ort import NBitsWeight
 from .threads import FitWatch, adapt_mode
 
 SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
-MAX_ROWS = 16                 # the C side's scratch rows (EXACT_ROWS: a verify's rows)
+MAX_ROWS = 64                 # the C side's scratch rows: a call's (longer inputs run in calls of it)
 _ZERO_POINT = {4: 8, 8: 128}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -118,7 +120,9 @@ def _bind(path: Path):
     lib.rowstep_new.restype = _P
     lib.rowstep_new.argtypes = [_I] * 7 + [_F, _I, _I]
     lib.rowstep_free.argtypes = [_P]
+    lib.rowstep_set_layer.restype = _I
     lib.rowstep_set_layer.argtypes = [_P, _I] + [_P] * 15
+    lib.rowstep_set_head.restype = _I
     lib.rowstep_set_head.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.rowstep_forward.restype = _I
     lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P]
@@ -147,13 +151,14 @@ def supports(model) -> str:
 
 
 class RowStep:
-    """Same call as lowbit_step.StepGraph: h [T, D] (embedded ids, T <= MAX_ROWS), an fp32
-    KVCache -> ({i: h after layer i} for taps, logits of h[rows] or None)."""
+    """Same call as lowbit_step.StepGraph: h [T, D] (embedded ids; MAX_ROWS rows a call), an
+    fp32 KVCache -> ({i: h after layer i} for taps, logits of h[rows] or None)."""
 
     def __init__(self, model, lib_path: Path, threads: int):
         cfg = model.cfg
         self.model, self.n = model, cfg.num_layers
         self._lib = _bind(lib_path)
+        self.build = lib_path.stem                  # source, flags, compiler and CPU (build_library)
         self._keep: list[torch.Tensor] = []      # every buffer the C side points into
         self._one = threading.Lock()             # one scratch: one forward at a time, whoever calls
         self._h = self._lib.rowstep_new(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
@@ -164,27 +169,36 @@ class RowStep:
         # threads in use follow the idle cores (threads.py): exact, a part's bits do not depend
         # on the thread that computes it
         self.fit, self.threads = FitWatch(threads), max(1, threads)
+        # a build that regroups the weights (rowstep_layout() > 0) copies them at set: the
+        # blobs, scales and minimums passed need to live only until then
+        self.group, failed, self._weights = self._lib.rowstep_layout(), 0, []
         for i, lay in enumerate(model.layers):
             args = [self._ptr(lay.attn_norm), self._ptr(lay.mlp_norm)]
             for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down):
                 args += self._proj(w)
                 if w is lay.wqkv:
                     args.append(self._ptr(lay.bqkv))
-            self._lib.rowstep_set_layer(self._h, i, *args)
-        self._lib.rowstep_set_head(self._h, self._ptr(model.final_norm), *self._proj(model.head_w), model.head_w.bits)
+            failed |= self._lib.rowstep_set_layer(self._h, i, *args)
+            self._weights = []
+        failed |= self._lib.rowstep_set_head(self._h, self._ptr(model.final_norm), *self._proj(model.head_w),
+                                             model.head_w.bits)
+        self._weights = []
+        if failed:
+            raise MemoryError("rowstep: no memory for the kernel's copy of the weights")
 
-    def _ptr(self, t: torch.Tensor | None) -> int | None:
+    def _ptr(self, t: torch.Tensor | None, weight: bool = False) -> int | None:
         if t is None:
             return None
         t = t if t.dtype in (torch.float32, torch.uint8) and t.is_contiguous() else t.float().contiguous()
-        self._keep.append(t)
+        (self._weights if weight and self.group else self._keep).append(t)
         return t.data_ptr()
 
     def _proj(self, w: NBitsWeight) -> list:
-        """blob and scale as they are; the minimum per block: m = corr - zp s ([N, K/32])"""
+        """blob, scale and the minimum per block m = corr - zp s ([N, K/32]), for the C side to
+        read in place or to regroup"""
         zp = _ZERO_POINT[w.bits]
         m = -zp * w.scale if w.corr is None else w.corr.t() - zp * w.scale
-        return [self._ptr(w.blob), self._ptr(w.scale), self._ptr(m.contiguous())]
+        return [self._ptr(w.blob, True), self._ptr(w.scale, True), self._ptr(m.contiguous(), True)]
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -203,12 +217,27 @@ class RowStep:
 
     def fits(self, cache, T: int) -> bool:
         return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
-                and 1 <= T <= MAX_ROWS and cache.length + T <= cache.k.shape[2])
+                and T >= 1 and cache.length + T <= cache.k.shape[2])
 
     def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None)):
+        T = h.shape[0]
+        if T <= MAX_ROWS:
+            return self._call(h, cache, taps, rows)
+        want = None if rows is None else np.arange(T)[rows]                 # row indices, ascending
+        parts = []
+        for s in range(0, T, MAX_ROWS):       # rows are row-invariant: any split gives the same bits
+            e = min(T, s + MAX_ROWS)
+            w = None if want is None else want[(want >= s) & (want < e)] - s
+            parts.append(self._call(h[s:e], cache, taps, None if w is None or not len(w) else w))
+        return ({i: torch.cat([p[0][i] for p in parts]) for i in taps},
+                None if want is None else torch.cat([p[1] for p in parts if p[1] is not None]))
+
+    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], rows):
         T, start, cfg = h.shape[0], cache.length, self.model.cfg
         self.model.ensure_positions(start + T)
-        h = h.float().contiguous().clone()           # [T, D], the residual stream, overwritten
+        # [T, D], the residual stream, overwritten; copied by numpy: a torch copy this size wakes
+        # torch's thread pool, whose threads then spin on the cores the kernel's pool runs on
+        h = torch.from_numpy(np.array(h.float().numpy(), copy=True))
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         want = None if rows is None else np.arange(T)[rows]
@@ -273,7 +302,7 @@ def row_step(model, verdict: dict[str, bool], threads: int | None = None) -> tup
     if lib is None:
         return None, why
     g = RowStep(model, lib, threads or torch.get_num_threads())
-    key = f"RowStep:{lib.stem}"
+    key = f"RowStep:{g.build}"
     if key not in verdict:
         verdict[key] = rows_invariant(g, model.cfg, EXACT_ROWS)
     return (g, "") if verdict[key] else (None, "rows are not bit-identical on this CPU")

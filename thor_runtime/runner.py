@@ -26,6 +26,7 @@ from typing import Callable
 from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
 from .lowbit_fused import fuse_layers, prepare_sessions
 from .lowbit_step import step_graph
+from .prefill_choice import prefill_on_rows
 from .rowstep import row_step
 
 
@@ -51,10 +52,11 @@ class FusedSegments:
 
 
 FORWARD = (
-    # each verify row alone on our compiled kernel, no padding (rowstep.py); MatMulNBits, fp32 cache
+    # each verify row alone on our compiled kernel, no padding (rowstep.py); MatMulNBits, fp32
+    # cache; prompt rows too where it prefills faster (prefill_choice.py)
     Forward("rowstep",
-            lambda r, cache, T, exact: (exact and r.rows is not None and r.model.backend is None
-                                        and r.rows.fits(cache, T)),
+            lambda r, cache, T, exact: ((exact or r.prefill_on_rows) and r.rows is not None
+                                        and r.model.backend is None and r.rows.fits(cache, T)),
             lambda r, h, cache, taps, rows, exact: r.rows(h, cache, taps, rows)),
     # the whole forward as one ORT graph, probed row-invariant: ``exact`` holds as it is
     Forward("ort-step-graph",
@@ -84,6 +86,7 @@ class Runner:
         self.model, self.kernels = model, kernels
         self.rows, self.rows_why = None, "weights are not MatMulNBits blocks"
         self.step = self.fused = None
+        self.prefill_on_rows = False
         self._fused_built = False
 
     def pick(self, cache, T: int, exact: bool) -> Forward:
@@ -100,6 +103,12 @@ class Runner:
         if self.step is not None:
             return "ort-step-graph"
         return self.model.int4_kernel or "torch"
+
+    @property
+    def prefill_kernel(self) -> str:
+        """What runs prompt rows on an fp32 cache (reports, /health)."""
+        return "rowstep" if self.prefill_on_rows else self.decode_kernel if self.rows is None else (
+            "ort-step-graph" if self.step is not None else "fused-graphs")
 
     def fused_graphs(self):
         """The per-boundary graphs of a MatMulNBits model, built on first use: they hold their
@@ -128,6 +137,7 @@ def attach(model):
         if r.step is None:
             r._build_fused()
         r.rows, r.rows_why = row_step(model, model.row_verdicts)
+        r.prefill_on_rows = prefill_on_rows(model, r.rows, r.step, model.row_verdicts)
         if r.step is not None:
             prepare_sessions(model, r)
     model.runner = r

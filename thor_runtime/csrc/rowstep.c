@@ -6,10 +6,11 @@
    reduction), so a verify row gets a 1-row step's bits by construction; the model's load
    probe checks it anyway.
 
-   Weights are the MatMulNBits blobs as they are (no second copy): 4-bit, byte j of a 32-block
-   holding inputs 2j (low nibble) and 2j+1 (high); 8-bit (the head), a byte per input. With the
-   codes q unsigned, a block is w = s q + m (m: Q4_1's minimum; -8 s for Q4_0, -128 s for the
-   8-bit head), the only array laid out again. Activations are quantized to int8 per block of
+   Weights come as MatMulNBits blobs: 4-bit, byte j of a 32-block holding inputs 2j (low
+   nibble) and 2j+1 (high); 8-bit (the head), a byte per input. With the codes q unsigned, a
+   block is w = s q + m (m: Q4_1's minimum; -8 s for Q4_0, -128 s for the 8-bit head). Builds
+   with AVX-512 VNNI read a regrouped copy (GROUP outputs side by side, see gtile), the others
+   the blobs as they are. Activations are quantized to int8 per block of
    32 (absmax / 127), stored with the even inputs first so a block's nibbles unpack in place:
    y = sum_b s sx dot(q, qx) + m sx sum(qx). */
 #include "rowstep_simd.h"
@@ -48,7 +49,23 @@ static inline __attribute__((always_inline)) void weigh_chunks(const float *w, c
 }
 #endif
 
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void weigh_chunks16(const float *w, const float *V, int n, int Dh, const int C, float *o) {
+    __m512 acc[8];                        /* one register per 16 of the head's dimensions */
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        __m512 wp = _mm512_set1_ps(w[p]);
+        for (int c = 0; c < C; c++) acc[c] = _mm512_fmadd_ps(wp, _mm512_loadu_ps(V + (size_t)p * Dh + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < C; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+#endif
+
 static void weigh_values(const float *w, const float *V, int n, int Dh, float *o) {
+#if defined(__AVX512F__)
+    if (Dh == 64) { weigh_chunks16(w, V, n, Dh, 4, o); return; }
+    if (Dh == 128) { weigh_chunks16(w, V, n, Dh, 8, o); return; }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (Dh == 64) { weigh_chunks(w, V, n, Dh, 8, o); return; }
     if (Dh == 128) { weigh_chunks(w, V, n, Dh, 16, o); return; }
@@ -77,12 +94,9 @@ static void attn_task(void *arg, int part, int nparts, int slot) {
         const float *q = a->qkv + (size_t)t * W + h * Dh;
         size_t at = ((size_t)a->layer * e->Hkv + g) * a->S[t] * Dh;
         const float *K = a->k[t] + at, *Vv = a->v[t] + at;
-        float mx = -INFINITY, sum = 0.f, *o = a->out + (size_t)t * H * Dh + h * Dh;
+        float sum, *o = a->out + (size_t)t * H * Dh + h * Dh;
         scores(q, K, n, Dh, sc);
-        for (int p = 0; p < n; p++) { sc[p] *= scale; mx = sc[p] > mx ? sc[p] : mx; }
-        for (int p = 0; p < n; p++) sc[p] -= mx;
-        vexp(sc, n);
-        for (int p = 0; p < n; p++) sum += sc[p];
+        sum = softmax_parts(sc, n, scale);
         weigh_values(sc, Vv, n, Dh, o);
         float inv = 1.f / sum;
         for (int i = 0; i < Dh; i++) o[i] *= inv;
@@ -94,7 +108,7 @@ static void matmul(Engine *e, const Proj *w, const QRows *x, float *y) {
     pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, (w->N + 15) / 16));
 }
 
-#define SCRATCH_ROWS 16
+#define SCRATCH_ROWS 64      /* rows a call: a verify's, several sequences', or a prompt chunk */
 
 void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps, int threads, int maxpos) {
     Engine *e = calloc(1, sizeof(Engine));
@@ -135,10 +149,16 @@ void rowstep_free(void *h) {
     atomic_store(&p->stop, 1);
     pool_active(p, 0);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
+    for (int i = 0; i < e->L; i++) { free(e->qkv[i].own); free(e->o[i].own); free(e->gu[i].own); free(e->down[i].own); }
+    free(e->head.own);
     free(e->attn_norm); free(e->mlp_norm); free(e->qkv); free(e->o); free(e->gu); free(e->down);
     free(e->x); free(e->y); free(e->big); free(e->att); free(e->scores); free(e->qx); free(e->sx); free(e->zs); free(e->is);
     free(e);
 }
+
+/* Outputs per weight group of the layout this build reads (rowstep_simd.h): 0, the
+   MatMulNBits blobs as they are; GROUP, blocks of GROUP outputs interleaved by 4-byte words. */
+int rowstep_layout(void) { return GROUP; }
 
 /* Threads that take part in the coming forwards (1..threads given at rowstep_new); the
    results do not depend on it. -> the count now in use. */
@@ -149,27 +169,55 @@ int rowstep_set_threads(void *h, int n) {
     return n;
 }
 
+/* A projection as this build reads it: the caller's arrays, or with GROUP a regrouped copy
+   the engine owns (rowstep_simd.h, gtile: 4-byte words of GROUP outputs side by side, the last
+   group padded with zero weights). */
 static Proj proj(const void *blob, const float *s, const float *m, const float *bias, int N, int K, int bits) {
-    Proj p = {blob, s, m, bias, N, K, bits};
+    Proj p = {blob, s, m, bias, N, K, bits, NULL};
+#if GROUP
+    int nb = K / BLK, words = BLK * bits / 32, G = (N + GROUP - 1) / GROUP;
+    size_t wbytes = (size_t)G * nb * words * GROUP * 4, fl = (size_t)G * nb * GROUP;
+    char *own = aligned_alloc(64, wbytes + 2 * fl * sizeof(float));
+    if (!own) return p;         /* the caller sees own == NULL */
+    uint32_t *dw = (uint32_t *)own;
+    float *ds = (float *)(own + wbytes), *dm = ds + fl;
+    const uint32_t *sw = blob;
+    memset(own, 0, wbytes + 2 * fl * sizeof(float));
+    for (int n = 0; n < N; n++)
+        for (int b = 0; b < nb; b++) {
+            size_t at = ((size_t)(n / GROUP) * nb + b) * words;
+            for (int k = 0; k < words; k++) dw[(at + k) * GROUP + n % GROUP] = sw[((size_t)n * nb + b) * words + k];
+            ds[((size_t)(n / GROUP) * nb + b) * GROUP + n % GROUP] = s[(size_t)n * nb + b];
+            dm[((size_t)(n / GROUP) * nb + b) * GROUP + n % GROUP] = m[(size_t)n * nb + b];
+        }
+    p.blob = (const uint8_t *)dw; p.s = ds; p.m = dm; p.own = own;
+#endif
     return p;
 }
 
-void rowstep_set_layer(void *h, int i, const float *attn_norm, const float *mlp_norm,
-                       const void *qkv_b, const float *qkv_s, const float *qkv_m, const float *qkv_bias,
-                       const void *o_b, const float *o_s, const float *o_m, const void *gu_b, const float *gu_s,
-                       const float *gu_m, const void *d_b, const float *d_s, const float *d_m) {
-    Engine *e = h;
-    e->attn_norm[i] = attn_norm; e->mlp_norm[i] = mlp_norm;
-    e->qkv[i] = proj(qkv_b, qkv_s, qkv_m, qkv_bias, (e->H + 2 * e->Hkv) * e->Dh, e->D, 4);
-    e->o[i] = proj(o_b, o_s, o_m, NULL, e->D, e->H * e->Dh, 4);
-    e->gu[i] = proj(gu_b, gu_s, gu_m, NULL, 2 * e->I, e->D, 4);
-    e->down[i] = proj(d_b, d_s, d_m, NULL, e->D, e->I, 4);
+/* -> 0, or -1 when a regrouped copy found no memory (the engine must not run) */
+static int set_proj(Proj *to, Proj p) {
+    free(to->own);
+    *to = p;
+    return GROUP && !p.own ? -1 : 0;
 }
 
-void rowstep_set_head(void *h, const float *final_norm, const void *blob, const float *s, const float *m, int bits) {
+int rowstep_set_layer(void *h, int i, const float *attn_norm, const float *mlp_norm,
+                      const void *qkv_b, const float *qkv_s, const float *qkv_m, const float *qkv_bias,
+                      const void *o_b, const float *o_s, const float *o_m, const void *gu_b, const float *gu_s,
+                      const float *gu_m, const void *d_b, const float *d_s, const float *d_m) {
+    Engine *e = h;
+    e->attn_norm[i] = attn_norm; e->mlp_norm[i] = mlp_norm;
+    return set_proj(&e->qkv[i], proj(qkv_b, qkv_s, qkv_m, qkv_bias, (e->H + 2 * e->Hkv) * e->Dh, e->D, 4))
+         | set_proj(&e->o[i], proj(o_b, o_s, o_m, NULL, e->D, e->H * e->Dh, 4))
+         | set_proj(&e->gu[i], proj(gu_b, gu_s, gu_m, NULL, 2 * e->I, e->D, 4))
+         | set_proj(&e->down[i], proj(d_b, d_s, d_m, NULL, e->D, e->I, 4));
+}
+
+int rowstep_set_head(void *h, const float *final_norm, const void *blob, const float *s, const float *m, int bits) {
     Engine *e = h;
     e->final_norm = final_norm;
-    e->head = proj(blob, s, m, NULL, e->V, e->D, bits);
+    return set_proj(&e->head, proj(blob, s, m, NULL, e->V, e->D, bits));
 }
 
 /* h [T, D] (embedded rows, overwritten with the last layer's output); row t sits at position

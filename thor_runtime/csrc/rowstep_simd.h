@@ -187,9 +187,53 @@ static void vexp(float *x, int n) {
     for (; i < n; i++) x[i] = exp_poly(x[i]);
 }
 
+/* sc[p] = exp(sc[p] scale - max) in place -> their sum (the softmax's numerators and
+   denominator). With AVX-512 the max and the sum run 16 lanes wide (the sum in another order
+   than the loop's: every row, step or verify, runs this same code) */
+static float softmax_parts(float *sc, int n, float scale) {
+    float mx = -INFINITY, sum = 0.f;
+    int p = 0;
+#if defined(__AVX512F__)
+    __m512 vmx = _mm512_set1_ps(-INFINITY), vs = _mm512_set1_ps(scale);
+    for (; p + 16 <= n; p += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sc + p), vs);
+        _mm512_storeu_ps(sc + p, v);
+        vmx = _mm512_max_ps(vmx, v);
+    }
+    mx = _mm512_reduce_max_ps(vmx);
+#endif
+    for (; p < n; p++) { sc[p] *= scale; mx = sc[p] > mx ? sc[p] : mx; }
+    for (p = 0; p < n; p++) sc[p] -= mx;
+    vexp(sc, n);
+    p = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; p + 16 <= n; p += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(sc + p));
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; p < n; p++) sum += sc[p];
+    return sum;
+}
+
 /* s[p] = q . K[p] for p < n (K rows of Dh floats) */
 static void scores(const float *q, const float *K, int n, int Dh, float *s) {
     int p = 0;
+#if defined(__AVX512F__)
+    if (Dh % 16 == 0)
+        for (; p + 8 <= n; p += 8) {
+            __m512 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
+            for (int c = 0; c < Dh; c += 16) {
+                __m512 qv = _mm512_loadu_ps(q + c);
+                for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(K + (size_t)(p + i) * Dh + c), a[i]);
+            }
+            __m256 b[8];
+            for (int i = 0; i < 8; i++) b[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
+            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(b[4], b[5]), _mm256_hadd_ps(b[6], b[7]));
+            _mm256_storeu_ps(s + p, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+        }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (Dh % 8 == 0)
         for (; p + 8 <= n; p += 8) {
@@ -210,7 +254,30 @@ static void scores(const float *q, const float *K, int n, int Dh, float *s) {
 /* one row x [K] -> qx [K] int8 (4-bit weights: per block the even inputs, then the odd, as a
    block's nibbles unpack), sx [K/32] = absmax / 127, zs [K/32] = sx * sum(qx) */
 static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs, int32_t *is) {
-    for (int b = 0; b < K / BLK; b++) {
+    int b = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* the same bits as the loop below (a max is exact; the products and their rounding to
+       nearest even are the same operations), 16 lanes at a time */
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    for (; b < K / BLK; b++) {
+        const float *p = x + b * BLK;
+        __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        if (split) {
+            __m512i e = _mm512_permutex2var_epi32(i0, even, i1), o = _mm512_permutex2var_epi32(i0, odd, i1);
+            i0 = e; i1 = o;
+        }
+        _mm_storeu_si128((__m128i *)(qx + b * BLK), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qx + b * BLK + 16), _mm512_cvtepi32_epi8(i1));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        sx[b] = d; zs[b] = d * (float)sum; is[b] = sum;
+    }
+#endif
+    for (; b < K / BLK; b++) {
         const float *p = x + b * BLK;
         float amax = 0.f;
         for (int i = 0; i < BLK; i++) { float a = fabsf(p[i]); amax = a > amax ? a : amax; }   /* no libm call */
@@ -274,6 +341,7 @@ typedef struct {            /* one projection */
     const float *s, *m;     /* [N, K/32] each: w = s q + m */
     const float *bias;      /* [N] or NULL */
     int N, K, bits;
+    void *own;              /* the engine's own copy of blob, s and m (a regrouped layout), or NULL */
 } Proj;
 
 typedef struct {            /* the quantized rows of one input */
@@ -422,6 +490,102 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
 #endif
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* ---- grouped layout (rowstep_layout() == GROUP): with a row's int8 block in registers as
+   eight 4-byte words, one dpbusd against 16 outputs' matching words sums 4 inputs of each of
+   16 outputs; eight of them finish a block with its sums already in the 16 lanes of the output
+   vector. The interleaved layout above needs 4 vector ops per 64 products and a horizontal sum
+   per output; this one 12 per 512 and none (the verify and prefill rows are compute-bound).
+   Per group g of 16 outputs and block b, 4-bit: four 64-byte vectors, vector i's word n the
+   bytes 4i..4i+3 of output n's MatMulNBits block (low nibbles: split inputs 4i..4i+3, high:
+   16 + 4i..), 8-bit: eight, vector k's word n the bytes 4k..4k+3; s and m [N/16, nb, 16]; N is
+   padded to whole groups (zero weights), the padding never stored. */
+#define GROUP 16
+#define GT 2          /* output groups per tile */
+
+static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
+                                                         int g0, const int G, float *y, int ldy) {
+    int nb = w->K / BLK, words = BLK * w->bits / 32;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[GT][RT];
+    for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) acc[g][r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i d[GT][RT];
+        const int32_t *xw[RT];
+        for (int r = 0; r < R; r++) xw[r] = (const int32_t *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
+        for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) d[g][r] = _mm512_setzero_si512();
+        if (w->bits == 4) {
+            for (int i = 0; i < 4; i++)
+                for (int g = 0; g < G; g++) {
+                    __m512i v = _mm512_loadu_si512(w->blob + (((size_t)(g0 + g) * nb + b) * words + i) * 64);
+                    __m512i wl = _mm512_and_si512(v, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    for (int r = 0; r < R; r++) {
+                        d[g][r] = _mm512_dpbusd_epi32(d[g][r], wl, _mm512_set1_epi32(xw[r][i]));
+                        d[g][r] = _mm512_dpbusd_epi32(d[g][r], wh, _mm512_set1_epi32(xw[r][4 + i]));
+                    }
+                }
+        } else {
+            for (int k = 0; k < 8; k++)
+                for (int g = 0; g < G; g++) {
+                    __m512i v = _mm512_loadu_si512(w->blob + (((size_t)(g0 + g) * nb + b) * words + k) * 64);
+                    for (int r = 0; r < R; r++) d[g][r] = _mm512_dpbusd_epi32(d[g][r], v, _mm512_set1_epi32(xw[r][k]));
+                }
+        }
+        for (int g = 0; g < G; g++) {
+            size_t at = ((size_t)(g0 + g) * nb + b) * GROUP;
+            __m512 sw = _mm512_loadu_ps(w->s + at), mw = _mm512_loadu_ps(w->m + at);
+            for (int r = 0; r < R; r++) {
+                size_t xb = (size_t)(r0 + r) * nb + b;
+                acc[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[g][r]), _mm512_mul_ps(sw, _mm512_set1_ps(x->sx[xb])), acc[g][r]);
+                acc[g][r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->zs[xb]), acc[g][r]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        int left = w->N - (g0 + g) * GROUP;        /* the last group may be cut short */
+        __mmask16 keep = left >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int r = 0; r < R; r++) {
+            __m512 o = acc[g][r];
+            if (w->bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(keep, w->bias + (size_t)(g0 + g) * GROUP));
+            _mm512_mask_storeu_ps(y + (size_t)r * ldy + (size_t)g * GROUP, keep, o);
+        }
+    }
+}
+
+static void matmul_task(void *arg, int part, int nparts, int slot) {
+    const MatmulTask *t = arg;
+    const Proj *w = t->w;
+    int lo, hi, M = t->x->M;
+    (void)slot;
+    share((w->N + GROUP - 1) / GROUP, 1, part, nparts, &lo, &hi);
+    for (int g = lo; g < hi; g += GT) {
+        int G = hi - g < GT ? hi - g : GT;
+        for (int r = 0; r < M; r += RT) {
+            float *y = t->y + (size_t)r * w->N + (size_t)g * GROUP;
+            int R = M - r < RT ? M - r : RT;
+            /* constant shapes: unrolled, in registers; a lane's operations are the same in each */
+            if (G == GT) {
+                switch (R) {
+                    case 1: gtile(w, t->x, r, 1, g, GT, y, w->N); break;
+                    case 2: gtile(w, t->x, r, 2, g, GT, y, w->N); break;
+                    case 3: gtile(w, t->x, r, 3, g, GT, y, w->N); break;
+                    default: gtile(w, t->x, r, 4, g, GT, y, w->N); break;
+                }
+            } else {
+                switch (R) {
+                    case 1: gtile(w, t->x, r, 1, g, 1, y, w->N); break;
+                    case 2: gtile(w, t->x, r, 2, g, 1, y, w->N); break;
+                    case 3: gtile(w, t->x, r, 3, g, 1, y, w->N); break;
+                    default: gtile(w, t->x, r, 4, g, 1, y, w->N); break;
+                }
+            }
+        }
+    }
+}
+
+#else
+#define GROUP 0
+
 static void matmul_task(void *arg, int part, int nparts, int slot) {
     const MatmulTask *t = arg;
     const Proj *w = t->w;
@@ -459,6 +623,7 @@ static void matmul_task(void *arg, int part, int nparts, int slot) {
     }
 }
 
+#endif
 
 /* y = x / rms(x) * w, per row; the sum of squares in one fixed order */
 static void rms_norm_row(const float *x, const float *w, int D, float eps, float *y) {

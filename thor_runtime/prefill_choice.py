@@ -1,0 +1,61 @@
+"""Which kernel runs a MatMulNBits model's prompt rows: the row kernel or ONNX Runtime's step
+graph, whichever prefills faster here, measured once per CPU environment and kernel build.
+
+Why measure. Built for AVX-512 VNNI the row kernel reads 16 outputs per vector op and its
+GEMM runs ~2x the step graph's on a 2-core AMD EPYC; built for AVX2 (no VNNI) its multi-row
+path is the older interleaved one and the step graph's MLAS GEMM can be the faster. Neither is
+a constant of the architecture, so the runner asks the clock.
+
+Why one kernel for every prompt length, not one per token count. The prompt rows a plan
+prefills are split differently from run to run (a stored prefix, the prefix cache, chunked
+prefill): both kernels are row-invariant, so any split of one kernel gives the same bits, but
+rows from two kernels differ in their last bits, and a plan with a stored prefix must be
+byte-identical to one without. The choice is made at ``ROWS`` rows (a world and a task: what a
+plan prefills once its shared prefix is stored) and then holds for all of them.
+
+The verdict is kept beside the row-invariance probes (``model.row_verdicts``: the weight cache
+stores them per CPU environment, threads included), so a cached model does not measure again.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+ROWS = 256          # prompt rows timed per kernel (a world and a task)
+ROUNDS = 2          # timed rounds each, interleaved after a warm-up; the fastest counts
+
+
+def _seconds(kernel, model, h: torch.Tensor) -> float:
+    from .kv_cache import KVCache
+
+    cache = KVCache(model.cfg, h.shape[0] + 1, "fp32", torch.float32)
+    t0 = time.perf_counter()
+    kernel(h, cache, (), slice(-1, None))
+    return time.perf_counter() - t0
+
+
+def measure(model, rows, step) -> dict[str, float]:
+    """Seconds per prompt of ``ROWS`` rows for each kernel, the fastest of ``ROUNDS`` rounds."""
+    h = torch.randn(ROWS, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))   # [ROWS, D]
+    kernels = {"rowstep": rows, "ort-step-graph": step}
+    for k in kernels.values():                                   # warm-up: first-call costs
+        _seconds(k, model, h[:16])
+    best = {name: float("inf") for name in kernels}
+    for _ in range(ROUNDS):
+        for name, k in kernels.items():
+            best[name] = min(best[name], _seconds(k, model, h))
+    return best
+
+
+def prefill_on_rows(model, rows, step, verdict: dict[str, bool]) -> bool:
+    """Whether the row kernel runs every prompt row of ``model`` (it runs; with no step graph
+    it is the fastest left), measured when both run and ``verdict`` has no answer for this
+    build of the row kernel."""
+    if rows is None or step is None:
+        return rows is not None
+    key = f"PrefillOnRows:{rows.build}"
+    if key not in verdict:
+        s = measure(model, rows, step)
+        verdict[key] = s["rowstep"] < s["ort-step-graph"]
+    return verdict[key]
