@@ -182,6 +182,7 @@ def test_fused_layer_graphs_are_the_projection_path(arch, request):
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
     m.runner.step = None                     # the per-boundary path, as a bf16 or fp8 cache runs it
+    m.runner.prefill_on_rows = False         # prompts too
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
     fused = _logits(m, ids)           # built on first use
     key = next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))

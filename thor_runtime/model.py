@@ -221,6 +221,13 @@ class TargetModel:
         return self.runner.decode_kernel if self.runner is not None else self.int4_kernel or "torch"
 
     @property
+    def kernel_build(self) -> str:
+        """The compiled row kernel's build (source, flags, compiler, CPU), "" when none runs:
+        what a measured cost depends on beyond the kernel's name."""
+        rows = getattr(self.runner, "rows", None)
+        return rows.build if rows is not None else ""
+
+    @property
     def prefill_kernel(self) -> str:
         """What runs prompt rows on an fp32 cache (reports, /health)."""
         return self.runner.prefill_kernel if self.runner is not None else self.int4_kernel or "torch"

@@ -10,7 +10,8 @@ that start as its first chunk would leave in the cache.
 The file is safetensors: ``k`` and ``v`` [L, Hkv, n, Dh] in the cache's storage dtype, ``ids``
 [n] int64, and the key in the metadata. The key covers what the bytes depend on: the model's
 weights file (path, size, mtime), weights dtype and form, KV dtype and scales, torch and the CPU
-kernels it dispatches to, the prefill chunk, and the exact token ids. A file whose key, ids, shapes or length do
+kernels it dispatches to, the kernel that runs prompt rows (and the row kernel's build), the
+prefill chunk, and the exact token ids. A file whose key, ids, shapes or length do
 not match is refused (the caller rebuilds it); it is written to a temporary name, flushed and
 renamed, so a reader finds the whole file or none, whatever kills the writer.
 """
@@ -60,8 +61,15 @@ def prefix_key(model, kv_dtype: str, scales, ids, prefill_chunk: int = 0) -> dic
            "dtype": str(model.dtype), "quant": str(getattr(model, "quant", None)),
            "layout": str(getattr(model, "layout", None)), "segments": _segments_identity(model), "kv_dtype": kv_dtype, "kv_scales": scales_digest, "prefill_chunk": prefill_chunk,
            "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+           "prefill_kernel": _prefill_identity(model),
            "tokens": str(len(ids)), "ids_sha256": ids_digest}
     return {k: str(v) for k, v in key.items()}
+
+
+def _prefill_identity(model) -> str:
+    """What runs the prompt rows (runner.py): the row kernel's are its build's bits."""
+    kernel = str(getattr(model, "prefill_kernel", "torch"))
+    return f"{kernel}:{getattr(model, 'kernel_build', '')}" if kernel == "rowstep" else kernel
 
 
 def _segments_identity(model) -> str:

@@ -7,8 +7,9 @@ and a verify row is a step's bits by construction (the load probe checks it like
 It reads the MatMulNBits blobs and scales in place (each block's minimum laid out again,
 ``s q + m``, [N, K/32] fp32), or, built for AVX-512 VNNI, its own copy of them regrouped 16
 outputs side by side (csrc/rowstep_simd.h, ``gtile``: ~5x fewer vector operations per product,
-which is what verify and prompt rows are bound by). Prompts keep ONNX Runtime's step graph: its GEMM is the
-faster one from ~16 rows on, and a prefill row need not be a step's.
+which is what verify and prompt rows are bound by). Prompt rows run here or on ONNX Runtime's
+step graph, whichever prefills faster on this machine (prefill_choice.py): a prefill row need
+not be a step's bits, only the same bits however the prompt is split.
 
 The library is compiled for this CPU (``-march=native``) on first use, into the kernel cache
 (``kernels/`` in the weight cache), and loaded only when its sha256 matches the manifest

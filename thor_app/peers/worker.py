@@ -153,7 +153,8 @@ def run_thor(spec: dict) -> dict:
     m = loaded.model
     out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
            "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else "")) if m.quant
-           else str(m.dtype).replace("torch.", ""), "decode_kernel": getattr(m, "decode_kernel", "torch")}
+           else str(m.dtype).replace("torch.", ""), "decode_kernel": getattr(m, "decode_kernel", "torch"),
+           "prefill_kernel": getattr(m, "prefill_kernel", "torch")}
     rt = make_runtime(with_settings(config, model__prefix_cache=0), loaded)
     out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
         "prefill_tok_s"]

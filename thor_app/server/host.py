@@ -75,6 +75,7 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
             "weights": getattr(model, "quant", None) or "float", "dtype": str(model.dtype).removeprefix("torch."),
             "device": device_name(model.device),
             "weights_layout": model.layout, "decode_kernel": getattr(model, "decode_kernel", "torch"),
+            "prefill_kernel": getattr(model, "prefill_kernel", "torch"),
             "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
             "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
             "speculation": spec.name, "spec_k": spec.k,

@@ -33,7 +33,7 @@ from ..device import cpu_name
 from ..fileio import default_cache_dir, write_json_atomic
 
 ENV = "THOR_SPEC_COSTS"            # "default": no measuring, the linear curve; "measure": measure again
-FORMAT = 2
+FORMAT = 3
 CONTEXT = 256                      # cached tokens the verifies attend over (a short chat; plans run ~800)
 REPEATS = 3                        # timed rounds per row count, after one warm-up round, at least;
 MAX_ROUNDS, MIN_S = 15, 0.25       # more (up to 15) while they took under 0.25 s: tiny models are noisy
@@ -106,6 +106,7 @@ def curve_key(rt, rows: int) -> dict:
             "layout": str(getattr(m, "layout", "")), "device": str(m.device),
             "dtype": str(m.dtype).removeprefix("torch."), "kv_dtype": rt.kv_dtype,
             "decode": rt.decode.name, "kernel": str(getattr(m, "decode_kernel", "torch")),
+            "kernel_build": str(getattr(m, "kernel_build", "")),
             "backend": getattr(backend, "name", type(backend).__name__) if backend is not None else "torch",
             "rows": rows, "context": CONTEXT, "repeats": REPEATS}
 
