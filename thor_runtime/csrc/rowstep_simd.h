@@ -215,6 +215,15 @@ static float softmax_parts(float *sc, int n, float scale) {
     return sum;
 }
 
+#if defined(__AVX2__)
+/* s[i] = the sum of a[i]'s 8 lanes, i < 8 */
+static inline void sums8(const __m256 *a, float *s) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+}
+#endif
+
 /* s[p] = q . K[p] for p < n (K rows of Dh floats) */
 static void scores(const float *q, const float *K, int n, int Dh, float *s) {
     int p = 0;
@@ -229,9 +238,7 @@ static void scores(const float *q, const float *K, int n, int Dh, float *s) {
             }
             __m256 b[8];
             for (int i = 0; i < 8; i++) b[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
-            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
-            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(b[4], b[5]), _mm256_hadd_ps(b[6], b[7]));
-            _mm256_storeu_ps(s + p, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+            sums8(b, s + p);
         }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
@@ -243,9 +250,7 @@ static void scores(const float *q, const float *K, int n, int Dh, float *s) {
                 __m256 qv = _mm256_loadu_ps(q + c);
                 for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (size_t)(p + i) * Dh + c), a[i]);
             }
-            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-            _mm256_storeu_ps(s + p, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+            sums8(a, s + p);
         }
 #endif
     for (; p < n; p++) s[p] = dot_f32(q, K + (size_t)p * Dh, Dh);
