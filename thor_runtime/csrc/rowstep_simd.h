@@ -507,6 +507,7 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
    padded to whole groups (zero weights), the padding never stored. */
 #define GROUP 16
 #define GT 2          /* output groups per tile */
+#define GPF 8         /* blocks ahead the first pass prefetches */
 
 static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
                                                          int g0, const int G, float *y, int ldy) {
@@ -519,6 +520,13 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
         const int32_t *xw[RT];
         for (int r = 0; r < R; r++) xw[r] = (const int32_t *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
         for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) d[g][r] = _mm512_setzero_si512();
+        if (r0 == 0 && x->M > 1)   /* the first pass over the weights streams them: GPF blocks ahead */
+            for (int g = 0; g < G; g++) {
+                const char *ahead = (const char *)w->blob + (((size_t)(g0 + g) * nb + b + GPF) * words) * 64;
+                for (int c = 0; c < words * 64; c += 64) __builtin_prefetch(ahead + c, 0, 0);
+                __builtin_prefetch(w->s + ((size_t)(g0 + g) * nb + b + GPF) * GROUP, 0, 0);
+                __builtin_prefetch(w->m + ((size_t)(g0 + g) * nb + b + GPF) * GROUP, 0, 0);
+            }
         if (w->bits == 4) {
             for (int i = 0; i < 4; i++)
                 for (int g = 0; g < G; g++) {
