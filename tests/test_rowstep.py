@@ -311,6 +311,7 @@ def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
         for a, b in zip((0,) + splits, splits + (T,)):
             out = m.prefill(ids[a:b], cache)
         assert m.runner.pick(cache, 1, exact=False).name == ("rowstep" if on_rows else "ort-step-graph")
+        assert m.prefill_kernel == m.runner.pick(cache, 1, exact=False).name         # what /health reports
         return cache, out.logits
     (one, l1), (split, l2) = prompt(True, ()), prompt(True, (5, 16, MAX_ROWS + 3))
     assert torch.equal(one.k[:, :, :T], split.k[:, :, :T]) and torch.equal(one.v[:, :, :T], split.v[:, :, :T])

@@ -159,18 +159,12 @@ class StepGraph:
         None for rows=None). Appends to ``cache`` (all layers at one length; the positions
         follow it). A long input runs in calls of CHUNK_ROWS rows: in one call of 870 rows the
         graph's intermediates raised the peak RSS by ~250 MB, and chunks prefill as fast."""
-        T, taps = h.shape[0], tuple(taps)
-        want = None if rows is None else np.arange(T)[rows]                 # row indices, ascending
-        parts = []
-        for s in range(0, T, CHUNK_ROWS):
-            e = min(T, s + CHUNK_ROWS)
-            w = None if want is None else want[(want >= s) & (want < e)] - s
+        taps = tuple(taps)
+
+        def run(s: int, e: int, want):
             with self._one:
-                parts.append(self._run(h[s:e], cache, taps, w if w is not None and len(w) else None))
-        if len(parts) == 1:
-            return parts[0]
-        return ({i: torch.cat([p[0][i] for p in parts]) for i in taps},
-                None if want is None else torch.cat([p[1] for p in parts if p[1] is not None]))
+                return self._run(h[s:e], cache, taps, want)
+        return in_calls(run, h.shape[0], rows, CHUNK_ROWS, taps)
 
     def _run(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None):
         T, start = h.shape[0], cache.length
@@ -202,6 +196,23 @@ class StepGraph:
         if self.head:
             return hs, torch.from_numpy(outs["logits"][:len(want)])
         return hs, m.head(torch.from_numpy(outs[f"h{self.n - 1}"][:T])[torch.from_numpy(want)])
+
+
+def in_calls(run, T: int, rows: slice | None, size: int, taps: tuple[int, ...]):
+    """Rows 0..T-1 of a whole-forward kernel in calls of at most ``size``, in order:
+    run(s, e, want) computes rows s..e-1, ``want`` the asked rows among them (indices from s;
+    None: none) -> ({i: [e - s, D]} for taps, logits [len(want), V] or None). -> the same for
+    all T rows."""
+    want = None if rows is None else np.arange(T)[rows]                 # row indices, ascending
+    parts = []
+    for s in range(0, T, size):
+        e = min(T, s + size)
+        w = None if want is None else want[(want >= s) & (want < e)] - s
+        parts.append(run(s, e, w if w is not None and len(w) else None))
+    if len(parts) == 1:
+        return parts[0]
+    return ({i: torch.cat([p[0][i] for p in parts]) for i in taps},
+            None if want is None else torch.cat([p[1] for p in parts if p[1] is not None]))
 
 
 def rows_invariant(g, cfg, rows: int) -> bool:

@@ -35,6 +35,7 @@ from .exactness import EXACT_ROWS
 from .errors import ThorError
 from .fileio import default_cache_dir
 from .lowbit_ort import NBitsWeight
+from .lowbit_step import in_calls
 from .threads import FitWatch, adapt_mode
 
 SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
@@ -221,19 +222,12 @@ class RowStep:
                 and T >= 1 and cache.length + T <= cache.k.shape[2])
 
     def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None)):
-        T = h.shape[0]
-        if T <= MAX_ROWS:
-            return self._call(h, cache, taps, rows)
-        want = None if rows is None else np.arange(T)[rows]                 # row indices, ascending
-        parts = []
-        for s in range(0, T, MAX_ROWS):       # rows are row-invariant: any split gives the same bits
-            e = min(T, s + MAX_ROWS)
-            w = None if want is None else want[(want >= s) & (want < e)] - s
-            parts.append(self._call(h[s:e], cache, taps, None if w is None or not len(w) else w))
-        return ({i: torch.cat([p[0][i] for p in parts]) for i in taps},
-                None if want is None else torch.cat([p[1] for p in parts if p[1] is not None]))
+        # rows are row-invariant: any split gives the same bits
+        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want), h.shape[0], rows, MAX_ROWS,
+                        tuple(taps))
 
-    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], rows):
+    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None):
+        """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none)."""
         T, start, cfg = h.shape[0], cache.length, self.model.cfg
         self.model.ensure_positions(start + T)
         # [T, D], the residual stream, overwritten; copied by numpy: a torch copy this size wakes
@@ -241,7 +235,6 @@ class RowStep:
         h = torch.from_numpy(np.array(h.float().numpy(), copy=True))
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
-        want = None if rows is None else np.arange(T)[rows]
         r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
         logits = torch.empty(len(r), cfg.vocab_size) if want is not None else None
         cos, sin = self.model.cos, self.model.sin

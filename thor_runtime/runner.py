@@ -107,8 +107,9 @@ class Runner:
     @property
     def prefill_kernel(self) -> str:
         """What runs prompt rows on an fp32 cache (reports, /health)."""
-        return "rowstep" if self.prefill_on_rows else self.decode_kernel if self.rows is None else (
-            "ort-step-graph" if self.step is not None else "fused-graphs")
+        if self.prefill_on_rows:
+            return "rowstep"
+        return "ort-step-graph" if self.step is not None else self.model.int4_kernel or "torch"
 
     def fused_graphs(self):
         """The per-boundary graphs of a MatMulNBits model, built on first use: they hold their

@@ -11,9 +11,10 @@ from pathlib import Path
 def _sets():
     from agent.bench import plan_cases
     from agent.evaluation import load_eval_set
+    from agent.files import AGENT_DIR
 
     yield "sample worlds", [(task, world, skills) for _, task, world, skills in plan_cases()]
-    for d in sorted((Path(__file__).resolve().parents[2] / "agent" / "evalsets").iterdir()):
+    for d in sorted((AGENT_DIR / "evalsets").iterdir()):
         if (d / "tasks.json").is_file():
             tasks, worlds = load_eval_set(d)
             yield d.name, [(t.task, *worlds[t.world]) for t in tasks]
