@@ -29,6 +29,10 @@ def test_device_bench_rows_table_and_plot(tiny_shape, tmp_path):
     assert row["verify16_over_step1"] == pytest.approx(row["verify_16rows_ms"] / row["step_1row_ms"], rel=0.01)
     assert row["graph_speedup_1row"] is None                  # no graphs on the CPU
     assert 0 < row["decode_bandwidth_share"] < 1
+    curve = row["verify_cost_curve"]                          # what --spec auto would measure here
+    assert len(curve) == 16 and curve[0] == 1.0 and all(b >= a for a, b in zip(curve, curve[1:]))
+    ks = [row[f"auto_k_at_accept_{a}"] for a in (0.6, 0.8, 0.9)]
+    assert all(0 <= k <= 15 for k in ks) and ks == sorted(ks)  # a surer drafter never gets a shorter block
     assert "| tiny | fp32 | bf16 |" in table(doc)
     plot([doc], tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 1000

@@ -90,6 +90,7 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
         sync(device)
         results.append((time.perf_counter() - t, r.stats))
     wall, st = sorted(results, key=lambda x: x[0])[len(results) // 2]
+    row.update(auto_block(rt))
     decode_tok_s = (st.generated - 1) / st.decode_s if st.decode_s else 0.0
     row["plan_shaped_latency_s"] = round(wall, 4)
     row["decode_tok_s"] = round(decode_tok_s, 1)
@@ -98,6 +99,19 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     kv_read = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * span * kv_elem
     row["bytes_per_token"] = row["weight_bytes"] + kv_read
     return row
+
+
+def auto_block(rt, rows: int = 16) -> dict:
+    """The verify cost curve `--spec auto` measures on this device (1..rows rows, in one-row
+    steps) and the block it then picks for a drafter whose every position is accepted with
+    probability a: short where rows cost more (a CPU), long where they cost the same (a GPU)."""
+    from thor_runtime.speculative.auto import Arm
+    from thor_runtime.speculative.cost import measure
+
+    curve = measure(rt, rows)
+    return {"verify_cost_curve": [round(c, 3) for c in curve.costs],
+            **{f"auto_k_at_accept_{a}": Arm("drafter", object(), rows - 1, prior=a).best_k(curve, rows - 1, 0, 0.0)[0]
+               for a in (0.6, 0.8, 0.9)}}
 
 
 def drafter_block(model, prompt, device, repeats: int) -> dict:
@@ -171,7 +185,8 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
 
 COLUMNS = ("model_shape", "weights", "kv_dtype", "prefill_tok_s", "eager_step_ms", "step_1row_ms", "step_8rows_ms",
            "verify_16rows_ms", "verify16_over_step1", "graph_speedup_1row", "drafter_block_eager_ms",
-           "drafter_block_fixed_ms", "decode_tok_s", "decode_bandwidth_share", "plan_shaped_latency_s")
+           "drafter_block_fixed_ms", "decode_tok_s", "decode_bandwidth_share", "plan_shaped_latency_s",
+           "auto_k_at_accept_0.8")
 
 
 def table(doc: dict) -> str:
