@@ -94,9 +94,9 @@ class PreparedRequest:
 def merge_stats(parts: list[Stats]) -> Stats:
     """Sum the additive counters of several generations; ttft is the first one's (latency to
     the first planned token the user sees)."""
-    total = Stats(kv_dtype=parts[0].kv_dtype if parts else "fp32", spec_note=parts[0].spec_note if parts else "")
     if not parts:
-        return total
+        return Stats()
+    total = Stats(kv_dtype=parts[0].kv_dtype, device=parts[0].device, spec_note=parts[0].spec_note)
     for name in _ADDITIVE:
         setattr(total, name, sum(getattr(p, name) for p in parts))
     total.kv_bytes = max(p.kv_bytes for p in parts)

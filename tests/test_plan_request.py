@@ -233,3 +233,15 @@ def test_the_goal_check_during_decoding_and_the_plan_share_one_parse(tiny_llama,
     goals.clear(), reads.clear()
     res = Planner(Decoding(tok, [json.dumps(json.loads(GOOD), **compact)]), tok, thinking=False).plan(TASK, w, s)
     assert res.valid and res.attempts == 1 and len(reads) == 1 and len(goals) == 1
+
+
+def test_a_plans_stats_keep_what_its_attempts_ran_on():
+    """The merged stats name the device, KV dtype and note of the generations (a plan on CUDA
+    once reported "cpu"), and sum their counters."""
+    from agent.planner import merge_stats
+    from thor_runtime.stats import Stats
+
+    parts = [Stats(kv_dtype="fp8", device="cuda:0", generated=n, spec_note="stale") for n in (5, 7)]
+    total = merge_stats(parts)
+    assert (total.device, total.kv_dtype, total.spec_note, total.generated) == ("cuda:0", "fp8", "stale", 12)
+    assert merge_stats([]).generated == 0
