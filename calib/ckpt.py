@@ -102,3 +102,26 @@ def load_checkpoint(ckpt_dir: Path, drafter, opt: torch.optim.Optimizer, gen: to
         raise ThorError(f"--resume: {f} lacks the RNG state")
     gen.set_state(t["rng.train"])
     return doc
+
+
+# What a starting drafter (`distill --init`) must share with the one being trained; the rest may
+# differ: its taps' weight kind, the plan format it learnt, its target's name.
+_SHAPE_KEYS = ("tap_layers", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+               "intermediate_size", "block_size", "window", "mask_token_id")
+
+
+def init_hash(path: str) -> str:
+    """The starting drafter's weights, in the run's fingerprint: a resume starts from the same."""
+    return sha256_file(Path(path) / "model.safetensors")
+
+
+def init_weights(drafter, path: str) -> None:
+    """Start ``drafter`` from the drafter at ``path`` (same shape, else a clear error)."""
+    from thor_runtime.speculative.dflash_io import load_drafter
+
+    start = load_drafter(path)
+    diff = [k for k in _SHAPE_KEYS if getattr(start.cfg, k) != getattr(drafter.cfg, k)]
+    if diff:
+        raise ThorError(f"distill --init {path}: that drafter differs in " + ", ".join(
+            f"{k} ({getattr(start.cfg, k)} there, {getattr(drafter.cfg, k)} here)" for k in diff))
+    drafter.load_state_dict(start.state_dict())

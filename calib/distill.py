@@ -48,7 +48,7 @@ from thor_runtime.speculative.dflash_model import (
 )
 from thor_runtime.speculative.draft_vocab import DraftVocab, response_counts
 
-from .ckpt import load_checkpoint, save_checkpoint
+from .ckpt import init_hash, init_weights, load_checkpoint, save_checkpoint
 from .features import build_features
 from agent.plan_format import FORMAT_KEY
 
@@ -89,6 +89,8 @@ class DistillConfig:
     draft_vocab: int = 2048          # head shortlist: the N most frequent response tokens (0 = full head)
     intermediate: int = 0            # the drafter's MLP width (0 = the target's): a wide target's
     #                                  MLP would make the drafter larger than it needs to be
+    init: str = ""                   # a drafter dir to start from instead of random weights (after a
+    #                                  format change the old drafter already knows the plans' words)
 
     def __post_init__(self):
         for k in ("gen_n", "gen_max_tokens", "layers", "num_taps", "window", "steps", "batch", "blocks",
@@ -116,7 +118,8 @@ class DistillConfig:
         return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, block, a.taps, a.num_taps,
                    a.window, a.steps, a.lr, a.warmup, a.batch, a.blocks, a.gamma, a.weight_decay,
                    a.ckpt_every, a.resume, a.bf16, a.seed, a.eval_n, a.eval_max_tokens, a.vocab, a.negatives,
-                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab, intermediate=a.intermediate)
+                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab, intermediate=a.intermediate,
+                   init=a.init or "")
 
     def tap_list(self, num_layers: int) -> tuple[int, ...]:
         if self.taps == "auto":
@@ -234,8 +237,10 @@ def train_vocab(in_data: torch.Tensor, negatives: int, gen: torch.Generator) -> 
 def _fingerprint(cfg: DistillConfig, dcfg: DFlashConfig, data_hash: str) -> dict:
     keep = ("layers", "block_size", "window", "steps", "lr", "warmup", "batch", "blocks", "gamma",
             "weight_decay", "bf16", "seed", "vocab", "negatives")
+    init = {"init": init_hash(cfg.init)} if cfg.init else {}       # none: checkpoints made before --init
     return {**{k: getattr(cfg, k) for k in keep}, "drafter": json.dumps(asdict(dcfg), sort_keys=True),
-            "data": data_hash}
+            "data": data_hash, **init}
+
 
 
 def _plot(losses: list, path: Path) -> None:
@@ -332,6 +337,8 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
         for n, p in drafter.named_parameters():
             if not n.endswith("norm.weight"):
                 p.normal_(0.0, 0.02)
+    if cfg.init:
+        init_weights(drafter, cfg.init)
     drafter.bind_target(model.embed_w.float(), model.lm_head.float())
     for p in (drafter.embed_w, drafter.lm_head_w):
         p.requires_grad_(False)

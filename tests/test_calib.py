@@ -184,6 +184,26 @@ def test_distill_loss_decreases_and_resume(tiny_llama, tiny_data, tmp_path):
         run_distill(tiny_llama, replace(part, resume=True), progress=False)
 
 
+def test_distill_starts_from_a_drafter(tiny_llama, tiny_data, tmp_path):
+    """--init: training starts at the given drafter's weights (a retrain after a format change
+    begins where the old drafter left off); another shape is refused by name."""
+    from thor_runtime.speculative.dflash_io import save_drafter
+
+    cfg = _dcfg(tmp_path / "start", tiny_data, steps=12)
+    run_distill(tiny_llama, cfg, progress=False)
+    cold = json.loads((tmp_path / "start" / "ckpt" / "ckpt.json").read_text())["losses"]
+    warm_cfg = _dcfg(tmp_path / "warm", tiny_data, steps=12, init=str(tmp_path / "start"))
+    run_distill(tiny_llama, warm_cfg, progress=False)
+    warm = json.loads((tmp_path / "warm" / "ckpt" / "ckpt.json").read_text())["losses"]
+    assert warm[0][1] < cold[0][1] - 0.2                     # it begins where the first run got to
+    fp = json.loads((tmp_path / "warm" / "ckpt" / "ckpt.json").read_text())["fingerprint"]
+    assert len(fp["init"]) == 64
+
+    save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path / "other")
+    with pytest.raises(ThorError, match=r"--init .*differs in block_size \(4 there, 8 here\)"):
+        run_distill(tiny_llama, _dcfg(tmp_path / "bad", tiny_data, init=str(tmp_path / "other")), progress=False)
+
+
 def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):
     from collections import Counter
 

@@ -162,6 +162,9 @@ def register(sub) -> None:
     d.add_argument("--weight-decay", type=float, default=0.01)
     d.add_argument("--ckpt-every", type=positive_int, default=100)
     d.add_argument("--resume", action="store_true")
+    d.add_argument("--init", default=None, metavar="DRAFTER",
+                   help="start from this drafter's weights (same shape) instead of random ones: "
+                        "retraining after a plan-format change")
     d.add_argument("--bf16", action="store_true",
                    help="bf16 autocast (slower than fp32 with --vocab data on CPU; see distill.py)")
     d.add_argument("--seed", type=int, default=0)
