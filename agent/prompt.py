@@ -56,27 +56,42 @@ def describe_skill(s: Skill) -> str:
     return f"- {s.name}({args}): {s.description}{pre}{eff}"
 
 
-def _obj(o) -> str:
-    extra = "".join([f", at {o.at}" if o.at else "", f", on {o.on}" if o.on else "", f", {o.state}" if o.state else "",
-                     ", fixed" if not o.graspable else "", _called(o)])
-    return f"{o.name} ({o.type}, {_num(o.mass_kg)} kg, {_xyz(o.position)}{extra})"
+def _obj(o, coordinates: bool) -> str:
+    # Coordinates only where nothing else locates the object: a place or a support says where
+    # it is in a few tokens, and digits cost one token each (a position is ~14). Mass only for
+    # what can be carried. The gate checks reach and payload from the world file, not from this.
+    where = [f"at {o.at}" if o.at else "", f"on {o.on}" if o.on else ""]
+    extra = [f"{_num(o.mass_kg)} kg" if o.graspable else "",
+             _xyz(o.position) if coordinates and not (o.at or o.on) else "",
+             *where, o.state or "", "" if o.graspable else "fixed"]
+    return f"{o.name} ({', '.join([o.type, *(e for e in extra if e)])}{_called(o)})"
 
 
 def _called(thing) -> str:
     return ", also called " + " or ".join(f'"{a}"' for a in thing.aliases) if thing.aliases else ""
 
 
-def describe_world(world: World) -> str:
-    r = world.robot
-    lines = [f"World: {world.name}",
-             f"Robot workspace: x {_num(r.workspace_min[0])}..{_num(r.workspace_max[0])}, "
-             f"y {_num(r.workspace_min[1])}..{_num(r.workspace_max[1])}, "
-             f"z {_num(r.workspace_min[2])}..{_num(r.workspace_max[2])} m; max payload {_num(r.max_payload_kg)} kg"
-             + (f"; robot at {r.at}" if r.at else "")]
+def takes_positions(skills: SkillSet | None) -> bool:
+    """Whether some skill has a position argument: only then do coordinates earn their tokens."""
+    return skills is None or any(a.type == "position" for s in skills.skills for a in s.args)
+
+
+def describe_world(world: World, skills: SkillSet | None = None) -> str:
+    """The world as the planner reads it: names, types, where things are, what state they are
+    in. Coordinates (the workspace, the places', an unplaced object's) only when a skill takes a
+    position (``skills`` None: as if one did)."""
+    r, coords = world.robot, takes_positions(skills)
+    robot = f"max payload {_num(r.max_payload_kg)} kg" + (f"; robot at {r.at}" if r.at else "")
+    if coords:
+        lo, hi = r.workspace_min, r.workspace_max
+        robot = f"workspace x {_num(lo[0])}..{_num(hi[0])}, y {_num(lo[1])}..{_num(hi[1])}, " \
+                f"z {_num(lo[2])}..{_num(hi[2])} m; " + robot
+    lines = [f"World: {world.name}", "Robot: " + robot]
     if world.objects:
-        lines.append("Objects: " + "; ".join(_obj(o) for o in world.objects))
+        lines.append("Objects: " + "; ".join(_obj(o, coords) for o in world.objects))
     if world.places:
-        lines.append("Places: " + "; ".join(f"{p.name} {_xyz(p.position)}{_called(p)}" for p in world.places))
+        lines.append("Places: " + "; ".join(p.name + (f" {_xyz(p.position)}" if coords else "") + _called(p)
+                                            for p in world.places))
     return "\n".join(lines)
 
 
@@ -137,7 +152,7 @@ def shared_instructions(skills: SkillSet) -> str:
 
 
 def system_prompt(world: World, skills: SkillSet) -> str:
-    return shared_instructions(skills) + "\n" + describe_world(world)
+    return shared_instructions(skills) + "\n" + describe_world(world, skills)
 
 
 def format_errors(errors) -> str:

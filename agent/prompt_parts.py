@@ -23,7 +23,7 @@ def prompt_parts(tok, task: str, world: World, skills: SkillSet) -> dict[str, in
     total = len(tok.encode_chat(build_messages(task, world, skills)))
     parts = {"instructions": n(OPENING + "\n" + GOAL_RULE[0] + GOAL_RULE[1]), "example": n("Example: " + _EXAMPLE),
              "goal_forms": n(goal_forms(skills)), "skills": n(describe_skills(skills)),
-             "world": n(describe_world(world)), "task": n(task)}
+             "world": n(describe_world(world, skills)), "task": n(task)}
     parts["template"] = total - sum(parts.values())
     return {**parts, "total": total}
 

@@ -39,3 +39,22 @@ def test_bench_prompt_parts_end_to_end(tmp_path, capsys):
     assert "sample worlds" in doc["sets"] and any(k.startswith("8-blocksworld") for k in doc["sets"])
     assert all(r["requests"] == len(r["rows"]) > 0 for r in doc["sets"].values())
     assert "| sample worlds |" in capsys.readouterr().out
+
+
+def test_the_world_says_where_things_are_in_names_and_coordinates_only_where_they_earn_tokens():
+    """Objects on a place or a support are located by its name; coordinates (the workspace, the
+    places', an unplaced object's) appear only when a skill takes a position; mass only for what
+    can be carried. The gate still checks reach and payload from the world file."""
+    from agent.prompt import describe_world
+
+    w, s = world_and_skills("kitchen")                   # manipulation skills: move_arm takes a position
+    text = describe_world(w, s)
+    assert "red_cup (cup, 0.25 kg, at counter)" in text and "[0.3,0.1,0.92]" not in text
+    assert "drawer (drawer, [0.2,-0.4,0.7], closed, fixed)" in text          # nothing else locates it
+    assert "counter [0,0,0.9]" in text and "workspace x -0.6..0.6" in text and "max payload 2 kg" in text
+    no_positions = type(s)(skills=tuple(k for k in s.skills if all(a.type != "position" for a in k.args)),
+                           source=s.source)
+    bare = describe_world(w, no_positions)
+    assert "[" not in bare and "workspace" not in bare and "Places: counter; sink;" in bare
+    assert "drawer (drawer, closed, fixed)" in bare and "max payload 2 kg" in bare
+    assert describe_world(w) == text                      # no skills given: as if one took positions
