@@ -114,8 +114,13 @@ _GOAL_EXAMPLES = {
 # only when the library has what it needs: (the skill names and condition kinds it uses, task, goal).
 _PROCESS_EXAMPLES = (
     ({"wait"}, "wait 5 seconds", '{"do":"wait","args":{"duration":5}}'),
+    ({"push"}, "push the cup 5 cm left", '{"do":"push","args":{"object":"cup","direction":"left","distance":0.05}}'),
+    ({"inspect"}, "inspect the pen twice", '{"do":"inspect","args":{"object":"pen"},"times":2}'),
     ({"inspect", "at"}, "check the pen, then put it in the box",
      '{"before":[{"do":"inspect","args":{"object":"pen"}},{"object":"pen","at":"box"}]},{"object":"pen","at":"box"}'),
+    ({"wait", "robot_at"}, "go to the dock, wait 5 seconds, then come back to the desk",
+     '{"before":[{"robot_at":"dock"},{"do":"wait","args":{"duration":5}},{"robot_at":"desk"}]},{"robot_at":"desk"}'),
+    ({"at"}, "move everything on the shelf to the box", '{"every":{"at":"shelf"},"at":"box"}'),
     ({"at"}, "put all the cups you can carry in the box", '{"every":{"type":"cup","carriable":true},"at":"box"}'),
 )
 

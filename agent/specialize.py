@@ -310,10 +310,13 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         return {"$ref": f"#/$defs/{name}"}
 
     # a task about no object of this world may still ask for a call on none ("turn round
-    # 180 degrees", "wait ten seconds"); its object calls and sets are for tasks about things
+    # 180 degrees", "wait ten seconds"); its object calls and sets are for tasks about things.
+    # A set needs a word of one ("all", "everything", "anything": a closed class of words):
+    # a small model otherwise copies the `every` form onto "scan the loading dock"
     lacking = r is not None and bool(r.lacking)          # a thing to carry that is not here: nothing else
+    sets = not only_missing and (r is None or r.sets)
     process = [] if lacking else _process_branches(world, skills, kinds, states, list(branches),
-                                                   objs if r is not None else None, ref, sets=not only_missing)
+                                                   objs if r is not None else None, ref, sets=sets)
     branches += process
     # an object the task names may open the goal with a call on it or an order too
     more = [ref("goal_process", {"anyOf": process})] if lead and process else []
