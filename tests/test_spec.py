@@ -195,11 +195,14 @@ def test_auto_spec_picks_the_shipped_drafter_only_for_its_target(default_model, 
     import torch
     bf16 = SimpleNamespace(cfg=m.cfg, quant=None, dtype=torch.bfloat16)
     assert weights_kind(bf16) == "bf16" and not shipped_drafter_fits(bf16)
-    # under auto, free text looks up matches of 3+ tokens; constrained plans keep 2
+    # under auto's cost policy free text looks up matches of 2+ tokens as ngram does (the policy
+    # pauses drafts that do not pay); with --fixed-k (no policy) only matches of 3+
     from thor_runtime.speculative import build_speculation
     for target in (m, low):
         sp = build_speculation(SpecOptions(method="auto"), target)
-        assert sp.free_text is not None and sp.free_text.proposer.cfg.min_n == 3
+        assert sp.free_text is not None and sp.free_text.proposer.cfg.min_n == 2
+        fixed = build_speculation(SpecOptions(method="auto", fixed_k=True), target)
+        assert fixed.free_text.proposer.cfg.min_n == 3
     assert build_speculation(SpecOptions(method="auto"), low).proposer.cfg.min_n == 2
     assert build_speculation(SpecOptions(method="ngram"), m).free_text is None
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path)

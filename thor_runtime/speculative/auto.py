@@ -224,7 +224,7 @@ class CostBudget:
 
 def with_cost_policy(spec, opts):
     """``spec``, auto's proposers as build_speculation chose them (the drafter-based one where a
-    drafter fits, else lookup; the stricter lookup for free text), with the policy choosing
+    drafter fits, else lookup; lookup for free text), with the policy choosing
     among them and plain decoding per request. The named draft budget gives way to CostBudget."""
     from .ngram import NgramConfig, NgramProposer
 
