@@ -242,7 +242,6 @@ def _fingerprint(cfg: DistillConfig, dcfg: DFlashConfig, data_hash: str) -> dict
             "data": data_hash, **init}
 
 
-
 def _plot(losses: list, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
