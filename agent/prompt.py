@@ -60,10 +60,10 @@ def _obj(o, coordinates: bool) -> str:
     # Coordinates only where nothing else locates the object: a place or a support says where
     # it is in a few tokens, and digits cost one token each (a position is ~14). Mass only for
     # what can be carried. The gate checks reach and payload from the world file, not from this.
-    where = [f"at {o.at}" if o.at else "", f"on {o.on}" if o.on else ""]
     extra = [f"{_num(o.mass_kg)} kg" if o.graspable else "",
              _xyz(o.position) if coordinates and not (o.at or o.on) else "",
-             *where, o.state or "", "" if o.graspable else "fixed"]
+             f"at {o.at}" if o.at else "", f"on {o.on}" if o.on else "", o.state or "",
+             "" if o.graspable else "fixed"]
     return f"{o.name} ({', '.join([o.type, *(e for e in extra if e)])}{_called(o)})"
 
 
