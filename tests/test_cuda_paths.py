@@ -111,7 +111,8 @@ async def test_cuda_service_answers_on_the_gpu(aiohttp_client, on_gpu):
     assert (await wait_health(client))[0] == 200
     report = await (await client.get("/health/report")).json()
     assert report["runtime"]["device"].startswith("cuda"), report["runtime"]
-    assert client.app[STATE].host.hosted.runtime.decoder is not None
+    decoder = client.app[STATE].host.hosted.runtime.decoder
+    assert decoder is not None and decoder.slots == 4          # a KV slot per request generating
 
     async def plan(task):
         r = await client.post("/v1/plan", json={"task": task, "world": "kitchen", "max_tokens": 40, "attempts": 0})
@@ -120,6 +121,52 @@ async def test_cuda_service_answers_on_the_gpu(aiohttp_client, on_gpu):
     tasks = ["put the red cup in the sink", "move the apple to the table"]
     answers = await asyncio.gather(*(plan(t) for t in tasks))           # several clients: all answered
     for task, (status, body) in zip(tasks, answers):
-        want = direct_plan(on_gpu, task, "kitchen", 40, 0)
+        want = direct_plan(on_gpu, task, "kitchen", 40, 0, share=4)
         assert status in (200, 422), body
         assert body["plan"] == want.plan and body["valid"] == want.valid
+
+
+@pytest.mark.parametrize("kind", ["none", "ngram", "dflash"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_cuda_slots_commit_what_each_commits_alone(on_gpu, tmp_path, kind, kv):
+    """In-flight batching on the GPU: four sequences at once, each in its KV slot of the
+    fixed-shape decoder, commit what each commits alone, plain and speculative, half of them
+    under a plan grammar; the graphs are captured while the other sequences run; and
+    speculative == plain in the batch."""
+    import threading
+
+    from agent.grammar import Grammar, GrammarTokenizer
+
+    tok = on_gpu.tokenizer
+    g = Grammar(GrammarTokenizer(tok), PLAN_LIKE)
+    prompts = [tok.encode(p) for p in ('{"skill":"pick","target":{"name":"cup"', "pick up the red cup",
+                                       "go to the dock and wait", '{"skill":"place","target":')]
+    spec = {"none": Speculation(), **speculations(on_gpu, tmp_path)}[kind]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    rt = Runtime(on_gpu.model, tok, kv_dtype=kv, cost_cache=str(tmp_path / "cache"))
+    assert rt.share(4) == 4 and rt.decoder.slots == 4 and rt.decoder.captured == 0
+
+    def one(i, sp):
+        return rt.generate(prompts[i], params, sp, constraint=g.constraint() if i % 2 == 0 else None).token_ids
+
+    together, errors = [None] * 4, []
+    go = threading.Barrier(4)
+
+    def run(i):
+        try:
+            go.wait()
+            together[i] = one(i, spec)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert rt.decoder.captured >= 1 and max(rt.batch.rounds) > 1, rt.batch.rounds
+    alone = [one(i, spec) for i in reversed(range(4))][::-1]        # each in another slot than before
+    plain = [one(i, Speculation()) for i in range(4)]
+    assert together == alone == plain
+    assert sorted(rt.decoder._free) == [0, 1, 2, 3]

@@ -197,9 +197,67 @@ def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
     assert rt.batch is not None and not rt.batch.shared_forward   # its rounds: one call after another
 
 
-def test_a_decoder_with_one_store_serves_one_sequence_at_a_time(tiny_llama):
-    """Fixed-shape decode keeps one static KV store for every request: sharing it would mix
-    sequences, so the runtime allows one generate at a time (the service runs one worker)."""
-    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, max_context=64)
-    assert rt.share(4) == 1 and rt.batch is None
-    assert Runtime(tiny_llama.model, tiny_llama.tokenizer).share(4) == 4
+@pytest.mark.parametrize("kind", ["none", "ngram", "dflash"])
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind, kv):
+    """The fixed-shape decoder (CUDA's) gets a KV slot per sequence and runs every slot's rows
+    in each forward: four sequences at once commit what each commits alone through it, their
+    drafts ride in the shared rounds, and every slot is given back."""
+    from agent.grammar import Grammar
+
+    m, tok = tiny_llama.model, tiny_llama.tokenizer
+    words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]
+    prompts = [tok.encode(f"{PROMPT} {w}") for w in words]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]}
+    grammar = Grammar(gtok, schema)
+
+    def constraint_for(i):
+        return grammar.constraint() if i % 2 == 0 else None
+
+    rt = Runtime(m, tok, kv_dtype=kv, fixed_shape=True, step_rows=8, max_context=128)
+    assert rt.share(4) == 4 and rt.decoder.slots == 4 and rt.batch.shared_forward
+    spec = _spec(kind, m)
+    # alone, last prompt first: a slot is taken in turn, so each prompt decodes in another
+    # slot (another stretch of the forward's rows) than it gets in the batch
+    alone = _generate_all(rt, prompts[::-1], spec, lambda i: constraint_for(3 - i), concurrent=False)[::-1]
+    together = _generate_all(rt, prompts, spec, constraint_for, concurrent=True)
+    assert together == alone
+    assert max(rt.batch.rounds) > 1, rt.batch.rounds
+    assert sorted(rt.decoder._free) == [0, 1, 2, 3]
+    # the cost of a verify does not grow with its rows: every forward runs all of them
+    assert rt.decoder.span == rt.decoder.capacity
+
+
+def test_fixed_shape_slots_are_held_and_given_back(tiny_llama):
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64)
+    assert rt.decoder.slots == 1 and rt.share(1) == 1 and rt.batch is None
+    assert rt.share(2) == 2
+    dec = rt.decoder
+    a, b = dec.new_cache(10), dec.new_cache(10)
+    with pytest.raises(ThorError, match="all 2 decode slots are in use"):
+        dec.new_cache(10)
+    dec.release(a)
+    assert dec.new_cache(10) is a
+    ids = torch.tensor([1, 2, 3])
+    with pytest.raises(ThorError, match="its own KV store"):
+        dec.verify(ids, KVCache(tiny_llama.cfg, 16))
+    with pytest.raises(ThorError, match="two verifies of one slot"):
+        dec.verify_many([VerifyCall(ids, b), VerifyCall(ids, b)])
+
+
+def test_a_slot_that_is_prefilling_keeps_its_keys_through_a_round(tiny_llama):
+    """A round runs every slot's rows; a slot with no call in it (a request still prefilling)
+    writes its padding past the context, so its prompt's keys stay as its prefill left them."""
+    m = tiny_llama.model
+    rt = Runtime(m, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64)
+    rt.share(2)
+    dec = rt.decoder
+    busy, idle = dec.new_cache(40), dec.new_cache(40)
+    ids = torch.arange(1, 21)
+    m.prefill(ids[:10], busy)
+    m.prefill(ids[:12], idle)
+    k, v = idle.k[:, :, :12].clone(), idle.v[:, :, :12].clone()
+    for t in range(3):
+        dec.verify(ids[10 + t:14 + t], busy)
+        busy.crop(11 + t)
+    assert idle.length == 12 and torch.equal(idle.k[:, :, :12], k) and torch.equal(idle.v[:, :, :12], v)

@@ -41,16 +41,19 @@ def start(aiohttp_client):
     return go
 
 
-def direct_plan(loaded, task, world_name, max_tokens, attempts):
-    """What `thor plan --json` computes for the same request (same runtime, plain greedy)."""
+def direct_plan(loaded, task, world_name, max_tokens, attempts, share: int = 1):
+    """What `thor plan --json` computes for the same request (same runtime, plain greedy).
+    ``share``: the runtime set up for that many requests at once, as the service's is (on CUDA
+    its decode forwards then take that many sequences' rows: another shape)."""
     from agent.files import AGENT_DIR, load_skills, load_world, resolve_skills_path
     from agent.planner import Planner
     from thor_runtime.generate import Runtime
 
     world = load_world(AGENT_DIR / "worlds" / f"{world_name}.json")
     skills = load_skills(resolve_skills_path(world, None))
-    planner = Planner(Runtime(loaded.model, loaded.tokenizer), loaded.tokenizer, max_tokens=max_tokens,
-                      attempts=attempts)
+    rt = Runtime(loaded.model, loaded.tokenizer)
+    rt.share(share)
+    planner = Planner(rt, loaded.tokenizer, max_tokens=max_tokens, attempts=attempts)
     return planner.plan(task, world, skills)
 
 

@@ -13,8 +13,9 @@ weights' trip through memory (the point of batching on a CPU: a 4-row projection
 Which form runs follows the kernel the runner picks for each call: the row kernel takes rows of
 several caches in one call (rowstep.py ``many``), the layer path (torch, engine backends, the
 fused graphs) takes concatenated rows with attention split by sequence. A kernel that binds one
-cache per call (the ORT step graph), a decode owner of its own (fixed-shape, padded) and hybrid
-targets run the calls one after another: still exact, not faster.
+cache per call (the ORT step graph), the padded verify and hybrid targets run the calls one
+after another: still exact, not faster. The fixed-shape decoder (fixed_shape.py, CUDA) keeps a
+KV slot per sequence and runs them as the one forward it runs anyway.
 """
 from __future__ import annotations
 
@@ -47,8 +48,16 @@ def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[Forwar
     return form(model, calls)
 
 
+def _slotted(verify):
+    """The fixed-shape decoder with several slots whose verify this is, or None."""
+    owner = getattr(verify, "__self__", None)
+    return owner if getattr(owner, "slots", 1) > 1 and hasattr(owner, "verify_many") else None
+
+
 def shares(model, verify) -> bool:
     """Whether rounds of this model and verify run as one forward (else one call after another)."""
+    if _slotted(verify) is not None:
+        return True
     if model.is_hybrid or getattr(verify, "__self__", None) is not model:
         return False
     r = model.runner
@@ -59,6 +68,9 @@ def _form(model, verify, calls):
     """The batched form that runs these calls as their verifies alone would, or None."""
     if len(calls) < 2 or not shares(model, verify):
         return None
+    slotted = _slotted(verify)
+    if slotted is not None:          # every forward runs all its slots' rows anyway
+        return lambda model, calls: slotted.verify_many(calls)
     r = model.runner
     if r is None:
         return _layers_with(model.segments(True))

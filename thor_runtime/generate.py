@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -84,8 +84,8 @@ class Runtime:
         # recurrent state cannot be cut back to a shorter common start.
         self.prefixes = PrefixCache(prefix_cache) if prefix_cache > 0 and not model.is_hybrid else None
         # who runs the verifies and holds the request's cache (runner.py)
-        self.decode = pick_decode(DecodeAsk(model, kv_dtype, kv_scales, fixed_shape, step_rows, max_context,
-                                            compile))
+        self._ask = DecodeAsk(model, kv_dtype, kv_scales, fixed_shape, step_rows, max_context, compile)
+        self.decode = pick_decode(self._ask)
         self.decoder, self.pad_rows, self.verify = self.decode.decoder, self.decode.pad_rows, self.decode.verify
         self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
         self.cost_cache, self._curve = cost_cache, None
@@ -97,13 +97,19 @@ class Runtime:
     def share(self, limit: int) -> int:
         """Let up to ``limit`` concurrent ``generate`` calls decode together: their verifies run
         as one forward (what each commits stays what it would commit alone), their prefill
-        chunks and rounds one at a time on the cores. -> how many calls may run at once: 1
-        where the decode owner keeps one KV store for every request (fixed-shape decode)."""
+        chunks and rounds one at a time on the cores. -> how many calls may run at once.
+        A fixed-shape decoder is rebuilt with a KV slot per call (its forwards then always run
+        every slot's rows: fixed_shape.py); one whose forwards a graph backend runs keeps one
+        store and serves one call at a time."""
         from .inflight import StepBatch
 
         if self.decoder is not None:
-            self.batch = None
-            return 1
+            if limit <= 1 or self.model.backend is not None:
+                self.batch = None
+                return 1
+            if self.decoder.slots != limit:
+                self.decode = pick_decode(replace(self._ask, slots=limit))
+                self.decoder, self.verify = self.decode.decoder, self.decode.verify
         self.batch = StepBatch(self.model, self.verify, limit) if limit > 1 else None
         return max(1, limit)
 
@@ -149,83 +155,86 @@ class Runtime:
             raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
                             f"of {cfg.max_position_embeddings} tokens")
         cache = self.decode.cache(self.new_cache, len(prompt_ids) + params.max_tokens, k)
-        gen = None if params.greedy else make_generator(params.seed)
-        stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
-                      device=str(self.model.device), spec_note=speculation.note)
-        if constraint is not None:
-            constraint = TimedConstraint(constraint, stats)
-        taps = proposer.tap_layers if proposer is not None else ()
-        stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
+        try:
+            gen = None if params.greedy else make_generator(params.seed)
+            stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
+                          device=str(self.model.device), spec_note=speculation.note)
+            if constraint is not None:
+                constraint = TimedConstraint(constraint, stats)
+            taps = proposer.tap_layers if proposer is not None else ()
+            stop = _Stopper(self.tok, params, getattr(self.tok, "eos_token_ids", ()))
 
-        # ---- prefill: fills the cache, seeds the drafter window from the prompt tail
-        t0 = time.perf_counter()
-        self.threads.start()
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
-        seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
-        # a start some recent prompt shared comes from the prefix cache; the last row (its
-        # logits) and the drafter's seed rows (their taps) always run
-        with self._shared:
-            reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
-                      if self.prefixes is not None else 0)
-            stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
-        out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
-        if self.prefixes is not None:
+            # ---- prefill: fills the cache, seeds the drafter window from the prompt tail
+            t0 = time.perf_counter()
+            self.threads.start()
+            ids = torch.tensor(prompt_ids, dtype=torch.long)
+            seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
+            # a start some recent prompt shared comes from the prefix cache; the last row (its
+            # logits) and the drafter's seed rows (their taps) always run
             with self._shared:
-                self.prefixes.store(prompt_ids, cache)
-        stats.cached_prompt_tokens = reused
-        if proposer is not None:
-            proposer.start(list(prompt_ids), out.taps or None)
-        first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
-                             constraint)[1]
-        stats.ttft_s = time.perf_counter() - t0
-        stats.prefill_s = stats.ttft_s
-        seq = list(prompt_ids)
-        done = self._commit(first, seq, stop, constraint, on_token)
+                reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
+                          if self.prefixes is not None else 0)
+                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
+            out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
+            if self.prefixes is not None:
+                with self._shared:
+                    self.prefixes.store(prompt_ids, cache)
+            stats.cached_prompt_tokens = reused
+            if proposer is not None:
+                proposer.start(list(prompt_ids), out.taps or None)
+            first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
+                                 constraint)[1]
+            stats.ttft_s = time.perf_counter() - t0
+            stats.prefill_s = stats.ttft_s
+            seq = list(prompt_ids)
+            done = self._commit(first, seq, stop, constraint, on_token)
 
-        # ---- decode: one cycle per iteration
-        t_dec = time.perf_counter()
-        budget_state = draft_budget.start() if draft_budget is not None else None
-        verify = self.batch.verify if self.batch is not None else self.verify
-        with self.batch.member() if self.batch is not None else nullcontext():
-            while not done:
-                self.threads.tick()
-                t_a = time.perf_counter()
-                forced_ids = self._forced(stop, params, constraint)
-                cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
-                if self.batch is not None and self.batch.shared_forward and self.batch.members > 1:
-                    # In a shared round every row is compute the other sequences wait for, and on a
-                    # CPU a row costs ~0.4 of a step even in a wide round (the verify cost
-                    # curve): the others' anchors fill the round better than guesses do. The
-                    # grammar's forced tokens still ride (they are certain).
-                    cap = 0
-                t_p = time.perf_counter()
-                with self._compute():      # a drafter's forward: not beside a round's
-                    drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
-                                                               forced_ids)
-                t_b = time.perf_counter()
-                rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
-                vout = verify(rows, cache, taps=taps)                                   # logits [K+1, V]
-                t_c = time.perf_counter()
-                n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
-                                                constraint, stats)
-                # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
-                # token becomes the next anchor.
-                cache.crop(len(seq) + n_acc)
-                t_k = time.perf_counter()
-                if proposer is not None:
-                    proposer.commit(n_acc + 1, vout.taps or None)
-                keep_s = time.perf_counter() - t_k
-                done = self._commit(committed, seq, stop, constraint, on_token)
-                if draft_budget is not None:
-                    cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
-                    budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
-                                                       cost)
-                stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
-                                   time.perf_counter() - t_c, capped=cap < k)
-        stats.decode_s = time.perf_counter() - t_dec
-        stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
-        stats.generated = len(stop.out)
-        return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
+            # ---- decode: one cycle per iteration
+            t_dec = time.perf_counter()
+            budget_state = draft_budget.start() if draft_budget is not None else None
+            verify = self.batch.verify if self.batch is not None else self.verify
+            with self.batch.member() if self.batch is not None else nullcontext():
+                while not done:
+                    self.threads.tick()
+                    t_a = time.perf_counter()
+                    forced_ids = self._forced(stop, params, constraint)
+                    cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
+                    if self.batch is not None and self.batch.shared_forward and self.batch.members > 1:
+                        # In a shared round every row is compute the other sequences wait for, and on a
+                        # CPU a row costs ~0.4 of a step even in a wide round (the verify cost
+                        # curve): the others' anchors fill the round better than guesses do. The
+                        # grammar's forced tokens still ride (they are certain).
+                        cap = 0
+                    t_p = time.perf_counter()
+                    with self._compute():      # a drafter's forward: not beside a round's
+                        drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
+                                                                   forced_ids)
+                    t_b = time.perf_counter()
+                    rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
+                    vout = verify(rows, cache, taps=taps)                                   # logits [K+1, V]
+                    t_c = time.perf_counter()
+                    n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
+                                                    constraint, stats)
+                    # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
+                    # token becomes the next anchor.
+                    cache.crop(len(seq) + n_acc)
+                    t_k = time.perf_counter()
+                    if proposer is not None:
+                        proposer.commit(n_acc + 1, vout.taps or None)
+                    keep_s = time.perf_counter() - t_k
+                    done = self._commit(committed, seq, stop, constraint, on_token)
+                    if draft_budget is not None:
+                        cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
+                        budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
+                                                           cost)
+                    stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
+                                       time.perf_counter() - t_c, capped=cap < k)
+            stats.decode_s = time.perf_counter() - t_dec
+            stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
+            stats.generated = len(stop.out)
+            return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
+        finally:
+            self.decode.release(cache)     # a slot of a decoder with several goes back
 
     def _prefill(self, ids, cache, taps, seed_rows, on_prefill):
         """The model's chunked prefill, with ``on_prefill`` between whole chunks. The last call

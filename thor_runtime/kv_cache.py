@@ -72,7 +72,9 @@ class KVCache:
 
     def __init__(self, cfg: ModelConfig, max_len: int, kv_dtype: str = "fp32",
                  compute_dtype: torch.dtype = torch.float32, scales: KVScales | None = None,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", storage: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``storage``: (k, v) tensors of the shape below to hold the keys and values in (a slot
+        of a SlotStore), instead of new ones."""
         if kv_dtype not in KV_DTYPES:
             raise ThorError(f"unknown KV dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
         self.cfg, self.max_len, self.kv_dtype = cfg, max_len, kv_dtype
@@ -80,8 +82,9 @@ class KVCache:
         # One slot past the capacity: a graph that pads a single row to two (lowbit_step.py)
         # writes the copy's key there; it is never read.
         shape = (cfg.num_layers, cfg.num_kv_heads, max_len + 1, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S + 1, Dh]
-        self.v = torch.zeros(shape, dtype=self.store_dtype, device=device)  # [L, Hkv, S + 1, Dh]
+        if storage is None:
+            storage = tuple(torch.zeros(shape, dtype=self.store_dtype, device=device) for _ in "kv")
+        self.k, self.v = storage                                             # [L, Hkv, S + 1, Dh] each
         self.lengths = [0] * cfg.num_layers
         self.scales = scales or KVScales.unit(cfg)
         # [L, Hkv, 1, 1] so a whole layer quantizes in one broadcast.
@@ -105,17 +108,6 @@ class KVCache:
         self.k[layer, :, start:start + t] = k
         self.v[layer, :, start:start + t] = v
         self.lengths[layer] = start + t
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """k, v: [Hkv, T, Dh] stored at positions pos [T] (a device tensor, so the write can sit
-        in a CUDA graph); lengths are the caller's to set (fixed_shape.py)."""
-        k, v = self._stored(layer, k, v)
-        if self.fp8:      # index_copy_ has no fp8 kernels: move the bytes
-            self.k[layer].view(torch.uint8).index_copy_(1, pos, k.view(torch.uint8))
-            self.v[layer].view(torch.uint8).index_copy_(1, pos, v.view(torch.uint8))
-            return
-        self.k[layer].index_copy_(1, pos, k)
-        self.v[layer].index_copy_(1, pos, v)
 
     def _stored(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self.fp8:
@@ -159,3 +151,44 @@ class KVCache:
         self.k[:, :, :n] = src.k[:, :, :n]
         self.v[:, :, :n] = src.v[:, :, :n]
         self.lengths = [n] * self.cfg.num_layers
+
+
+class SlotStore:
+    """The keys and values of ``slots`` sequences in one tensor each, so that one forward writes
+    and reads every slot (fixed_shape.py's in-flight batching). Slot b is also a KVCache over
+    its own part of the tensors (``caches[b]``), for its prefill, its crop and the prefix cache."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int, slots: int, kv_dtype: str = "fp32",
+                 compute_dtype: torch.dtype = torch.float32, scales: KVScales | None = None,
+                 device: str | torch.device = "cpu"):
+        if kv_dtype not in KV_DTYPES:
+            raise ThorError(f"unknown KV dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+        shape = (slots, cfg.num_layers, cfg.num_kv_heads, max_len + 1, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=KV_DTYPES[kv_dtype], device=device)   # [B, L, Hkv, S + 1, Dh]
+        self.v = torch.zeros(shape, dtype=KV_DTYPES[kv_dtype], device=device)   # [B, L, Hkv, S + 1, Dh]
+        self.caches = [KVCache(cfg, max_len, kv_dtype, compute_dtype, scales, device, storage=(self.k[b], self.v[b]))
+                       for b in range(slots)]
+        self._rows = torch.arange(slots, device=device)[:, None]                # [B, 1]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """k, v: [Hkv, B * R, Dh], slot by slot; pos [B, R]: each row's position in its slot."""
+        B, R = pos.shape
+        c = self.caches[0]
+        k, v = c._stored(layer, k, v)                              # quantized like every slot's
+        for src, dst in ((k, self.k), (v, self.v)):
+            src = src.reshape(src.shape[0], B, R, -1).permute(1, 2, 0, 3)          # [B, R, Hkv, Dh]
+            dst = dst[:, layer]                                                     # [B, Hkv, S + 1, Dh]
+            if c.fp8:     # index_put_ has no fp8 kernels: move the bytes
+                src, dst = src.view(torch.uint8), dst.view(torch.uint8)
+            dst[self._rows, :, pos] = src
+
+    def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first n keys and values of every slot, [B, Hkv, n, Dh] in the compute dtype."""
+        c = self.caches[0]
+        k, v = self.k[:, layer, :, :n], self.v[:, layer, :, :n]
+        if c.fp8:
+            return ((k.to(torch.float32) * c._ks[layer]).to(c.compute_dtype),
+                    (v.to(torch.float32) * c._vs[layer]).to(c.compute_dtype))
+        if k.dtype != c.compute_dtype:
+            return k.to(c.compute_dtype), v.to(c.compute_dtype)
+        return k, v

@@ -158,6 +158,7 @@ class DecodeAsk:
     step_rows: int = STEP_ROWS        # kernels are not row-invariant (CUDA)
     max_context: int | None = None
     compile: bool = False
+    slots: int = 1                    # sequences decoding at once (fixed-shape decode keeps a slot each)
 
     @property
     def one_shape(self) -> bool:
@@ -173,13 +174,16 @@ class Decode:
     cache: Callable
     decoder: FixedShapeDecoder | None = None
     pad_rows: int = 0
+    release: Callable = lambda cache: None      # a finished request gives its cache back
 
 
 def _fixed_shape(a: DecodeAsk) -> Decode:
-    dec = FixedShapeDecoder(a.model, a.step_rows, a.max_context, a.kv_dtype, a.kv_scales, compile=a.compile)
+    dec = FixedShapeDecoder(a.model, a.step_rows, a.max_context, a.kv_dtype, a.kv_scales, compile=a.compile,
+                            slots=a.slots)
     limit = a.model.cfg.max_position_embeddings
     # its key span follows prompt + new tokens, never K
-    return Decode("fixed-shape", dec.verify, lambda new_cache, reach, k: dec.new_cache(min(limit, reach)), dec)
+    return Decode("fixed-shape", dec.verify, lambda new_cache, reach, k: dec.new_cache(min(limit, reach)), dec,
+                  release=dec.release)
 
 
 def _padded(a: DecodeAsk) -> Decode:

@@ -18,7 +18,9 @@ from .bench_device_shapes import PLAN_SHAPE, SHAPES, copy_bandwidth, random_mode
     weight_bytes
 
 
-def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int) -> dict:
+def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int,
+                clients: tuple[int, ...] = ()) -> dict:
+    """clients: also plan-shaped requests that many at once (bench_device_batch.py)."""
     import torch
 
     from thor_runtime.fixed_shape import FixedShapeDecoder
@@ -98,6 +100,10 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     span = row["key_span"] if rt.decoder is not None else PLAN_SHAPE[0] + new_tokens // 2
     kv_read = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * span * kv_elem
     row["bytes_per_token"] = row["weight_bytes"] + kv_read
+    if clients:
+        from .bench_device_batch import batch_block
+
+        row.update(batch_block(model, prompt, device, kv, ctx + 16, new_tokens, clients, repeats))
     return row
 
 
@@ -156,8 +162,9 @@ class _NullTokenizer:
 
 
 def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, new_tokens: int,
-        out: Path | None, weight_formats: bool = True) -> dict:
-    """weight_formats: also time the formats a quantized GGUF could run as (quant_options)."""
+        out: Path | None, weight_formats: bool = True, clients: tuple[int, ...] = ()) -> dict:
+    """weight_formats: also time the formats a quantized GGUF could run as (quant_options).
+    clients: requests at once for the batch columns (none: not run)."""
     import torch
 
     from thor_runtime.device import device_name, resolve_device
@@ -168,7 +175,7 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
     doc = {"device": device_name(device), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / 1e9, 1),
            "plan_shape": {"prompt_tokens": PLAN_SHAPE[0], "new_tokens": new_tokens}, "rows": []}
     for name in shapes:
-        row = bench_shape(name, device, dtype, kv, repeats, new_tokens)
+        row = bench_shape(name, device, dtype, kv, repeats, new_tokens, clients)
         row["decode_bandwidth_share"] = round(row["bytes_per_token"] * row["decode_tok_s"] / bw, 3)
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
@@ -194,6 +201,12 @@ def table(doc: dict) -> str:
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in doc["rows"]:
         lines.append("| " + " | ".join(str(r.get(c)) for c in COLUMNS) + " |")
+    for r in doc["rows"]:
+        for n, b in (r.get("batch") or {}).items():
+            if n.startswith("clients_"):
+                lines.append(f"  {r['model_shape']}, {n.split('_')[1]} requests at once: {b['tok_s']} tok/s, "
+                             f"{b['speedup_vs_one_at_a_time']}x one at a time "
+                             f"({r['batch']['one_at_a_time_tok_s']} tok/s), latency p50 {b['latency_p50_s']} s")
     for q in doc.get("quantized_weight_options", []):
         lines.append(f"  {q['shape']}, {q['rows']} rows, {q['format']}: "
                      + (f"{q['ms']} ms, rel. error {q['rel_error_vs_fp32']}" if "ms" in q else q["error"]))
@@ -222,10 +235,13 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+BATCH_CLIENTS = (1, 2, 4, 8)      # on the device: requests at once, through a KV slot each
+
+
 def side_by_side(device_spec: str, out: Path, repeats: int = 3) -> int:
     """`thor bench --device cuda`: every shape on the device, the small ones on this host's CPU
     (its usual weights and fewer tokens: the CPU is 10-100x slower), one JSON, tables, a plot."""
-    docs = [run(device_spec, list(SHAPES), "bf16", "bf16", repeats, PLAN_SHAPE[1], None),
+    docs = [run(device_spec, list(SHAPES), "bf16", "bf16", repeats, PLAN_SHAPE[1], None, clients=BATCH_CLIENTS),
             run("cpu", ["smollm2-135m", "qwen2.5-0.5b"], "fp32", "bf16", max(1, repeats - 1), 32, None)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"runs": docs}, indent=1) + "\n")
@@ -250,6 +266,7 @@ def main(argv=None) -> int:
     p.add_argument("--compare", type=Path, action="append", default=[],
                    help="earlier result JSON (another device) to put beside this one in the plot")
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--clients", default="", help="comma list: plan-shaped requests at once (e.g. 1,2,4,8)")
     p.add_argument("--kernel-probe", action="store_true", help="kernels per step, and torch.compile's effect")
     p.add_argument("--probe-rows", default="1,16", help="--kernel-probe: comma list of step row counts")
     a = p.parse_args(argv)
@@ -262,7 +279,8 @@ def main(argv=None) -> int:
             a.json.write_text(json.dumps({"kernel_probe": rows}, indent=1) + "\n")
         return 0
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
-    doc = run(a.device, a.shapes.split(","), dtype, a.kv_dtype, a.repeats, a.new_tokens, a.json)
+    clients = tuple(int(n) for n in a.clients.split(",") if n)
+    doc = run(a.device, a.shapes.split(","), dtype, a.kv_dtype, a.repeats, a.new_tokens, a.json, clients=clients)
     print(table(doc))
     if a.plot is not None:
         plot([doc] + [json.loads(c.read_text()) for c in a.compare], a.plot)

@@ -168,8 +168,8 @@ class ModelHost:
         # the requests the workers run at once share the target's forwards (inflight.py)
         self.concurrency = hosted.runtime.share(self.cfg.limits.batch)
         if self.concurrency < self.cfg.limits.batch:
-            log.info("limits.batch %d: one request at a time (fixed-shape decode keeps one KV store)",
-                     self.cfg.limits.batch)
+            log.info("limits.batch %d: one request at a time (the engine backend's fixed-shape decode "
+                     "keeps one KV store)", self.cfg.limits.batch)
         self.hosted, self.gtok = hosted, gtok
         self._set("ready", f"self-test passed: {_summary(report)}")
         return True
