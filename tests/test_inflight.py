@@ -261,3 +261,43 @@ def test_a_slot_that_is_prefilling_keeps_its_keys_through_a_round(tiny_llama):
         dec.verify(ids[10 + t:14 + t], busy)
         busy.crop(11 + t)
     assert idle.length == 12 and torch.equal(idle.k[:, :, :12], k) and torch.equal(idle.v[:, :, :12], v)
+
+
+def test_a_verify_longer_than_a_forward_leaves_its_batch_mates_rows_intact(tiny_llama):
+    """A CUDA graph writes every forward into the same static outputs. A round in which one
+    sequence verifies more rows than a forward takes (a long run of forced grammar tokens) runs
+    two forwards; the rows the first handed to its batch-mates must survive the second. Here the
+    forward is made to reuse its outputs as a graph replay does (the CPU has no graphs)."""
+    m = tiny_llama.model
+    rt = Runtime(m, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64)
+    rt.share(2)
+    dec = rt.decoder
+    forward, static = dec._fn, {}
+
+    def replayed(span, taps):
+        logits, t = forward(span, taps)
+        if "logits" not in static:
+            static["logits"], static["taps"] = logits.clone(), {i: x.clone() for i, x in t.items()}
+        static["logits"].copy_(logits)
+        for i, x in t.items():
+            static["taps"][i].copy_(x)
+        return static["logits"], static["taps"]
+
+    ids = torch.arange(1, 40)
+
+    def run(batched):
+        long, short = dec.new_cache(40), dec.new_cache(40)
+        m.prefill(ids[:10], long)
+        m.prefill(ids[:12], short)
+        calls = [VerifyCall(ids[10:19], long, (0,)), VerifyCall(ids[12:13], short, (0,))]   # 9 rows: 3 forwards
+        outs = dec.verify_many(calls) if batched else [dec.verify(c.ids, c.cache, c.taps) for c in calls]
+        outs = [(o.logits.clone(), o.taps[0].clone()) for o in outs]
+        dec.release(long)
+        dec.release(short)
+        return outs
+
+    alone = run(batched=False)
+    dec._fn = replayed
+    together = run(batched=True)
+    for (a, ta), (b, tb) in zip(alone, together):
+        assert torch.equal(a, b) and torch.equal(ta, tb)

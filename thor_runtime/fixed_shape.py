@@ -138,7 +138,10 @@ class FixedShapeDecoder:
             raise ThorError("two verifies of one slot in one forward")
         taps = tuple(sorted({i for c in calls for i in c.taps}))
         parts: list[list[ForwardOut]] = [[] for _ in calls]
-        for s in range(0, max(c.ids.shape[0] for c in calls), self.rows):
+        longest = max(c.ids.shape[0] for c in calls)
+        # a replay overwrites the static outputs: what a pass hands out outlives it only as a copy
+        keep = (lambda t: t.clone()) if longest > self.rows else (lambda t: t)
+        for s in range(0, longest, self.rows):
             live = [(j, b, c.ids[s:s + self.rows]) for j, (b, c) in enumerate(zip(slots, calls))
                     if c.ids.shape[0] > s]
             # a slot with no rows here writes its padding past the context, never read
@@ -160,7 +163,8 @@ class FixedShapeDecoder:
                 c, T, r0 = calls[j].cache, ids.shape[0], b * self.rows
                 c.lengths = [int(self._starts[b]) + T] * len(c.lengths)
                 # views of static buffers: the caller reads them before the next call overwrites them
-                parts[j].append(ForwardOut(logits[r0:r0 + T], {i: tap_out[i][r0:r0 + T] for i in calls[j].taps}))
+                parts[j].append(ForwardOut(keep(logits[r0:r0 + T]),
+                                           {i: keep(tap_out[i][r0:r0 + T]) for i in calls[j].taps}))
         return [p[0] if len(p) == 1 else ForwardOut(torch.cat([x.logits for x in p]),
                                                     {i: torch.cat([x.taps[i] for x in p]) for i in c.taps})
                 for p, c in zip(parts, calls)]
