@@ -231,6 +231,7 @@ def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind
 def test_fixed_shape_slots_are_held_and_given_back(tiny_llama):
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64)
     assert rt.decoder.slots == 1 and rt.share(1) == 1 and rt.batch is None
+    assert rt.share(4) == 4 and rt.share(1) == 1 and rt.decoder.slots == 1 and rt.batch is None
     assert rt.share(2) == 2
     dec = rt.decoder
     a, b = dec.new_cache(10), dec.new_cache(10)

@@ -104,12 +104,13 @@ class Runtime:
         from .inflight import StepBatch
 
         if self.decoder is not None:
-            if limit <= 1 or self.model.backend is not None:
+            slots = limit if limit > 1 and self.model.backend is None else 1
+            if self.decoder.slots != slots:
+                self.decode = pick_decode(replace(self._ask, slots=slots))
+                self.decoder, self.verify = self.decode.decoder, self.decode.verify
+            if slots == 1:
                 self.batch = None
                 return 1
-            if self.decoder.slots != limit:
-                self.decode = pick_decode(replace(self._ask, slots=limit))
-                self.decoder, self.verify = self.decode.decoder, self.decode.verify
         self.batch = StepBatch(self.model, self.verify, limit) if limit > 1 else None
         return max(1, limit)
 
