@@ -64,6 +64,10 @@ def grounding_findings(task: str, plan, world: World, skills=None, parsed: Parse
         if name not in in_goal:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing about it; "
                                              "state one condition for each object the task names"))
+    if r.events and not goal.orders:
+        # "scan the vault, wait 30 seconds, and scan it again": the goal grammar opens with it
+        out.append(Finding(None, "goal", f"the task asks for {', then '.join(e.text() for e in r.events)} in that "
+                                         'order; the goal states no {"before": [...]} with it'))
     said = Goal(_said(goal, skills), goal.acts, goal.orders)
     return out + place_findings(r, said, kinds) + verb_findings(r, said, reachable, kinds)
 

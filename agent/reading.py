@@ -23,11 +23,32 @@ import re
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-from .wording import (ASIDE, DESCRIBED, WANTED_THERE, LOCATIVE, after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
-                      PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words,
+from .goals import MAX_ORDER
+from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TWICE, WAIT_WORDS, WANTED_THERE, LOCATIVE,
+                      after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
+                      PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a task that orders things asks for, in its place in the order (ordered_events):
+    ``wait`` (value: seconds), ``look`` at ``subject`` (an object or a place), ``state``
+    (``subject`` an object, value its state), ``at`` (``subject`` an object, value the place the
+    clause says, or None: where the task says it goes) or ``go`` (value: the robot's place).
+    ``words``: the clause's own words (an option it fixes: "with the lidar")."""
+    kind: str
+    subject: str | None = None
+    value: object = None
+    words: frozenset = frozenset()
+
+    def text(self) -> str:
+        v = self.value
+        return {"wait": f"wait {v:g}" if isinstance(v, (int, float)) else "wait", "look": f"look at {self.subject}",
+                "state": f"{self.subject} {v}", "at": f"{self.subject} at {v or 'its place'}",
+                "go": f"go to {v}"}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,10 @@ class TaskReading:
     # the objects said only as what another goes on (the blue block there): objects as places
     supports: dict = field(default_factory=dict)
     under: frozenset = frozenset()
+    # The things the task asks for in an order its end states do not say ("check the print, then
+    # lay it on the rack", "scan the vault, wait 30 seconds, and scan it again"): a goal's
+    # `before`. () when it orders nothing, or not in words the reading can follow.
+    events: tuple = ()
 
     @property
     def only_missing(self) -> bool:
@@ -225,15 +250,119 @@ def read_task(task: str, world: World) -> TaskReading:
     objs, spots = sorted(ref, key=lambda n: (order[n], n)), sorted(places, key=lambda n: (at[n], n))
     # "go and dock": the verb is the robot's going as well as the place
     paired, go_to = _layout(toks, {**at, **order}, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
+    sources = frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p)))
     return TaskReading(
         words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
                                              or o.name in ref or any(said(toks, alias_words(a)) is not None
                                                                      for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
-        sources=frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p))), wanted=frozenset(verbs),
+        sources=sources, wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
         move=bool((set(toks) - taken) & MOVE_VERBS or WANTED_THERE.search(task.lower())),
         toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
-        supports=supports, under=frozenset(n for n in under if n not in moves))
+        supports=supports, under=frozenset(n for n in under if n not in moves),
+        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]))
+
+
+_LOOK = frozenset(w for w, v in STATE_VERBS.items() if v == ("is", "inspected"))
+_STATE = {w: v[1] for w, v in STATE_VERBS.items() if v[0] == "is" and v[1] in ("open", "closed")}
+_PUT = CARRY_VERBS | PUT_VERBS
+_VERBS = _LOOK | set(_STATE) | _PUT | MOVE_VERBS | WAIT_WORDS
+
+
+def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
+    """Where each clause of the task lies in ``toks`` (start, end): cut at , ; : . at "then",
+    "finally", "afterwards", "before you ..." and at an "and" before a verb ("... and then pop
+    it in the tray", "and close it again"; not "the tin and the tub")."""
+    cuts = {0, len(toks)} | {len(tokens(text[:m.start()])) for m in re.finditer(r"[,;:.!?]", text)}
+    for i, t in enumerate(toks):
+        nxt = toks[i + 1] if i + 1 < len(toks) else ""
+        if t in CLAUSE_WORDS or (t == "before" and nxt == "you") or (t == "and" and (nxt in _VERBS or nxt == "then")):
+            cuts.add(i)
+    edges = sorted(cuts)
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
+
+
+def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str]) -> tuple:
+    # objs, spots: the objects the task refers to and the places it names (less where things come from)
+    """The things the task asks for, in order, when it orders them (TaskReading.events); ().
+
+    A task orders things when it has a word of order (ORDER_WORDS, a closed class) and two or
+    more clauses that each ask for one thing: a wait (a length of time and no other verb, or
+    "wait"), a look (check, scan, sweep, ...), a state (open, shut), a thing put somewhere, the
+    robot going somewhere. "it", "them" and "there" stand for what the clause before was about;
+    "twice" before a wait ("twice, a minute apart") is the thing, the wait, the thing again.
+    The order counts only when it says more than the end states do: a call in it (a wait, a
+    look) or a state the next one undoes ("open it, ..., and close it again", "go to the vault
+    ..., then head back"). "Put the tin on the shelf, then go back to the charger" asks for two
+    end states and keeps its plain goal; "before the next patient arrives" joins no second
+    thing. Every clause with a verb must be read, or nothing is: a guess is no order."""
+    if not set(toks) & ORDER_WORDS:
+        return ()
+    times = durations(toks)
+    out: list[list] = []           # [Event, twice]
+    last: dict[str, str | None] = {"thing": None, "place": None}
+    for a, b in _clauses(text, toks):
+        ct = toks[a:b]
+        cw = set(ct)
+        said_objs = [n for n in objs if a <= at[n] < b]
+        said_places = [p for p in spots if a <= at[p] < b]
+        clause = DESCRIBED.sub(" ", " ".join(ct))
+        states = [_STATE[w] for w in clause.split() if w in _STATE]
+        states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
+        look, put, go = bool(cw & _LOOK), bool(cw & _PUT), bool(cw & MOVE_VERBS) or "get back" in clause
+        secs = [s for i, s in times if a <= i < b]
+        twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
+        it = last["thing"] if cw & {"it", "them"} else None
+        there = last["place"] if "there" in cw else None
+        ev = None
+        if secs and (cw & {"wait", "pause"} or not (look or states or (put and said_objs) or (go and said_places))):
+            out.append([Event("wait", value=secs[0], words=frozenset(ct)), False])
+            continue
+        if look:
+            subject = (said_objs or said_places or [it or there])[0]
+            ev = Event("look", subject, None, frozenset(ct)) if subject else None
+        elif states:
+            subject = (said_objs or [it if it in objs else None])[0]
+            ev = Event("state", subject, states[-1], frozenset(ct)) if subject else None
+        elif put:
+            subject = (said_objs or [it if it in objs else None])[0]
+            ev = Event("at", subject, (said_places or [there])[-1], frozenset(ct)) if subject else None
+        elif go:
+            place = (said_places or [there])[-1]
+            ev = Event("go", None, place, frozenset(ct)) if place else None
+        elif not secs:
+            continue                # a clause that asks for nothing ("Top up time")
+        if ev is None:
+            return ()               # a verb the reading cannot follow: no order
+        last["thing"] = ev.subject or last["thing"]
+        last["place"] = (ev.value if ev.kind in ("at", "go") else ev.subject if ev.subject in spots else None) or last["place"]
+        out.append([ev, twice])
+        if twice and secs and cw & {"apart", "between"}:     # "scan it twice 30 seconds apart"
+            out += [[Event("wait", value=secs[0], words=frozenset(ct)), False], [ev, False]]
+            out[-3][1] = False
+    events, k = [], 0
+    while k < len(out):
+        ev, twice = out[k]
+        events.append(ev)
+        if twice and k + 1 < len(out) and out[k + 1][0].kind == "wait":
+            events += [out[k + 1][0], ev]            # the thing, the wait, the thing again
+            k += 1
+        k += 1
+    if not 2 <= len(events) <= MAX_ORDER:
+        return ()
+    # every thing and place the task speaks of is in the order, or the reading missed a part of it
+    named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
+    if not set(objs) | set(spots) <= named:
+        return ()
+    calls = any(e.kind in ("wait", "look") for e in events)
+    seen: dict = {}
+    undone = False
+    for e in events:
+        key = {"state": ("is", e.subject), "at": ("at", e.subject), "go": ("robot", None)}.get(e.kind)
+        if key is not None:
+            undone |= key in seen and seen[key] != e.value
+            seen[key] = e.value
+    return tuple(events) if calls or undone else ()

@@ -236,6 +236,81 @@ def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: d
     return acts + order + (_every_branches(world, kinds, states, ref) if sets else [])
 
 
+def _plain(v: float):
+    return int(v) if float(v).is_integer() else v
+
+
+def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: dict, where) -> list[dict]:
+    """The goal items one thing of an ordered task may be written as (reading.Event): a wait of
+    the time it says, a call that looks at what it says (an option the clause names fixed:
+    "with the lidar"), or the condition it makes true."""
+    out = []
+    if e.kind == "wait":
+        for s in skills.skills:
+            if not s.effects and len(s.args) == 1 and s.args[0].type in ("number", "integer") and s.args[0].unit == "s":
+                a = s.args[0]
+                dur = {"const": _plain(e.value)} if e.value is not None else arg_schema(a, world)
+                out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: dur})}))
+        return out
+    if e.kind == "look":
+        place = world.place(e.subject) is not None
+        for s in skills.skills:
+            for c in s.effects:
+                arg = next((a for a in s.args if c.subject == f"${a.name}"), None)
+                if arg is None or c.value != "inspected" or c.kind != ("place_is" if place else "is"):
+                    continue
+                allowed = arg_schema(arg, world)
+                if allowed is None or e.subject not in allowed.get("enum", ()):
+                    continue
+                props = {arg.name: {"const": e.subject}}
+                for o in s.args:       # an option the clause names ("with the lidar", "a camera scan")
+                    said = [v for v in (o.values or ()) if o.type == "enum" and v in e.words]
+                    if o is not arg and said:
+                        props[o.name] = {"const": said[0]}
+                out.append(_shape({"do": {"const": s.name}, "args": _shape(props)}))
+        if not out:
+            key = "place_is" if place else "is"
+            if key in kinds:
+                out.append(_shape({"place" if place else "object": {"const": e.subject}, "is": {"const": "inspected"}}))
+        return out
+    cond = _event_condition(e, kinds, states, where)
+    return [cond] if cond else []
+
+
+def _event_condition(e, kinds: set[str], states: dict, where) -> dict | None:
+    if e.kind == "state" and "is" in kinds and e.value in states.get(e.subject, ()):
+        return _shape({"object": _enum([e.subject]), "is": _enum([e.value])})
+    if e.kind == "at" and "at" in kinds:
+        dest = [e.value] if e.value else list(where(e.subject))
+        return _shape({"object": _enum([e.subject]), "at": _enum(dest)}) if dest else None
+    if e.kind == "go" and "robot_at" in kinds and e.value:
+        return _shape({"robot_at": _enum([e.value])})
+    return None
+
+
+def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str], states: dict, where) -> list | None:
+    """A task that orders things (TaskReading.events) opens its goal with that `before`, one item
+    per thing in the task's order, then the conditions that hold at the end (the last state of
+    each thing and the robot's last place); None when the task orders nothing or a thing of it
+    cannot be written here. A small model otherwise writes the first thing, or the things without
+    their order."""
+    if not r.events:
+        return None
+    items = [_event_branches(e, world, skills, kinds, states, where) for e in r.events]
+    if not all(items):
+        return None
+    n = len(items)
+    before = _shape({"before": {"type": "array", "prefixItems": [{"anyOf": b} for b in items], "items": False,
+                                "minItems": n, "maxItems": n}})
+    ends: dict = {}
+    for e in r.events:
+        key = {"state": ("is", e.subject), "at": ("at", e.subject), "go": ("robot", None)}.get(e.kind)
+        if key is not None:
+            ends.pop(key, None)      # its last state, where that is said
+            ends[key] = _event_condition(e, kinds, states, where)
+    return [{"anyOf": [before]}] + [{"anyOf": [c]} for c in ends.values()]
+
+
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
                 reading: TaskReading | None = None, defs: dict | None = None) -> dict:
     """The goal array over this world's names: only the kinds some skill can make true (nothing
@@ -321,6 +396,12 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # an object the task names may open the goal with a call on it or an order too
     more = [ref("goal_process", {"anyOf": process})] if lead and process else []
     lead = [{"anyOf": x["anyOf"] + more} for x in lead]
+    order = _order_lead(r, world, skills, kinds, states, where) if r is not None and not (only_missing or lacking) else None
+    if order and len(order) <= int(base.get("maxItems", len(order))):
+        # "check the print, then lay it on the rack": the order first, then what must hold at the
+        # end, and nothing else (the order takes in every thing and place the task speaks of)
+        lead = order
+        base["maxItems"] = len(order)
     # `missing` names a thing the task says and the world lacks, never a world name
     unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else

@@ -32,8 +32,9 @@ HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper
                          r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b|\bon\s+your\s+deck\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
 # start on the frame", "until the ward's ready"): what follows is not asked for.
-ASIDE = re.compile(r"\b(?:so|before|because|while|when|until|once|after|since)\s+"
-                   r"(?:that|i|we|you|they|he|she|it|the|someone)\b"
+# "before you move the box" is the robot's own next step (an order: ORDER_WORDS), not an aside.
+ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|once|after|since)\s+(?:that|i|we|you|they|he|she|it|the|someone)"
+                   r"|before\s+(?:that|i|we|they|he|she|it|the|someone))\b"
                    # the speaker's own next step: ", I want to check the fluid level"
                    r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
 # Words that ask for a thing to be moved.
@@ -61,6 +62,29 @@ DETERMINERS = frozenset({"the", "this", "that", "these", "those", "a", "an", "my
 # of things (a goal's `every`), which its words need not name one by one
 SET_WORDS = frozenset({"everything", "all", "every", "each", "anything", "whatever"})
 PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
+# "check the print, then lay it on the rack", "scan it again", "twice, a minute apart", "before you
+# move the box": the task orders things it asks for (a goal's `before`: reading.ordered_events).
+# A closed class, like SET_WORDS; an order word that joins no second thing of the task's
+# ("before the next patient arrives", "open again") orders nothing.
+ORDER_WORDS = frozenset({"then", "before", "after", "afterwards", "again", "apart", "between", "first", "finally"})
+# Where one thing the task asks for ends and the next begins (besides , ; :).
+CLAUSE_WORDS = frozenset({"then", "afterwards", "finally"})
+# Verbs of a clause that asks for nothing but time to pass ("hold on for 45 seconds", "give it five
+# seconds", "a ten second pause"); a clause that says a time and no other verb asks for the same.
+WAIT_WORDS = frozenset({"wait", "pause", "hold", "give", "leave", "let"})
+# "twice, a minute apart": the same thing again, with the wait between
+TWICE = (("twice",), ("two", "times"))
+# Verbs that put a thing somewhere, besides CARRY_VERBS ("lay it on the rack")
+PUT_VERBS = frozenset({"lay", "rest"})
+# Durations: "20 seconds", "ten second pause", "a minute", "half a minute", "forty-five seconds"
+_UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
+          "minutes": 60}
+_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen " \
+        "sixteen seventeen eighteen nineteen".split()
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
+         "ninety": 90}
+NUMBER_WORDS = {**{w: i for i, w in enumerate(_ONES)}, **_TENS,
+                **{t + o: v + i for t, v in _TENS.items() for i, o in enumerate(_ONES[:10]) if i}}
 # "the tray over row C", "the shelf by the door": a place said to locate another one
 LOCATIVE = frozenset({"over", "above", "beside", "behind", "near", "by", "opposite", "below", "beneath"})
 # "the red block on (top of) the blue block": the thing said next is what the first goes on
@@ -305,3 +329,39 @@ def stacked(toks: list[str], spots: dict[str, set[int]]) -> tuple[dict, dict]:
         if (i, n) not in under:
             moves.setdefault(n, i)
     return {n: tuple(dict.fromkeys(v)) for n, v in onto.items()}, moves
+
+
+def _amount(toks: list[str], j: int) -> tuple[float, int] | None:
+    """The number that ends at index ``j`` (inclusive) -> (value, its first index), else None."""
+    if j < 0:
+        return None
+    t = toks[j]
+    if re.fullmatch(r"\d+", t):
+        return float(t), j
+    if t in NUMBER_WORDS:
+        # "forty five": tens then a unit word
+        if j > 0 and toks[j - 1] in _TENS and 0 < NUMBER_WORDS[t] < 10:
+            return float(_TENS[toks[j - 1]] + NUMBER_WORDS[t]), j - 1
+        return float(NUMBER_WORDS[t]), j
+    if t in ("a", "an"):
+        return (0.5, j - 1) if j > 0 and toks[j - 1] == "half" else (1.0, j)
+    return None
+
+
+def durations(toks: list[str]) -> list[tuple[int, float]]:
+    """Every length of time the words say, in seconds, as (index, seconds): "wait 20 seconds",
+    "a ten second pause", "a minute apart", "half a minute", "45s". Only a number (digits, a
+    number word, "a"/"an") right before a unit of time counts: "a sec" when you get one is an
+    aside the reading has already cut."""
+    out = []
+    for i, t in enumerate(toks):
+        m = re.fullmatch(r"(\d+|[a-z]+?)(s|secs?|seconds?|mins?|minutes?)", t)
+        if t in _UNITS and t != "s" or t == "s" and i and toks[i - 1].isdigit():
+            n = _amount(toks, i - 1)
+            if n is not None:
+                out.append((n[1], n[0] * _UNITS[t]))
+        elif m and (m.group(1).isdigit() or m.group(1) in NUMBER_WORDS):
+            # "45s", "tensecond" (a hyphen inside a word joins it: "ten-second")
+            n = float(m.group(1)) if m.group(1).isdigit() else float(NUMBER_WORDS[m.group(1)])
+            out.append((i, n * _UNITS[m.group(2)]))
+    return out
