@@ -183,16 +183,20 @@ class GrammarConstraint(Constraint):
     A ``stop`` check is asked once, when the committed text first opens the steps: the goal is
     written before them, and a goal that already shows the task cannot be done (too heavy, out
     of reach, a thing or set this world lacks) needs no steps. From then on only EOS is legal,
-    so the plan ends in a token or two instead of decoding steps to the budget.
+    so the plan ends in a token or two instead of decoding steps to the budget. A check that
+    then holds a ``step_cap`` (solver.GoalStop: the solver reaches the goal) ends the plan the
+    same way when the model opens more steps than that.
     """
 
     STEPS = b'"steps":['
+    STEP = b'"skill":'          # once per step object
 
     def __init__(self, matcher, gtok: GrammarTokenizer, stop=None, free_text: tuple[str, ...] = ()):
         self.m, self.gtok = matcher, gtok
         self.eos = frozenset(gtok.eos_ids)
         self.finished = False          # EOS committed
         self.stop, self.cut, self.text = stop, False, bytearray()
+        self.step_cap, self.steps = None, 0     # set when the stop check leaves a cap on the steps
         # only when asked for: tracking costs a little Python per committed byte
         self.free = (FreeTextTracker.for_keys(gtok.token_bytes, free_text, self.eos, gtok.think_ids)
                      if free_text else None)
@@ -249,10 +253,19 @@ class GrammarConstraint(Constraint):
         elif not self.m.consume_token(t):
             raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
         elif self.stop is not None and not self.cut:
-            self.text += self.gtok.token_bytes[t] if t < len(self.gtok.token_bytes) else b""
-            if self.STEPS in self.text[-len(self.STEPS) - 16:]:
+            tb = self.gtok.token_bytes[t] if t < len(self.gtok.token_bytes) else b""
+            self.text += tb
+            if self.step_cap is not None:
+                # a marker ending in this token's bytes: the window cannot hold one counted before
+                if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1):]:
+                    self.steps += 1
+                    if self.steps > self.step_cap:
+                        self.cut, self.stop = True, None
+            elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
                 self.cut = bool(self.stop(self.text.decode("utf-8", "replace")))
-                self.stop = None           # asked once
+                self.step_cap = None if self.cut else getattr(self.stop, "step_cap", None)
+                if self.step_cap is None:
+                    self.stop = None       # asked once
         if self.free is not None:
             self.free.advance(t)           # EOS writes nothing there
 

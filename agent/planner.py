@@ -206,7 +206,7 @@ class Planner:
         for attempt in range(1 + self.attempts):
             ids = self.tok.encode_chat(build_messages(task, world, skills, errors, previous))
             # a goal that alone shows the task cannot be done ends the plan before its steps
-            stop = goal_stop(world, skills)
+            stop = goal_stop(world, skills, _max_items(req.schema))
             constraint = req.grammar.constraint(stop, free if self.relaxed_spans else ())
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
             stats.append(res.stats)

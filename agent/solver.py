@@ -216,23 +216,38 @@ def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None,
 
 
 class GoalStop:
-    """stop(text) for Grammar.constraint: True when the plan written so far states a goal that
-    is refused from the goal alone (goal_reasons), so no steps are decoded for it.
+    """stop(text) for Grammar.constraint, asked when the plan's goal is written: True when that
+    goal is refused from the goal alone (goal_reasons), so no steps are decoded for it.
+
+    For a goal the solver reaches, it also sets ``step_cap``: the most steps the model may write
+    before its plan is cut and the solver's steps are taken (``complete``, as for a plan the
+    token budget cut). A small model sometimes repeats one step to the budget; twice the
+    solver's count (at least that count plus two) leaves room for every plan that does more
+    than the shortest one, and stops a runaway within a few steps instead of at the budget.
 
     The check parses the goal the decoding wrote; the attempt's plan carries that same goal, so
     the planner takes this parse (``parsed_for``) rather than parsing it a second time."""
 
-    def __init__(self, world: World, skills: SkillSet | None = None):
-        self.world, self.skills = world, skills
+    def __init__(self, world: World, skills: SkillSet | None = None, max_steps: int | None = None):
+        self.world, self.skills, self.max_steps = world, skills, max_steps
         self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
+        self.step_cap: int | None = None
 
     def __call__(self, text: str) -> bool:
         start = text.rfind('{"plan_id"')
         head = stated_goal(text[start:] if start >= 0 else text)
+        self.step_cap = None
         if head is None:
             return False
         self.goal, self.parsed = head["goal"], parse_goal(head, self.world, self.skills)
-        return bool(goal_reasons(head, self.world, self.skills, self.parsed))
+        if goal_reasons(head, self.world, self.skills, self.parsed):
+            return True
+        if self.skills is not None:
+            solved = complete(head, self.world, self.skills, self.max_steps, self.parsed)
+            if solved is not None:
+                n = len(solved["steps"])
+                self.step_cap = max(2 * n, n + 2)
+        return False
 
     def parsed_for(self, plan) -> ParsedGoal | None:
         """The parse of ``plan``'s goal when it is the goal this check read, else None."""
@@ -241,5 +256,5 @@ class GoalStop:
         return self.parsed
 
 
-def goal_stop(world: World, skills: SkillSet | None = None) -> GoalStop:
-    return GoalStop(world, skills)
+def goal_stop(world: World, skills: SkillSet | None = None, max_steps: int | None = None) -> GoalStop:
+    return GoalStop(world, skills, max_steps)

@@ -48,3 +48,31 @@ def test_an_infeasible_goal_ends_the_plan_before_its_steps(tiny_llama):
     # a goal that can be done decodes its steps as before
     c, n = _walk(tok, gtok, grammar, good_plan(), stop)
     assert not c.cut and c.is_accepting()
+
+
+def test_steps_past_twice_the_solvers_are_cut(tiny_llama):
+    """A goal the solver reaches in n steps leaves the model max(2n, n + 2) steps: a plan that
+    repeats its steps past that ends there (the planner then takes the solver's steps, as for a
+    plan the token budget cut), and one within it decodes as before."""
+    w, s = world_and_skills("kitchen")
+    tok = tiny_llama.tokenizer
+    gtok = GrammarTokenizer(tok)
+    grammar = Grammar(gtok, specialize(base_plan_schema(), w, s))
+    stop = goal_stop(w, s)
+    plan = good_plan()
+    c, _ = _walk(tok, gtok, grammar, plan, stop)
+    assert stop.step_cap == 4 and not c.cut and c.is_accepting()      # pick, place: n = 2
+    pair = plan["steps"]
+    runaway = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(pair * 4)]}   # 8 steps
+    c, n = _walk(tok, gtok, grammar, runaway, stop)
+    text = json.dumps(runaway, separators=(",", ":"))
+    fifth = [i for i in range(len(text)) if text.startswith('"skill":', i)][4]
+    assert c.cut and c.steps == 5
+    # cut at the token that completes the fifth step's key, not before it
+    assert len(tok.encode(text[:fifth + 7], add_special=False)) <= n <= len(tok.encode(text[:fifth + 8],
+                                                                                         add_special=False))
+    assert c.forced() == [] and c.is_accepting()
+    # a goal the solver cannot reach leaves the steps uncapped
+    stop = goal_stop(w, s, max_steps=1)
+    c, _ = _walk(tok, gtok, grammar, runaway, stop)
+    assert stop.step_cap is None and not c.cut
