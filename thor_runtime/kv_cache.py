@@ -121,7 +121,10 @@ class KVCache:
 
     def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first n keys and values [Hkv, n, Dh] in the compute dtype, whatever their length."""
-        k, v = self.k[layer, :, :n], self.v[layer, :, :n]
+        return self.loaded(layer, self.k[layer, :, :n], self.v[layer, :, :n])
+
+    def loaded(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored keys and values of ``layer`` (any leading dims, [..., Hkv, n, Dh]) in the compute dtype."""
         if self.fp8:
             return ((k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),
                     (v.to(torch.float32) * self._vs[layer]).to(self.compute_dtype))
@@ -184,11 +187,4 @@ class SlotStore:
 
     def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first n keys and values of every slot, [B, Hkv, n, Dh] in the compute dtype."""
-        c = self.caches[0]
-        k, v = self.k[:, layer, :, :n], self.v[:, layer, :, :n]
-        if c.fp8:
-            return ((k.to(torch.float32) * c._ks[layer]).to(c.compute_dtype),
-                    (v.to(torch.float32) * c._vs[layer]).to(c.compute_dtype))
-        if k.dtype != c.compute_dtype:
-            return k.to(c.compute_dtype), v.to(c.compute_dtype)
-        return k, v
+        return self.caches[0].loaded(layer, self.k[:, layer, :, :n], self.v[:, layer, :, :n])
