@@ -27,6 +27,7 @@ from .goals import MAX_ORDER
 from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TWICE, WAIT_WORDS, WANTED_THERE, LOCATIVE,
                       after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
+                      lengths, times_said,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
@@ -86,6 +87,11 @@ class TaskReading:
     # lay it on the rack", "scan the vault, wait 30 seconds, and scan it again"): a goal's
     # `before`. () when it orders nothing, or not in words the reading can follow.
     events: tuple = ()
+    # How many times the task asks for its thing ("read the thermometer three times"), and the
+    # length it says ("give the ink tin a shove 5 cm to the right", in metres; None if none): a
+    # call the task fixes (specialize._call_lead)
+    times: int = 1
+    length: float | None = None
 
     @property
     def only_missing(self) -> bool:
@@ -263,7 +269,8 @@ def read_task(task: str, world: World) -> TaskReading:
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
         supports=supports, under=frozenset(n for n in under if n not in moves),
-        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]))
+        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]),
+        times=times_said(toks), length=(lengths(toks) or [None])[0])
 
 
 _LOOK = frozenset(w for w, v in STATE_VERBS.items() if v == ("is", "inspected"))

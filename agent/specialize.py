@@ -311,6 +311,49 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
     return [{"anyOf": [before]}] + [{"anyOf": [c]} for c in ends.values()]
 
 
+def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
+    """A call the task fixes with its own numbers, about the one object (or place) it refers to:
+    "read the thermometer three times" (the call that looks at it, ``times`` 3), "give the ink
+    tin a shove 5 cm to the right" (the one call with no lasting effect that takes the object, a
+    length and a word of the task's among its options: push right 0.05). None otherwise. A small
+    model otherwise writes where the thing already is."""
+    if r.events:
+        return None
+    things = list(r.referred) or ([] if r.referred else list(r.about_places))
+    if len(things) != 1:
+        return None
+    x = things[0]
+    place = world.place(x) is not None
+    if r.times > 1 and r.length is None and ("is", "inspected") in r.wanted and 2 <= r.times <= MAX_TIMES:
+        from .reading import Event
+        looks = _event_branches(Event("look", x, None, r.words), world, skills, set(), {}, lambda o: ())
+        looks = [b for b in looks if "do" in b["properties"]]
+        if len(looks) == 1:
+            b = looks[0]
+            return [{"anyOf": [_shape({**b["properties"], "times": {"const": r.times}})]}]
+        return None
+    if r.length is None or place or r.times > 1:
+        return None
+    out = []
+    for s in skills.skills:
+        if s.effects:
+            continue
+        obj = [a for a in s.args if a.type == "object"]
+        size = [a for a in s.args if a.type == "number" and a.unit == "m"]
+        opts = [a for a in s.args if a.type == "enum"]
+        said = {a.name: [v for v in a.values if v in r.words] for a in opts}
+        if len(obj) != 1 or len(size) != 1 or not opts or any(len(v) != 1 for v in said.values()):
+            continue
+        allowed = arg_schema(obj[0], world)
+        if allowed is None or x not in allowed.get("enum", ()):
+            continue
+        props = {obj[0].name: {"const": x}, **{k: {"const": v[0]} for k, v in said.items()},
+                 size[0].name: {"const": _plain(r.length)}}
+        out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args
+                                                                      if a.name in props})}))
+    return [{"anyOf": out}] if len(out) == 1 else None
+
+
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
                 reading: TaskReading | None = None, defs: dict | None = None) -> dict:
     """The goal array over this world's names: only the kinds some skill can make true (nothing
@@ -397,6 +440,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     more = [ref("goal_process", {"anyOf": process})] if lead and process else []
     lead = [{"anyOf": x["anyOf"] + more} for x in lead]
     order = _order_lead(r, world, skills, kinds, states, where) if r is not None and not (only_missing or lacking) else None
+    order = order or (_call_lead(r, world, skills) if r is not None and not (only_missing or lacking) else None)
     if order and len(order) <= int(base.get("maxItems", len(order))):
         # "check the print, then lay it on the rack": the order first, then what must hold at the
         # end, and nothing else (the order takes in every thing and place the task speaks of)

@@ -17,6 +17,7 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
                "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
+               "read": ("is", "inspected"),
                "pull": ("is", "open"), "raise": ("is", "open"),
                "hold": ("holding", None), "holding": ("holding", None)}
 # Words before a state that describe how a thing is, not what the task wants of it ("the drawer's
@@ -365,3 +366,43 @@ def durations(toks: list[str]) -> list[tuple[int, float]]:
             n = float(m.group(1)) if m.group(1).isdigit() else float(NUMBER_WORDS[m.group(1)])
             out.append((i, n * _UNITS[m.group(2)]))
     return out
+
+
+# Lengths: "5 cm", "a couple of centimetres", "30 mm" -> metres
+_LENGTHS = {"cm": 0.01, "centimetre": 0.01, "centimetres": 0.01, "centimeter": 0.01, "centimeters": 0.01,
+            "mm": 0.001, "millimetre": 0.001, "millimetres": 0.001, "millimeter": 0.001, "millimeters": 0.001,
+            "metre": 1.0, "metres": 1.0, "meter": 1.0, "meters": 1.0}
+
+
+def lengths(toks: list[str]) -> list[float]:
+    """Every length the words say, in metres: "5 cm", "3 cm forward", "a couple of centimetres"."""
+    out = []
+    for i, t in enumerate(toks):
+        m = re.fullmatch(r"(\d+)(cm|mm)", t)
+        if m:                                         # "5cm"
+            out.append(round(float(m.group(1)) * _LENGTHS[m.group(2)], 6))
+            continue
+        if t not in _LENGTHS and not (t == "m" and i and toks[i - 1].isdigit()):
+            continue
+        unit = _LENGTHS.get(t, 1.0)
+        if toks[max(0, i - 3):i] == ["a", "couple", "of"]:
+            out.append(round(2 * unit, 6))
+            continue
+        n = _amount(toks, i - 1)
+        if n is not None:
+            out.append(round(n[0] * unit, 6))
+    return out
+
+
+def times_said(toks: list[str]) -> int:
+    """How many times the words ask for a thing: "twice" 2, "three times" 3; 1 when they do not say."""
+    for i, t in enumerate(toks):
+        if t == "twice":
+            return 2
+        if t == "thrice":
+            return 3
+        if t == "times" and i:
+            n = _amount(toks, i - 1)
+            if n is not None and n[0] >= 2 and float(n[0]).is_integer():
+                return int(n[0])
+    return 1

@@ -1,6 +1,8 @@
 """A task that orders things gets a goal that opens with that `before` (reading.ordered_events,
 specialize._order_lead), and the gate holds a goal to it (grounding.py); a task whose order word
-joins no second thing, or whose order says no more than its end states, keeps its plain goal."""
+joins no second thing, or whose order says no more than its end states, keeps its plain goal.
+And a call the task fixes with its numbers (a push with its length and direction, a look repeated
+N times) opens the goal the same way."""
 from __future__ import annotations
 
 import json
@@ -159,3 +161,36 @@ def test_an_older_look_then_place_task_still_reaches_its_plain_answer(directory,
     g = check_plan(plan, specialize(base_plan_schema(), w, s, task=t.task), w, s)
     res = SimpleNamespace(plan=plan, valid=g.valid, report=g.report(), attempts=1, stats={"plan_latency_s": 0.1})
     assert score(t, res, w, s)["success"]
+
+
+# ---- a call the task fixes with its own numbers (specialize._call_lead) ----------------------
+def test_lengths_and_counts_in_words():
+    from agent.wording import lengths, times_said
+    assert lengths(tokens("a shove 5 cm to the right")) == [0.05] and lengths(tokens("3cm forward")) == [0.03]
+    assert lengths(tokens("back a couple of centimetres")) == [0.02] and lengths(tokens("30 mm left")) == [0.03]
+    assert lengths(tokens("put it on the second shelf")) == []
+    assert times_said(tokens("three times")) == 3 and times_said(tokens("scan it twice")) == 2
+    assert times_said(tokens("the first time")) == 1 and times_said(tokens("once")) == 1
+
+
+def test_a_push_with_its_length_and_a_repeated_look_open_the_goal(worlds):
+    tasks, ws = load_eval_set(SETS / "7-printstudio-aquarium-museum-skihire")
+    by = {t.id: t for t in tasks}
+    for tid in ("ps01", "ps08", "aq04", "aq06"):
+        t = by[tid]
+        w, s = ws[t.world]
+        goal, v = _goal_schema(t.task, w, s)
+        assert goal["minItems"] == goal["maxItems"] == 1 and v.is_valid(t.goal.raw), tid
+    w, s = ws["print_studio"]
+    goal, v = _goal_schema("Nudge the screen frame back a couple of centimetres.", w, s)
+    assert not v.is_valid([{"object": "screen_frame", "at": "drying_rack"}])       # what the model wrote
+    assert not v.is_valid([{"do": "push", "args": {"object": "screen_frame", "direction": "back", "distance": 0.2}}])
+    # no length, no direction said, or two things: the grammar is what it was
+    for task in ("Push the flat file drawer shut.", "Give the ink tin a shove 5 cm.",
+                 "Push the ink tin and the test print 5 cm to the right."):
+        goal, _ = _goal_schema(task, w, s)
+        assert all(b.get("properties", {}).get("do", {}).get("const") != "push"
+                   for p in goal.get("prefixItems", []) for b in p["anyOf"]), task
+    w, s = ws["aquarium_backroom"]
+    goal, v = _goal_schema("Read the thermometer three times.", w, s)
+    assert not v.is_valid([{"do": "inspect", "args": {"object": "thermometer"}, "times": 2}])
