@@ -36,3 +36,19 @@ def test_device_bench_rows_table_and_plot(tiny_shape, tmp_path):
     assert "| tiny | fp32 | bf16 |" in table(doc)
     plot([doc], tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_device_bench_batch_columns(tiny_shape, tmp_path):
+    """Requests at once through a KV slot each, against one at a time on one slot: every
+    client count reported, and each batched run's tokens counted against the one-slot ones."""
+    from thor_app.commands.bench_device import run, table
+
+    doc = run("cpu", [tiny_shape], "fp32", "bf16", 1, 4, None, weight_formats=False, clients=(1, 2))
+    b = doc["rows"][0]["batch"]
+    assert b["one_at_a_time_tok_s"] > 0
+    for n in (1, 2):
+        c = b[f"clients_{n}"]
+        assert c["tok_s"] > 0 and c["speedup_vs_one_at_a_time"] > 0 and c["latency_max_s"] >= c["latency_p50_s"] > 0
+        assert 0 <= c["same_tokens_as_one_slot"] <= n
+    assert b["clients_1"]["same_tokens_as_one_slot"] == 1              # one client runs on the one slot
+    assert "2 requests at once" in table(doc)

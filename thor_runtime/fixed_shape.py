@@ -48,6 +48,13 @@ def key_span(reach: int, capacity: int) -> int:
     return min(s, capacity)
 
 
+class _Call:
+    __slots__ = ("ids", "cache", "taps")
+
+    def __init__(self, ids, cache, taps):
+        self.ids, self.cache, self.taps = ids, cache, taps
+
+
 class FixedShapeDecoder:
     """Decode steps and verifies of one dense TargetModel at a fixed row count, over a KV store
     it owns: ``slots`` sequences at a time (1: one request after another, its key span per
@@ -120,14 +127,17 @@ class FixedShapeDecoder:
     @torch.inference_mode()
     def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
         """ids [T] -> logits [T, V]: consecutive calls of ``rows`` rows (T = 1 is a plain step)."""
-        from .batch_verify import VerifyCall
-
-        return self.verify_many([VerifyCall(ids, cache, tuple(taps))])[0]
+        return self._verify([(ids, cache, tuple(taps))])[0]
 
     @torch.inference_mode()
     def verify_many(self, calls) -> list[ForwardOut]:
         """One verify per call (batch_verify.VerifyCall, each on its own slot), all in the same
         forwards: what each gets is what it gets alone. -> one ForwardOut per call."""
+        return self._verify([(c.ids, c.cache, tuple(c.taps)) for c in calls])
+
+    def _verify(self, calls: list[tuple]) -> list[ForwardOut]:
+        """calls: (ids [T], cache, taps) each."""
+        calls = [_Call(*c) for c in calls]
         slots = []
         for c in calls:
             b = self._slot_of.get(id(c.cache))

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from .bench_device_probes import kernel_probe, quant_options
-from .bench_device_shapes import PLAN_SHAPE, SHAPES, copy_bandwidth, random_model, shape_config, sync, timed, \
-    weight_bytes
+from .bench_device_shapes import PLAN_SHAPE, SHAPES, NullTokenizer, copy_bandwidth, random_model, shape_config, \
+    sync, timed, weight_bytes
 
 
 def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int,
@@ -82,7 +82,7 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     from thor_runtime.generate import Runtime
     from thor_runtime.sampling import SamplingParams
 
-    rt = Runtime(model, _NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16)
+    rt = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     results = []
     for _ in range(repeats):
@@ -150,15 +150,6 @@ def drafter_block(model, prompt, device, repeats: int) -> dict:
         res["drafter_block_fixed_ms" if fixed else "drafter_block_eager_ms"] = round(
             1e3 * timed(lambda: p.propose(seq, 15), device, repeats * 5), 3)
     return res
-
-
-class _NullTokenizer:
-    """Decodes nothing: speed runs never look at text."""
-
-    eos_token_ids = ()
-
-    def decode(self, ids):
-        return ""
 
 
 def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, new_tokens: int,

@@ -11,10 +11,11 @@ import statistics
 import threading
 import time
 
+from .bench_device_shapes import NullTokenizer, sync
+
 
 def _at_once(rt, prompts, params, device) -> tuple[float, list[list[int]], list[float]]:
     """-> (wall seconds, tokens per request, each request's latency), all started together."""
-    from .bench_device_shapes import sync
 
     out, lat, errors = [None] * len(prompts), [0.0] * len(prompts), []
     go = threading.Barrier(len(prompts) + 1)
@@ -48,12 +49,10 @@ def batch_block(model, prompt, device, kv: str, ctx: int, new_tokens: int, clien
     from thor_runtime.generate import Runtime
     from thor_runtime.sampling import SamplingParams
 
-    from .bench_device import _NullTokenizer
-
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     base = prompt.tolist()
     prompts = [[(base[0] + i) % model.cfg.vocab_size] + base[1:] for i in range(max(clients))]
-    single = Runtime(model, _NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
+    single = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
     single.generate(prompts[0], params)                                            # graphs captured
     t = []
     for _ in range(repeats):
@@ -63,7 +62,7 @@ def batch_block(model, prompt, device, kv: str, ctx: int, new_tokens: int, clien
     one_s = statistics.median(t)                       # one request's wall, one at a time
     res = {"one_at_a_time_tok_s": round(new_tokens / one_s, 1)}
     for n in clients:
-        rt = Runtime(model, _NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
+        rt = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
         rt.share(n)
         _at_once(rt, prompts[:n], params, device)                                 # graphs captured
         runs = [_at_once(rt, prompts[:n], params, device) for _ in range(repeats)]

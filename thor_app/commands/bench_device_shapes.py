@@ -82,3 +82,12 @@ def weight_bytes(model) -> int:
                 total += t.numel() * t.element_size()
     head = model.head_w if isinstance(model.head_w, torch.Tensor) else model.lm_head
     return total + head.numel() * head.element_size() + model.embed_w.shape[1] * model.embed_w.element_size()
+
+
+class NullTokenizer:
+    """Decodes nothing: speed runs never look at text."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids):
+        return ""
