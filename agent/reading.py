@@ -27,7 +27,7 @@ from .goals import MAX_ORDER
 from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TWICE, WAIT_WORDS, WANTED_THERE, LOCATIVE,
                       after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
-                      lengths, times_said,
+                      lengths, times_said, agent_nouns,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
                       said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
@@ -232,6 +232,10 @@ def read_task(task: str, world: World) -> TaskReading:
         (ref if n not in is_place else places).add(n)
         found(n, i)
     as_verb = {c: n for c, n in only.items() if n in is_place and found(n, verb_place(toks, c))}
+    # "go and charge" with a place called the charger ("robot_plug_in", also called "charger")
+    doers = unique_cues({p.name: agent_nouns(set(content_words(p.name)) | {w for a in p.aliases for w in alias_words(a)})
+                         for p in world.places})
+    as_verb |= {c: n for c, n in doers.items() if c not in as_verb and found(n, verb_place(toks, c))}
     places |= set(as_verb.values())
     taken = {t for n in ref | places for t in name_words(n)}
     taken |= {t for th in things if th.name in ref | places for a in th.aliases for t in alias_words(a)}
@@ -293,8 +297,9 @@ def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
 
 
 def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str]) -> tuple:
-    # objs, spots: the objects the task refers to and the places it names (less where things come from)
     """The things the task asks for, in order, when it orders them (TaskReading.events); ().
+    ``objs``, ``spots``: the objects the task refers to and the places it names, less where
+    things come from; ``at``: where each is said in ``toks``.
 
     A task orders things when it has a word of order (ORDER_WORDS, a closed class) and two or
     more clauses that each ask for one thing: a wait (a length of time and no other verb, or

@@ -25,7 +25,7 @@ from thor_runtime.errors import ThorError
 
 from .files import ArgSpec, Skill, SkillSet, World
 from .goals import MAX_TIMES
-from .reading import TaskReading, read_task
+from .reading import Event, TaskReading, read_task
 from .symbolic import states_by_object
 
 NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
@@ -319,13 +319,12 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
     model otherwise writes where the thing already is."""
     if r.events:
         return None
-    things = list(r.referred) or ([] if r.referred else list(r.about_places))
+    things = list(r.referred) or list(r.about_places)
     if len(things) != 1:
         return None
     x = things[0]
     place = world.place(x) is not None
     if r.times > 1 and r.length is None and ("is", "inspected") in r.wanted and 2 <= r.times <= MAX_TIMES:
-        from .reading import Event
         looks = _event_branches(Event("look", x, None, r.words), world, skills, set(), {}, lambda o: ())
         looks = [b for b in looks if "do" in b["properties"]]
         if len(looks) == 1:
@@ -439,13 +438,14 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # an object the task names may open the goal with a call on it or an order too
     more = [ref("goal_process", {"anyOf": process})] if lead and process else []
     lead = [{"anyOf": x["anyOf"] + more} for x in lead]
-    order = _order_lead(r, world, skills, kinds, states, where) if r is not None and not (only_missing or lacking) else None
-    order = order or (_call_lead(r, world, skills) if r is not None and not (only_missing or lacking) else None)
-    if order and len(order) <= int(base.get("maxItems", len(order))):
-        # "check the print, then lay it on the rack": the order first, then what must hold at the
-        # end, and nothing else (the order takes in every thing and place the task speaks of)
-        lead = order
-        base["maxItems"] = len(order)
+    # "check the print, then lay it on the rack": the order first, then what must hold at the end,
+    # and nothing else (the order takes in every thing and place the task speaks of); "shove the
+    # tin 5 cm to the right": that call alone
+    fixed = None if r is None or only_missing or lacking else (
+        _order_lead(r, world, skills, kinds, states, where) or _call_lead(r, world, skills))
+    if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
+        lead = fixed
+        base["maxItems"] = len(fixed)
     # `missing` names a thing the task says and the world lacks, never a world name
     unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else

@@ -30,7 +30,9 @@ CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+)
 # "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
 OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
-                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b|\bon\s+your\s+deck\b")
+                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b|\bon\s+your\s+deck\b"
+                         # "keep it on you", "have the crate on you"
+                         r"|\b(?:keep|carry|have)\s+(?:[\w']+\s+){0,3}?on\s+you\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
 # start on the frame", "until the ward's ready"): what follows is not asked for.
 # "before you move the box" is the robot's own next step (an order: ORDER_WORDS), not an aside.
@@ -281,6 +283,12 @@ def verb_place(toks: list[str], cue: str) -> int | None:
         if cue in MOVE_VERBS and {"and", "then", "to", "please"} & set(toks[max(0, i - 1):i]):
             return i
     return None
+
+
+def agent_nouns(words_: set[str]) -> set[str]:
+    """The verbs of going whose doer these words name ("charger": charge; "docker": dock): a
+    place called the charger is where "go and charge" sends the robot."""
+    return {v for v in MOVE_VERBS for w in words_ if w in (v + "r", v + "er")}
 
 
 def lacking_words(toks: list[str], known: set[str]) -> tuple:

@@ -176,3 +176,22 @@ def test_context_before_the_request_and_a_robot_wanted_somewhere():
     assert r.referred == ("ba_cylinder",)
     r = read_task("The brewery tour starts in the taproom and they'd like you there.", w)
     assert r.about_places == ("taproom",) and r.place_kinds == {"robot_at"} and not r.only_missing
+
+
+def test_a_verb_of_going_names_the_place_called_its_doer():
+    """"go and charge" with a place called the charger (by name or alias) sends the robot there."""
+    w = world_from_dict({
+        "name": "t", "objects": [{"name": "hose", "type": "hose", "position": [0.1, 0, 0.5], "mass_kg": 4, "at": "yard"}],
+        "places": [{"name": "yard", "position": [0, 0, 0.5]}, {"name": "wash", "position": [1, 0, 0.5]},
+                   {"name": "robot_plug_in", "position": [2, 0, 0.5], "aliases": ["charger"]}],
+        "robot": {"workspace": {"min": [-3, -3, 0], "max": [3, 3, 3]}, "max_payload_kg": 10}})
+    r = read_task("Drop the hose at the wash, then go and charge.", w)
+    assert r.go_to == ("robot_plug_in",) and r.destinations("hose") == ("wash",)
+    # said as no verb of going, it names nothing
+    assert read_task("Drop the hose at the wash; the charge is low.", w).go_to is None
+
+
+def test_keep_it_on_you_asks_for_it_held():
+    r = read_task("Load the guitar case and keep it on you while we go round.", CLINIC)
+    assert ("holding", None) in r.wanted
+    assert ("holding", None) not in read_task("Put the guitar case on the desk.", CLINIC).wanted
