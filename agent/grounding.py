@@ -14,7 +14,10 @@ is valid, safe and wrong. These findings catch them, all from the task's reading
   of a referred object that can take it, and the goal does not state it; or the goal puts an
   object at a place the task does not say, when the task does say where ("from the supply
   room to bay 2": bay 2), or on an object the task does not say, when it says what it goes on
-  ("the red block on the blue block"); or a task about places only (go, scan) says nothing of them.
+  ("the red block on the blue block"); or a task about places only (go, scan) says nothing of them;
+  or the task orders things (``TaskReading.events``: "check the print, then lay it on the rack")
+  and the goal has no `before`; or it fixes a call with its numbers ("a shove 5 cm to the
+  right", "three times": specialize.fixed_call) and the goal does not ask for it.
 - ``object`` too: the task mentions no object of this world and is neither about the robot
   going somewhere nor about looking at a place ("bring the pallet", "the newspaper goes on the
   desk"), yet the goal says nothing is missing.
@@ -23,11 +26,14 @@ A place the task does not name is never held against the goal when the task name
 """
 from __future__ import annotations
 
+import json
+
 from .conditions import Cond
 from .files import World
 from .findings import Finding
-from .goals import Goal
+from .goals import Act, Goal
 from .reading import TaskReading, read_task
+from .specialize import fixed_call
 from .symbolic import ParsedGoal, parse_goal, states_by_object
 
 _OBJECT_KINDS = ("at", "is", "holding", "on")
@@ -68,6 +74,13 @@ def grounding_findings(task: str, plan, world: World, skills=None, parsed: Parse
         # "scan the vault, wait 30 seconds, and scan it again": the goal grammar opens with it
         out.append(Finding(None, "goal", f"the task asks for {', then '.join(e.text() for e in r.events)} in that "
                                          'order; the goal states no {"before": [...]} with it'))
+    want = fixed_call(r, world, skills) if skills is not None and not r.events else None
+    if want is not None:
+        # "give the ink tin a shove 5 cm to the right": the goal grammar opens with that call
+        call = Act(want["do"], tuple(want["args"].items()), want.get("times", 1))
+        if not any(call.matches(a.skill, a.arg_dict) and a.times == call.times for a in goal.all_acts()):
+            out.append(Finding(None, "goal", f"the task asks for {call.text()}; the goal does not say so: "
+                                             f"{json.dumps(want, separators=(',', ':'))}"))
     said = Goal(_said(goal, skills), goal.acts, goal.orders)
     return out + place_findings(r, said, kinds) + verb_findings(r, said, reachable, kinds)
 

@@ -353,6 +353,21 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
     return [{"anyOf": out}] if len(out) == 1 else None
 
 
+def fixed_call(r: TaskReading, world: World, skills: SkillSet) -> dict | None:
+    """The goal item of a call the task fixes (``_call_lead``), as the grammar writes it, or
+    None: ``{"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}``.
+    The gate holds a goal decoded under another grammar to it (grounding.py)."""
+    lead = None if r.only_missing or r.lacking else _call_lead(r, world, skills)
+    if not lead:
+        return None
+
+    def value(node):
+        if "const" in node:
+            return node["const"]
+        return {k: value(v) for k, v in node["properties"].items()}
+    return value(lead[0]["anyOf"][0])
+
+
 def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
                 reading: TaskReading | None = None, defs: dict | None = None) -> dict:
     """The goal array over this world's names: only the kinds some skill can make true (nothing

@@ -194,3 +194,18 @@ def test_a_push_with_its_length_and_a_repeated_look_open_the_goal(worlds):
     w, s = ws["aquarium_backroom"]
     goal, v = _goal_schema("Read the thermometer three times.", w, s)
     assert not v.is_valid([{"do": "inspect", "args": {"object": "thermometer"}, "times": 2}])
+
+
+def test_the_gate_holds_a_goal_to_the_call_the_task_fixes(worlds):
+    w, s = worlds["print_studio"]
+    task = "Give the ink tin a shove 5 cm to the right so I can get at the registration marks."
+    f = grounding_findings(task, {"goal": [{"object": "ink_tin", "at": "press_bed"}], "steps": []}, w, s)
+    assert [x.check for x in f] == ["goal"] and "push ink_tin right 0.05" in f[0].message
+    push = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}
+    assert grounding_findings(task, {"goal": [push], "steps": []}, w, s) == []
+    far = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.5}}
+    assert [x.check for x in grounding_findings(task, {"goal": [far], "steps": []}, w, s)] == ["goal"]
+    w, s = worlds["aquarium_backroom"]
+    twice = {"do": "inspect", "args": {"object": "thermometer"}, "times": 2}
+    f = grounding_findings("Read the thermometer three times.", {"goal": [twice], "steps": []}, w, s)
+    assert [x.check for x in f] == ["goal"] and "inspect thermometer x3" in f[0].message
