@@ -331,8 +331,8 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
             b = looks[0]
             return [{"anyOf": [_shape({**b["properties"], "times": {"const": r.times}})]}]
         return None
-    if r.length is None or place or r.times > 1:
-        return None
+    if r.length is None or place or r.times > 1 or r.destinations(x):
+        return None             # "put the cup back on the shelf, 5 cm from the edge" is no push
     out = []
     for s in skills.skills:
         if s.effects:

@@ -185,9 +185,10 @@ def test_a_push_with_its_length_and_a_repeated_look_open_the_goal(worlds):
     goal, v = _goal_schema("Nudge the screen frame back a couple of centimetres.", w, s)
     assert not v.is_valid([{"object": "screen_frame", "at": "drying_rack"}])       # what the model wrote
     assert not v.is_valid([{"do": "push", "args": {"object": "screen_frame", "direction": "back", "distance": 0.2}}])
-    # no length, no direction said, or two things: the grammar is what it was
+    # no length, no direction said, two things, or where it goes: the grammar is what it was
     for task in ("Push the flat file drawer shut.", "Give the ink tin a shove 5 cm.",
-                 "Push the ink tin and the test print 5 cm to the right."):
+                 "Push the ink tin and the test print 5 cm to the right.",
+                 "Put the ink tin back on the supply shelf, 5 cm from the edge."):     # a place: a carry
         goal, _ = _goal_schema(task, w, s)
         assert all(b.get("properties", {}).get("do", {}).get("const") != "push"
                    for p in goal.get("prefixItems", []) for b in p["anyOf"]), task
