@@ -219,6 +219,10 @@ class Planner:
             # cut by the budget in its free text, a plan is whole without it
             text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
             plan, unreadable = parse_plan(text)
+            if plan is None and stop.ended:
+                # not a cut-off or malformed output: the goal's own reasons follow
+                unreadable = [Finding(None, "json", "the plan ends at its goal: the goal alone shows the task "
+                                                    "cannot be done here")]
             # Cut off by the budget: the goal, written before the steps, may still be whole.
             # (or ended after it: goal_stop)
             stated = stated_goal(text) if plan is None else None

@@ -99,9 +99,11 @@ class TaskReading:
         and is neither about the robot going somewhere nor about looking at a place: whatever it
         asks for is not here."""
         inspect = ("is", "inspected") in self.wanted
+        if self.lacking:                   # "hang all the aprons on the rail" in a world without one
+            return True
         if self.sets and self.places:      # "everything on the counter": a set of this world's things
             return False
-        return bool(self.lacking) or (not self.mentioned and (self.carry or not (self.move or self.toward or inspect)))
+        return not self.mentioned and (self.carry or not (self.move or self.toward or inspect))
 
     @property
     def about_places(self) -> tuple:

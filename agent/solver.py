@@ -232,15 +232,17 @@ class GoalStop:
         self.world, self.skills, self.max_steps = world, skills, max_steps
         self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
         self.step_cap: int | None = None
+        self.ended = False                      # True: this check ended the plan at its goal
 
     def __call__(self, text: str) -> bool:
         start = text.rfind('{"plan_id"')
         head = stated_goal(text[start:] if start >= 0 else text)
-        self.step_cap = None
+        self.step_cap, self.ended = None, False
         if head is None:
             return False
         self.goal, self.parsed = head["goal"], parse_goal(head, self.world, self.skills)
         if goal_reasons(head, self.world, self.skills, self.parsed):
+            self.ended = True
             return True
         if self.skills is not None:
             solved = complete(head, self.world, self.skills, self.max_steps, self.parsed)

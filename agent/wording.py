@@ -293,16 +293,18 @@ def agent_nouns(words_: set[str]) -> set[str]:
 
 def lacking_words(toks: list[str], known: set[str]) -> tuple:
     """What a verb of carrying takes when none of its words is a word of this world: the words
-    after the verb (and an article), up to the next short or function word."""
+    after the verb (and a word of a set, an article: "hang all the aprons"), up to the next
+    one-letter or function word ("the pH meter" keeps its "ph")."""
     stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything",
                                                        "one", "ones", "stuff", "things", "thing", "lot"}
     for i, t in enumerate(toks):
         if t not in CARRY_VERBS:
             continue
         j = i + 1 + (i + 1 < len(toks) and toks[i + 1] in {"me", "us"})
+        j += j < len(toks) and toks[j] in {"all", "every", "each", "any"}
         j += j < len(toks) and toks[j] in DETERMINERS | {"some", "another"}
         phrase = []
-        while j < len(toks) and toks[j] not in stop and len(toks[j]) >= 3 and not toks[j].isdigit():
+        while j < len(toks) and toks[j] not in stop and len(toks[j]) >= 2 and not toks[j].isdigit():
             phrase.append(toks[j])
             j += 1
             if j + 1 < len(toks) and toks[j] == "of":      # "a bottle of champagne", "a photo of the vase"

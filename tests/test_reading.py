@@ -93,6 +93,21 @@ def test_a_thing_to_carry_that_is_not_here():
     assert read_task("Bring me a bottle of champagne", CLINIC).lacking == ("bottle", "champagne")
 
 
+def test_a_set_or_a_short_word_this_world_lacks():
+    """ "all the aprons" in a world without one is a thing it lacks, not a set of its things
+    (even with a place: a set that picks nothing); "the pH meter" keeps its two-letter word."""
+    r = read_task("Hang all the aprons on the kennel ward hooks", CLINIC)
+    assert r.sets and r.places and r.lacking == ("aprons",) and r.only_missing
+    r = read_task("Put the pH meter in the stock room", CLINIC)
+    assert r.lacking == ("ph", "meter") and r.only_missing and "meter" in r.unknown
+    schema = goal_schema(CLINIC, _arm_and_mobile_skills()[1], "Put the pH meter in the stock room")
+    assert [b["properties"] for b in schema["items"]["anyOf"]] == [{"missing": {"enum": list(r.unknown)}}]
+    # a set of this world's things is still one
+    for task in ("Put all the cassettes in the stock room", "put everything on the reception desk in the stock room"):
+        r = read_task(task, CLINIC)
+        assert r.sets and r.lacking == () and not r.only_missing, task
+
+
 
 def test_asides_at_the_start_and_the_speakers_own_step():
     # an aside that opens the task ends at its comma; the request follows
