@@ -78,47 +78,25 @@ def test_steps_past_twice_the_solvers_are_cut(tiny_llama):
     assert stop.step_cap is None and not c.cut
 
 
-class _Decoding:
-    """Stands in for Runtime: commits each scripted plan token by token through the request's
-    grammar, and ends it where the grammar allows only end-of-sequence (a stop check's cut)."""
-
-    def __init__(self, tok, texts):
-        self.tok, self.texts, self.generated = tok, list(texts), []
-
-    def generate(self, prompt_ids, params, speculation=None, constraint=None, on_token=None):
-        from thor_runtime.generate import Result
-        from thor_runtime.stats import Stats
-
-        out = []
-        for t in self.tok.encode(self.texts.pop(0), add_special=False):
-            if constraint.cut:
-                break
-            constraint.advance(t)
-            out.append(t)
-        out.append(self.tok.eos_token_ids[0])
-        constraint.advance(out[-1])
-        self.generated.append(len(out))
-        return Result(out, self.tok.decode(out), "eos", len(prompt_ids), Stats(generated=len(out)))
-
-
 def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     """Through the planner: a goal refused from itself ends the plan, and its report says so
     (not "cut off by the token budget") before the goal's own reason; a plan that repeats its
     steps past the cap ends there and the solver's steps complete it."""
+    from test_plan_request import Decoding
+
     from agent.planner import Planner
 
     w, s = world_and_skills("kitchen")
     tok = tiny_llama.tokenizer
     heavy = {**good_plan(), "task": "put the cast iron pan on the table",
              "goal": [{"object": "cast_iron_pan", "at": "table"}]}
-    rt = _Decoding(tok, [json.dumps(heavy, separators=(",", ":"))])
+    rt = Decoding(tok, [json.dumps(heavy, separators=(",", ":"))])
     res = Planner(rt, tok, attempts=0, thinking=False).plan("put the cast iron pan on the table", w, s)
     assert not res.valid and [f["check"] for f in res.report] == ["json", "payload"]
     assert "ends at its goal" in res.report[0]["message"] and "token budget" not in res.report[0]["message"]
     plan = good_plan()
     runaway = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(plan["steps"] * 4)]}
     text = json.dumps(runaway, separators=(",", ":"))
-    rt = _Decoding(tok, [text])
-    res = Planner(rt, tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
+    res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
     assert res.valid and res.completed and [st["skill"] for st in res.plan["steps"]] == ["pick", "place"]
-    assert rt.generated[0] < len(tok.encode(text, add_special=False))
+    assert res.stats["generated_tokens"] < len(tok.encode(text, add_special=False))
