@@ -168,6 +168,15 @@ ORDERED_SINCE = {
 }
 
 
+# Reference goals of a held-out set that their task's grammar cannot write yet, kept as said:
+# what the reading misses there is what the set measures (docs/goals.md, set 9).
+CANNOT_WRITE = {
+    "9-cycleshop-pottery-sortingoffice-linenstore": {
+        "so02": '"Both trays want to go out to the van bay": "go out to" is read as the robot going',
+    },
+}
+
+
 def test_every_reference_goal_fits_its_task_schema():
     """The task-focused grammar must be able to write the answer each evaluation set counts as
     right, and the gate must accept it (both sets)."""
@@ -189,7 +198,11 @@ def test_every_reference_goal_fits_its_task_schema():
             spec = specialize(base_plan_schema(), w, s, task=t.task)
             schema = PlanValidator({**spec["properties"]["goal"], "$defs": spec["$defs"]})
             # a goal is a set: the grammar fixes an order, so some order of the answer must fit
-            assert any(not list(schema.iter_errors(list(p))) for p in permutations(goal)), (t.id, t.task)
+            fits = any(not list(schema.iter_errors(list(p))) for p in permutations(goal))
+            if t.id in CANNOT_WRITE.get(d.name, {}):
+                assert not fits, f"{t.id} fits its grammar now: take it off CANNOT_WRITE"
+                continue
+            assert fits, (t.id, t.task)
             assert grounding_findings(t.task, {"goal": goal, "steps": []}, w, s) == [], t.id
 
 
