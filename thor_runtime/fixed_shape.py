@@ -26,6 +26,7 @@ A slot with no work this round writes its padding past the context, where nothin
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -46,13 +47,6 @@ def key_span(reach: int, capacity: int) -> int:
     while s < reach:
         s *= 2
     return min(s, capacity)
-
-
-class _Call:
-    __slots__ = ("ids", "cache", "taps")
-
-    def __init__(self, ids, cache, taps):
-        self.ids, self.cache, self.taps = ids, cache, taps
 
 
 class FixedShapeDecoder:
@@ -127,17 +121,13 @@ class FixedShapeDecoder:
     @torch.inference_mode()
     def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
         """ids [T] -> logits [T, V]: consecutive calls of ``rows`` rows (T = 1 is a plain step)."""
-        return self._verify([(ids, cache, tuple(taps))])[0]
+        return self.verify_many([SimpleNamespace(ids=ids, cache=cache, taps=tuple(taps))])[0]
 
     @torch.inference_mode()
     def verify_many(self, calls) -> list[ForwardOut]:
-        """One verify per call (batch_verify.VerifyCall, each on its own slot), all in the same
-        forwards: what each gets is what it gets alone. -> one ForwardOut per call."""
-        return self._verify([(c.ids, c.cache, tuple(c.taps)) for c in calls])
-
-    def _verify(self, calls: list[tuple]) -> list[ForwardOut]:
-        """calls: (ids [T], cache, taps) each."""
-        calls = [_Call(*c) for c in calls]
+        """One verify per call (``ids`` [T], ``cache``, ``taps``: batch_verify.VerifyCall, each on
+        its own slot), all in the same forwards: what each gets is what it gets alone. -> one
+        ForwardOut per call."""
         slots = []
         for c in calls:
             b = self._slot_of.get(id(c.cache))
