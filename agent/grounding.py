@@ -17,7 +17,7 @@ is valid, safe and wrong. These findings catch them, all from the task's reading
   ("the red block on the blue block"); or a task about places only (go, scan) says nothing of them;
   or the task orders things (``TaskReading.events``: "check the print, then lay it on the rack")
   and the goal has no `before`; or it fixes a call with its numbers ("a shove 5 cm to the
-  right", "three times": specialize.fixed_call) and the goal does not ask for it.
+  right", "three times": task_leads.fixed_call) and the goal does not ask for it.
 - ``object`` too: the task mentions no object of this world and is neither about the robot
   going somewhere nor about looking at a place ("bring the pallet", "the newspaper goes on the
   desk"), yet the goal says nothing is missing.
@@ -33,7 +33,7 @@ from .files import World
 from .findings import Finding
 from .goals import Act, Goal
 from .reading import TaskReading, read_task
-from .specialize import fixed_call
+from .task_leads import fixed_call
 from .symbolic import ParsedGoal, parse_goal, states_by_object
 
 _OBJECT_KINDS = ("at", "is", "holding", "on")

@@ -89,7 +89,7 @@ class TaskReading:
     events: tuple = ()
     # How many times the task asks for its thing ("read the thermometer three times"), and the
     # length it says ("give the ink tin a shove 5 cm to the right", in metres; None if none): a
-    # call the task fixes (specialize._call_lead)
+    # call the task fixes (task_leads._call_lead)
     times: int = 1
     length: float | None = None
 

@@ -31,7 +31,7 @@ from .files import ArgSpec, Skill, SkillSet, World
 from . import stacking
 from .goals import Act, Goal, advance, done, start
 from .limits import _arg_findings
-from .specialize import MAX_TIMEOUT_S
+from .arg_schemas import MAX_TIMEOUT_S
 from .symbolic import ParsedGoal, State, apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
 
 MAX_STATES = 20_000

@@ -1,5 +1,5 @@
 """A task that orders things gets a goal that opens with that `before` (reading.ordered_events,
-specialize._order_lead), and the gate holds a goal to it (grounding.py); a task whose order word
+task_leads._order_lead), and the gate holds a goal to it (grounding.py); a task whose order word
 joins no second thing, or whose order says no more than its end states, keeps its plain goal.
 And a call the task fixes with its numbers (a push with its length and direction, a look repeated
 N times) opens the goal the same way."""
@@ -163,7 +163,7 @@ def test_an_older_look_then_place_task_still_reaches_its_plain_answer(directory,
     assert score(t, res, w, s)["success"]
 
 
-# ---- a call the task fixes with its own numbers (specialize._call_lead) ----------------------
+# ---- a call the task fixes with its own numbers (task_leads._call_lead) ----------------------
 def test_lengths_and_counts_in_words():
     from agent.wording import lengths, times_said
     assert lengths(tokens("a shove 5 cm to the right")) == [0.05] and lengths(tokens("3cm forward")) == [0.03]

@@ -1,0 +1,141 @@
+"""Goal openings a task fixes in its own words (specialize.goal_schema takes them in place of its
+usual leads): an order of things (``reading.Event``: "check the print, then lay it on the rack")
+and a call with the task's numbers ("give the ink tin a shove 5 cm to the right", "read the
+thermometer three times")."""
+from __future__ import annotations
+
+from .arg_schemas import _enum, _shape, arg_schema
+from .files import SkillSet, World
+from .goals import MAX_TIMES
+from .reading import Event, TaskReading
+
+def _plain(v: float):
+    return int(v) if float(v).is_integer() else v
+
+
+def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: dict, where) -> list[dict]:
+    """The goal items one thing of an ordered task may be written as (reading.Event): a wait of
+    the time it says, a call that looks at what it says (an option the clause names fixed:
+    "with the lidar"), or the condition it makes true."""
+    out = []
+    if e.kind == "wait":
+        for s in skills.skills:
+            if not s.effects and len(s.args) == 1 and s.args[0].type in ("number", "integer") and s.args[0].unit == "s":
+                a = s.args[0]
+                dur = {"const": _plain(e.value)} if e.value is not None else arg_schema(a, world)
+                out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: dur})}))
+        return out
+    if e.kind == "look":
+        place = world.place(e.subject) is not None
+        for s in skills.skills:
+            for c in s.effects:
+                arg = next((a for a in s.args if c.subject == f"${a.name}"), None)
+                if arg is None or c.value != "inspected" or c.kind != ("place_is" if place else "is"):
+                    continue
+                allowed = arg_schema(arg, world)
+                if allowed is None or e.subject not in allowed.get("enum", ()):
+                    continue
+                props = {arg.name: {"const": e.subject}}
+                for o in s.args:       # an option the clause names ("with the lidar", "a camera scan")
+                    said = [v for v in (o.values or ()) if o.type == "enum" and v in e.words]
+                    if o is not arg and said:
+                        props[o.name] = {"const": said[0]}
+                out.append(_shape({"do": {"const": s.name}, "args": _shape(props)}))
+        if not out:
+            key = "place_is" if place else "is"
+            if key in kinds:
+                out.append(_shape({"place" if place else "object": {"const": e.subject}, "is": {"const": "inspected"}}))
+        return out
+    cond = _event_condition(e, kinds, states, where)
+    return [cond] if cond else []
+
+
+def _event_condition(e, kinds: set[str], states: dict, where) -> dict | None:
+    if e.kind == "state" and "is" in kinds and e.value in states.get(e.subject, ()):
+        return _shape({"object": _enum([e.subject]), "is": _enum([e.value])})
+    if e.kind == "at" and "at" in kinds:
+        dest = [e.value] if e.value else list(where(e.subject))
+        return _shape({"object": _enum([e.subject]), "at": _enum(dest)}) if dest else None
+    if e.kind == "go" and "robot_at" in kinds and e.value:
+        return _shape({"robot_at": _enum([e.value])})
+    return None
+
+
+def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str], states: dict, where) -> list | None:
+    """A task that orders things (TaskReading.events) opens its goal with that `before`, one item
+    per thing in the task's order, then the conditions that hold at the end (the last state of
+    each thing and the robot's last place); None when the task orders nothing or a thing of it
+    cannot be written here. A small model otherwise writes the first thing, or the things without
+    their order."""
+    if not r.events:
+        return None
+    items = [_event_branches(e, world, skills, kinds, states, where) for e in r.events]
+    if not all(items):
+        return None
+    n = len(items)
+    before = _shape({"before": {"type": "array", "prefixItems": [{"anyOf": b} for b in items], "items": False,
+                                "minItems": n, "maxItems": n}})
+    ends: dict = {}
+    for e in r.events:
+        key = {"state": ("is", e.subject), "at": ("at", e.subject), "go": ("robot", None)}.get(e.kind)
+        if key is not None:
+            ends.pop(key, None)      # its last state, where that is said
+            ends[key] = _event_condition(e, kinds, states, where)
+    return [{"anyOf": [before]}] + [{"anyOf": [c]} for c in ends.values()]
+
+
+def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
+    """A call the task fixes with its own numbers, about the one object (or place) it refers to:
+    "read the thermometer three times" (the call that looks at it, ``times`` 3), "give the ink
+    tin a shove 5 cm to the right" (the one call with no lasting effect that takes the object, a
+    length and a word of the task's among its options: push right 0.05). None otherwise. A small
+    model otherwise writes where the thing already is."""
+    if r.events:
+        return None
+    things = list(r.referred) or list(r.about_places)
+    if len(things) != 1:
+        return None
+    x = things[0]
+    place = world.place(x) is not None
+    if r.times > 1 and r.length is None and ("is", "inspected") in r.wanted and 2 <= r.times <= MAX_TIMES:
+        looks = _event_branches(Event("look", x, None, r.words), world, skills, set(), {}, lambda o: ())
+        looks = [b for b in looks if "do" in b["properties"]]
+        if len(looks) == 1:
+            b = looks[0]
+            return [{"anyOf": [_shape({**b["properties"], "times": {"const": r.times}})]}]
+        return None
+    if r.length is None or place or r.times > 1 or r.destinations(x):
+        return None             # "put the cup back on the shelf, 5 cm from the edge" is no push
+    out = []
+    for s in skills.skills:
+        if s.effects:
+            continue
+        obj = [a for a in s.args if a.type == "object"]
+        size = [a for a in s.args if a.type == "number" and a.unit == "m"]
+        opts = [a for a in s.args if a.type == "enum"]
+        said = {a.name: [v for v in a.values if v in r.words] for a in opts}
+        if len(obj) != 1 or len(size) != 1 or not opts or any(len(v) != 1 for v in said.values()):
+            continue
+        allowed = arg_schema(obj[0], world)
+        if allowed is None or x not in allowed.get("enum", ()):
+            continue
+        props = {obj[0].name: {"const": x}, **{k: {"const": v[0]} for k, v in said.items()},
+                 size[0].name: {"const": _plain(r.length)}}
+        out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args
+                                                                      if a.name in props})}))
+    return [{"anyOf": out}] if len(out) == 1 else None
+
+
+def fixed_call(r: TaskReading, world: World, skills: SkillSet) -> dict | None:
+    """The goal item of a call the task fixes (``_call_lead``), as the grammar writes it, or
+    None: ``{"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}``.
+    The gate holds a goal decoded under another grammar to it (grounding.py)."""
+    lead = None if r.only_missing or r.lacking else _call_lead(r, world, skills)
+    if not lead:
+        return None
+
+    def value(node):
+        if "const" in node:
+            return node["const"]
+        return {k: value(v) for k, v in node["properties"].items()}
+    return value(lead[0]["anyOf"][0])
