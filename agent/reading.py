@@ -45,6 +45,11 @@ class Event:
     value: object = None
     words: frozenset = frozenset()
 
+    def end_key(self):
+        """What this thing's condition is about, when it is one (a later one of the same key
+        replaces it: "open it, ..., close it again"); None for a wait or a look."""
+        return {"state": ("is", self.subject), "at": ("at", self.subject), "go": ("robot", None)}.get(self.kind)
+
     def text(self) -> str:
         v = self.value
         return {"wait": f"wait {v:g}" if isinstance(v, (int, float)) else "wait", "look": f"look at {self.subject}",
@@ -375,7 +380,7 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
     seen: dict = {}
     undone = False
     for e in events:
-        key = {"state": ("is", e.subject), "at": ("at", e.subject), "go": ("robot", None)}.get(e.kind)
+        key = e.end_key()
         if key is not None:
             undone |= key in seen and seen[key] != e.value
             seen[key] = e.value

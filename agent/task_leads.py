@@ -77,7 +77,7 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
                                 "minItems": n, "maxItems": n}})
     ends: dict = {}
     for e in r.events:
-        key = {"state": ("is", e.subject), "at": ("at", e.subject), "go": ("robot", None)}.get(e.kind)
+        key = e.end_key()
         if key is not None:
             ends.pop(key, None)      # its last state, where that is said
             ends[key] = _event_condition(e, kinds, states, where)
