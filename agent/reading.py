@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 from .files import World, alias_words
 from .goals import MAX_ORDER
+from .set_reading import SetSaid, set_said
 from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TWICE, WAIT_WORDS, WANTED_THERE, LOCATIVE,
                       after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
                       PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
                       lengths, times_said, agent_nouns,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
-                      said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
+                      robot_goes, said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
 
 
@@ -97,6 +98,11 @@ class TaskReading:
     # call the task fixes (task_leads._call_lead)
     times: int = 1
     length: float | None = None
+    # The set of things the task asks about, by what its words say of them ("everything on the
+    # wheel", "all the tools"): a goal's `every` (set_reading.py); None when they say none
+    every: SetSaid | None = None
+    # the main clauses' words in order (an option said nearest a call's length: task_leads)
+    toks: tuple = ()
 
     @property
     def only_missing(self) -> bool:
@@ -275,13 +281,14 @@ def read_task(task: str, world: World) -> TaskReading:
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
         sources=sources, wanted=frozenset(verbs),
         carry=bool((tw - taken) & CARRY_VERBS or set(as_verb) - MOVE_VERBS),
-        move=bool((set(toks) - taken) & MOVE_VERBS or WANTED_THERE.search(task.lower())),
+        move=robot_goes(toks, taken) or bool(WANTED_THERE.search(task.lower())),
         toward=any(said_after(toks, p, TOWARD_WORDS, at_hit(p)) for p in places),
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
         supports=supports, under=frozenset(n for n in under if n not in moves),
         events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]),
-        times=times_said(toks), length=(lengths(toks) or [None])[0])
+        times=times_said(toks), length=(lengths(toks) or [None])[0],
+        every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks))
 
 
 _LOOK = frozenset(w for w, v in STATE_VERBS.items() if v == ("is", "inspected"))
@@ -313,10 +320,8 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
     "wait"), a look (check, scan, sweep, ...), a state (open, shut), a thing put somewhere, the
     robot going somewhere. "it", "them" and "there" stand for what the clause before was about;
     "twice" before a wait ("twice, a minute apart") is the thing, the wait, the thing again.
-    The order counts only when it says more than the end states do: a call in it (a wait, a
-    look) or a state the next one undoes ("open it, ..., and close it again", "go to the vault
-    ..., then head back"). "Put the tin on the shelf, then go back to the charger" asks for two
-    end states and keeps its plain goal; "before the next patient arrives" joins no second
+    An order of end states counts too ("lift the kiln lid, and then load the tile onto the kiln
+    shelf" asks for the lid open first); "before the next patient arrives" joins no second
     thing. Every clause with a verb must be read, or nothing is: a guess is no order."""
     if not set(toks) & ORDER_WORDS:
         return ()
@@ -331,7 +336,13 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         clause = DESCRIBED.sub(" ", " ".join(ct))
         states = [_STATE[w] for w in clause.split() if w in _STATE]
         states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
+        # a word of a name the clause says is no verb of it ("drive to the goods lift")
+        cw -= {w for n in said_objs + said_places for w in name_words(n)}
         look, put, go = bool(cw & _LOOK), bool(cw & _PUT), bool(cw & MOVE_VERBS) or "get back" in clause
+        # "run over to the supervisor's desk": a place said after "to" with no thing to carry is
+        # where the robot goes, whatever the verb
+        go |= bool(said_places) and not said_objs and not put and any(
+            said_after(ct, p, TOWARD_WORDS) for p in said_places)
         secs = [s for i, s in times if a <= i < b]
         twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
         it = last["thing"] if cw & {"it", "them"} else None
@@ -376,12 +387,4 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
     named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
     if not set(objs) | set(spots) <= named:
         return ()
-    calls = any(e.kind in ("wait", "look") for e in events)
-    seen: dict = {}
-    undone = False
-    for e in events:
-        key = e.end_key()
-        if key is not None:
-            undone |= key in seen and seen[key] != e.value
-            seen[key] = e.value
-    return tuple(events) if calls or undone else ()
+    return tuple(events)

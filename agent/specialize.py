@@ -28,7 +28,7 @@ from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .reading import TaskReading, read_task
 from .symbolic import states_by_object
-from .task_leads import _call_lead, _order_lead
+from .task_leads import _call_lead, _order_lead, _set_lead
 
 def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
                      only: set | None = None, bases=None) -> list[dict]:
@@ -237,7 +237,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # and nothing else (the order takes in every thing and place the task speaks of); "shove the
     # tin 5 cm to the right": that call alone
     fixed = None if r is None or only_missing or lacking else (
-        _order_lead(r, world, skills, kinds, states, where) or _call_lead(r, world, skills))
+        _order_lead(r, world, skills, kinds, states, where) or _call_lead(r, world, skills) or _set_lead(r, kinds))
     if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
         lead = fixed
         base["maxItems"] = len(fixed)

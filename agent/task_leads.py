@@ -1,13 +1,15 @@
 """Goal openings a task fixes in its own words (specialize.goal_schema takes them in place of its
-usual leads): an order of things (``reading.Event``: "check the print, then lay it on the rack")
-and a call with the task's numbers ("give the ink tin a shove 5 cm to the right", "read the
-thermometer three times")."""
+usual leads): an order of things (``reading.Event``: "check the print, then lay it on the rack"),
+a call with the task's numbers ("give the ink tin a shove 5 cm to the right", "read the
+thermometer three times", "slide the bowl 3 cm to the right twice") and a set of things
+(set_reading.py: "everything on the wheel onto the wedging bench")."""
 from __future__ import annotations
 
 from .arg_schemas import _enum, _shape, arg_schema
 from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .reading import Event, TaskReading
+from .wording import lengths
 
 def _plain(v: float):
     return int(v) if float(v).is_integer() else v
@@ -46,6 +48,13 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
             if key in kinds:
                 out.append(_shape({"place" if place else "object": {"const": e.subject}, "is": {"const": "inspected"}}))
         return out
+    if e.kind == "go" and e.value:
+        # "then dock back on your charger": the going by the skill the clause names
+        for s in skills.skills:
+            arg = next((a for c in s.effects if c.kind == "robot_at" for a in s.args if c.value == f"${a.name}"), None)
+            allowed = arg_schema(arg, world) if arg is not None and s.name in e.words else None
+            if allowed is not None and e.value in allowed.get("enum", ()) and len(s.args) == 1:
+                return [_shape({"do": {"const": s.name}, "args": _shape({arg.name: {"const": e.value}})})]
     cond = _event_condition(e, kinds, states, where)
     return [cond] if cond else []
 
@@ -104,7 +113,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
             b = looks[0]
             return [{"anyOf": [_shape({**b["properties"], "times": {"const": r.times}})]}]
         return None
-    if r.length is None or place or r.times > 1 or r.destinations(x):
+    if r.length is None or place or r.destinations(x) or r.times > MAX_TIMES:
         return None             # "put the cup back on the shelf, 5 cm from the edge" is no push
     out = []
     for s in skills.skills:
@@ -113,7 +122,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         obj = [a for a in s.args if a.type == "object"]
         size = [a for a in s.args if a.type == "number" and a.unit == "m"]
         opts = [a for a in s.args if a.type == "enum"]
-        said = {a.name: [v for v in a.values if v in r.words] for a in opts}
+        said = {a.name: _nearest(r, [v for v in a.values if v in r.words]) for a in opts}
         if len(obj) != 1 or len(size) != 1 or not opts or any(len(v) != 1 for v in said.values()):
             continue
         allowed = arg_schema(obj[0], world)
@@ -121,9 +130,48 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
             continue
         props = {obj[0].name: {"const": x}, **{k: {"const": v[0]} for k, v in said.items()},
                  size[0].name: {"const": _plain(r.length)}}
-        out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args
-                                                                      if a.name in props})}))
+        call = {"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args if a.name in props})}
+        out.append(_shape({**call, "times": {"const": r.times}} if r.times > 1 else call))
     return [{"anyOf": out}] if len(out) == 1 else None
+
+
+def _nearest(r: TaskReading, values: list[str]) -> list[str]:
+    """Of the option words a task says, the one said nearest its length ("5 cm to the left - it's
+    right on the edge": left); all of them when the words do not place the length."""
+    toks = list(r.toks)
+    units = [i for i, t in enumerate(toks) if lengths(toks[max(0, i - 3):i + 1])]
+    if len(values) < 2 or not units:
+        return values
+    dist = {v: min(abs(i - units[0]) for i, t in enumerate(toks) if t == v) for v in values if v in toks}
+    return [min(dist, key=dist.get)] if dist else values
+
+
+def _set_lead(r: TaskReading, kinds: set[str]) -> list | None:
+    """A set of things the task asks about (set_reading.py), with where its members go or, when
+    it says no place, the state its verb asks of them ("close all the drawers"); None otherwise.
+    A small model otherwise lists the members it guesses, or none."""
+    if r.every is None:
+        return None
+    sel = _shape({k: {"const": v} for k, v in r.every.selector})
+    if r.every.to and "at" in kinds:
+        return [{"anyOf": [_shape({"every": sel, "at": _enum(list(r.every.to))})]}]
+    states = sorted(v for k, v in r.wanted if k == "is" and v != "inspected")
+    if not r.every.to and "is" in kinds and len(states) == 1:
+        return [{"anyOf": [_shape({"every": sel, "is": {"const": states[0]}})]}]
+    return None
+
+
+def written_order(r: TaskReading, world: World, skills: SkillSet) -> bool:
+    """The task orders things and every one of them can be written with these skills (the
+    grammar then opens with the order, and the gate holds a goal to it): an arm is never asked
+    for the "..., then head back to bay 3" it cannot drive."""
+    if not r.events or r.only_missing or r.lacking:
+        return False
+    from .symbolic import states_by_object
+    kinds = {c.kind for s in skills.skills for c in s.effects}
+    places = [p.name for p in world.places]
+    return _order_lead(r, world, skills, kinds, states_by_object(world, skills),
+                       lambda o: list(r.destinations(o)) or places) is not None
 
 
 def fixed_call(r: TaskReading, world: World, skills: SkillSet) -> dict | None:

@@ -37,6 +37,7 @@ HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper
 # start on the frame", "until the ward's ready"): what follows is not asked for.
 # "before you move the box" is the robot's own next step (an order: ORDER_WORDS), not an aside.
 ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|once|after|since)\s+(?:that|i|we|you|they|he|she|it|the|someone)"
+                   r"(?<!\bafter\sthat)"      # "..., and after that move the lube": an order, not an aside
                    r"|before\s+(?:that|i|we|they|he|she|it|the|someone))\b"
                    # the speaker's own next step: ", I want to check the fluid level"
                    r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
@@ -282,7 +283,26 @@ def verb_place(toks: list[str], cue: str) -> int | None:
             return i
         if cue in MOVE_VERBS and {"and", "then", "to", "please"} & set(toks[max(0, i - 1):i]):
             return i
+    for i, t in enumerate(toks):
+        # "go and get yourself charged", "get charged up": the going said by the verb's participle
+        if cue in MOVE_VERBS and t in (cue + "d", cue + "ed") and "get" in toks[max(0, i - 2):i]:
+            return i
     return None
+
+
+MODALS = frozenset({"to", "can", "could", "should", "must", "will", "may", "might", "shall"})
+
+
+def robot_goes(toks: list[str], taken: set[str]) -> bool:
+    """A verb of going said to the robot: "head to the dock", "I need you to go"; not of a thing
+    ("the trays want to go out to the van bay", "everything on it can go on the shelf")."""
+    for i, t in enumerate(toks):
+        if t not in MOVE_VERBS or t in taken:
+            continue
+        before = toks[max(0, i - 3):i]
+        if not before or before[-1] not in MODALS or "you" in before:
+            return True
+    return False
 
 
 def agent_nouns(words_: set[str]) -> set[str]:

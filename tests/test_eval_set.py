@@ -50,8 +50,7 @@ def test_every_feasible_task_is_reachable_and_scores_success():
         w, s = worlds[t.world]
         if t.refuse:
             continue
-        goal = [c.to_dict() for c in t.goal]
-        plan = complete({"plan_id": "p1", "task": t.task, "goal": goal,
+        plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw,
                          "steps": [{"skill": "wait", "args": {}}]}, w, s)
         assert plan is not None, t.id
         row = score(t, _res(plan, w, s), w, s)
@@ -192,7 +191,7 @@ def test_later_eval_set_feasible_tasks_are_reachable(directory):
     for t in feasible:
         w, s = worlds[t.world]
         assert not reaches(t.goal, initial_state(w)), t.id          # not done before any step
-        plan = complete({"plan_id": "p1", "task": t.task, "goal": [c.to_dict() for c in t.goal], "steps": []}, w, s)
+        plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
         assert plan is not None, t.id
         ex = execute(plan["steps"], w, s)
         assert ex.complete and not ex.findings and reaches(t.goal, ex.state), (t.id, ex.findings)

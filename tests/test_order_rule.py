@@ -78,19 +78,33 @@ def test_an_order_word_that_orders_nothing_is_no_order(worlds):
     # joins no second thing of the task's
     assert _events("Sweep bay 3 with the lidar before the next patient arrives.", ward) == []
     assert _events("Someone's left the glasswasher open again. Shut it, please.", bar) == []
-    # two end states: the order says no more than they do, the plain goal stays
-    assert _events("Take parcel 1 to the outbound dock, then go back to the charging bay.", depot) == []
-    assert _events("Open the supply cabinet, then put the trowel on the low shelf.", green) == []
     # a thing the order leaves out (no verb the reading knows: "the squeegee goes up ...") leaves it unread
     assert _events("Check the test print, wait 10 seconds, then the squeegee goes up on the rail.",
                    worlds["print_studio"][0]) == []
     # no word of order: a list is not read as one
     assert _events("Scan the vault and wait 30 seconds.", worlds["museum_storeroom"][0]) == []
-    for task, name in (("Sweep bay 3 with the lidar before the next patient arrives.", "hospital_ward"),
-                       ("Take parcel 1 to the outbound dock, then go back to the charging bay.", "parcel_depot")):
-        goal, _ = _goal_schema(task, *worlds[name])
-        # no order opens the goal (one is still allowed, as for any task: through goal_process)
-        assert all("before" not in b.get("properties", {}) for p in goal.get("prefixItems", []) for b in p["anyOf"])
+    goal, _ = _goal_schema("Sweep bay 3 with the lidar before the next patient arrives.", *worlds["hospital_ward"])
+    # no order opens the goal (one is still allowed, as for any task: through goal_process)
+    assert all("before" not in b.get("properties", {}) for p in goal.get("prefixItems", []) for b in p["anyOf"])
+
+
+def test_an_order_of_end_states_is_an_order(worlds):
+    """"Lift the lid, and then load the tile" asks for the lid open first, which the two end
+    states alone do not say; "after that" orders (it is no aside); a place said after "to" is
+    where the robot goes, whatever the verb ("run over to"); a name's word is no verb ("the
+    goods lift" lifts nothing)."""
+    depot, green = (worlds[n][0] for n in ("parcel_depot", "greenhouse"))
+    assert _events("Take parcel 1 to the outbound dock, then go back to the charging bay.", depot) == [
+        "parcel_1 at outbound_dock", "go to charging_bay"]
+    assert _events("Open the supply cabinet, then put the trowel on the low shelf.", green) == [
+        "supply_cabinet open", "trowel at shelf_low"]
+    assert _events("Open the supply cabinet, and after that put the trowel on the low shelf.", green) == [
+        "supply_cabinet open", "trowel at shelf_low"]
+    assert _events("Run over to the outbound dock, wait there 20 seconds, then return to the charging bay.", depot) == [
+        "go to outbound_dock", "wait 20", "go to charging_bay"]
+    goal, _ = _goal_schema("Take parcel 1 to the outbound dock, then go back to the charging bay.", *worlds["parcel_depot"])
+    first = goal["prefixItems"][0]["anyOf"]
+    assert len(first) == 1 and "before" in first[0]["properties"]
 
 
 def test_the_grammar_opens_an_ordered_task_with_its_before(worlds):

@@ -1,0 +1,91 @@
+"""The set of things a task asks about, when its words say one (a goal's `every`): "tidy all the
+tools onto the pegboard", "everything on the wheel onto the wedging bench", "clear the folding
+bench - it all goes on the clean shelves", "whatever you can manage from the inward bay", "both
+trays".
+
+The members are never named one by one: they are picked from this world by what the words say
+of them, in the three ways a selector can (goals.py):
+- ``type``: a type of this world's objects said in the plural ("the tools", "both trays") or
+  after a word of a set ("every linen pack");
+- ``at``: where they rest at the start, a place that holds things and is said as where they
+  come from ("from the inward bay"), as what is cleared ("clear the service bench") or right
+  after a word of a set ("everything on the wheel");
+- ``carriable``: "anything you can carry", "whatever you can manage".
+A set is read only when its words say ``type`` or ``at`` and the task names no object of its
+own (a set of named things, "both the red cup and the blue cup", is those things); the places
+it mentions besides the source are where the members go.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .files import World
+from .wording import DETERMINERS, SET_WORDS, name_words, singular
+
+# "both trays", "the lot": words of a set besides SET_WORDS
+SET_CUES = SET_WORDS | {"both"}
+THE_LOT = re.compile(r"\bthe\s+lot\b")
+CARRIABLE = re.compile(r"\b(?:can|could)\s+(?:manage|carry|lift|handle|pick\s+up|take|move)\b|\bcarriable\b")
+# "clear the service bench", "empty the crate": the place the verb takes is where the set rests
+CLEAR_VERBS = frozenset({"clear", "clearing", "empty", "emptying", "unload", "unloading", "strip"})
+# "everything on the wheel", "all the stuff in the bay": a set word, then where it rests
+RESTS = frozenset({"on", "in", "at", "from", "off", "upon", "inside"})
+
+
+@dataclass(frozen=True)
+class SetSaid:
+    selector: tuple          # ((key, value), ...) of goals.SELECTORS
+    to: tuple                # the places the members go to; () when the words say none
+
+    def every(self) -> dict:
+        return dict(self.selector)
+
+
+def _cue(toks: list[str], text: str) -> bool:
+    return bool(set(toks) & SET_CUES or THE_LOT.search(text))
+
+
+def _type_said(type_: str, toks: list[str]) -> bool:
+    head = (name_words(type_) or [""])[-1]
+    for i, t in enumerate(toks):
+        if head not in singular(t):
+            continue
+        if t != head or set(toks[max(0, i - 3):i]) & SET_CUES:
+            return True
+    return False
+
+
+def _after(toks: list[str], i: int, leads: frozenset) -> bool:
+    """The words before index ``i`` (past its articles) end with one of ``leads``."""
+    while i > 0 and toks[i - 1] in DETERMINERS - SET_CUES:
+        i -= 1
+    return i > 0 and toks[i - 1] in leads
+
+
+def set_said(text: str, toks: list[str], world: World, referred: tuple, places: tuple, at: dict,
+             sources: frozenset) -> SetSaid | None:
+    """-> the set the task asks about, or None when its words say none. ``places``: the places it
+    mentions in task order, ``at``: where each is said in ``toks``."""
+    low = text.lower()
+    if referred or not _cue(toks, low):
+        return None
+    sel: dict = {}
+    types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)})
+    if len(types) == 1:
+        sel["type"] = types[0]
+    homes = {o.at for o in world.objects if o.at}
+    # "all the tools on the bench go to the boot room"; in "put all the tools on the pegboard" the
+    # place after the set is where they go: a place after a set word rests them only when another
+    # place follows it
+    later = {p: any(at.get(q, -1) > at[p] for q in places if q != p) for p in places if p in at}
+    rests = [p for p in places if p in homes and p in at and (
+        p in sources or _after(toks, at[p], CLEAR_VERBS)
+        or (later[p] and _after(toks, at[p], RESTS) and set(toks[max(0, at[p] - 6):at[p]]) & SET_CUES))]
+    if len(rests) == 1:
+        sel["at"] = rests[0]
+    if not sel:
+        return None
+    if CARRIABLE.search(low):
+        sel["carriable"] = True
+    return SetSaid(tuple(sorted(sel.items())), tuple(p for p in places if p not in rests))
