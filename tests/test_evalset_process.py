@@ -1,4 +1,4 @@
-"""agent/evalsets/7-*: tasks that are more than an end state (calls, order, repetition, sets),
+"""agent/evalsets/7-* and 10-*: tasks that are more than an end state (calls, order, repetition, sets),
 and, for every evaluation set, that each reference goal can be written under its task's grammar
 and reached (or is refused for its stated reason) from the goal alone."""
 from __future__ import annotations
@@ -20,6 +20,8 @@ from calib.prompts import NAME_VOCAB, PLACE_VOCAB, WORLD_NAMES
 
 SETS = AGENT_DIR / "evalsets"
 PROCESS = SETS / "7-printstudio-aquarium-museum-skihire"
+# sets written with calls, orders and sets in mind: the same shape, fresh against every other set
+SET_10 = SETS / "10-luthier-chocolatier-winery-cinema"
 ALL_SETS = sorted(d for d in SETS.iterdir() if (d / "tasks.json").is_file())
 
 
@@ -33,8 +35,9 @@ def _res(plan, world, skills):
                            completed=True)
 
 
-def test_process_set_shape_and_fresh():
-    tasks, worlds = load_eval_set(PROCESS)
+@pytest.mark.parametrize("directory", [PROCESS, SET_10], ids=lambda d: d.name)
+def test_process_set_shape_and_fresh(directory):
+    tasks, worlds = load_eval_set(directory)
     assert len(tasks) >= 48 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
     for name in worlds:
         assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
@@ -45,13 +48,13 @@ def test_process_set_shape_and_fresh():
     # new settings: no world, object or place name from the sample worlds, the calibration
     # vocabulary or any earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
-    old += [w for d in ALL_SETS if d != PROCESS for w, _ in load_eval_set(d)[1].values()]
+    old += [w for d in ALL_SETS if d != directory for w, _ in load_eval_set(d)[1].values()]
     names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
     names |= {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
     for name, (w, _) in worlds.items():
         assert name not in {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
         assert not names & ({o.name for o in w.objects} | {p.name for p in w.places}), name
-    assert not {t.id for t in tasks} & {t.id for d in ALL_SETS if d != PROCESS for t in load_eval_set(d)[0]}
+    assert not {t.id for t in tasks} & {t.id for d in ALL_SETS if d != directory for t in load_eval_set(d)[0]}
 
 
 @pytest.mark.parametrize("directory", ALL_SETS, ids=lambda d: d.name)
