@@ -64,7 +64,7 @@ def test_every_reference_goal_of_the_eval_set_passes():
     tasks, worlds = load_eval_set()
     for t in tasks:
         if t.goal:
-            plan = {"goal": [c.to_dict() for c in t.goal], "steps": []}
+            plan = {"goal": t.goal.raw, "steps": []}
             assert grounding_findings(t.task, plan, worlds[t.world][0]) == [], t.id
         elif t.refuse == "object":   # a thing the world lacks: no world object is mentioned
             w = worlds[t.world][0]
@@ -171,9 +171,6 @@ ORDERED_SINCE = {
 # Reference goals of a held-out set that their task's grammar cannot write yet, kept as said:
 # what the reading misses there is what the set measures (docs/goals.md, set 9).
 CANNOT_WRITE = {
-    "9-cycleshop-pottery-sortingoffice-linenstore": {
-        "so02": '"Both trays want to go out to the van bay": "go out to" is read as the robot going',
-    },
     "10-luthier-chocolatier-winery-cinema": {
         "lu04": 'a look asked for "before you move" the neck: the grammar\'s `before` cannot open with the inspection',
         "wy07": 'the corks\' place, said after "dropped ... off at", is not offered: only the tasting room is',
@@ -402,9 +399,12 @@ def test_two_part_goals_in_schema_and_gate():
     assert grounding_findings(task, with_goal(*ordered), LIB, s) == []
     task = "Drop the picture book at the cart, then head back to bay 3."
     end = [{"object": "picture_book", "at": "book_cart"}, {"robot_at": "bay_3"}]
-    assert ok(task, end, moves) and not ok(task, end[:1], moves)
-    assert not ok(task, [end[0], {"robot_at": "bay_2"}], moves)
+    # "..., then head back": the two end states in that order
+    ordered = [{"before": end}] + end
+    assert ok(task, ordered, moves) and not ok(task, end, moves) and not ok(task, end[:1], moves)
+    assert not ok(task, [{"before": [end[0], {"robot_at": "bay_2"}]}, end[0], {"robot_at": "bay_2"}], moves)
     f = grounding_findings(task, with_goal(end[0]), LIB, moves)
-    assert checks(f) == ["goal"] and "bay_3" in f[0].message
+    assert set(checks(f)) == {"goal"} and any("bay_3" in x.message for x in f)
+    assert grounding_findings(task, with_goal(*ordered), LIB, moves) == []
     # an arm cannot drive: neither the grammar nor the gate asks it for an end place
     assert ok(task, end[:1]) and grounding_findings(task, with_goal(end[0]), LIB, s) == []

@@ -1,6 +1,6 @@
 """A task that orders things gets a goal that opens with that `before` (reading.ordered_events,
 task_leads._order_lead), and the gate holds a goal to it (grounding.py); a task whose order word
-joins no second thing, or whose order says no more than its end states, keeps its plain goal.
+joins no second thing keeps its plain goal.
 And a call the task fixes with its numbers (a push with its length and direction, a look repeated
 N times) opens the goal the same way."""
 from __future__ import annotations
