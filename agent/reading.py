@@ -30,7 +30,7 @@ from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TW
                       PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
                       lengths, times_said, agent_nouns,
                       head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
-                      robot_goes, said, said_after, said_all, stacked, tokens, unique_cues, unknown_words, verb_place,
+                      robot_goes, said, said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
 
 
@@ -250,7 +250,7 @@ def read_task(task: str, world: World) -> TaskReading:
                          for p in world.places})
     as_verb |= {c: n for c, n in doers.items() if c not in as_verb and found(n, verb_place(toks, c))}
     places |= set(as_verb.values())
-    taken = {t for n in ref | places for t in name_words(n)}
+    taken = {w for n in ref | places for t in name_words(n) for w in singular(t)}    # "the clean shelves" shelve nothing
     taken |= {t for th in things if th.name in ref | places for a in th.aliases for t in alias_words(a)}
     # "left open", "been left open", "still shut": the state it is in, not the one asked for
     asked = words(DESCRIBED.sub(" ", task.lower()))

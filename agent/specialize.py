@@ -28,7 +28,7 @@ from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .reading import TaskReading, read_task
 from .symbolic import states_by_object
-from .task_leads import _call_lead, _order_lead, _set_lead
+from .task_leads import _call_lead, _order_lead, _set_lead, asks_calls
 
 def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
                      only: set | None = None, bases=None) -> list[dict]:
@@ -211,9 +211,18 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         taken = {x for xs in r.supports.values() for x in xs}
         tail = [o for o in objs if o not in placed]
         tail_bases = lambda o: [n for n in bases(o) if n not in taken and n not in _stacked_over(o, r.supports)]
-    branches = _object_branches(tail, kinds, where, states, None, tail_bases)
+    # a state the task's verb asks of a thing it names is that thing's one end state where the
+    # words ask for no call or order: "close the door or the pots will dry out" is never the door
+    # closed and open ("open it, wait, and shut it again" is)
+    said = {n: {v for k, v in r.verbs_for(n) if k == "is"} for n in (r.referred if r is not None else ())
+            if not asks_calls(r, skills)}
+    tail_states = {o: tuple(x for x in v if not said.get(o) or x in said[o]) for o, v in states.items()}
+    branches = _object_branches(tail, kinds, where, tail_states, None, tail_bases)
+    # an order may still pass through another state ("open it, wait, and shut it again")
+    conds = _object_branches(tail, kinds, where, states, None, tail_bases)
     if not only_missing:
         branches += _place_branches(kinds, looked_at, places)
+        conds += _place_branches(kinds, looked_at, places)
 
     def ref(name: str, schema: dict) -> dict:
         if defs is None:
@@ -227,11 +236,14 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # a small model otherwise copies the `every` form onto "scan the loading dock"
     lacking = r is not None and bool(r.lacking)          # a thing to carry that is not here: nothing else
     sets = not only_missing and (r is None or r.sets)
-    process = [] if lacking else _process_branches(world, skills, kinds, states, list(branches),
+    # "where's the sponge got to? put it by the sink": a thing to carry that is not here, and no
+    # word that may ask for a call ("hang on thirty seconds, then ..."): nothing else
+    lacking |= only_missing and r is not None and r.carry and not asks_calls(r, skills)
+    process = [] if lacking else _process_branches(world, skills, kinds, states, conds,
                                                    objs if r is not None else None, ref, sets=sets)
     branches += process
     # an object the task names may open the goal with a call on it or an order too
-    more = [ref("goal_process", {"anyOf": process})] if lead and process else []
+    more = [ref("goal_process", {"anyOf": process})] if lead and process and (r is None or asks_calls(r, skills)) else []
     lead = [{"anyOf": x["anyOf"] + more} for x in lead]
     # "check the print, then lay it on the rack": the order first, then what must hold at the end,
     # and nothing else (the order takes in every thing and place the task speaks of); "shove the

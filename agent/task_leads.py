@@ -9,7 +9,8 @@ from .arg_schemas import _enum, _shape, arg_schema
 from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .reading import Event, TaskReading
-from .wording import lengths
+from .set_reading import SET_CUES
+from .wording import ORDER_WORDS, durations, lengths
 
 def _plain(v: float):
     return int(v) if float(v).is_integer() else v
@@ -159,6 +160,20 @@ def _set_lead(r: TaskReading, kinds: set[str]) -> list | None:
     if not r.every.to and "is" in kinds and len(states) == 1:
         return [{"anyOf": [_shape({"every": sel, "is": {"const": states[0]}})]}]
     return None
+
+
+def asks_calls(r: TaskReading, skills: SkillSet) -> bool:
+    """The words may ask for a call, an order or a set, not only end states: a word of order or
+    of a set, a skill's name ("dock", "push", "scan"), a look, a time, a length, a count. Without
+    one, "grab the tyre
+    levers and just hang on to them" is about the levers held, and a goal that opens with a
+    pick-then-place about them is the small model's guess, not the task."""
+    # a skill whose effect is a thing's state, place or grip ("open", "place", "pick") is said by
+    # a condition; one with none, or one about the robot or a place ("push", "dock", "scan"), by a call
+    names = {s.name for s in skills.skills if not any(c.kind in ("is", "at", "holding", "on") for c in s.effects)}
+    looks = any(k == "is" and v == "inspected" for k, v in r.wanted)
+    return bool(r.words & (ORDER_WORDS | SET_CUES | names) or looks or r.length is not None or r.times > 1
+                or durations(list(r.toks)))
 
 
 def written_order(r: TaskReading, world: World, skills: SkillSet) -> bool:

@@ -100,3 +100,30 @@ def test_a_going_in_an_order_is_the_skill_the_clause_names(linen):
     # said with a verb of going, it is the place
     task = "Drive to the goods lift, then head back to your charger."
     assert _fits(task, drive, w, s) and not _fits(task, dock, w, s)
+
+
+def test_a_goal_opens_with_a_call_only_where_the_words_may_ask_for_one(shop):
+    w, s = shop
+    task = "Grab the chain checker and hang on to it for me."
+    guess = [{"before": [{"do": "pick", "args": {"object": "chain_checker", "grasp": "top"}},
+                         {"object": "chain_checker", "at": "service_bench"}]}, {"object": "chain_checker", "at": "service_bench"}]
+    assert _fits(task, [{"holding": "chain_checker"}], w, s) and not _fits(task, guess, w, s)
+    # a word of order (or a skill's name, a look, a time, a length, a count) lets it open with one
+    assert _fits("Grab the chain checker, then hang on to it for me.", guess, w, s)
+
+
+def test_a_state_the_verb_asks_is_the_things_one_end_state(shop):
+    w, s = shop
+    task = "Close the bearing drawer or the dust gets in."
+    closed = {"object": "bearing_drawer", "is": "closed"}
+    assert _fits(task, [closed], w, s)
+    assert not _fits(task, [closed, {"object": "bearing_drawer", "is": "open"}], w, s)
+
+
+def test_a_thing_to_carry_that_is_not_here_is_only_missing(shop, linen):
+    w, s = shop
+    task = "Where has the sponge gone? Put it on the service bench."
+    assert _fits(task, [{"missing": "sponge"}], w, s)
+    assert not _fits(task, [{"do": "move_arm", "args": {"position": [0.1, 0.1, 0.9], "speed": 0.05}}], w, s)
+    # a place's name that reads as a verb of carrying ("shelves") carries nothing
+    assert not read_task("Give the clean shelves a look.", linen[0]).carry
