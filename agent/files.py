@@ -239,7 +239,9 @@ class SkillSet:
 def alias_words(alias: str) -> list[str]:
     """The words of an alias as a task's reading compares them: lower case, letters and digits,
     no article ("the guitar" is "guitar")."""
-    return [w for w in re.findall(r"[a-z0-9]+", alias.lower()) if w not in ("the", "a", "an")]
+    # a hyphen inside a word joins it, as the task's words are read ("top-up can": topup can)
+    joined = re.sub(r"(?<=[a-z])-(?=[a-z])", "", alias.lower())
+    return [w for w in re.findall(r"[a-z0-9]+", joined) if w not in ("the", "a", "an")]
 
 
 def _check_aliases(aliases, where: str) -> None:

@@ -23,39 +23,14 @@ import re
 from dataclasses import dataclass, field
 
 from .files import World, alias_words
-from .goals import MAX_ORDER
+from .order_reading import ordered_events
 from .set_reading import SetSaid, set_said
-from .wording import (ASIDE, CLAUSE_WORDS, DESCRIBED, ORDER_WORDS, PUT_VERBS, TWICE, WAIT_WORDS, WANTED_THERE, LOCATIVE,
-                      after_state_verb, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS, OPEN_PHRASE,
-                      PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, as_noun, content_words, durations,
-                      lengths, times_said, agent_nouns,
-                      head_words, known_words, lacking_words, mentions, name_words, names, noun_end, numbered,
-                      robot_goes, said, said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
+from .wording import (ASIDE, DESCRIBED, WANTED_THERE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS,
+                      OPEN_PHRASE, PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, LOCATIVE,
+                      after_state_verb, as_noun, content_words, lengths, times_said, agent_nouns, head_words,
+                      known_words, lacking_words, mentions, name_words, names, noun_end, numbered, robot_goes, said,
+                      said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One thing a task that orders things asks for, in its place in the order (ordered_events):
-    ``wait`` (value: seconds), ``look`` at ``subject`` (an object or a place), ``state``
-    (``subject`` an object, value its state), ``at`` (``subject`` an object, value the place the
-    clause says, or None: where the task says it goes) or ``go`` (value: the robot's place).
-    ``words``: the clause's own words (an option it fixes: "with the lidar")."""
-    kind: str
-    subject: str | None = None
-    value: object = None
-    words: frozenset = frozenset()
-
-    def end_key(self):
-        """What this thing's condition is about, when it is one (a later one of the same key
-        replaces it: "open it, ..., close it again"); None for a wait or a look."""
-        return {"state": ("is", self.subject), "at": ("at", self.subject), "go": ("robot", None)}.get(self.kind)
-
-    def text(self) -> str:
-        v = self.value
-        return {"wait": f"wait {v:g}" if isinstance(v, (int, float)) else "wait", "look": f"look at {self.subject}",
-                "state": f"{self.subject} {v}", "at": f"{self.subject} at {v or 'its place'}",
-                "go": f"go to {v}"}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -181,19 +156,25 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
     return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
 
 
+# after an aside's comma, the request goes on when the next words order a next thing ("leave it
+# twenty seconds so the air can settle, and then shut it again")
+_GOES_ON = re.compile(r"\s*(?:and\s+)?(?:then|after\s+that|afterwards|finally)\b")
+
+
 def _main_clauses(task: str) -> str:
-    """The task up to its first aside; an aside that opens the task ("Before the get-in, can
-    you check ...") ends at the first comma, and what follows is the request."""
+    """The task without its asides: an aside that opens the task ("Before the get-in, can you
+    check ...") ends at the first comma, and what follows is the request; one inside it ends the
+    request, unless after its next comma the words go on to a next thing ("..., and then ...")."""
     low = task.lower()
     aside = ASIDE.search(low)
-    if aside and not low[:aside.start()].strip():
-        comma = re.search(r"[,;:]", low[aside.end():])
-        if comma is None:
-            return task
-        start = aside.end() + comma.end()
-        rest = ASIDE.search(low, start)
-        return task[start:rest.start()] if rest else task[start:]
-    return task[:aside.start()] if aside else task
+    if aside is None:
+        return task
+    comma = re.search(r"[,;:]", low[aside.end():])
+    if not low[:aside.start()].strip():
+        return task if comma is None else _main_clauses(task[aside.end() + comma.end():])
+    if comma is not None and _GOES_ON.match(low[aside.end() + comma.end():]):
+        return task[:aside.start()] + ", " + _main_clauses(task[aside.end() + comma.end():])
+    return task[:aside.start()]
 
 
 def read_task(task: str, world: World) -> TaskReading:
@@ -289,102 +270,3 @@ def read_task(task: str, world: World) -> TaskReading:
         events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]),
         times=times_said(toks), length=(lengths(toks) or [None])[0],
         every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks))
-
-
-_LOOK = frozenset(w for w, v in STATE_VERBS.items() if v == ("is", "inspected"))
-_STATE = {w: v[1] for w, v in STATE_VERBS.items() if v[0] == "is" and v[1] in ("open", "closed")}
-_PUT = CARRY_VERBS | PUT_VERBS
-_VERBS = _LOOK | set(_STATE) | _PUT | MOVE_VERBS | WAIT_WORDS
-
-
-def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
-    """Where each clause of the task lies in ``toks`` (start, end): cut at , ; : . at "then",
-    "finally", "afterwards", "before you ..." and at an "and" before a verb ("... and then pop
-    it in the tray", "and close it again"; not "the tin and the tub")."""
-    cuts = {0, len(toks)} | {len(tokens(text[:m.start()])) for m in re.finditer(r"[,;:.!?]", text)}
-    for i, t in enumerate(toks):
-        nxt = toks[i + 1] if i + 1 < len(toks) else ""
-        if t in CLAUSE_WORDS or (t == "before" and nxt == "you") or (t == "and" and (nxt in _VERBS or nxt == "then")):
-            cuts.add(i)
-    edges = sorted(cuts)
-    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
-
-
-def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str]) -> tuple:
-    """The things the task asks for, in order, when it orders them (TaskReading.events); ().
-    ``objs``, ``spots``: the objects the task refers to and the places it names, less where
-    things come from; ``at``: where each is said in ``toks``.
-
-    A task orders things when it has a word of order (ORDER_WORDS, a closed class) and two or
-    more clauses that each ask for one thing: a wait (a length of time and no other verb, or
-    "wait"), a look (check, scan, sweep, ...), a state (open, shut), a thing put somewhere, the
-    robot going somewhere. "it", "them" and "there" stand for what the clause before was about;
-    "twice" before a wait ("twice, a minute apart") is the thing, the wait, the thing again.
-    An order of end states counts too ("lift the kiln lid, and then load the tile onto the kiln
-    shelf" asks for the lid open first); "before the next patient arrives" joins no second
-    thing. Every clause with a verb must be read, or nothing is: a guess is no order."""
-    if not set(toks) & ORDER_WORDS:
-        return ()
-    times = durations(toks)
-    out: list[list] = []           # [Event, twice]
-    last: dict[str, str | None] = {"thing": None, "place": None}
-    for a, b in _clauses(text, toks):
-        ct = toks[a:b]
-        cw = set(ct)
-        said_objs = [n for n in objs if a <= at[n] < b]
-        said_places = [p for p in spots if a <= at[p] < b]
-        clause = DESCRIBED.sub(" ", " ".join(ct))
-        states = [_STATE[w] for w in clause.split() if w in _STATE]
-        states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
-        # a word of a name the clause says is no verb of it ("drive to the goods lift")
-        cw -= {w for n in said_objs + said_places for w in name_words(n)}
-        look, put, go = bool(cw & _LOOK), bool(cw & _PUT), bool(cw & MOVE_VERBS) or "get back" in clause
-        # "run over to the supervisor's desk": a place said after "to" with no thing to carry is
-        # where the robot goes, whatever the verb
-        go |= bool(said_places) and not said_objs and not put and any(
-            said_after(ct, p, TOWARD_WORDS) for p in said_places)
-        secs = [s for i, s in times if a <= i < b]
-        twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
-        it = last["thing"] if cw & {"it", "them"} else None
-        there = last["place"] if "there" in cw else None
-        ev = None
-        if secs and (cw & {"wait", "pause"} or not (look or states or (put and said_objs) or (go and said_places))):
-            out.append([Event("wait", value=secs[0], words=frozenset(ct)), False])
-            continue
-        if look:
-            subject = (said_objs or said_places or [it or there])[0]
-            ev = Event("look", subject, None, frozenset(ct)) if subject else None
-        elif states:
-            subject = (said_objs or [it if it in objs else None])[0]
-            ev = Event("state", subject, states[-1], frozenset(ct)) if subject else None
-        elif put:
-            subject = (said_objs or [it if it in objs else None])[0]
-            ev = Event("at", subject, (said_places or [there])[-1], frozenset(ct)) if subject else None
-        elif go:
-            place = (said_places or [there])[-1]
-            ev = Event("go", None, place, frozenset(ct)) if place else None
-        elif not secs:
-            continue                # a clause that asks for nothing ("Top up time")
-        if ev is None:
-            return ()               # a verb the reading cannot follow: no order
-        last["thing"] = ev.subject or last["thing"]
-        last["place"] = (ev.value if ev.kind in ("at", "go") else ev.subject if ev.subject in spots else None) or last["place"]
-        out.append([ev, twice])
-        if twice and secs and cw & {"apart", "between"}:     # "scan it twice 30 seconds apart"
-            out += [[Event("wait", value=secs[0], words=frozenset(ct)), False], [ev, False]]
-            out[-3][1] = False
-    events, k = [], 0
-    while k < len(out):
-        ev, twice = out[k]
-        events.append(ev)
-        if twice and k + 1 < len(out) and out[k + 1][0].kind == "wait":
-            events += [out[k + 1][0], ev]            # the thing, the wait, the thing again
-            k += 1
-        k += 1
-    if not 2 <= len(events) <= MAX_ORDER:
-        return ()
-    # every thing and place the task speaks of is in the order, or the reading missed a part of it
-    named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
-    if not set(objs) | set(spots) <= named:
-        return ()
-    return tuple(events)

@@ -27,6 +27,8 @@ from .wording import DETERMINERS, SET_WORDS, name_words, singular
 SET_CUES = SET_WORDS | {"both"}
 THE_LOT = re.compile(r"\bthe\s+lot\b")
 CARRIABLE = re.compile(r"\b(?:can|could)\s+(?:manage|carry|lift|handle|pick\s+up|take|move)\b|\bcarriable\b")
+# "you can": a verb after its subject, never a thing
+SUBJECTS = frozenset({"you", "we", "i", "they", "he", "she", "it"})
 # "clear the service bench", "empty the crate": the place the verb takes is where the set rests
 CLEAR_VERBS = frozenset({"clear", "clearing", "empty", "emptying", "unload", "unloading", "strip"})
 # "everything on the wheel", "all the stuff in the bay": a set word, then where it rests
@@ -49,7 +51,7 @@ def _cue(toks: list[str], text: str) -> bool:
 def _type_said(type_: str, toks: list[str]) -> bool:
     head = (name_words(type_) or [""])[-1]
     for i, t in enumerate(toks):
-        if head not in singular(t):
+        if head not in singular(t) or (i and toks[i - 1] in SUBJECTS):     # "anything you can carry"
             continue
         if t != head or set(toks[max(0, i - 3):i]) & SET_CUES:
             return True

@@ -248,11 +248,14 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # "check the print, then lay it on the rack": the order first, then what must hold at the end,
     # and nothing else (the order takes in every thing and place the task speaks of); "shove the
     # tin 5 cm to the right": that call alone
-    fixed = None if r is None or only_missing or lacking else (
-        _order_lead(r, world, skills, kinds, states, where) or _call_lead(r, world, skills) or _set_lead(r, kinds))
+    order = None if r is None or only_missing or lacking else _order_lead(r, world, skills, kinds, states, where)
+    fixed, need = order or (None if r is None or only_missing or lacking else
+                            (_call_lead(r, world, skills) or _set_lead(r, kinds)), None)
     if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
         lead = fixed
         base["maxItems"] = len(fixed)
+    else:
+        need = None
     # `missing` names a thing the task says and the world lacks, never a world name
     unknown = list(r.unknown) if r is not None else []
     branches.append(_shape({"missing": _enum(unknown) if unknown else
@@ -263,7 +266,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     lead = lead[:cap] if isinstance(cap, int) else lead
     if lead:
         out["prefixItems"] = lead
-        out["minItems"] = max(int(out.get("minItems", 0)), len(lead))
+        out["minItems"] = max(int(out.get("minItems", 0)), len(lead) if need is None else need)
     return out
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from .arg_schemas import _enum, _shape, arg_schema
 from .files import SkillSet, World
 from .goals import MAX_TIMES
-from .reading import Event, TaskReading
+from .order_reading import Event
+from .reading import TaskReading
 from .set_reading import SET_CUES
 from .wording import ORDER_WORDS, durations, lengths
 
@@ -49,6 +50,8 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
             if key in kinds:
                 out.append(_shape({"place" if place else "object": {"const": e.subject}, "is": {"const": "inspected"}}))
         return out
+    if e.kind == "turn":
+        return _turn_branches(e, world, skills)
     if e.kind == "go" and e.value:
         # "then dock back on your charger": the going by the skill the clause names
         for s in skills.skills:
@@ -60,6 +63,27 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
     return [cond] if cond else []
 
 
+def _turn_branches(e, world: World, skills: SkillSet) -> list[dict]:
+    """A turn by the angle the clause says: the one call with no lasting effect that takes an angle
+    and, when the clause says what it turns over, that thing ("tip it thirty degrees over the
+    polishing pad": pour onto the pad; "turn round 180 degrees": rotate)."""
+    out = []
+    for s in skills.skills:
+        angle = [a for a in s.args if a.type in ("number", "integer") and a.unit == "deg"]
+        things = [a for a in s.args if a.type in ("object", "place")]
+        if s.effects or len(angle) != 1 or len(things) != (e.subject is not None):
+            continue
+        props = {angle[0].name: {"const": _plain(e.value)}}
+        if things:
+            allowed = arg_schema(things[0], world)
+            if allowed is None or e.subject not in allowed.get("enum", ()):
+                continue
+            props[things[0].name] = {"const": e.subject}
+        out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args
+                                                                      if a.name in props})}))
+    return out if len(out) == 1 else []
+
+
 def _event_condition(e, kinds: set[str], states: dict, where) -> dict | None:
     if e.kind == "state" and "is" in kinds and e.value in states.get(e.subject, ()):
         return _shape({"object": _enum([e.subject]), "is": _enum([e.value])})
@@ -68,15 +92,19 @@ def _event_condition(e, kinds: set[str], states: dict, where) -> dict | None:
         return _shape({"object": _enum([e.subject]), "at": _enum(dest)}) if dest else None
     if e.kind == "go" and "robot_at" in kinds and e.value:
         return _shape({"robot_at": _enum([e.value])})
+    if e.kind == "hold" and "holding" in kinds:
+        return _shape({"holding": _enum([e.subject])})
     return None
 
 
-def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str], states: dict, where) -> list | None:
+def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str], states: dict,
+                where) -> tuple[list, int] | None:
     """A task that orders things (TaskReading.events) opens its goal with that `before`, one item
     per thing in the task's order, then the conditions that hold at the end (the last state of
-    each thing and the robot's last place); None when the task orders nothing or a thing of it
-    cannot be written here. A small model otherwise writes the first thing, or the things without
-    their order."""
+    each thing and the robot's last place) -> (those openings, how many of them the goal must
+    write: an end state the order's last call makes true, "then dock at the charging point", may
+    be left out); None when the task orders nothing or a thing of it cannot be written here. A
+    small model otherwise writes the first thing, or the things without their order."""
     if not r.events:
         return None
     items = [_event_branches(e, world, skills, kinds, states, where) for e in r.events]
@@ -86,12 +114,16 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
     before = _shape({"before": {"type": "array", "prefixItems": [{"anyOf": b} for b in items], "items": False,
                                 "minItems": n, "maxItems": n}})
     ends: dict = {}
-    for e in r.events:
+    for e, b in zip(r.events, items):
         key = e.end_key()
         if key is not None:
             ends.pop(key, None)      # its last state, where that is said
-            ends[key] = _event_condition(e, kinds, states, where)
-    return [{"anyOf": [before]}] + [{"anyOf": [c]} for c in ends.values()]
+            ends[key] = (_event_condition(e, kinds, states, where), all("do" in x["properties"] for x in b))
+    if not all(c for c, _ in ends.values()):
+        return None
+    required = [c for c, by_call in ends.values() if not by_call]
+    implied = [c for c, by_call in ends.values() if by_call]
+    return [{"anyOf": [before]}] + [{"anyOf": [c]} for c in required + implied], 1 + len(required)
 
 
 def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:

@@ -36,8 +36,10 @@ HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper
 # Where a clause about something else begins ("... so I can photograph them", "before I
 # start on the frame", "until the ward's ready"): what follows is not asked for.
 # "before you move the box" is the robot's own next step (an order: ORDER_WORDS), not an aside.
-ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|once|after|since)\s+(?:that|i|we|you|they|he|she|it|the|someone)"
-                   r"(?<!\bafter\sthat)"      # "..., and after that move the lube": an order, not an aside
+# "once you've shut the cabinet, ...", "after you've dropped the corks off, ...": an earlier step of
+# the task (an order: ORDER_WORDS), not an aside.
+ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|you|they|he|she|it|the|someone"
+                   r"|your|my|our|their|its)"
                    r"|before\s+(?:that|i|we|they|he|she|it|the|someone))\b"
                    # the speaker's own next step: ", I want to check the fluid level"
                    r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
@@ -70,7 +72,8 @@ PRONOUNS = frozenset({"it", "them", "this", "that", "these", "those"})
 # move the box": the task orders things it asks for (a goal's `before`: reading.ordered_events).
 # A closed class, like SET_WORDS; an order word that joins no second thing of the task's
 # ("before the next patient arrives", "open again") orders nothing.
-ORDER_WORDS = frozenset({"then", "before", "after", "afterwards", "again", "apart", "between", "first", "finally"})
+ORDER_WORDS = frozenset({"then", "before", "after", "afterwards", "again", "apart", "between", "first", "finally",
+                         "once"})
 # Where one thing the task asks for ends and the next begins (besides , ; :).
 CLAUSE_WORDS = frozenset({"then", "afterwards", "finally"})
 # Verbs of a clause that asks for nothing but time to pass ("hold on for 45 seconds", "give it five
@@ -79,7 +82,7 @@ WAIT_WORDS = frozenset({"wait", "pause", "hold", "give", "leave", "let"})
 # "twice, a minute apart": the same thing again, with the wait between
 TWICE = (("twice",), ("two", "times"))
 # Verbs that put a thing somewhere, besides CARRY_VERBS ("lay it on the rack")
-PUT_VERBS = frozenset({"lay", "rest"})
+PUT_VERBS = frozenset({"lay", "rest", "stand", "sit"})
 # Durations: "20 seconds", "ten second pause", "a minute", "half a minute", "forty-five seconds"
 _UNITS = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "min": 60, "mins": 60, "minute": 60,
           "minutes": 60}
@@ -107,8 +110,21 @@ what which when where who why how while before after until once again away next 
 
 
 def tokens(text: str) -> list[str]:
-    """Lower-case words; a hyphen inside a word joins it ("X-ray" is "xray", as names write it)."""
-    return re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z])-(?=[a-z])", "", text.lower()))
+    """Lower-case words; a hyphen inside a word joins it ("X-ray" is "xray", as names write it);
+    "180°" is "180 degrees"."""
+    return re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z])-(?=[a-z])", "", text.lower().replace("°", " degrees ")))
+
+
+def verb_forms(t: str) -> set[str]:
+    """The word and the verbs it may be a form of: "dropped" drop, "placed" place, "shutting" shut."""
+    out = {t}
+    for end in ("ed", "ing"):
+        if t.endswith(end) and len(t) > len(end) + 2:
+            stem = t[:-len(end)]
+            out |= {stem, stem + "e"}
+            if len(stem) > 2 and stem[-1] == stem[-2]:        # dropped, shutting
+                out.add(stem[:-1])
+    return out
 
 
 def singular(w: str) -> set[str]:
@@ -315,7 +331,7 @@ def lacking_words(toks: list[str], known: set[str]) -> tuple:
     """What a verb of carrying takes when none of its words is a word of this world: the words
     after the verb (and a word of a set, an article: "hang all the aprons"), up to the next
     one-letter or function word ("the pH meter" keeps its "ph")."""
-    stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything",
+    stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything", "whatever",
                                                        "one", "ones", "stuff", "things", "thing", "lot"}
     for i, t in enumerate(toks):
         if t not in CARRY_VERBS:
@@ -395,6 +411,20 @@ def durations(toks: list[str]) -> list[tuple[int, float]]:
             # "45s", "tensecond" (a hyphen inside a word joins it: "ten-second")
             n = float(m.group(1)) if m.group(1).isdigit() else float(NUMBER_WORDS[m.group(1)])
             out.append((i, n * _UNITS[m.group(2)]))
+    return out
+
+
+def angles(toks: list[str]) -> list[tuple[int, float]]:
+    """Every angle the words say, in degrees, as (index, degrees): "180 degrees", "thirty degrees",
+    "90°", "a quarter turn" (90), "a half turn" (180)."""
+    out = []
+    for i, t in enumerate(toks):
+        if t in ("degrees", "degree", "deg"):
+            n = _amount(toks, i - 1)
+            if n is not None:
+                out.append((n[1], n[0]))
+        elif t == "turn" and i > 1 and toks[i - 2] in ("a", "one") and toks[i - 1] in ("quarter", "half"):
+            out.append((i - 2, 90.0 if toks[i - 1] == "quarter" else 180.0))
     return out
 
 

@@ -1,0 +1,166 @@
+"""The things a task asks for in an order its words say (a goal's `before`): "check the print, then
+lay it on the rack", "scan the vault, wait 30 seconds, and scan it again", "once you've shut the
+cold cabinet, put the mould on the rack", "before you move the neck, have a look at it".
+
+A task orders things when it has a word of order (ORDER_WORDS, a closed class) and two or more
+clauses that each ask for one thing: a wait (a length of time and no other verb, or "wait"), a
+look (check, scan, sweep, ...), a state (open, shut), a thing put somewhere, a thing picked up, a
+turn by an angle (the call with no lasting effect that takes it: rotate, pour), the robot going
+somewhere. A verb is read in any of its forms ("dropped", "shutting"); a word of a name the
+clause says is no verb of it ("the goods lift" lifts nothing). "it", "them" and "there" stand for
+what the clause before was about, and a clause that says no thing but "again" is about it too;
+"twice" before a wait ("twice, a minute apart") is the thing, the wait, the thing again; a clause
+that opens the task with "before you" comes after the one that follows it. Every clause with a
+verb must be read, or nothing is: a guess is no order.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .goals import MAX_ORDER
+from .wording import (CARRY_VERBS, CLAUSE_WORDS, CLOSE_PHRASE, DESCRIBED, MOVE_VERBS, OPEN_PHRASE, ORDER_WORDS,
+                      PUT_VERBS, STATE_VERBS, TOWARD_WORDS, TWICE, WAIT_WORDS, angles, durations, name_words,
+                      said_after, tokens, verb_forms)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a task that orders things asks for, in its place in the order (ordered_events):
+    ``wait`` (value: seconds), ``look`` at ``subject`` (an object or a place), ``state``
+    (``subject`` an object, value its state), ``at`` (``subject`` an object, value the place the
+    clause says, or None: where the task says it goes), ``hold`` (``subject`` picked up),
+    ``turn`` (value: degrees; ``subject`` what it turns over, or None) or ``go`` (value: the
+    robot's place). ``words``: the clause's own words (an option it fixes: "with the lidar")."""
+    kind: str
+    subject: str | None = None
+    value: object = None
+    words: frozenset = frozenset()
+
+    def end_key(self):
+        """What this thing's condition is about, when it is one (a later one of the same key
+        replaces it: "open it, ..., close it again"; "pick it up, ..., stand it in the booth");
+        None for a wait, a look or a turn."""
+        return {"state": ("is", self.subject), "at": ("at", self.subject), "hold": ("at", self.subject),
+                "go": ("robot", None)}.get(self.kind)
+
+    def text(self) -> str:
+        v = self.value
+        over = f" over {self.subject}" if self.subject else ""
+        return {"wait": f"wait {v:g}" if isinstance(v, (int, float)) else "wait", "look": f"look at {self.subject}",
+                "state": f"{self.subject} {v}", "at": f"{self.subject} at {v or 'its place'}",
+                "hold": f"hold {self.subject}", "turn": f"turn {v:g}{over}" if isinstance(v, (int, float)) else "turn",
+                "go": f"go to {v}"}[self.kind]
+
+
+_LOOK = frozenset(w for w, v in STATE_VERBS.items() if v == ("is", "inspected"))
+_STATE = {w: v[1] for w, v in STATE_VERBS.items() if v[0] == "is" and v[1] in ("open", "closed")}
+_PUT = CARRY_VERBS | PUT_VERBS
+_HOLD = frozenset({"pick", "grab"})
+_TURN = frozenset({"turn", "rotate", "spin", "tip", "tilt", "pour"})
+_VERBS = _LOOK | set(_STATE) | _PUT | MOVE_VERBS | WAIT_WORDS | _HOLD | _TURN
+# "once you've shut ...", "after you've dropped ...", "after that": where an earlier or next step begins
+_STEP_OPENS = frozenset({"you", "we", "i", "the", "it", "that", "they"})
+
+
+def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
+    """Where each clause of the task lies in ``toks`` (start, end): cut at , ; : . at "then",
+    "finally", "afterwards", "before you ...", "once you ...", "after that" and at an "and" before
+    a verb or one of those ("... and then pop it in the tray", "and close it again"; not "the
+    tin and the tub")."""
+    cuts = {0, len(toks)} | {len(tokens(text[:m.start()])) for m in re.finditer(r"[,;:.!?]", text)}
+    for i, t in enumerate(toks):
+        nxt = toks[i + 1] if i + 1 < len(toks) else ""
+        if t in CLAUSE_WORDS or (t == "before" and nxt == "you") or (t in ("once", "after") and nxt in _STEP_OPENS) \
+                or (t == "and" and (nxt in _VERBS or nxt in ("then", "once", "after"))
+                    and not (i and toks[i - 1] in ("go", "come"))):        # "go and dock": one going
+            cuts.add(i)
+    edges = sorted(cuts)
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
+
+
+def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str]) -> tuple:
+    """The things the task asks for, in order, when it orders them (TaskReading.events); ().
+    ``objs``, ``spots``: the objects the task refers to and the places it names, less where
+    things come from; ``at``: where each is said in ``toks``."""
+    if not set(toks) & ORDER_WORDS:
+        return ()
+    times, turns = durations(toks), angles(toks)
+    out: list[list] = []           # [Event, twice, said before the clause it follows]
+    last: dict[str, str | None] = {"thing": None, "place": None}
+    for a, b in _clauses(text, toks):
+        ct = toks[a:b]
+        said_places = [p for p in spots if a <= at[p] < b]
+        # a thing said again by another of its words ("pick up the shellac, ..., stand the flask ...")
+        said_objs = [n for n in objs if a <= at[n] < b] or [
+            n for n in objs if set(name_words(n)) & set(ct) - {w for p in said_places for w in name_words(p)}]
+        clause = DESCRIBED.sub(" ", " ".join(ct))
+        states = [_STATE[w] for w in clause.split() if w in _STATE]
+        states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
+        # a verb in any of its forms; a word of a name the clause says is no verb of it
+        cw = {f for w in ct for f in verb_forms(w)} - {w for n in said_objs + said_places for w in name_words(n)}
+        look, put, go = bool(cw & _LOOK), bool(cw & _PUT), bool(cw & MOVE_VERBS) or "get back" in clause
+        # "run over to the supervisor's desk": a place said after "to" with no thing to carry is
+        # where the robot goes, whatever the verb
+        go |= bool(said_places) and not said_objs and not put and any(
+            said_after(ct, p, TOWARD_WORDS) for p in said_places)
+        secs = [s for i, s in times if a <= i < b]
+        degs = [d for i, d in turns if a <= i < b]
+        twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
+        it = last["thing"] if cw & {"it", "them"} or (cw & {"again", "too"} and not said_objs + said_places) else None
+        there = last["place"] if "there" in cw else None
+        pre = ct[:2] == ["before", "you"] and b < len(toks)
+        ev = None
+        if secs and (cw & {"wait", "pause"} or not (look or states or (put and said_objs) or (go and said_places))):
+            out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
+            continue
+        if degs and not look and not states:
+            # "turn round 180 degrees", "tip it about thirty degrees over the pad"
+            over = (said_objs or said_places or [None])[-1]
+            ev = Event("turn", over, degs[0], frozenset(ct))
+        elif look:
+            subject = (said_objs or said_places or [it or there])[0]
+            ev = Event("look", subject, None, frozenset(ct)) if subject else None
+        elif states:
+            subject = (said_objs or [it if it in objs else None])[0]
+            ev = Event("state", subject, states[-1], frozenset(ct)) if subject else None
+        elif put:
+            subject = (said_objs or [it if it in objs else None])[0]
+            ev = Event("at", subject, (said_places or [there])[-1], frozenset(ct)) if subject else None
+        elif cw & _HOLD and not said_places:
+            subject = (said_objs or [it if it in objs else None])[0]
+            ev = Event("hold", subject, None, frozenset(ct)) if subject else None
+        elif go:
+            place = (said_places or [there])[-1]
+            ev = Event("go", None, place, frozenset(ct)) if place else None
+        elif not secs:
+            continue                # a clause that asks for nothing ("Top up time")
+        if ev is None:
+            return ()               # a verb the reading cannot follow: no order
+        if ev.kind != "turn":
+            last["thing"] = ev.subject or last["thing"]
+        last["place"] = (ev.value if ev.kind in ("at", "go") else ev.subject if ev.subject in spots else None) or last["place"]
+        out.append([ev, twice, pre])
+        if twice and secs and cw & {"apart", "between"}:     # "scan it twice 30 seconds apart"
+            out += [[Event("wait", value=secs[0], words=frozenset(ct)), False, False], [ev, False, False]]
+            out[-3][1] = False
+    # "before you move the neck, have a look at it": the look first
+    for k in range(len(out) - 1):
+        if out[k][2]:
+            out[k], out[k + 1] = out[k + 1], out[k]
+            out[k][2] = out[k + 1][2] = False
+    events, k = [], 0
+    while k < len(out):
+        ev, twice, _ = out[k]
+        events.append(ev)
+        if twice and k + 1 < len(out) and out[k + 1][0].kind == "wait":
+            events += [out[k + 1][0], ev]            # the thing, the wait, the thing again
+            k += 1
+        k += 1
+    if not 2 <= len(events) <= MAX_ORDER:
+        return ()
+    # every thing and place the task speaks of is in the order, or the reading missed a part of it
+    named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
+    if not set(objs) | set(spots) <= named:
+        return ()
+    return tuple(events)
