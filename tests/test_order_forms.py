@@ -1,0 +1,87 @@
+"""More ways a task says an order (agent/order_reading.py) and the goal that opens with it
+(task_leads._order_lead): "once you've ...", "after you've ...", "before you ..." (said second),
+an aside the words go on after, verbs in any form, a thing said again by another word, a pick-up
+and a turn by an angle in the order, "go and dock" as one going whose end state may be left out."""
+from __future__ import annotations
+
+import pytest
+
+from agent.evaluation import load_eval_set
+from agent.files import AGENT_DIR, alias_words, base_plan_schema
+from agent.reading import read_task
+from agent.solver import complete
+from agent.specialize import PlanValidator, specialize
+from agent.wording import angles, tokens, verb_forms
+
+SET9 = AGENT_DIR / "evalsets" / "9-cycleshop-pottery-sortingoffice-linenstore"
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    return load_eval_set(SET9)[1]
+
+
+def _events(task, w):
+    return [e.text() for e in read_task(task, w).events]
+
+
+def _fits(task, goal, w, s):
+    spec = specialize(base_plan_schema(), w, s, task=task)
+    v = PlanValidator({**spec["properties"]["goal"], "$defs": spec["$defs"]})
+    return not list(v.iter_errors(goal))
+
+
+def test_words_of_numbers_and_forms():
+    assert angles(tokens("turn round 180° please")) == [(2, 180.0)]
+    assert angles(tokens("tip it about thirty degrees")) == [(3, 30.0)]
+    assert angles(tokens("give it a quarter turn")) == [(2, 90.0)]
+    assert {"drop"} <= verb_forms("dropped") and {"shut"} <= verb_forms("shutting") and {"place"} <= verb_forms("placed")
+    assert alias_words("the top-up can") == ["topup", "can"] == tokens("top-up can")
+
+
+def test_an_earlier_step_said_first_and_a_later_one_said_first(worlds):
+    w = worlds["pottery_studio"][0]
+    # "once ..." and "after you've ..." open an earlier step (no longer an aside)
+    assert _events("Once you've shut the damp cupboard, put the test tile on the kiln shelf.", w) == [
+        "damp_cupboard_door closed", "test_tile at kiln_shelf"]
+    assert _events("After you've dropped the wire off at the glaze shelf, put the rib in the sink.", w) == [
+        "cutting_wire at glaze_shelf", "wooden_rib at splash_sink"]
+    # "before you ...": that step comes second
+    assert _events("Before you move the bisque bowl to the kiln shelf, have a look at it.", w) == [
+        "look at bisque_bowl", "bisque_bowl at kiln_shelf"]
+
+
+def test_an_aside_the_words_go_on_after(worlds):
+    w = worlds["pottery_studio"][0]
+    assert _events("Open the kiln lid, leave it ten seconds so the heat can escape, and then close it again.", w) == [
+        "kiln_lid open", "wait 10", "kiln_lid closed"]
+    # an aside at the end still ends the request
+    assert read_task("Open the kiln lid so the heat can escape.", w).toks == ("open", "the", "kiln", "lid")
+
+
+def test_a_look_again_a_pick_up_and_a_turn_in_the_order(worlds):
+    w, s = worlds["pottery_studio"]
+    assert _events("Have a look at the bisque bowl, wait 5 seconds, then look again.", w) == [
+        "look at bisque_bowl", "wait 5", "look at bisque_bowl"]
+    task = "Pick up the glaze jug, tip it about forty degrees over the bisque bowl, then stand the jug on the ware board."
+    assert _events(task, w) == ["hold glaze_jug", "turn 40 over bisque_bowl", "glaze_jug at ware_board"]
+    goal = [{"before": [{"holding": "glaze_jug"}, {"do": "pour", "args": {"target": "bisque_bowl", "angle": 40}},
+                        {"object": "glaze_jug", "at": "ware_board"}]}, {"object": "glaze_jug", "at": "ware_board"}]
+    assert _fits(task, goal, w, s)
+    plan = complete({"plan_id": "p1", "task": task, "goal": goal, "steps": []}, w, s)
+    assert [st["skill"] for st in plan["steps"]].count("pour") == 1
+
+
+def test_go_and_dock_is_one_going_its_end_state_may_be_left_out(worlds):
+    w, s = worlds["sorting_office"]
+    task = "Take the franking ink to the enquiry hatch, and after that go and dock at the charger."
+    assert _events(task, w) == ["franking_ink at enquiry_hatch", "go to mule_charger"]
+    ordered = {"before": [{"object": "franking_ink", "at": "enquiry_hatch"}, {"do": "dock", "args": {"station": "mule_charger"}}]}
+    ink = {"object": "franking_ink", "at": "enquiry_hatch"}
+    assert _fits(task, [ordered, ink], w, s) and _fits(task, [ordered, ink, {"robot_at": "mule_charger"}], w, s)
+    assert not _fits(task, [ordered], w, s)                    # the ink's end state is not the call's
+    w, s = worlds["linen_store"]
+    task = "Drive over to the goods lift and, once you're there, turn round 90 degrees."
+    assert _events(task, w) == ["go to goods_lift", "turn 90"]
+    assert _fits(task, [{"before": [{"robot_at": "goods_lift"}, {"do": "rotate", "args": {"angle": 90}}]},
+                        {"robot_at": "goods_lift"}], w, s)
