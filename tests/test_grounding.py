@@ -179,6 +179,13 @@ CANNOT_WRITE = {
         "hg02": "the covers named in an aside make the grammar ask each one's place on its own; the one `every` is too short",
         "hg05": '"half a minute" is read as things the world lacks: the grammar offers only `missing`',
     },
+    "12-perfumery-tattoo-icerink-marina": {
+        "pf03": "a look, then the place: the grammar asks for more than the order and its end",
+        "pf09": "a set: what can be carried from one place",
+        "tt01": "a pour at a fixed angle while holding the ink: the grammar asks for more",
+        "tt08": "a set: both machines inspected",
+        "ir05": "go, wait, go on: an order of places the robot is at",
+    },
 }
 
 
