@@ -107,11 +107,16 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         secs = [s for i, s in times if a <= i < b]
         degs = [d for i, d in turns if a <= i < b]
         twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
-        it = last["thing"] if cw & {"it", "them"} or (cw & {"again", "too"} and not said_objs + said_places) else None
+        it = last["thing"] if cw & {"it", "them"} or (cw & {"again", "too", "another"} and not said_objs + said_places) else None
+        # "then it can go on the rack": a verb of going said of a thing puts it there
+        if go and not put and "you" not in cw and (said_objs or it) and said_places:
+            go, put = False, True
         there = last["place"] if "there" in cw else None
         pre = ct[:2] == ["before", "you"] and b < len(toks)
         ev = None
         if secs and (cw & {"wait", "pause"} or not (look or states or (put and said_objs) or (go and said_places))):
+            if said_places and not said_objs:          # "wait 45 seconds at the vault door": there first
+                out.append([Event("go", None, said_places[-1], frozenset(ct)), False, pre])
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
         if degs and not look and not states:
@@ -133,6 +138,10 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         elif go:
             place = (said_places or [there])[-1]
             ev = Event("go", None, place, frozenset(ct)) if place else None
+        elif said_objs and said_places and not secs:
+            # no verb the reading knows, a thing and a place: the thing there ("once the glue
+            # pot's on the finishing bench", "then the foil packets to the cleaning bench")
+            ev = Event("at", said_objs[0], said_places[-1], frozenset(ct))
         elif not secs:
             continue                # a clause that asks for nothing ("Top up time")
         if ev is None:

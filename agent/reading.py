@@ -156,6 +156,9 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
     return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
 
 
+# "when you're done, dock at the charger", "once that's done": the next step, not an aside
+DONE = re.compile(r"(?:,\s*)?\b(?:when|once|after)\s+(?:you(?:'re|\s+are|'ve|\s+have)?|that(?:'s|\s+is)?|it(?:'s|\s+is))\s+"
+                  r"(?:done|finished|through)\b\s*,?", re.I)
 # after an aside's comma, the request goes on when the next words order a next thing ("leave it
 # twenty seconds so the air can settle, and then shut it again")
 _GOES_ON = re.compile(r"\s*(?:and\s+)?(?:then|after\s+that|afterwards|finally)\b")
@@ -181,7 +184,7 @@ def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
     whole = words(task)
-    task = _main_clauses(task)
+    task = _main_clauses(DONE.sub(", then ", task))
     toks, tw = tokens(task), words(task)
     known = known_words(world)
     things = world.objects + world.places

@@ -41,9 +41,9 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
                     continue
                 props = {arg.name: {"const": e.subject}}
                 for o in s.args:       # an option the clause names ("with the lidar", "a camera scan")
-                    said = [v for v in (o.values or ()) if o.type == "enum" and v in e.words]
+                    said = _option_said(o, e.words)
                     if o is not arg and said:
-                        props[o.name] = {"const": said[0]}
+                        props[o.name] = {"const": said}
                 out.append(_shape({"do": {"const": s.name}, "args": _shape(props)}))
         if not out:
             key = "place_is" if place else "is"
@@ -61,6 +61,15 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
                 return [_shape({"do": {"const": s.name}, "args": _shape({arg.name: {"const": e.value}})})]
     cond = _event_condition(e, kinds, states, where)
     return [cond] if cond else []
+
+
+def _option_said(arg, said_words) -> str | None:
+    """The one value of an enum argument the words say ("with the lidar": lidar); of several,
+    the one that takes in the others ("lidar and camera both": both); None otherwise."""
+    said = [v for v in (arg.values or ()) if arg.type == "enum" and v in said_words]
+    if len(said) > 1:
+        said = [v for v in said if v in ("both", "all")]
+    return said[0] if len(said) == 1 else None
 
 
 def _turn_branches(e, world: World, skills: SkillSet) -> list[dict]:
@@ -116,6 +125,8 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
     ends: dict = {}
     for e, b in zip(r.events, items):
         key = e.end_key()
+        if e.kind == "at":
+            ends.pop(("robot", None), None)      # carrying a thing on takes the robot away from where it went
         if key is not None:
             ends.pop(key, None)      # its last state, where that is said
             ends[key] = (_event_condition(e, kinds, states, where), all("do" in x["properties"] for x in b))
@@ -139,12 +150,17 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         return None
     x = things[0]
     place = world.place(x) is not None
-    if r.times > 1 and r.length is None and ("is", "inspected") in r.wanted and 2 <= r.times <= MAX_TIMES:
+    if r.length is None and ("is", "inspected") in r.wanted and r.times <= MAX_TIMES:
+        # "read the thermometer three times", "scan the germ lab - lidar and camera both": the
+        # call that looks, repeated or with the option the words say
         looks = _event_branches(Event("look", x, None, r.words), world, skills, set(), {}, lambda o: ())
         looks = [b for b in looks if "do" in b["properties"]]
-        if len(looks) == 1:
-            b = looks[0]
-            return [{"anyOf": [_shape({**b["properties"], "times": {"const": r.times}})]}]
+        if len(looks) == 1 and r.times > 1:
+            return [{"anyOf": [_shape({**looks[0]["properties"], "times": {"const": r.times}})]}]
+        if len(looks) == 1 and len(looks[0]["properties"]["args"]["properties"]) > 1:
+            # the option said, or the look as a condition ("sweep bay 3 with the lidar": bay 3 looked at)
+            key = "place" if place else "object"
+            return [{"anyOf": [looks[0], _shape({key: {"const": x}, "is": {"const": "inspected"}})]}]
         return None
     if r.length is None or place or r.destinations(x) or r.times > MAX_TIMES:
         return None             # "put the cup back on the shelf, 5 cm from the edge" is no push
@@ -188,7 +204,7 @@ def _set_lead(r: TaskReading, kinds: set[str]) -> list | None:
     sel = _shape({k: {"const": v} for k, v in r.every.selector})
     if r.every.to and "at" in kinds:
         return [{"anyOf": [_shape({"every": sel, "at": _enum(list(r.every.to))})]}]
-    states = sorted(v for k, v in r.wanted if k == "is" and v != "inspected")
+    states = sorted(v for k, v in r.wanted if k == "is")
     if not r.every.to and "is" in kinds and len(states) == 1:
         return [{"anyOf": [_shape({"every": sel, "is": {"const": states[0]}})]}]
     return None
@@ -226,8 +242,8 @@ def fixed_call(r: TaskReading, world: World, skills: SkillSet) -> dict | None:
     None: ``{"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}``.
     The gate holds a goal decoded under another grammar to it (grounding.py)."""
     lead = None if r.only_missing or r.lacking else _call_lead(r, world, skills)
-    if not lead:
-        return None
+    if not lead or len(lead[0]["anyOf"]) != 1:
+        return None            # none, or a choice the gate does not make ("with the lidar": the scan, or the bay looked at)
 
     def value(node):
         if "const" in node:

@@ -454,15 +454,20 @@ def lengths(toks: list[str]) -> list[float]:
     return out
 
 
+# "three camera scans", "two more looks": a count of looks said as a plural noun
+_LOOKS_SAID = frozenset({"scans", "looks", "checks", "sweeps", "passes", "inspections", "goes"})
+
+
 def times_said(toks: list[str]) -> int:
-    """How many times the words ask for a thing: "twice" 2, "three times" 3; 1 when they do not say."""
+    """How many times the words ask for a thing: "twice" 2, "three times" 3, "three camera scans"
+    3; 1 when they do not say."""
     for i, t in enumerate(toks):
         if t == "twice":
             return 2
         if t == "thrice":
             return 3
-        if t == "times" and i:
-            n = _amount(toks, i - 1)
+        for j in ([i - 1] if t == "times" else [i - 1, i - 2] if t in _LOOKS_SAID else []):
+            n = _amount(toks, j) if j >= 0 else None
             if n is not None and n[0] >= 2 and float(n[0]).is_integer():
                 return int(n[0])
     return 1

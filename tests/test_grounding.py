@@ -183,7 +183,6 @@ CANNOT_WRITE = {
         "pf03": "a look, then the place: the grammar asks for more than the order and its end",
         "pf09": "a set: what can be carried from one place",
         "tt01": "a pour at a fixed angle while holding the ink: the grammar asks for more",
-        "tt08": "a set: both machines inspected",
         "ir05": "go, wait, go on: an order of places the robot is at",
     },
 }

@@ -85,3 +85,35 @@ def test_go_and_dock_is_one_going_its_end_state_may_be_left_out(worlds):
     assert _events(task, w) == ["go to goods_lift", "turn 90"]
     assert _fits(task, [{"before": [{"robot_at": "goods_lift"}, {"do": "rotate", "args": {"angle": 90}}]},
                         {"robot_at": "goods_lift"}], w, s)
+
+
+def test_more_ways_to_say_the_next_thing(worlds):
+    w = worlds["sorting_office"][0]
+    # "when you're done" is the next step; a wait at a place is there first; a thing and a place
+    # with no verb is the thing there; a verb of going said of a thing puts it there
+    assert _events("Take the ink to the enquiry hatch and, when you're done, dock at the charger.", w) == [
+        "franking_ink at enquiry_hatch", "go to mule_charger"]
+    assert _events("Wait 20 seconds at the yard door, then bring the scales to the sorting frame.", w) == [
+        "go to yard_door", "wait 20", "parcel_scales at sorting_frame"]
+    assert _events("First take the mail sack to the enquiry hatch, then the recorded tray to the yard door.", w) == [
+        "mail_sack at enquiry_hatch", "recorded_tray at yard_door"]
+    p = worlds["pottery_studio"][0]
+    assert _events("Check the bisque bowl for cracks first, then it can go on the kiln shelf.", p) == [
+        "look at bisque_bowl", "bisque_bowl at kiln_shelf"]
+    assert _events("Inspect the test tile, leave it 10 seconds, then have another look.", p) == [
+        "look at test_tile", "wait 10", "look at test_tile"]
+
+
+def test_a_look_with_its_option_or_its_count_and_a_set_looked_at(worlds):
+    w, s = worlds["linen_store"]
+    both = {"do": "scan", "args": {"area": "folding_bench", "mode": "both"}}
+    task = "Scan the folding bench - lidar and camera both."
+    assert _fits(task, [both], w, s) and _fits(task, [{"place": "folding_bench", "is": "inspected"}], w, s)
+    assert not _fits(task, [{**both, "args": {**both["args"], "mode": "lidar"}}], w, s)
+    task = "Give the folding bench three camera scans in a row."
+    assert read_task(task, w).times == 3
+    assert _fits(task, [{"do": "scan", "args": {"area": "folding_bench", "mode": "camera"}, "times": 3}], w, s)
+    p, ps = worlds["pottery_studio"]
+    task = "Could you inspect each of the tools on the wheel with the camera?"
+    assert read_task(task, p).every is not None
+    assert _fits("Have a look at each of the tools, please.", [{"every": {"type": "tool"}, "is": "inspected"}], p, ps)

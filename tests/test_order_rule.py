@@ -78,9 +78,11 @@ def test_an_order_word_that_orders_nothing_is_no_order(worlds):
     # joins no second thing of the task's
     assert _events("Sweep bay 3 with the lidar before the next patient arrives.", ward) == []
     assert _events("Someone's left the glasswasher open again. Shut it, please.", bar) == []
-    # a thing the order leaves out (no verb the reading knows: "the squeegee goes up ...") leaves it unread
+    # a thing the order leaves out (no verb the reading knows, a thing and no place) leaves it unread
+    assert _events("Check the test print, wait 10 seconds, then the squeegee please.", worlds["print_studio"][0]) == []
+    # a verb of going said of a thing puts it there
     assert _events("Check the test print, wait 10 seconds, then the squeegee goes up on the rail.",
-                   worlds["print_studio"][0]) == []
+                   worlds["print_studio"][0]) == ["look at test_print", "wait 10", "squeegee at squeegee_rail"]
     # no word of order: a list is not read as one
     assert _events("Scan the vault and wait 30 seconds.", worlds["museum_storeroom"][0]) == []
     goal, _ = _goal_schema("Sweep bay 3 with the lidar before the next patient arrives.", *worlds["hospital_ward"])
