@@ -158,9 +158,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         if len(looks) == 1 and r.times > 1:
             return [{"anyOf": [_shape({**looks[0]["properties"], "times": {"const": r.times}})]}]
         if len(looks) == 1 and len(looks[0]["properties"]["args"]["properties"]) > 1:
-            # the option said, or the look as a condition ("sweep bay 3 with the lidar": bay 3 looked at)
-            key = "place" if place else "object"
-            return [{"anyOf": [looks[0], _shape({key: {"const": x}, "is": {"const": "inspected"}})]}]
+            return [{"anyOf": looks}]      # the option said: "sweep bay 3 with the lidar"
         return None
     if r.length is None or place or r.destinations(x) or r.times > MAX_TIMES:
         return None             # "put the cup back on the shelf, 5 cm from the edge" is no push
@@ -242,8 +240,8 @@ def fixed_call(r: TaskReading, world: World, skills: SkillSet) -> dict | None:
     None: ``{"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}``.
     The gate holds a goal decoded under another grammar to it (grounding.py)."""
     lead = None if r.only_missing or r.lacking else _call_lead(r, world, skills)
-    if not lead or len(lead[0]["anyOf"]) != 1:
-        return None            # none, or a choice the gate does not make ("with the lidar": the scan, or the bay looked at)
+    if not lead:
+        return None
 
     def value(node):
         if "const" in node:
