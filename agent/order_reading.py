@@ -18,10 +18,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .amounts import angles, durations
 from .goals import MAX_ORDER
 from .wording import (CARRY_VERBS, CLAUSE_WORDS, CLOSE_PHRASE, DESCRIBED, MOVE_VERBS, OPEN_PHRASE, ORDER_WORDS,
-                      PUT_VERBS, STATE_VERBS, TOWARD_WORDS, TWICE, WAIT_WORDS, angles, durations, name_words,
-                      said_after, tokens, verb_forms)
+                      PUT_VERBS, STATE_VERBS, TOWARD_WORDS, TWICE, WAIT_WORDS, name_words, said_after, tokens,
+                      verb_forms)
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .amounts import lengths, times_said
 from .files import World, alias_words
 from .order_reading import ordered_events
 from .set_reading import SetSaid, set_said
 from .wording import (ASIDE, DESCRIBED, WANTED_THERE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS,
                       OPEN_PHRASE, PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, LOCATIVE,
-                      after_state_verb, as_noun, content_words, lengths, times_said, agent_nouns, head_words,
+                      after_state_verb, as_noun, content_words, agent_nouns, head_words,
                       known_words, lacking_words, mentions, name_words, names, noun_end, numbered, robot_goes, said,
                       said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
                       where_said, words)

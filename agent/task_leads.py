@@ -11,7 +11,8 @@ from .goals import MAX_TIMES
 from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
-from .wording import ORDER_WORDS, durations, lengths
+from .amounts import durations, lengths
+from .wording import ORDER_WORDS
 
 def _plain(v: float):
     return int(v) if float(v).is_integer() else v

@@ -11,7 +11,8 @@ from agent.files import AGENT_DIR, alias_words, base_plan_schema
 from agent.reading import read_task
 from agent.solver import complete
 from agent.specialize import PlanValidator, specialize
-from agent.wording import angles, tokens, verb_forms
+from agent.amounts import angles
+from agent.wording import tokens, verb_forms
 
 SET9 = AGENT_DIR / "evalsets" / "9-cycleshop-pottery-sortingoffice-linenstore"
 

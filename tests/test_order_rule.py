@@ -17,7 +17,8 @@ from agent.grounding import grounding_findings
 from agent.reading import read_task
 from agent.solver import complete, goal_reasons
 from agent.specialize import PlanValidator, specialize
-from agent.wording import durations, tokens
+from agent.amounts import durations
+from agent.wording import tokens
 
 SETS = AGENT_DIR / "evalsets"
 
@@ -181,7 +182,7 @@ def test_an_older_look_then_place_task_still_reaches_its_plain_answer(directory,
 
 # ---- a call the task fixes with its own numbers (task_leads._call_lead) ----------------------
 def test_lengths_and_counts_in_words():
-    from agent.wording import lengths, times_said
+    from agent.amounts import lengths, times_said
     assert lengths(tokens("a shove 5 cm to the right")) == [0.05] and lengths(tokens("3cm forward")) == [0.03]
     assert lengths(tokens("back a couple of centimetres")) == [0.02] and lengths(tokens("30 mm left")) == [0.03]
     assert lengths(tokens("put it on the second shelf")) == []
