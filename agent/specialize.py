@@ -214,8 +214,8 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # a state the task's verb asks of a thing it names is that thing's one end state where the
     # words ask for no call or order: "close the door or the pots will dry out" is never the door
     # closed and open ("open it, wait, and shut it again" is)
-    said = {n: {v for k, v in r.verbs_for(n) if k == "is"} for n in (r.referred if r is not None else ())
-            if not asks_calls(r, skills)}
+    calls = r is None or asks_calls(r, skills)        # the words may ask for a call, an order or a set
+    said = {n: {v for k, v in r.verbs_for(n) if k == "is"} for n in (r.referred if not calls else ())}
     tail_states = {o: tuple(x for x in v if not said.get(o) or x in said[o]) for o, v in states.items()}
     branches = _object_branches(tail, kinds, where, tail_states, None, tail_bases)
     # an order may still pass through another state ("open it, wait, and shut it again")
@@ -238,19 +238,19 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     sets = not only_missing and (r is None or r.sets)
     # "where's the sponge got to? put it by the sink": a thing to carry that is not here, and no
     # word that may ask for a call ("hang on thirty seconds, then ..."): nothing else
-    lacking |= only_missing and r is not None and r.carry and not asks_calls(r, skills)
+    lacking |= only_missing and r is not None and r.carry and not calls
     process = [] if lacking else _process_branches(world, skills, kinds, states, conds,
                                                    objs if r is not None else None, ref, sets=sets)
     branches += process
     # an object the task names may open the goal with a call on it or an order too
-    more = [ref("goal_process", {"anyOf": process})] if lead and process and (r is None or asks_calls(r, skills)) else []
+    more = [ref("goal_process", {"anyOf": process})] if lead and process and calls else []
     lead = [{"anyOf": x["anyOf"] + more} for x in lead]
     # "check the print, then lay it on the rack": the order first, then what must hold at the end,
     # and nothing else (the order takes in every thing and place the task speaks of); "shove the
     # tin 5 cm to the right": that call alone
-    order = None if r is None or only_missing or lacking else _order_lead(r, world, skills, kinds, states, where)
-    fixed, need = order or (None if r is None or only_missing or lacking else
-                            (_call_lead(r, world, skills) or _set_lead(r, kinds)), None)
+    told = r is not None and not only_missing and not lacking
+    order = _order_lead(r, world, skills, kinds, states, where) if told else None
+    fixed, need = order or ((_call_lead(r, world, skills) or _set_lead(r, kinds)) if told else None, None)
     if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
         lead = fixed
         base["maxItems"] = len(fixed)

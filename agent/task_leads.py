@@ -1,18 +1,20 @@
 """Goal openings a task fixes in its own words (specialize.goal_schema takes them in place of its
-usual leads): an order of things (``reading.Event``: "check the print, then lay it on the rack"),
+usual leads): an order of things (``order_reading.Event``: "check the print, then lay it on the rack"),
 a call with the task's numbers ("give the ink tin a shove 5 cm to the right", "read the
 thermometer three times", "slide the bowl 3 cm to the right twice") and a set of things
 (set_reading.py: "everything on the wheel onto the wedging bench")."""
 from __future__ import annotations
 
+from .amounts import durations, lengths
 from .arg_schemas import _enum, _shape, arg_schema
 from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
-from .amounts import durations, lengths
+from .symbolic import states_by_object
 from .wording import ORDER_WORDS
+
 
 def _plain(v: float):
     return int(v) if float(v).is_integer() else v
@@ -212,9 +214,8 @@ def _set_lead(r: TaskReading, kinds: set[str]) -> list | None:
 def asks_calls(r: TaskReading, skills: SkillSet) -> bool:
     """The words may ask for a call, an order or a set, not only end states: a word of order or
     of a set, a skill's name ("dock", "push", "scan"), a look, a time, a length, a count. Without
-    one, "grab the tyre
-    levers and just hang on to them" is about the levers held, and a goal that opens with a
-    pick-then-place about them is the small model's guess, not the task."""
+    one, "grab the tyre levers and just hang on to them" is about the levers held, and a goal that
+    opens with a pick-then-place about them is the small model's guess, not the task."""
     # a skill whose effect is a thing's state, place or grip ("open", "place", "pick") is said by
     # a condition; one with none, or one about the robot or a place ("push", "dock", "scan"), by a call
     names = {s.name for s in skills.skills if not any(c.kind in ("is", "at", "holding", "on") for c in s.effects)}
@@ -229,7 +230,6 @@ def written_order(r: TaskReading, world: World, skills: SkillSet) -> bool:
     for the "..., then head back to bay 3" it cannot drive."""
     if not r.events or r.only_missing or r.lacking:
         return False
-    from .symbolic import states_by_object
     kinds = {c.kind for s in skills.skills for c in s.effects}
     places = [p.name for p in world.places]
     return _order_lead(r, world, skills, kinds, states_by_object(world, skills),
