@@ -188,6 +188,13 @@ CANNOT_WRITE = {
         "tt01": "a pour at a fixed angle while holding the ink: the grammar asks for more",
         "ir05": "go, wait, go on: an order of places the robot is at",
     },
+    "13-darkroom-cheesemonger-stables-foodbank": {
+        "dk01": "pour after holding the bottle",
+        "dk05": "a set by type alone",
+        "cm10": "open, wait, closed as events",
+        "st07": "scanned place, then dock",
+        "fb05": "scan, wait, scan again",
+    },
 }
 
 
