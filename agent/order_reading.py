@@ -50,7 +50,7 @@ class Event:
         over = f" over {self.subject}" if self.subject else ""
         return {"wait": f"wait {v:g}" if isinstance(v, (int, float)) else "wait", "look": f"look at {self.subject}",
                 "state": f"{self.subject} {v}", "at": f"{self.subject} at {v or 'its place'}",
-                "hold": f"hold {self.subject}", "turn": f"turn {v:g}{over}" if isinstance(v, (int, float)) else "turn",
+                "hold": f"hold {self.subject}", "turn": f"turn {v:g}{over}" if isinstance(v, (int, float)) else f"turn{over}",
                 "go": f"go to {v}"}[self.kind]
 
 
@@ -59,9 +59,21 @@ _STATE = {w: v[1] for w, v in STATE_VERBS.items() if v[0] == "is" and v[1] in ("
 _PUT = CARRY_VERBS | PUT_VERBS
 _HOLD = frozenset({"pick", "grab"})
 _TURN = frozenset({"turn", "rotate", "spin", "tip", "tilt", "pour"})
+_POUR = frozenset({"pour", "tip"})
+_TOWARD = frozenset(w for (w,) in TOWARD_WORDS)
+# "into the blending flask", "over the pad": what a pour goes into
+_INTO = frozenset({"into", "over", "onto", "in", "on"})
 _VERBS = _LOOK | set(_STATE) | _PUT | MOVE_VERBS | WAIT_WORDS | _HOLD | _TURN
 # "once you've shut ...", "after you've dropped ...", "after that": where an earlier or next step begins
 _STEP_OPENS = frozenset({"you", "we", "i", "the", "it", "that", "they"})
+
+
+def _word_before(toks: list[str], i: int) -> str:
+    """The word before index ``i``, past its articles and one modifier ("into the blending flask")."""
+    j = i
+    while j > 0 and i - j < 3 and toks[j - 1] in ("the", "a", "an", "my", "your", "our", "its", "their"):
+        j -= 1
+    return toks[j - 1] if j > 0 else ""
 
 
 def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
@@ -80,21 +92,32 @@ def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
 
 
-def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str]) -> tuple:
+def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str],
+                   place_words: dict | None = None) -> tuple:
     """The things the task asks for, in order, when it orders them (TaskReading.events); ().
     ``objs``, ``spots``: the objects the task refers to and the places it names, less where
-    things come from; ``at``: where each is said in ``toks``."""
-    if not set(toks) & ORDER_WORDS:
-        return ()
+    things come from; ``at``: where each is said in ``toks``; ``place_words``: each place's words,
+    its aliases' too (an object's word inside a place said in the clause is the place's: "the
+    first aid room" is no first aid bag)."""
     times, turns = durations(toks), angles(toks)
+    # "pour the ink into the cups" is a hold, then the pour; "go to the berth and wait there 45
+    # seconds" waits after the going: an order with no word of one
+    poured = any(f in _POUR for w in toks for f in verb_forms(w))
+    if not (set(toks) & ORDER_WORDS or poured or ("there" in toks and times)):
+        return ()
     out: list[list] = []           # [Event, twice, said before the clause it follows]
+    placed_words: set[str] = set()  # objects said only by words of a place's name
     last: dict[str, str | None] = {"thing": None, "place": None}
     for a, b in _clauses(text, toks):
         ct = toks[a:b]
         said_places = [p for p in spots if a <= at[p] < b]
+        pw = {w for p in said_places for w in (place_words or {}).get(p, name_words(p))}
+        inside = {n for n in objs if set(name_words(n)) & set(ct) and set(name_words(n)) & set(ct) <= pw
+                  and any(at[p] <= at[n] < at[p] + 3 for p in said_places)}
+        placed_words |= {n for n in inside if a <= at[n] < b}
         # a thing said again by another of its words ("pick up the shellac, ..., stand the flask ...")
-        said_objs = [n for n in objs if a <= at[n] < b] or [
-            n for n in objs if set(name_words(n)) & set(ct) - {w for p in said_places for w in name_words(p)}]
+        said_objs = [n for n in objs if a <= at[n] < b and n not in inside] or [
+            n for n in objs if set(name_words(n)) & set(ct) - pw]
         clause = DESCRIBED.sub(" ", " ".join(ct))
         states = [_STATE[w] for w in clause.split() if w in _STATE]
         states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
@@ -104,7 +127,7 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         # "run over to the supervisor's desk": a place said after "to" with no thing to carry is
         # where the robot goes, whatever the verb
         go |= bool(said_places) and not said_objs and not put and any(
-            said_after(ct, p, TOWARD_WORDS) for p in said_places)
+            said_after(ct, p, TOWARD_WORDS) or _word_before(toks, at[p]) in _TOWARD for p in said_places)
         secs = [s for i, s in times if a <= i < b]
         degs = [d for i, d in turns if a <= i < b]
         twice = any(ct[i:i + len(w)] == list(w) for w in TWICE for i in range(len(ct)))
@@ -120,7 +143,14 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
                 out.append([Event("go", None, said_places[-1], frozenset(ct)), False, pre])
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
-        if degs and not look and not states:
+        source = next((n for n in said_objs if not (at[n] and _word_before(toks, at[n]) in _INTO)), None)
+        target = next((n for n in said_objs if at[n] and _word_before(toks, at[n]) in _INTO), None)
+        if cw & _POUR and source and target and source != target:
+            # "pour a splash of the alcohol into the blending flask (at thirty degrees)"
+            out.append([Event("hold", source, None, frozenset(ct)), False, pre])
+            last["thing"] = source
+            ev = Event("turn", target, degs[0] if degs else None, frozenset(ct))
+        elif degs and not look and not states:
             # "turn round 180 degrees", "tip it about thirty degrees over the pad"
             over = (said_objs or said_places or [None])[-1]
             ev = Event("turn", over, degs[0], frozenset(ct))
@@ -171,6 +201,6 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         return ()
     # every thing and place the task speaks of is in the order, or the reading missed a part of it
     named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
-    if not set(objs) | set(spots) <= named:
+    if not (set(objs) - placed_words) | set(spots) <= named:
         return ()
     return tuple(events)

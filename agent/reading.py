@@ -190,6 +190,10 @@ def read_task(task: str, world: World) -> TaskReading:
     known = known_words(world)
     things = world.objects + world.places
     place_words = {t for p in world.places for t in name_words(p.name)}
+    # an alias said whole is the place's: its words name no object there ("the fridge shelf", "the first aid room")
+    covered = {i + k for p in world.places for a in p.aliases if len(alias_words(a)) > 1
+               for i in said_all(toks, alias_words(a)) for k in range(len(alias_words(a)))}
+    said_alias = {toks[i] for i in covered}
     vocab = {t for th in things for t in content_words(th.name)}
     heads = unique_cues({o.name: head_words(o.name) | set(name_words(o.type or "")) for o in world.objects})
     pcues = unique_cues({p.name: head_words(p.name) for p in world.places})
@@ -211,19 +215,24 @@ def read_task(task: str, world: World) -> TaskReading:
     def others(name: str) -> set[str]:
         return {t for o in world.objects if o.name != name for t in content_words(o.name)}
 
-    def called(th) -> bool:
-        return any(found(th.name, said(toks, alias_words(a))) for a in th.aliases)
+    def called(th, skip: frozenset = frozenset()) -> bool:
+        return any(found(th.name, next((i for i in said_all(toks, alias_words(a)) if i not in skip), None))
+                   for a in th.aliases)
 
-    ref = {o.name for o in world.objects if names(tw, o.name) or called(o)}
-    ref |= {heads[c] for c in tw & set(heads) if c not in place_words and as_noun(toks, c, others(heads[c]))}
-    ref |= {n for c, n in mods.items() if n not in is_place and c in tw
+    ref = {o.name for o in world.objects if called(o, frozenset(covered)) or names(tw, o.name)}
+    ref |= {heads[c] for c in tw & set(heads) if c not in place_words | said_alias and as_noun(toks, c, others(heads[c]))}
+    ref |= {n for c, n in mods.items() if n not in is_place and c in tw and c not in said_alias
             and found(n, noun_end(toks, c, n, vocab, DETERMINERS))}
     # a word one object shares only with places, as what "open"/"shut" takes
     ref |= {n for c, n in unique_cues({o.name: set(content_words(o.name)) for o in world.objects}).items()
             if c in tw and c not in only and found(n, after_state_verb(toks, c))}
     obj_words = {t for n in ref for t in name_words(n)}
-    places = {p.name for p in world.places if names(tw, p.name) or called(p)}
-    places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words and as_noun(toks, c)}
+    # an alias is looked for first, so where it is said is known ("the van bay" beside "the yard door")
+    places = {p.name for p in world.places if called(p) or names(tw, p.name)}
+    # a head word inside a place said whole is that place's ("the van bay" is no inward bay)
+    whole_words = {w for p in world.places if p.name in places
+                   for w in set(name_words(p.name)) | {x for a in p.aliases for x in alias_words(a)}}
+    places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words | whole_words and as_noun(toks, c)}
     places |= {n for c, n in mods.items() if n in is_place and c in tw
                and found(n, noun_end(toks, c, n, vocab, DETERMINERS | PREPOSITIONS))}
     for n, i in numbered(toks, [t.name for t in things]).items():
@@ -271,6 +280,8 @@ def read_task(task: str, world: World) -> TaskReading:
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
         supports=supports, under=frozenset(n for n in under if n not in moves),
-        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources]),
+        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources],
+                              {p.name: set(name_words(p.name)) | {w for a in p.aliases for w in alias_words(a)}
+                               for p in world.places}),
         times=times_said(toks), length=(lengths(toks) or [None])[0],
         every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks))

@@ -26,7 +26,7 @@ from .wording import DETERMINERS, SET_WORDS, name_words, singular
 # "both trays", "the lot": words of a set besides SET_WORDS
 SET_CUES = SET_WORDS | {"both"}
 THE_LOT = re.compile(r"\bthe\s+lot\b")
-CARRIABLE = re.compile(r"\b(?:can|could)\s+(?:manage|carry|lift|handle|pick\s+up|take|move)\b|\bcarriable\b")
+CARRIABLE = re.compile(r"\b(?:can|could)\s+(?:\w+ly\s+)?(?:manage|carry|lift|handle|pick\s+up|take|move)\b|\bcarriable\b")
 # "you can": a verb after its subject, never a thing
 SUBJECTS = frozenset({"you", "we", "i", "they", "he", "she", "it"})
 # "clear the service bench", "empty the crate": the place the verb takes is where the set rests

@@ -85,7 +85,7 @@ def _turn_branches(e, world: World, skills: SkillSet) -> list[dict]:
         things = [a for a in s.args if a.type in ("object", "place")]
         if s.effects or len(angle) != 1 or len(things) != (e.subject is not None):
             continue
-        props = {angle[0].name: {"const": _plain(e.value)}}
+        props = {angle[0].name: {"const": _plain(e.value)}} if e.value is not None else {}
         if things:
             allowed = arg_schema(things[0], world)
             if allowed is None or e.subject not in allowed.get("enum", ()):
@@ -126,13 +126,19 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
     before = _shape({"before": {"type": "array", "prefixItems": [{"anyOf": b} for b in items], "items": False,
                                 "minItems": n, "maxItems": n}})
     ends: dict = {}
-    for e, b in zip(r.events, items):
+    # nothing after a wait, a look or a turn moves a thing: an end state followed only by those
+    # holds once the order is done ("go to the fuel berth and wait there")
+    still = [k + 1 < len(r.events) and all(x.kind in ("wait", "look", "turn") for x in r.events[k + 1:])
+             for k in range(len(r.events))]
+    for k, (e, b) in enumerate(zip(r.events, items)):
         key = e.end_key()
         if e.kind == "at":
             ends.pop(("robot", None), None)      # carrying a thing on takes the robot away from where it went
         if key is not None:
             ends.pop(key, None)      # its last state, where that is said
-            ends[key] = (_event_condition(e, kinds, states, where), all("do" in x["properties"] for x in b))
+            # an end state the order's own call makes true, or the hold a pour keeps, may be left out
+            ends[key] = (_event_condition(e, kinds, states, where),
+                         e.kind == "hold" or still[k] or all("do" in x["properties"] for x in b))
     if not all(c for c, _ in ends.values()):
         return None
     required = [c for c, by_call in ends.values() if not by_call]

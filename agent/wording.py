@@ -17,7 +17,7 @@ STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is"
                "inspect": ("is", "inspected"), "inspected": ("is", "inspected"), "examine": ("is", "inspected"),
                "look": ("is", "inspected"), "check": ("is", "inspected"), "scan": ("is", "inspected"),
                "sweep": ("is", "inspected"), "survey": ("is", "inspected"), "photograph": ("is", "inspected"),
-               "read": ("is", "inspected"),
+               "read": ("is", "inspected"), "onceover": ("is", "inspected"),
                "pull": ("is", "open"), "raise": ("is", "open"),
                "hold": ("holding", None), "holding": ("holding", None)}
 # Words before a state that describe how a thing is, not what the task wants of it ("the drawer's
@@ -78,7 +78,7 @@ ORDER_WORDS = frozenset({"then", "before", "after", "afterwards", "again", "apar
 CLAUSE_WORDS = frozenset({"then", "afterwards", "finally"})
 # Verbs of a clause that asks for nothing but time to pass ("hold on for 45 seconds", "give it five
 # seconds", "a ten second pause"); a clause that says a time and no other verb asks for the same.
-WAIT_WORDS = frozenset({"wait", "pause", "hold", "give", "leave", "let"})
+WAIT_WORDS = frozenset({"wait", "pause", "hold", "give", "leave", "let", "hang"})
 # "twice, a minute apart": the same thing again, with the wait between
 TWICE = (("twice",), ("two", "times"))
 # Verbs that put a thing somewhere, besides CARRY_VERBS ("lay it on the rack")
@@ -323,6 +323,7 @@ def lacking_words(toks: list[str], known: set[str]) -> tuple:
     after the verb (and a word of a set, an article: "hang all the aprons"), up to the next
     one-letter or function word ("the pH meter" keeps its "ph")."""
     stop = FUNCTION_WORDS | PREPOSITIONS | PRONOUNS | {"me", "us", "of", "everything", "something", "anything", "whatever",
+                                                       "about", "around",
                                                        "one", "ones", "stuff", "things", "thing", "lot"}
     for i, t in enumerate(toks):
         if t not in CARRY_VERBS:

@@ -180,13 +180,6 @@ CANNOT_WRITE = {
         "hh03": "a look asked \"before you move it\": the grammar's `before` holds only the frame's place, twice, no inspection",
         "hh04": "a pour from the bucket (holding it, then the pour) as one `before`: the grammar wants two entries opening with the jar's end state",
         "hg02": "the covers named in an aside make the grammar ask each one's place on its own; the one `every` is too short",
-        "hg05": '"half a minute" is read as things the world lacks: the grammar offers only `missing`',
-    },
-    "12-perfumery-tattoo-icerink-marina": {
-        "pf03": "a look, then the place: the grammar asks for more than the order and its end",
-        "pf09": "a set: what can be carried from one place",
-        "tt01": "a pour at a fixed angle while holding the ink: the grammar asks for more",
-        "ir05": "go, wait, go on: an order of places the robot is at",
     },
     "13-darkroom-cheesemonger-stables-foodbank": {
         "dk01": "pour after holding the bottle",

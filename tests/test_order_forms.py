@@ -118,3 +118,23 @@ def test_a_look_with_its_option_or_its_count_and_a_set_looked_at(worlds):
     task = "Could you inspect each of the tools on the wheel with the camera?"
     assert read_task(task, p).every is not None
     assert _fits("Have a look at each of the tools, please.", [{"every": {"type": "tool"}, "is": "inspected"}], p, ps)
+
+
+def test_a_pour_a_wait_there_and_words_inside_a_place(worlds):
+    p, ps = worlds["pottery_studio"]
+    # a pour is a hold, then the pour, with no word of order; "over" or "into" says what it goes into
+    task = "Pour the glaze jug into the bisque bowl at a twenty degree tilt."
+    assert _events(task, p) == ["hold glaze_jug", "turn 20 over bisque_bowl"]
+    goal = [{"before": [{"holding": "glaze_jug"}, {"do": "pour", "args": {"target": "bisque_bowl", "angle": 20}}]}]
+    assert _fits(task, goal, p, ps) and _fits(task, goal + [{"holding": "glaze_jug"}], p, ps)
+    # "give it a once-over", then ...
+    assert _events("Give the test tile a once-over and after that put it on the kiln shelf.", p) == [
+        "look at test_tile", "test_tile at kiln_shelf"]
+    w, s = worlds["sorting_office"]
+    # a wait "there" after a going needs no word of order; "hang about" is a wait, not a thing
+    assert _events("Go to the yard door and wait there for twenty seconds.", w) == ["go to yard_door", "wait 20"]
+    r = read_task("Head to the yard door, hang about there for half a minute, then go to the van bay.", w)
+    assert not r.lacking and [e.text() for e in r.events] == ["go to yard_door", "wait 30", "go to van_door"]
+    # "whatever you can actually carry"
+    assert read_task("Whatever you can actually carry from the inward bay goes to the sorting frame.", w).every.every() == {
+        "at": "inward_bay", "carriable": True}
