@@ -219,10 +219,11 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     tail_states = {o: tuple(x for x in v if not said.get(o) or x in said[o]) for o, v in states.items()}
     branches = _object_branches(tail, kinds, where, tail_states, None, tail_bases)
     # an order may still pass through another state ("open it, wait, and shut it again")
-    conds = _object_branches(tail, kinds, where, states, None, tail_bases)
+    conds = _object_branches(tail, kinds, where, states, None, tail_bases) if said else list(branches)
     if not only_missing:
-        branches += _place_branches(kinds, looked_at, places)
-        conds += _place_branches(kinds, looked_at, places)
+        at_places = _place_branches(kinds, looked_at, places)
+        branches += at_places
+        conds += at_places
 
     def ref(name: str, schema: dict) -> dict:
         if defs is None:
@@ -248,9 +249,10 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     # "check the print, then lay it on the rack": the order first, then what must hold at the end,
     # and nothing else (the order takes in every thing and place the task speaks of); "shove the
     # tin 5 cm to the right": that call alone
-    told = r is not None and not only_missing and not lacking
-    order = _order_lead(r, world, skills, kinds, states, where) if told else None
-    fixed, need = order or ((_call_lead(r, world, skills) or _set_lead(r, kinds)) if told else None, None)
+    fixed, need = None, None       # need: how many of the fixed openings the goal must write
+    if r is not None and not only_missing and not lacking:
+        fixed, need = _order_lead(r, world, skills, kinds, states, where) or (
+            _call_lead(r, world, skills) or _set_lead(r, kinds), None)
     if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
         lead = fixed
         base["maxItems"] = len(fixed)
