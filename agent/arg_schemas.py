@@ -40,6 +40,12 @@ def _number(lo: float | None, hi: float | None, integer: bool) -> dict:
     return out
 
 
+def allows(arg: ArgSpec, world: World, name: str) -> bool:
+    """This object or place argument can take ``name`` in this world."""
+    allowed = arg_schema(arg, world)
+    return allowed is not None and name in allowed.get("enum", ())
+
+
 def arg_schema(arg: ArgSpec, world: World) -> dict | None:
     """JSON schema for one argument, or None when no value can satisfy it in this world."""
     t = arg.type

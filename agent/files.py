@@ -235,6 +235,11 @@ class SkillSet:
     def get(self, name: str) -> Skill | None:
         return next((s for s in self.skills if s.name == name), None)
 
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of condition some skill can make true (``at``, ``is``, ``robot_at`` ...)."""
+        return {c.kind for s in self.skills for c in s.effects}
+
 
 def alias_words(alias: str) -> list[str]:
     """The words of an alias as a task's reading compares them: lower case, letters and digits,

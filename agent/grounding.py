@@ -54,7 +54,7 @@ def grounding_findings(task: str, plan, world: World, skills=None, parsed: Parse
     if r.lacking:       # whatever else the goal says, the thing to carry is not here
         return [Finding(None, "object", f"the task asks for {' '.join(r.lacking)}, which is no object of this "
                                         f'world; the goal is [{{"missing": "{r.lacking[-1]}"}}]')]
-    kinds = {c.kind for s in skills.skills for c in s.effects} if skills is not None else set()
+    kinds = skills.kinds if skills is not None else set()
     reachable = reachable_conditions(world, skills) if skills is not None else (lambda name: set())
     out: list[Finding] = []
     # a call on an object, or an order naming it, is about it as much as a condition is; the
@@ -147,7 +147,7 @@ def verb_findings(r: TaskReading, goal, reachable, kinds: set[str]) -> list[Find
 
 def reachable_conditions(world: World, skills):
     """-> f(object name) -> {(kind, state)} some skill can make true of it."""
-    kinds = {c.kind for s in skills.skills for c in s.effects}
+    kinds = skills.kinds
     states = states_by_object(world, skills)
     held = {("holding", None)} if "holding" in kinds else set()
     return lambda name: held | {("is", st) for st in states.get(name, ())}

@@ -127,7 +127,7 @@ _PROCESS_EXAMPLES = (
 
 def goal_forms(skills: SkillSet) -> str:
     """The goal examples this skill library can reach, as ``"task" -> [conditions]``."""
-    kinds = {c.kind for s in skills.skills for c in s.effects}
+    kinds = skills.kinds
     kinds |= {c.value for s in skills.skills for c in s.effects if c.kind == "is"}
     have = kinds | {s.name for s in skills.skills}
     return "; ".join([f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds]

@@ -167,7 +167,7 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
     per request), else it is read here. ``defs``: the plan schema's ``$defs``, where parts
     the goal uses more than once are put (None: written inline)."""
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
-    kinds = {c.kind for s in skills.skills for c in s.effects}
+    kinds = skills.kinds
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
     states = states_by_object(world, skills)
     lead: list[dict] = []

@@ -6,7 +6,7 @@ thermometer three times", "slide the bowl 3 cm to the right twice") and a set of
 from __future__ import annotations
 
 from .amounts import durations, lengths
-from .arg_schemas import _enum, _shape, arg_schema
+from .arg_schemas import _enum, _shape, allows, arg_schema
 from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .order_reading import Event
@@ -39,8 +39,7 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
                 arg = next((a for a in s.args if c.subject == f"${a.name}"), None)
                 if arg is None or c.value != "inspected" or c.kind != ("place_is" if place else "is"):
                     continue
-                allowed = arg_schema(arg, world)
-                if allowed is None or e.subject not in allowed.get("enum", ()):
+                if not allows(arg, world, e.subject):
                     continue
                 props = {arg.name: {"const": e.subject}}
                 for o in s.args:       # an option the clause names ("with the lidar", "a camera scan")
@@ -59,8 +58,7 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
         # "then dock back on your charger": the going by the skill the clause names
         for s in skills.skills:
             arg = next((a for c in s.effects if c.kind == "robot_at" for a in s.args if c.value == f"${a.name}"), None)
-            allowed = arg_schema(arg, world) if arg is not None and s.name in e.words else None
-            if allowed is not None and e.value in allowed.get("enum", ()) and len(s.args) == 1:
+            if arg is not None and s.name in e.words and len(s.args) == 1 and allows(arg, world, e.value):
                 return [_shape({"do": {"const": s.name}, "args": _shape({arg.name: {"const": e.value}})})]
     cond = _event_condition(e, kinds, states, where)
     return [cond] if cond else []
@@ -87,8 +85,7 @@ def _turn_branches(e, world: World, skills: SkillSet) -> list[dict]:
             continue
         props = {angle[0].name: {"const": _plain(e.value)}} if e.value is not None else {}
         if things:
-            allowed = arg_schema(things[0], world)
-            if allowed is None or e.subject not in allowed.get("enum", ()):
+            if not allows(things[0], world, e.subject):
                 continue
             props[things[0].name] = {"const": e.subject}
         out.append(_shape({"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args
@@ -181,8 +178,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         said = {a.name: _nearest(r, [v for v in a.values if v in r.words]) for a in opts}
         if len(obj) != 1 or len(size) != 1 or not opts or any(len(v) != 1 for v in said.values()):
             continue
-        allowed = arg_schema(obj[0], world)
-        if allowed is None or x not in allowed.get("enum", ()):
+        if not allows(obj[0], world, x):
             continue
         props = {obj[0].name: {"const": x}, **{k: {"const": v[0]} for k, v in said.items()},
                  size[0].name: {"const": _plain(r.length)}}
@@ -236,7 +232,7 @@ def written_order(r: TaskReading, world: World, skills: SkillSet) -> bool:
     for the "..., then head back to bay 3" it cannot drive."""
     if not r.events or r.only_missing or r.lacking:
         return False
-    kinds = {c.kind for s in skills.skills for c in s.effects}
+    kinds = skills.kinds
     places = [p.name for p in world.places]
     return _order_lead(r, world, skills, kinds, states_by_object(world, skills),
                        lambda o: list(r.destinations(o)) or places) is not None
