@@ -22,7 +22,7 @@ from .amounts import angles, durations
 from .goals import MAX_ORDER
 from .wording import (CARRY_VERBS, CLAUSE_WORDS, CLOSE_PHRASE, DESCRIBED, MOVE_VERBS, OPEN_PHRASE, ORDER_WORDS,
                       PUT_VERBS, STATE_VERBS, TOWARD_WORDS, TWICE, WAIT_WORDS, name_words, said_after, tokens,
-                      verb_forms)
+                      verb_forms, word_before)
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,12 @@ _VERBS = _LOOK | set(_STATE) | _PUT | MOVE_VERBS | WAIT_WORDS | _HOLD | _TURN
 _STEP_OPENS = frozenset({"you", "we", "i", "the", "it", "that", "they"})
 
 
+# "into the blending flask", "to your charger": the word that says what a place or thing is to
+_ARTICLES = frozenset({"the", "a", "an", "my", "your", "our", "its", "their"})
+
+
 def _word_before(toks: list[str], i: int) -> str:
-    """The word before index ``i``, past its articles and one modifier ("into the blending flask")."""
-    j = i
-    while j > 0 and i - j < 3 and toks[j - 1] in ("the", "a", "an", "my", "your", "our", "its", "their"):
-        j -= 1
-    return toks[j - 1] if j > 0 else ""
+    return word_before(toks, i, _ARTICLES, most=3)
 
 
 def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
@@ -106,18 +106,19 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
     if not (set(toks) & ORDER_WORDS or poured or ("there" in toks and times)):
         return ()
     out: list[list] = []           # [Event, twice, said before the clause it follows]
-    placed_words: set[str] = set()  # objects said only by words of a place's name
+    in_place_names: set[str] = set()  # objects said only by words of a place's name
     last: dict[str, str | None] = {"thing": None, "place": None}
     for a, b in _clauses(text, toks):
         ct = toks[a:b]
         said_places = [p for p in spots if a <= at[p] < b]
         pw = {w for p in said_places for w in (place_words or {}).get(p, name_words(p))}
-        inside = {n for n in objs if set(name_words(n)) & set(ct) and set(name_words(n)) & set(ct) <= pw
-                  and any(at[p] <= at[n] < at[p] + 3 for p in said_places)}
-        placed_words |= {n for n in inside if a <= at[n] < b}
+        named_here = {n: set(name_words(n)) & set(ct) for n in objs}
+        inside = {n for n, ws in named_here.items() if ws and ws <= pw and any(at[p] <= at[n] < at[p] + 3
+                                                                                 for p in said_places)}
+        in_place_names |= {n for n in inside if a <= at[n] < b}
         # a thing said again by another of its words ("pick up the shellac, ..., stand the flask ...")
         said_objs = [n for n in objs if a <= at[n] < b and n not in inside] or [
-            n for n in objs if set(name_words(n)) & set(ct) - pw]
+            n for n, ws in named_here.items() if ws - pw]
         clause = DESCRIBED.sub(" ", " ".join(ct))
         states = [_STATE[w] for w in clause.split() if w in _STATE]
         states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
@@ -143,13 +144,13 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
                 out.append([Event("go", None, said_places[-1], frozenset(ct)), False, pre])
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
-        source = next((n for n in said_objs if not (at[n] and _word_before(toks, at[n]) in _INTO)), None)
-        target = next((n for n in said_objs if at[n] and _word_before(toks, at[n]) in _INTO), None)
-        if cw & _POUR and source and target and source != target:
+        into = [n for n in said_objs if _word_before(toks, at[n]) in _INTO] if cw & _POUR else []
+        source = next((n for n in said_objs if n not in into), None)
+        if into and source:
             # "pour a splash of the alcohol into the blending flask (at thirty degrees)"
             out.append([Event("hold", source, None, frozenset(ct)), False, pre])
             last["thing"] = source
-            ev = Event("turn", target, degs[0] if degs else None, frozenset(ct))
+            ev = Event("turn", into[0], degs[0] if degs else None, frozenset(ct))
         elif degs and not look and not states:
             # "turn round 180 degrees", "tip it about thirty degrees over the pad"
             over = (said_objs or said_places or [None])[-1]
@@ -201,6 +202,6 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         return ()
     # every thing and place the task speaks of is in the order, or the reading missed a part of it
     named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
-    if not (set(objs) - placed_words) | set(spots) <= named:
+    if not (set(objs) - in_place_names) | set(spots) <= named:
         return ()
     return tuple(events)

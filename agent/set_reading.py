@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from .files import World
-from .wording import DETERMINERS, SET_WORDS, name_words, singular
+from .wording import DETERMINERS, SET_WORDS, name_words, singular, word_before
 
 # "both trays", "the lot": words of a set besides SET_WORDS
 SET_CUES = SET_WORDS | {"both"}
@@ -60,9 +60,7 @@ def _type_said(type_: str, toks: list[str]) -> bool:
 
 def _after(toks: list[str], i: int, leads: frozenset) -> bool:
     """The words before index ``i`` (past its articles) end with one of ``leads``."""
-    while i > 0 and toks[i - 1] in DETERMINERS - SET_CUES:
-        i -= 1
-    return i > 0 and toks[i - 1] in leads
+    return word_before(toks, i, DETERMINERS - SET_CUES) in leads
 
 
 def set_said(text: str, toks: list[str], world: World, referred: tuple, places: tuple, at: dict,

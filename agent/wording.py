@@ -210,6 +210,15 @@ def after_state_verb(toks: list[str], cue: str) -> int | None:
     return None
 
 
+def word_before(toks: list[str], i: int, skip=DETERMINERS, most: int | None = None) -> str:
+    """The word before index ``i``, past the words of ``skip`` (at most ``most`` of them);
+    "" at the start: "into the blending flask" -> "into"."""
+    j = i
+    while j > 0 and toks[j - 1] in skip and (most is None or i - j < most):
+        j -= 1
+    return toks[j - 1] if j > 0 else ""
+
+
 def said_after(toks: list[str], name: str, lead: tuple, also: tuple = ()) -> bool:
     """Some occurrence of the name (or one said at an index in ``also``: an alias) comes right
     after one of the ``lead`` word sequences (a determiner and one more word may sit between:
