@@ -191,8 +191,10 @@ def read_task(task: str, world: World) -> TaskReading:
     things = world.objects + world.places
     place_words = {t for p in world.places for t in name_words(p.name)}
     # an alias said whole is the place's: its words name no object there ("the fridge shelf", "the first aid room")
-    covered = {i + k for p in world.places for a in p.aliases if len(alias_words(a)) > 1
-               for i in said_all(toks, alias_words(a)) for k in range(len(alias_words(a)))}
+    place_aliases = [alias_words(a) for p in world.places for a in p.aliases]
+    covered = {i + k for aw in place_aliases if len(aw) > 1 for i in said_all(toks, aw) for k in range(len(aw))}
+    # each place's words, its aliases' too
+    place_names = {p.name: set(name_words(p.name)) | {w for a in p.aliases for w in alias_words(a)} for p in world.places}
     said_alias = {toks[i] for i in covered}
     vocab = {t for th in things for t in content_words(th.name)}
     heads = unique_cues({o.name: head_words(o.name) | set(name_words(o.type or "")) for o in world.objects})
@@ -230,8 +232,7 @@ def read_task(task: str, world: World) -> TaskReading:
     # an alias is looked for first, so where it is said is known ("the van bay" beside "the yard door")
     places = {p.name for p in world.places if called(p) or names(tw, p.name)}
     # a head word inside a place said whole is that place's ("the van bay" is no inward bay)
-    whole_words = {w for p in world.places if p.name in places
-                   for w in set(name_words(p.name)) | {x for a in p.aliases for x in alias_words(a)}}
+    whole_words = {w for p in places for w in place_names[p]}
     places |= {pcues[c] for c in tw & set(pcues) if c not in obj_words | whole_words and as_noun(toks, c)}
     places |= {n for c, n in mods.items() if n in is_place and c in tw
                and found(n, noun_end(toks, c, n, vocab, DETERMINERS | PREPOSITIONS))}
@@ -280,8 +281,6 @@ def read_task(task: str, world: World) -> TaskReading:
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
         supports=supports, under=frozenset(n for n in under if n not in moves),
-        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources],
-                              {p.name: set(name_words(p.name)) | {w for a in p.aliases for w in alias_words(a)}
-                               for p in world.places}),
+        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names),
         times=times_said(toks), length=(lengths(toks) or [None])[0],
         every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks))
