@@ -6,30 +6,19 @@ from __future__ import annotations
 
 import pytest
 
+from agent.amounts import angles
 from agent.evaluation import load_eval_set
-from agent.files import AGENT_DIR, alias_words, base_plan_schema
+from agent.files import alias_words
 from agent.reading import read_task
 from agent.solver import complete
-from agent.specialize import PlanValidator, specialize
-from agent.amounts import angles
 from agent.wording import tokens, verb_forms
-
-SET9 = AGENT_DIR / "evalsets" / "9-cycleshop-pottery-sortingoffice-linenstore"
+from test_order_rule import _events
+from test_set_reading import SET9, _fits
 
 
 @pytest.fixture(scope="module")
 def worlds():
     return load_eval_set(SET9)[1]
-
-
-def _events(task, w):
-    return [e.text() for e in read_task(task, w).events]
-
-
-def _fits(task, goal, w, s):
-    spec = specialize(base_plan_schema(), w, s, task=task)
-    v = PlanValidator({**spec["properties"]["goal"], "$defs": spec["$defs"]})
-    return not list(v.iter_errors(goal))
 
 
 def test_words_of_numbers_and_forms():
