@@ -117,8 +117,12 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
                                                                                  for p in said_places)}
         in_place_names |= {n for n in inside if a <= at[n] < b}
         # a thing said again by another of its words ("pick up the shellac, ..., stand the flask ...")
-        said_objs = [n for n in objs if a <= at[n] < b and n not in inside] or [
-            n for n, ws in named_here.items() if ws - pw]
+        # (where it is said in this clause: "the feta's brine is low. Pour from the brine jug into
+        # the feta tub": the jug and the tub of the pour are the second sentence's)
+        here = {n: at[n] if a <= at[n] < b else next(i for i in range(a, b) if toks[i] in ws)
+                for n, ws in named_here.items() if ws}
+        said_objs = [n for n in objs if a <= at[n] < b and n not in inside] or sorted(
+            [n for n, ws in named_here.items() if ws - pw], key=lambda n: (here[n], n))
         clause = DESCRIBED.sub(" ", " ".join(ct))
         states = [_STATE[w] for w in clause.split() if w in _STATE]
         states += ["open"] * bool(OPEN_PHRASE.search(clause)) + ["closed"] * bool(CLOSE_PHRASE.search(clause))
@@ -139,12 +143,15 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         there = last["place"] if "there" in cw else None
         pre = ct[:2] == ["before", "you"] and b < len(toks)
         ev = None
-        if secs and (cw & {"wait", "pause"} or not (look or states or (put and said_objs) or (go and said_places))):
+        # "open the drawer, hold it open five seconds": a state kept for a time is a wait in it
+        kept = bool(secs and states and out and out[-1][0].kind == "state" and out[-1][0].value == states[-1]
+                    and (said_objs or [it])[0] == out[-1][0].subject)
+        if secs and (cw & {"wait", "pause"} or kept or not (look or states or (put and said_objs) or (go and said_places))):
             if said_places and not said_objs:          # "wait 45 seconds at the vault door": there first
                 out.append([Event("go", None, said_places[-1], frozenset(ct)), False, pre])
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
-        into = [n for n in said_objs if _word_before(toks, at[n]) in _INTO] if cw & _POUR else []
+        into = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) in _INTO] if cw & _POUR else []
         source = next((n for n in said_objs if n not in into), None)
         if into and source:
             # "pour a splash of the alcohol into the blending flask (at thirty degrees)"

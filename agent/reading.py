@@ -79,6 +79,8 @@ class TaskReading:
     every: SetSaid | None = None
     # the main clauses' words in order (an option said nearest a call's length: task_leads)
     toks: tuple = ()
+    # objects that open and shut (a drawer, a lid): "pop the till" may open it rather than take it
+    openable: frozenset = frozenset()
 
     @property
     def only_missing(self) -> bool:
@@ -88,7 +90,9 @@ class TaskReading:
         inspect = ("is", "inspected") in self.wanted
         if self.lacking:                   # "hang all the aprons on the rail" in a world without one
             return True
-        if self.sets and self.places:      # "everything on the counter": a set of this world's things
+        if (self.sets or self.every is not None) and self.places:   # "everything on the counter": this world's things
+            return False
+        if self.events:                    # an order read whole names only this world's things
             return False
         return not self.mentioned and (self.carry or not (self.move or self.toward or inspect))
 
@@ -98,7 +102,7 @@ class TaskReading:
         A word that only brushes an object ("before the next patient arrives") does not make
         it a task about that object; a thing to move ("bring the guitar round") does."""
         inspect = ("is", "inspected") in self.wanted
-        if self.referred or self.only_missing or self.sets or (self.mentioned and (self.carry or not (inspect or self.move))):
+        if self.referred or self.only_missing or self.sets or self.every is not None or (self.mentioned and (self.carry or not (inspect or self.move))):
             return ()
         return self.destinations()
 
@@ -123,10 +127,14 @@ class TaskReading:
     def verbs_for(self, obj: str) -> frozenset:
         """What the verbs ask of this object: not to be held when the task says where it goes
         ("keep the milk in the fridge"); to be there, when the task says where it goes and
-        asks no state of it ("the jug goes in the cage")."""
+        asks no state of it ("the jug goes in the cage"); held, when a verb carries it and the
+        task says nowhere it goes ("grab the clipboard from reception")."""
         want = self.wanted - {("holding", None)} if self._own(obj) else self.wanted
         if not want and self.supports.get(obj) and not self._own(obj):
             return frozenset({("on", None)})      # "stack the red block on the blue block"
+        if (not want and self.carry and not self.destinations(obj) and obj not in self.openable
+                and self.length is None and self.times == 1 and not self.events):
+            return frozenset({("holding", None)})   # "grab the clipboard from reception": taken, put nowhere
         return want or (frozenset({("at", None)}) if self.destinations(obj) else frozenset())
 
     def also_at(self, obj: str) -> tuple:
@@ -157,9 +165,13 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
     return paired, (tuple(p for p in spots if at[p] >= goes[0]) if goes else None)
 
 
+# the robot stays where it took a thing ("stay there with it", "remain by them")
+STAY = re.compile(r"\b(?:stay|remain)\s+(?:there|put|with\s+(?:it|them)|by\s+(?:it|them)|beside\s+(?:it|them))\b")
 # "when you're done, dock at the charger", "once that's done": the next step, not an aside
 DONE = re.compile(r"(?:,\s*)?\b(?:when|once|after)\s+(?:you(?:'re|\s+are|'ve|\s+have)?|that(?:'s|\s+is)?|it(?:'s|\s+is))\s+"
                   r"(?:done|finished|through)\b\s*,?", re.I)
+# "and while you're at it, ...", "while you're there": the request goes on with a next thing
+ALSO = re.compile(r",?\s*(?:and\s+)?while\s+you(?:'re|\s+are)\s+(?:at\s+it|there|about\s+it)\b\s*,?", re.I)
 # after an aside's comma, the request goes on when the next words order a next thing ("leave it
 # twenty seconds so the air can settle, and then shut it again")
 _GOES_ON = re.compile(r"\s*(?:and\s+)?(?:then|after\s+that|afterwards|finally)\b")
@@ -185,7 +197,7 @@ def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
     whole = words(task)
-    task = _main_clauses(DONE.sub(", then ", task))
+    task = _main_clauses(ALSO.sub(", and ", DONE.sub(", then ", task)))
     toks, tw = tokens(task), words(task)
     known = known_words(world)
     things = world.objects + world.places
@@ -269,8 +281,19 @@ def read_task(task: str, world: World) -> TaskReading:
     # "go and dock": the verb is the robot's going as well as the place
     paired, go_to = _layout(toks, {**at, **order}, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     sources = frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p)))
+    # the words said outside a place's whole name ("bring it to the print washer": no print tongs)
+    spans = {i + k for p in places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
+             if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
+    loose = (whole - {w for i in spans for w in singular(toks[i])}) | {w for i, t in enumerate(toks) if i not in spans
+                                                                        for w in singular(t)}
+    stay = STAY.search(" ".join(toks))
+    if stay is not None and go_to is None and objs:
+        # "take the kit to box 3 and stay there with it": the robot ends where it last took a thing
+        before = len(tokens(" ".join(toks)[:stay.start()]))
+        there = [p for p in spots if at[p] < before and p not in sources]
+        go_to = tuple(there[-1:]) or None
     return TaskReading(
-        words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(whole, o.name, o.type)
+        words=frozenset(tw), mentioned=tuple(o.name for o in world.objects if mentions(loose, o.name, o.type)
                                              or o.name in ref or any(said(toks, alias_words(a)) is not None
                                                                      for a in o.aliases)),
         referred=tuple(objs), places=tuple(spots), paired=paired, go_to=go_to,
@@ -283,4 +306,5 @@ def read_task(task: str, world: World) -> TaskReading:
         supports=supports, under=frozenset(n for n in under if n not in moves),
         events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names),
         times=times_said(toks), length=(lengths(toks) or [None])[0],
-        every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks))
+        every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks),
+        openable=frozenset(o.name for o in world.objects if o.state is not None))

@@ -13,7 +13,7 @@ from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
 from .symbolic import states_by_object
-from .wording import ORDER_WORDS
+from .wording import ORDER_WORDS, name_words
 
 
 def _plain(v: float):
@@ -156,6 +156,13 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         return None
     x = things[0]
     place = world.place(x) is not None
+    if place and r.length is None and r.times == 1 and not r.referred:
+        # "battery's low, go and dock at the charging station": the going by the skill it names
+        # (a word of no place said: "scan the loading dock" docks nowhere)
+        named = set(r.words) - {w for p in r.places for w in name_words(p)}
+        going = _event_branches(Event("go", None, x, frozenset(named)), world, skills, set(), {}, lambda o: ())
+        if going:
+            return [{"anyOf": going}]
     if r.length is None and ("is", "inspected") in r.wanted and r.times <= MAX_TIMES:
         # "read the thermometer three times", "scan the germ lab - lidar and camera both": the
         # call that looks, repeated or with the option the words say

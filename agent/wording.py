@@ -30,7 +30,7 @@ CLOSE_PHRASE = re.compile(r"\b(?:push|shove|slide|tuck)(?:es|ed|s)?\s+(?:\w+\s+)
 # "lift the lid on the ultrasonic", "flip up the cover": a lid raised is open
 OPEN_PHRASE = re.compile(r"\b(?:lift|flip|prop)\w*\s+(?:up\s+)?(?:\w+\s+){0,2}?(?:lid|cover|hatch|flap)s?\b")
 HOLD_PHRASE = re.compile(r"\bin\s+(?:your|the|its|my|a)?\s*(?:hand|hands|gripper|grip)\b"
-                         r"|\b(?:hang|hold)\s+on\s+to\b|\bon\s+board\b|\bon\s+your\s+deck\b"
+                         r"|\b(?:hang|hold)\s+on(?:\s+|)to\b|\bon\s+board\b|\bon(?:to)?\s+your\s+deck\b"
                          # "keep it on you", "have the crate on you"
                          r"|\b(?:keep|carry|have)\s+(?:[\w']+\s+){0,3}?on\s+you\b")
 # Where a clause about something else begins ("... so I can photograph them", "before I
@@ -42,10 +42,13 @@ ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|y
                    r"|your|my|our|their|its)"
                    r"|before\s+(?:that|i|we|they|he|she|it|the|someone))\b"
                    # the speaker's own next step: ", I want to check the fluid level"
-                   r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)")
+                   r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)"
+                   # "; I'll grab the shade guide myself"
+                   r"|[,;]\s*(?:i|we)(?:'ll|\s+will|\s+can)\s+")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
-                         "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve"})
+                         "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve",
+                         "grab", "collect", "retrieve", "transfer", "shift", "ferry", "haul"})
 # "they'd like you there", "we need you in the yard": the robot is wanted at a place
 WANTED_THERE = re.compile(r"\b(?:like|want|need)s?\s+you\s+(?:there|at|in|on|by|over)\b")
 # Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"
@@ -268,14 +271,15 @@ def said(toks: list[str], phrase: list[str]) -> int | None:
 def noun_end(toks: list[str], cue: str, name: str, vocab: set[str], leads: frozenset) -> int | None:
     """Index where a word of ``name`` that is not its head is said as a whole noun: after one of
     ``leads`` (one word may sit between) and not followed by another word of a name or a
-    number that is not the name's ("the guitar with customs", "to consult 1"; not "the
-    guitar case", "consult 2")."""
+    number that is not the name's, or by an article ("the guitar with customs", "to consult 1";
+    not "the guitar case", "consult 2", "a look round the heap")."""
     own = set(name_words(name))
     for i, t in enumerate(toks):
         nxt = toks[i + 1] if i + 1 < len(toks) else None
         between = {w for x in toks[max(0, i - 1):i] if x not in leads for w in singular(x)}
         if (cue in singular(t) and (leads & set(toks[max(0, i - 2):i]) or opens(toks, i)) and not between & vocab
-                and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)))):
+                and not (nxt and (singular(nxt) & vocab - own or (nxt.isdigit() and nxt not in own)
+                                  or nxt in DETERMINERS))):       # "a look round the heap": no noun
             return i
     return None
 

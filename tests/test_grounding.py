@@ -184,7 +184,6 @@ CANNOT_WRITE = {
     "13-darkroom-cheesemonger-stables-foodbank": {
         "dk01": "pour after holding the bottle",
         "dk05": "a set by type alone",
-        "cm10": "open, wait, closed as events",
         "st07": "scanned place, then dock",
         "fb05": "scan, wait, scan again",
     },
