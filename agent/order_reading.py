@@ -60,6 +60,8 @@ _PUT = CARRY_VERBS | PUT_VERBS
 _HOLD = frozenset({"pick", "grab"})
 _TURN = frozenset({"turn", "rotate", "spin", "tip", "tilt", "pour"})
 _POUR = frozenset({"pour", "tip"})
+# "fill the mug from the jug": a pour whose source is said after "from"
+_FILL = frozenset({"fill", "refill"})
 _TOWARD = frozenset(w for (w,) in TOWARD_WORDS)
 # "into the blending flask", "over the pad": what a pour goes into
 _INTO = frozenset({"into", "over", "onto", "in", "on"})
@@ -102,7 +104,8 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
     times, turns = durations(toks), angles(toks)
     # "pour the ink into the cups" is a hold, then the pour; "go to the berth and wait there 45
     # seconds" waits after the going: an order with no word of one
-    poured = any(f in _POUR for w in toks for f in verb_forms(w))
+    forms = {f for w in toks for f in verb_forms(w)}
+    poured = bool(forms & _POUR) or bool(forms & _FILL and "from" in toks)
     if not (set(toks) & ORDER_WORDS or poured or ("there" in toks and times)):
         return ()
     out: list[list] = []           # [Event, twice, said before the clause it follows]
@@ -146,12 +149,17 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         # "open the drawer, hold it open five seconds": a state kept for a time is a wait in it
         kept = bool(secs and states and out and out[-1][0].kind == "state" and out[-1][0].value == states[-1]
                     and (said_objs or [it])[0] == out[-1][0].subject)
-        if secs and (cw & {"wait", "pause"} or kept or not (look or states or (put and said_objs) or (go and said_places))):
+        # "park at the site office for thirty seconds": there, then the wait
+        stays = go and bool(said_places) and not said_objs and not put
+        if secs and (cw & {"wait", "pause"} or kept or stays
+                     or not (look or states or (put and said_objs) or (go and said_places))):
             if said_places and not said_objs:          # "wait 45 seconds at the vault door": there first
                 out.append([Event("go", None, said_places[-1], frozenset(ct)), False, pre])
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
         into = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) in _INTO] if cw & _POUR else []
+        if cw & _FILL:
+            into = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) != "from"]
         source = next((n for n in said_objs if n not in into), None)
         if into and source:
             # "pour a splash of the alcohol into the blending flask (at thirty degrees)"
@@ -192,6 +200,12 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         if twice and secs and cw & {"apart", "between"}:     # "scan it twice 30 seconds apart"
             out += [[Event("wait", value=secs[0], words=frozenset(ct)), False, False], [ev, False, False]]
             out[-3][1] = False
+    # "pour the wax into the mould. Tip it to about 45 degrees": the angle is the pour's
+    for k in range(len(out) - 1, 0, -1):
+        e, f = out[k - 1][0], out[k][0]
+        if e.kind == f.kind == "turn" and e.value is None and f.subject is None and f.value is not None:
+            out[k - 1][0] = Event("turn", e.subject, f.value, e.words | f.words)
+            del out[k]
     # "before you move the neck, have a look at it": the look first
     for k in range(len(out) - 1):
         if out[k][2]:

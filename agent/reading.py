@@ -233,7 +233,12 @@ def read_task(task: str, world: World) -> TaskReading:
         return any(found(th.name, next((i for i in said_all(toks, alias_words(a)) if i not in skip), None))
                    for a in th.aliases)
 
-    ref = {o.name for o in world.objects if called(o, frozenset(covered)) or names(tw, o.name)}
+    # where each object's name or alias of two or more words is said: an alias said inside another
+    # object's whole name is not this one's ("the wick drawer" is no wick)
+    spans = {o.name: {i + k for ph in [name_words(o.name)] + [alias_words(a) for a in o.aliases] if len(ph) > 1
+                      for i in said_all(toks, ph) for k in range(len(ph))} for o in world.objects}
+    ref = {o.name for o in world.objects
+           if called(o, frozenset(covered).union(*(v for n, v in spans.items() if n != o.name))) or names(tw, o.name)}
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words | said_alias and as_noun(toks, c, others(heads[c]))}
     ref |= {n for c, n in mods.items() if n not in is_place and c in tw and c not in said_alias
             and found(n, noun_end(toks, c, n, vocab, DETERMINERS))}
@@ -278,9 +283,12 @@ def read_task(task: str, world: World) -> TaskReading:
     under = {n for ns in supports.values() for n in ns}
     order = {n: moves.get(n, at[n]) if n in under else at[n] for n in ref}
     objs, spots = sorted(ref, key=lambda n: (order[n], n)), sorted(places, key=lambda n: (at[n], n))
+    sources = frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p)))
+    every = set_said(task, toks, world, tuple(objs), tuple(spots), at, sources)
+    if every is not None:          # "both sets of clippers": the set, not the one named by its type
+        objs = [n for n in objs if n not in every.takes]
     # "go and dock": the verb is the robot's going as well as the place
     paired, go_to = _layout(toks, {**at, **order}, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
-    sources = frozenset(p for p in places if said_after(toks, p, SOURCE_WORDS, at_hit(p)))
     # the words said outside a place's whole name ("bring it to the print washer": no print tongs)
     spans = {i + k for p in places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
              if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
@@ -306,5 +314,5 @@ def read_task(task: str, world: World) -> TaskReading:
         supports=supports, under=frozenset(n for n in under if n not in moves),
         events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names),
         times=times_said(toks), length=(lengths(toks) or [None])[0],
-        every=set_said(task, toks, world, tuple(objs), tuple(spots), at, sources), toks=tuple(toks),
+        every=every, toks=tuple(toks),
         openable=frozenset(o.name for o in world.objects if o.state is not None))

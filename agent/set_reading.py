@@ -26,7 +26,8 @@ from .wording import DETERMINERS, SET_WORDS, name_words, singular, word_before
 # "both trays", "the lot": words of a set besides SET_WORDS
 SET_CUES = SET_WORDS | {"both"}
 THE_LOT = re.compile(r"\bthe\s+lot\b")
-CARRIABLE = re.compile(r"\b(?:can|could)\s+(?:\w+ly\s+)?(?:manage|carry|lift|handle|pick\s+up|take|move)\b|\bcarriable\b")
+CARRIABLE = re.compile(r"\b(?:can|could|able\s+to)\s+(?:\w+ly\s+)?(?:manage|carry|lift|handle|pick\s+up|take|move)\b"
+                       r"|\bcarriable\b")
 # "you can": a verb after its subject, never a thing
 SUBJECTS = frozenset({"you", "we", "i", "they", "he", "she", "it"})
 # "clear the service bench", "empty the crate": the place the verb takes is where the set rests
@@ -39,6 +40,7 @@ RESTS = frozenset({"on", "in", "at", "from", "off", "upon", "inside"})
 class SetSaid:
     selector: tuple          # ((key, value), ...) of goals.SELECTORS
     to: tuple                # the places the members go to; () when the words say none
+    takes: tuple = ()        # objects the reading referred to by the set's type word ("the clippers")
 
     def every(self) -> dict:
         return dict(self.selector)
@@ -68,24 +70,48 @@ def set_said(text: str, toks: list[str], world: World, referred: tuple, places: 
     """-> the set the task asks about, or None when its words say none. ``places``: the places it
     mentions in task order, ``at``: where each is said in ``toks``."""
     low = text.lower()
-    if referred or not _cue(toks, low):
+    if not _cue(toks, low):
         return None
     sel: dict = {}
     types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)})
+    # "both sets of clippers", "all the candles": a type that several things here have, said with a
+    # word of a set, is all of them, not the one thing whose name ends in it (its whole name unsaid)
+    kin = {t: [o.name for o in world.objects if o.type == t] for t in types}
+    takes = tuple(n for n in referred if any(n in ns and len(ns) > 1 for ns in kin.values())
+                  and not set(name_words(n)) <= {w for t in toks for w in singular(t)})
+    if len(takes) < len(referred):
+        return None
     if len(types) == 1:
         sel["type"] = types[0]
     homes = {o.at for o in world.objects if o.at}
+    kind_words = {w for t in types for w in name_words(t)}
     # "all the tools on the bench go to the boot room"; in "put all the tools on the pegboard" the
     # place after the set is where they go: a place after a set word rests them only when another
     # place follows it
     later = {p: any(at.get(q, -1) > at[p] for q in places if q != p) for p in places if p in at}
     rests = [p for p in places if p in homes and p in at and (
         p in sources or _after(toks, at[p], CLEAR_VERBS)
-        or (later[p] and _after(toks, at[p], RESTS) and set(toks[max(0, at[p] - 6):at[p]]) & SET_CUES))]
+        or (later[p] and _after(toks, at[p], RESTS) and set(toks[max(0, at[p] - 6):at[p]]) & SET_CUES)
+        # "the candles on the curing rack ... all of them": the type, then where they rest
+        or (later[p] and _after(toks, at[p], RESTS) and _rested(toks, at[p], kind_words)))]
+    # "I need the pouring bench clear. Everything on it goes ...": the place said before
+    on_it = [i for i in range(1, len(toks) - 1) if toks[i] in RESTS and toks[i + 1] in ("it", "them")
+             and set(toks[max(0, i - 3):i]) & SET_CUES]
+    if not rests and on_it:
+        rests = [p for p in places if p in homes and at.get(p, len(toks)) < on_it[0]][-1:]
     if len(rests) == 1:
         sel["at"] = rests[0]
     if not sel:
         return None
     if CARRIABLE.search(low):
         sel["carriable"] = True
-    return SetSaid(tuple(sorted(sel.items())), tuple(p for p in places if p not in rests))
+    return SetSaid(tuple(sorted(sel.items())), tuple(p for p in places if p not in rests), takes)
+
+
+def _rested(toks: list[str], i: int, kind_words: set[str]) -> bool:
+    """The word before the preposition before index ``i`` (past articles) is a word of the set's
+    type ("the candles on the curing rack")."""
+    j = i
+    while j > 0 and toks[j - 1] in DETERMINERS:
+        j -= 1
+    return j > 1 and toks[j - 1] in RESTS and bool(singular(toks[j - 2]) & kind_words)

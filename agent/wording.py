@@ -183,10 +183,10 @@ def first(toks: list[str], cue_words: list[str]) -> int:
 
 def as_noun(toks: list[str], cue: str, others: set[str] = frozenset()) -> bool:
     """Some occurrence of ``cue`` follows a determiner, with at most one word between, and
-    that word is no word of another name ("the red mug" with a red cup and a blue mug
-    refers to neither)."""
+    neither that word nor the next is a word of another name ("the red mug" with a red cup and
+    a blue mug refers to neither; "the wick drawer" is no wick spool)."""
     return any(cue in singular(t) and (DETERMINERS & set(toks[max(0, i - 2):i]) or opens(toks, i))
-               and not {w for x in toks[max(0, i - 2):i] for w in singular(x)} & others
+               and not {w for x in toks[max(0, i - 2):i + 2] if x != t for w in singular(x)} & others
                for i, t in enumerate(toks))
 
 

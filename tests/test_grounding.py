@@ -175,17 +175,26 @@ ASKED_SINCE = {
 # what the reading misses there is what the set measures (docs/goals.md, set 9).
 CANNOT_WRITE = {
     "11-bindery-honeyhouse-hangar-seedbank": {
-        "bd01": "the aside naming the three tools makes the grammar ask each one's place on its own; the one `every` is too short",
-        "bd08": "a pour from the pot (holding it, then the pour) as one `before`: the grammar wants two entries opening with an end state",
         "hh03": "a look asked \"before you move it\": the grammar's `before` holds only the frame's place, twice, no inspection",
         "hh04": "a pour from the bucket (holding it, then the pour) as one `before`: the grammar wants two entries opening with the jar's end state",
-        "hg02": "the covers named in an aside make the grammar ask each one's place on its own; the one `every` is too short",
     },
     "13-darkroom-cheesemonger-stables-foodbank": {
         "dk01": "pour after holding the bottle",
         "dk05": "a set by type alone",
         "st07": "scanned place, then dock",
         "fb05": "scan, wait, scan again",
+    },
+    "14-candlemaker-barbershop-sawmill-observatory": {
+        "sm02": "the type `ppe` said as \"safety gear\": the grammar asks for the set by where it rests",
+    },
+}
+
+# Things an infeasible task asks for whose every word is a word of its world, so that `missing`
+# cannot take them from the words no name has (the set keeps the task as said).
+UNNAMED = {
+    "14-candlemaker-barbershop-sawmill-observatory": {
+        "bs11": "\"a hot towel\": the hot water jug and the hot towel cabinet have both words",
+        "ob11": "\"the star projector\": \"star\" is a word of the star charts (`missing` may say \"projector\")",
     },
 }
 
@@ -357,7 +366,7 @@ def test_missing_names_a_thing_the_task_says_never_a_world_name():
         lacks = {t["id"]: t["asks"][0]["missing"] for t in doc.get("tasks", doc) if "asks" in t
                  and t.get("refuse") == "object"}
         for t in tasks:
-            if t.id in lacks:
+            if t.id in lacks and t.id not in UNNAMED.get(d.name, {}):
                 assert lacks[t.id] in read_task(t.task, worlds[t.world][0]).unknown, (d.name, t.id)
 
 

@@ -1,0 +1,127 @@
+"""Forms of a task the reading follows (agent/reading.py, order_reading.py, set_reading.py,
+task_leads.py), each on a small world of its own: an aside that goes on, a thing carried nowhere,
+"stay there", a going by the skill it names, a state kept for a time, a pour said from its
+source or over two sentences, a set said by a type several things have, a word that is part of
+another name."""
+from __future__ import annotations
+
+import pytest
+
+from agent.files import AGENT_DIR, load_skills, world_from_dict
+from agent.reading import read_task
+from agent.solver import complete
+from test_order_rule import _events
+from test_set_reading import _fits, _set
+
+
+def _world(objects, places, skills):
+    return world_from_dict({
+        "name": "t", "skills": str(AGENT_DIR / "skills" / f"{skills}.json"),
+        "objects": [{"position": [0.1, 0.0, 0.9], "mass_kg": 0.5, **o} for o in objects],
+        "places": [{"name": p, "position": [0.2, 0.1, 0.9], **({"aliases": a} if a else {})} for p, a in places],
+        "robot": {"workspace": {"min": [-1, -1, 0], "max": [1, 1, 2]}, "max_payload_kg": 3.0}})
+
+
+@pytest.fixture(scope="module")
+def bench():
+    w = _world([{"name": "oil_can", "type": "can", "at": "tool_shelf"},
+                {"name": "funnel_cup", "type": "cup", "at": "tool_shelf"},
+                {"name": "fuse_drawer", "type": "drawer", "state": "closed"},
+                {"name": "fuse_box", "type": "box", "at": "tool_shelf", "aliases": ["fuse"]},
+                {"name": "red_spanner", "type": "spanner", "at": "tool_shelf"},
+                {"name": "blue_spanner", "type": "spanner", "at": "parts_tray"},
+                {"name": "gauge_case", "type": "case", "at": "parts_tray"}],
+               [("tool_shelf", None), ("parts_tray", None), ("gauge_rack", None), ("wash_basin", ["basin"])],
+               "tabletop")
+    return w, load_skills(AGENT_DIR / "skills" / "tabletop.json")
+
+
+@pytest.fixture(scope="module")
+def yard():
+    w = _world([{"name": "cone_stack", "type": "cone", "at": "gate_hut"},
+                {"name": "spill_kit", "type": "kit", "at": "gate_hut"}],
+               [("gate_hut", None), ("weigh_bridge", None), ("loading_bay", None), ("yard_charger", ["charging point"])],
+               "mobile")
+    return w, load_skills(AGENT_DIR / "skills" / "mobile.json")
+
+
+def test_an_aside_that_goes_on_and_a_speakers_own_step(bench):
+    w, _ = bench
+    r = read_task("Open the fuse drawer, and while you're at it put the oil can on the gauge rack.", w)
+    assert r.referred == ("fuse_drawer", "oil_can") and r.destinations("oil_can") == ("gauge_rack",)
+    # "; I'll grab ... myself" is the speaker's step, not a thing the robot carries
+    r = read_task("Open the fuse drawer; I'll grab the torque wrench myself.", w)
+    assert not r.lacking and not r.only_missing and r.referred == ("fuse_drawer",)
+
+
+def test_a_thing_carried_nowhere_is_held(bench, yard):
+    w, s = bench
+    r = read_task("Grab the oil can from the tool shelf.", w)
+    assert r.verbs_for("oil_can") == {("holding", None)}
+    assert _fits("Grab the oil can from the tool shelf.", [{"holding": "oil_can"}], w, s)
+    assert not _fits("Grab the oil can from the tool shelf.", [{"object": "oil_can", "at": "tool_shelf"}], w, s)
+    # a thing that opens and shuts may be "popped" open; a place said is where it goes
+    assert read_task("Pop the fuse drawer for me.", w).verbs_for("fuse_drawer") != {("holding", None)}
+    assert read_task("Grab the oil can and put it on the gauge rack.", w).verbs_for("oil_can") == {("at", None)}
+    # "onto your deck", "hang onto it": the robot keeps it
+    w, _ = yard
+    assert read_task("Load the spill kit onto your deck and keep it there.", w).verbs_for("spill_kit") == {
+        ("holding", None)}
+
+
+def test_stay_there_and_a_going_by_the_skill_it_names(yard):
+    w, s = yard
+    r = read_task("Take the spill kit to the weigh bridge and stay there with it.", w)
+    assert r.go_to == ("weigh_bridge",)
+    task = "Battery's nearly flat, go and dock at the charging point."
+    assert _fits(task, [{"do": "dock", "args": {"station": "yard_charger"}}], w, s)
+    assert not _fits(task, [{"robot_at": "yard_charger"}], w, s)
+    assert _fits("Head over to the loading bay.", [{"robot_at": "loading_bay"}], w, s)
+    # there for a time, then on
+    assert _events("Park at the gate hut for thirty seconds, then come back to the charging point.", w) == [
+        "go to gate_hut", "wait 30", "go to yard_charger"]
+
+
+def test_a_state_kept_for_a_time_is_a_wait(bench):
+    w, s = bench
+    task = "Open the fuse drawer, hold it open five seconds, then shut it."
+    assert _events(task, w) == ["fuse_drawer open", "wait 5", "fuse_drawer closed"]
+    goal = [{"before": [{"object": "fuse_drawer", "is": "open"}, {"do": "wait", "args": {"duration": 5}},
+                        {"object": "fuse_drawer", "is": "closed"}]}, {"object": "fuse_drawer", "is": "closed"}]
+    assert _fits(task, goal, w, s)
+    assert complete({"plan_id": "p", "task": task, "goal": goal, "steps": []}, w, s) is not None
+
+
+def test_a_pour_from_its_source_and_over_two_sentences(bench):
+    w, s = bench
+    pour = ["hold oil_can", "turn 30 over funnel_cup"]
+    assert _events("The cup is empty. Pour from the oil can into the funnel cup at thirty degrees.", w) == pour
+    assert _events("Pour the oil can into the funnel cup. Tip it to about 30 degrees.", w) == pour
+    assert _events("Fill the funnel cup from the oil can, tilting it - thirty degrees will do.", w) == pour
+    goal = [{"before": [{"holding": "oil_can"}, {"do": "pour", "args": {"target": "funnel_cup", "angle": 30}}]}]
+    assert _fits("Fill the funnel cup from the oil can, tilting it - thirty degrees will do.", goal, w, s)
+
+
+def test_a_set_said_by_a_type_several_things_have(bench):
+    w, s = bench
+    # "both spanners": the type, though one spanner's name ends in it
+    assert _set("Put both spanners in the wash basin.", w) == ({"type": "spanner"}, ("wash_basin",))
+    assert read_task("Put both spanners in the wash basin.", w).referred == ()
+    # named whole, they are those things
+    assert _set("Put both the red spanner and the blue spanner in the wash basin.", w) is None
+    # the type, then where they rest; "everything on it" after the place
+    assert _set("The spanners on the tool shelf are dirty. Move all of them to the wash basin.", w) == (
+        {"at": "tool_shelf", "type": "spanner"}, ("wash_basin",))
+    assert _set("I need the parts tray clear. Everything on it goes onto the gauge rack.", w) == (
+        {"at": "parts_tray"}, ("gauge_rack",))
+    assert _set("Whatever you're able to lift off the parts tray, move it onto the gauge rack.", w) == (
+        {"at": "parts_tray", "carriable": True}, ("gauge_rack",))
+
+
+def test_a_word_inside_another_name_names_nothing_else(bench):
+    w, _ = bench
+    # "fuse" is the fuse box's alias, but "the fuse drawer" is the drawer
+    assert read_task("Open the fuse drawer.", w).referred == ("fuse_drawer",)
+    # "a look round the ..." is no round thing; a place's whole name lends no word to an object
+    r = read_task("Where's the blow torch got to? Bring it over to the wash basin.", w)
+    assert r.only_missing and "torch" in r.unknown
