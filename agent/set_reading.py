@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .amounts import _amount
 from .files import World
 from .wording import DETERMINERS, SET_WORDS, name_words, singular, word_before
 
@@ -50,6 +51,17 @@ def _cue(toks: list[str], text: str) -> bool:
     return bool(set(toks) & SET_CUES or THE_LOT.search(text))
 
 
+def _counted(toks: list[str], world: World, types: list[str]) -> bool:
+    """A type said in the plural right after the number of things of it here ("the two
+    spanners", "all 3 vials"): all of them."""
+    for t in types:
+        head, n = (name_words(t) or [""])[-1], sum(o.type == t for o in world.objects)
+        if n > 1 and any(head in singular(w) and w != head and _amount(toks, i - 1) == (float(n), i - 1)
+                         for i, w in enumerate(toks) if i):
+            return True
+    return False
+
+
 def _type_said(type_: str, toks: list[str]) -> bool:
     head = (name_words(type_) or [""])[-1]
     for i, t in enumerate(toks):
@@ -70,10 +82,10 @@ def set_said(text: str, toks: list[str], world: World, referred: tuple, places: 
     """-> the set the task asks about, or None when its words say none. ``places``: the places it
     mentions in task order, ``at``: where each is said in ``toks``."""
     low = text.lower()
-    if not _cue(toks, low):
+    types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)})
+    if not (_cue(toks, low) or _counted(toks, world, types)):
         return None
     sel: dict = {}
-    types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)})
     # "both sets of clippers", "all the candles": a type that several things here have, said with a
     # word of a set, is all of them, not the one thing whose name ends in it (its whole name unsaid)
     kin = {t: [o.name for o in world.objects if o.type == t] for t in types}

@@ -1,8 +1,8 @@
 """Forms of a task the reading follows (agent/reading.py, order_reading.py, set_reading.py,
 task_leads.py), each on a small world of its own: an aside that goes on, a thing carried nowhere,
 "stay there", a going by the skill it names, a state kept for a time, a pour said from its
-source or over two sentences, a set said by a type several things have, a word that is part of
-another name."""
+source or over two sentences, a set said by a type several things have (or by their number), a
+word that is part of another name."""
 from __future__ import annotations
 
 import pytest
@@ -107,6 +107,9 @@ def test_a_set_said_by_a_type_several_things_have(bench):
     # "both spanners": the type, though one spanner's name ends in it
     assert _set("Put both spanners in the wash basin.", w) == ({"type": "spanner"}, ("wash_basin",))
     assert read_task("Put both spanners in the wash basin.", w).referred == ()
+    # "the two spanners": as many as there are here
+    assert _set("Put the two spanners in the wash basin.", w) == ({"type": "spanner"}, ("wash_basin",))
+    assert _set("Put the three spanners in the wash basin.", w) is None
     # named whole, they are those things
     assert _set("Put both the red spanner and the blue spanner in the wash basin.", w) is None
     # the type, then where they rest; "everything on it" after the place
