@@ -23,11 +23,21 @@ def _amount(toks: list[str], j: int) -> tuple[float, int] | None:
     t = toks[j]
     if re.fullmatch(r"\d+", t):
         return float(t), j
+    if t == "hundred":                     # "a hundred", "two hundred"
+        k = _amount(toks, j - 1) if j > 0 and toks[j - 1] != "hundred" else None
+        return (100.0 * k[0], k[1]) if k is not None and k[0] < 10 else (100.0, j)
     if t in NUMBER_WORDS:
         # "forty five": tens then a unit word
         if j > 0 and toks[j - 1] in _TENS and 0 < NUMBER_WORDS[t] < 10:
-            return float(_TENS[toks[j - 1]] + NUMBER_WORDS[t]), j - 1
-        return float(NUMBER_WORDS[t]), j
+            v, j = float(_TENS[toks[j - 1]] + NUMBER_WORDS[t]), j - 1
+        else:
+            v = float(NUMBER_WORDS[t])
+        # "a hundred and eighty", "one hundred twenty"
+        k = j - 1 - (j > 1 and toks[j - 1] == "and")
+        if k >= 0 and toks[k] == "hundred":
+            h = _amount(toks, k)
+            return (h[0] + v, h[1]) if h is not None else (v, j)
+        return v, j
     if t in ("a", "an"):
         return (0.5, j - 1) if j > 0 and toks[j - 1] == "half" else (1.0, j)
     return None
@@ -92,8 +102,8 @@ def lengths(toks: list[str]) -> list[float]:
     return out
 
 
-# "three camera scans", "two more looks": a count of looks said as a plural noun
-_LOOKS_SAID = frozenset({"scans", "looks", "checks", "sweeps", "passes", "inspections", "goes"})
+# "three camera scans", "two more looks", "3 turns in total": a count said as a plural noun
+_LOOKS_SAID = frozenset({"scans", "looks", "checks", "sweeps", "passes", "inspections", "goes", "turns", "rotations"})
 
 
 def times_said(toks: list[str]) -> int:

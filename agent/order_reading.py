@@ -95,12 +95,13 @@ def _clauses(text: str, toks: list[str]) -> list[tuple[int, int]]:
 
 
 def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots: list[str],
-                   place_words: dict | None = None) -> tuple:
+                   place_words: dict | None = None, object_words: dict | None = None) -> tuple:
     """The things the task asks for, in order, when it orders them (TaskReading.events); ().
     ``objs``, ``spots``: the objects the task refers to and the places it names, less where
     things come from; ``at``: where each is said in ``toks``; ``place_words``: each place's words,
     its aliases' too (an object's word inside a place said in the clause is the place's: "the
-    first aid room" is no first aid bag)."""
+    first aid room" is no first aid bag); ``object_words``: each object's words, its aliases' too
+    ("then the pot goes in the slop bowl": the clay teapot, also called the clay pot)."""
     times, turns = durations(toks), angles(toks)
     # "pour the ink into the cups" is a hold, then the pour; "go to the berth and wait there 45
     # seconds" waits after the going: an order with no word of one
@@ -110,12 +111,13 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         return ()
     out: list[list] = []           # [Event, twice, said before the clause it follows]
     in_place_names: set[str] = set()  # objects said only by words of a place's name
+    stuff: set[str] = set()           # objects said only as what a pour pours
     last: dict[str, str | None] = {"thing": None, "place": None}
     for a, b in _clauses(text, toks):
         ct = toks[a:b]
         said_places = [p for p in spots if a <= at[p] < b]
         pw = {w for p in said_places for w in (place_words or {}).get(p, name_words(p))}
-        named_here = {n: set(name_words(n)) & set(ct) for n in objs}
+        named_here = {n: set((object_words or {}).get(n, name_words(n))) & set(ct) for n in objs}
         inside = {n for n, ws in named_here.items() if ws and ws <= pw and any(at[p] <= at[n] < at[p] + 3
                                                                                  for p in said_places)}
         in_place_names |= {n for n in inside if a <= at[n] < b}
@@ -158,10 +160,18 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
             out.append([Event("wait", value=secs[0], words=frozenset(ct)), False, pre])
             continue
         into = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) in _INTO] if cw & _POUR else []
+        fro = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) == "from"]
         if cw & _FILL:
-            into = [n for n in said_objs if _word_before(toks, here.get(n, at[n])) != "from"]
-        source = next((n for n in said_objs if n not in into), None)
-        if into and source:
+            into = [n for n in said_objs if n not in fro]
+        # "pour the tea from the clay pot into the pitcher": what is poured is no thing to hold
+        source = (fro or [n for n in said_objs if n not in into] or [None])[0]
+        if into and fro:
+            stuff |= {n for n in said_objs if n not in into and n not in fro}
+        held = out[-1][0].subject if out and out[-1][0].kind == "hold" else None
+        if into and not source and held:
+            # "pick up the kettle and pour a splash into the teapot": the pour of what is held
+            ev = Event("turn", into[0], degs[0] if degs else None, frozenset(ct))
+        elif into and source:
             # "pour a splash of the alcohol into the blending flask (at thirty degrees)"
             out.append([Event("hold", source, None, frozenset(ct)), False, pre])
             last["thing"] = source
@@ -223,6 +233,6 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         return ()
     # every thing and place the task speaks of is in the order, or the reading missed a part of it
     named = {e.subject for e in events} | {e.value for e in events if e.kind in ("at", "go")}
-    if not (set(objs) - in_place_names) | set(spots) <= named:
+    if not (set(objs) - in_place_names - stuff) | set(spots) <= named:
         return ()
     return tuple(events)

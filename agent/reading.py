@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .amounts import lengths, times_said
+from .amounts import angles, durations, lengths, times_said
 from .files import World, alias_words
 from .order_reading import ordered_events
 from .set_reading import SetSaid, set_said
@@ -94,6 +94,8 @@ class TaskReading:
             return False
         if self.events:                    # an order read whole names only this world's things
             return False
+        if not self.carry and (angles(list(self.toks)) or durations(list(self.toks))):
+            return False                   # "turn 45 degrees", "hold still for 20 seconds": a call on nothing
         return not self.mentioned and (self.carry or not (self.move or self.toward or inspect))
 
     @property
@@ -168,8 +170,18 @@ def _layout(toks: list[str], at: dict, objs: list[str], spots: list[str], taken:
 # the robot stays where it took a thing ("stay there with it", "remain by them")
 STAY = re.compile(r"\b(?:stay|remain)\s+(?:there|put|with\s+(?:it|them)|by\s+(?:it|them)|beside\s+(?:it|them))\b")
 # "when you're done, dock at the charger", "once that's done": the next step, not an aside
-DONE = re.compile(r"(?:,\s*)?\b(?:when|once|after)\s+(?:you(?:'re|\s+are|'ve|\s+have)?|that(?:'s|\s+is)?|it(?:'s|\s+is))\s+"
-                  r"(?:done|finished|through)\b\s*,?", re.I)
+# "when they're down", "once it's open": the last thing is in its state, and the next step follows
+DONE = re.compile(r"(?:,\s*)?\b(?:when|once|after)\s+(?:(?:you(?:'re|\s+are|'ve|\s+have)?|that(?:'s|\s+is)?|it(?:'s|\s+is))"
+                  r"\s+(?:done|finished|through)|(?:that|it)(?:'s|\s+is)\s+(?:down|in|there|set|placed|away|open|closed|shut)"
+                  r"|they(?:'re|\s+are)\s+(?:done|finished|through|down|in|there|set|placed|away|open|closed|shut))\b\s*,?",
+                  re.I)
+# "carry on to the pear trees", "stop by the tool shed": the robot goes there; "hold still for 20
+# seconds": it waits
+GOING = re.compile(r"\b(?:(?:carry|move|press)\s+on\s+(?=to\b|towards?\b)|(?:stop|swing|pop|drop|call)\s+(?:by|in\s+at)\b)",
+                   re.I)
+STILL = re.compile(r"\b(?:hold|keep|stay|stand|sit)\s+(?:still|tight)\b", re.I)
+# "pass me the Dremel": a thing brought ("one pass never catches it" passes nothing)
+HAND_ME = re.compile(r"\b(?:pass|hand)\s+(?=(?:me|us)\b)", re.I)
 # "and while you're at it, ...", "while you're there": the request goes on with a next thing
 ALSO = re.compile(r",?\s*(?:and\s+)?while\s+you(?:'re|\s+are)\s+(?:at\s+it|there|about\s+it)\b\s*,?", re.I)
 # after an aside's comma, the request goes on when the next words order a next thing ("leave it
@@ -197,7 +209,7 @@ def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
     whole = words(task)
-    task = _main_clauses(ALSO.sub(", and ", DONE.sub(", then ", task)))
+    task = _main_clauses(ALSO.sub(", and ", DONE.sub(", then ", STILL.sub("wait", GOING.sub("go to ", HAND_ME.sub("bring ", task))))))
     toks, tw = tokens(task), words(task)
     known = known_words(world)
     things = world.objects + world.places
@@ -208,7 +220,9 @@ def read_task(task: str, world: World) -> TaskReading:
     # each place's words, its aliases' too
     place_names = {p.name: set(name_words(p.name)) | {w for a in p.aliases for w in alias_words(a)} for p in world.places}
     said_alias = {toks[i] for i in covered}
-    vocab = {t for th in things for t in content_words(th.name)}
+    # the words of names and aliases ("the tea tins": "tea" is no noun before an alias's "tin")
+    vocab = {t for th in things for t in content_words(th.name)} | {
+        t for th in things for a in th.aliases for t in alias_words(a) if len(t) >= 3}
     heads = unique_cues({o.name: head_words(o.name) | set(name_words(o.type or "")) for o in world.objects})
     pcues = unique_cues({p.name: head_words(p.name) for p in world.places})
     # words only one thing's name has, types included: a non-head one may still stand for it
@@ -294,6 +308,13 @@ def read_task(task: str, world: World) -> TaskReading:
              if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
     loose = (whole - {w for i in spans for w in singular(toks[i])}) | {w for i, t in enumerate(toks) if i not in spans
                                                                         for w in singular(t)}
+    events = ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names,
+                            {o.name: set(name_words(o.name)) | {w for a in o.aliases for w in alias_words(a)}
+                             for o in world.objects})
+    if events:
+        # an order read whole holds every thing the task asks about; one it left out was said as
+        # what a pour pours ("pour the tea from the clay pot ...") or inside a place's name
+        objs = [n for n in objs if n in {e.subject for e in events}]
     stay = STAY.search(" ".join(toks))
     if stay is not None and go_to is None and objs:
         # "take the kit to box 3 and stay there with it": the robot ends where it last took a thing
@@ -312,7 +333,7 @@ def read_task(task: str, world: World) -> TaskReading:
         home={o.name: o.at for o in world.objects if o.at}, unknown=unknown_words(toks, known),
         lacking=lacking_words(toks, known), sets=bool(tw & SET_WORDS),
         supports=supports, under=frozenset(n for n in under if n not in moves),
-        events=ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names),
+        events=events,
         times=times_said(toks), length=(lengths(toks) or [None])[0],
         every=every, toks=tuple(toks),
         openable=frozenset(o.name for o in world.objects if o.state is not None))

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from .amounts import _amount
-from .files import World
+from .files import World, alias_words
 from .wording import DETERMINERS, SET_WORDS, name_words, singular, word_before
 
 # "both trays", "the lot": words of a set besides SET_WORDS
@@ -49,6 +49,19 @@ class SetSaid:
 
 def _cue(toks: list[str], text: str) -> bool:
     return bool(set(toks) & SET_CUES or THE_LOT.search(text))
+
+
+def _alias_kind(toks: list[str], world: World) -> set[str]:
+    """Types said by a word that ends the aliases of every thing of that type, in the plural
+    ("both tea tins": the sencha tin and the oolong tin are the caddies)."""
+    out = set()
+    kinds = {o.type for o in world.objects if o.type}
+    for t in kinds:
+        members = [o for o in world.objects if o.type == t]
+        ends = set.intersection(*({alias_words(a)[-1] for a in o.aliases if alias_words(a)} for o in members))
+        if len(members) > 1 and any(e in singular(w) and w != e for e in ends for w in toks):
+            out.add(t)
+    return out
 
 
 def _counted(toks: list[str], world: World, types: list[str]) -> bool:
@@ -82,7 +95,7 @@ def set_said(text: str, toks: list[str], world: World, referred: tuple, places: 
     """-> the set the task asks about, or None when its words say none. ``places``: the places it
     mentions in task order, ``at``: where each is said in ``toks``."""
     low = text.lower()
-    types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)})
+    types = sorted({o.type for o in world.objects if o.type and _type_said(o.type, toks)} | _alias_kind(toks, world))
     if not (_cue(toks, low) or _counted(toks, world, types)):
         return None
     sel: dict = {}

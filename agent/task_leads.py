@@ -5,15 +5,15 @@ thermometer three times", "slide the bowl 3 cm to the right twice") and a set of
 (set_reading.py: "everything on the wheel onto the wedging bench")."""
 from __future__ import annotations
 
-from .amounts import durations, lengths
+from .amounts import angles, durations, lengths
 from .arg_schemas import _enum, _shape, allows, arg_schema
-from .files import SkillSet, World
+from .files import SkillSet, World, alias_words
 from .goals import MAX_TIMES
 from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
 from .symbolic import states_by_object
-from .wording import ORDER_WORDS, name_words
+from .wording import ORDER_WORDS, name_words, said_all
 
 
 def _plain(v: float):
@@ -151,6 +151,20 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
     model otherwise writes where the thing already is."""
     if r.events:
         return None
+    turned = angles(list(r.toks))
+    if turned and not r.referred and not r.places and r.length is None and r.times <= MAX_TIMES:
+        # "turn 45 degrees, ... 3 turns in total": the one call that turns by an angle, repeated
+        turn = _turn_branches(Event("turn", None, turned[0][1], r.words), world, skills)
+        if turn:
+            props = turn[0]["properties"]
+            return [{"anyOf": [_shape({**props, "times": {"const": r.times}}) if r.times > 1 else turn[0]]}]
+    waits = durations(list(r.toks))
+    if waits and not turned and not r.referred and not r.places and r.length is None and r.times <= MAX_TIMES:
+        # "just hold still for 20 seconds": the wait alone
+        wait = _event_branches(Event("wait", value=waits[0][1], words=r.words), world, skills, set(), {}, lambda o: ())
+        if len(wait) == 1:
+            props = wait[0]["properties"]
+            return [{"anyOf": [_shape({**props, "times": {"const": r.times}}) if r.times > 1 else wait[0]]}]
     things = list(r.referred) or list(r.about_places)
     if len(things) != 1:
         return None
@@ -159,7 +173,10 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
     if place and r.length is None and r.times == 1 and not r.referred:
         # "battery's low, go and dock at the charging station": the going by the skill it names
         # (a word of no place said: "scan the loading dock" docks nowhere)
-        named = set(r.words) - {w for p in r.places for w in name_words(p)}
+        toks = list(r.toks)
+        inside = {i + k for p in r.places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
+                  for i in said_all(toks, ph) for k in range(len(ph))}
+        named = {t for i, t in enumerate(toks) if i not in inside}
         going = _event_branches(Event("go", None, x, frozenset(named)), world, skills, set(), {}, lambda o: ())
         if going:
             return [{"anyOf": going}]

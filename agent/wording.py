@@ -43,8 +43,11 @@ ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|y
                    r"|before\s+(?:that|i|we|they|he|she|it|the|someone))\b"
                    # the speaker's own next step: ", I want to check the fluid level"
                    r"|[,;]\s*(?:i|we)(?:\s+(?:want|need|have)|'m\s+going|\s+am\s+going|'re\s+going)\s+to\s+(?!you\b)"
-                   # "; I'll grab the shade guide myself"
-                   r"|[,;]\s*(?:i|we)(?:'ll|\s+will|\s+can)\s+")
+                   # "; I'll grab the shade guide myself", "; I'm starting on the ammonite after lunch"
+                   r"|[,;]\s*(?:i|we)(?:'ll|\s+will|\s+can)\s+"
+                   r"|[,;]\s*(?:i|we)(?:'m|\s+am|'re|\s+are)\s+\w+ing\b"
+                   # ", the lane's resetting", ", it's still drying": a reason, said of something else
+                   r"|[,;]\s*(?:the\s+\w+|it|they)(?:'s|\s+is|'re|\s+are)\s+(?:still\s+)?\w+ing\b")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
                          "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve",
@@ -110,7 +113,8 @@ def tokens(text: str) -> list[str]:
 
 
 def verb_forms(t: str) -> set[str]:
-    """The word and the verbs it may be a form of: "dropped" drop, "placed" place, "shutting" shut."""
+    """The word and the verbs it may be a form of: "dropped" drop, "placed" place, "shutting" shut,
+    "goes" go."""
     out = {t}
     for end in ("ed", "ing"):
         if t.endswith(end) and len(t) > len(end) + 2:
@@ -118,6 +122,10 @@ def verb_forms(t: str) -> set[str]:
             out |= {stem, stem + "e"}
             if len(stem) > 2 and stem[-1] == stem[-2]:        # dropped, shutting
                 out.add(stem[:-1])
+    if t.endswith("es") and len(t) > 3:                       # goes, pushes
+        out |= {t[:-2], t[:-1]}
+    elif t.endswith("s") and not t.endswith(("ss", "us", "is")) and len(t) > 3:     # opens, puts
+        out.add(t[:-1])
     return out
 
 
