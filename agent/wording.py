@@ -47,7 +47,7 @@ ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|y
                    r"|[,;]\s*(?:i|we)(?:'ll|\s+will|\s+can)\s+"
                    r"|[,;]\s*(?:i|we)(?:'m|\s+am|'re|\s+are)\s+\w+ing\b"
                    # ", the lane's resetting", ", it's still drying": a reason, said of something else
-                   r"|[,;]\s*(?:the\s+\w+|it|they)(?:'s|\s+is|'re|\s+are)\s+(?:still\s+)?\w+ing\b")
+                   r"|[,;]\s*(?:the(?:\s+\w+){1,3}?|it|they)(?:'s|\s+is|'re|\s+are)\s+(?:still\s+|being\s+)?\w+(?:ing|ed)\b")
 # Words that ask for a thing to be moved.
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
                          "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve",

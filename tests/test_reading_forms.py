@@ -1,15 +1,19 @@
 """Forms of a task the reading follows (agent/reading.py, order_reading.py, set_reading.py,
 task_leads.py), each on a small world of its own: an aside that goes on, a thing carried nowhere,
 "stay there", a going by the skill it names, a state kept for a time, a pour said from its
-source or over two sentences, a set said by a type several things have (or by their number), a
-word that is part of another name."""
+source or over two sentences, of what is held, or from a named source with what it pours said
+too, a set said by a type several things have (by their number, or by the last word of their
+aliases), a word that is part of another name, a turn or a wait alone, phrasal goings and
+waits, asides of the speaker's or of a reason.""" 
 from __future__ import annotations
 
 import pytest
 
+from agent.amounts import angles
 from agent.files import AGENT_DIR, load_skills, world_from_dict
 from agent.reading import read_task
 from agent.solver import complete
+from agent.wording import tokens
 from test_order_rule import _events
 from test_set_reading import _fits, _set
 
@@ -128,3 +132,55 @@ def test_a_word_inside_another_name_names_nothing_else(bench):
     # "a look round the ..." is no round thing; a place's whole name lends no word to an object
     r = read_task("Where's the blow torch got to? Bring it over to the wash basin.", w)
     assert r.only_missing and "torch" in r.unknown
+
+
+@pytest.fixture(scope="module")
+def tea():
+    w = _world([{"name": "iron_kettle", "type": "kettle", "at": "brew_board"},
+                {"name": "clay_teapot", "type": "teapot", "at": "brew_board", "aliases": ["clay pot"]},
+                {"name": "serving_jug", "type": "jug", "at": "brew_board"},
+                {"name": "tea_spoon", "type": "spoon", "at": "brew_board"},
+                {"name": "green_caddy", "type": "caddy", "at": "back_shelf", "aliases": ["green tin"]},
+                {"name": "black_caddy", "type": "caddy", "at": "back_shelf", "aliases": ["black tin"]}],
+               [("brew_board", None), ("back_shelf", None), ("guest_counter", None), ("rinse_bowl", None)], "tabletop")
+    return w, load_skills(AGENT_DIR / "skills" / "tabletop.json")
+
+
+def test_a_pour_of_what_is_held_and_from_a_named_source(tea):
+    w, s = tea
+    assert _events("Pick up the iron kettle and pour a splash into the clay teapot, tilting it about 45 degrees.", w) == [
+        "hold iron_kettle", "turn 45 over clay_teapot"]
+    # "the tea" is what is poured, not the tea spoon; "the pot" is the clay teapot by its alias
+    task = "Pour the tea from the clay pot into the serving jug, and after that the pot goes in the rinse bowl."
+    assert _events(task, w) == ["hold clay_teapot", "turn over serving_jug", "clay_teapot at rinse_bowl"]
+    assert "tea_spoon" not in read_task(task, w).referred
+    assert angles(tokens("a hundred and eighty degrees")) == [(0, 180.0)]
+
+
+def test_a_set_by_the_last_word_of_its_aliases(tea):
+    w, _ = tea
+    assert _set("Both tea tins need to come out to the guest counter.", w) == ({"type": "caddy"}, ("guest_counter",))
+
+
+def test_a_turn_or_a_wait_alone_is_its_call(yard):
+    w, s = yard
+    assert _fits("Turn 45 degrees. Then again, and once more: 3 turns in total.",
+                 [{"do": "rotate", "args": {"angle": 45}, "times": 3}], w, s)
+    assert not _fits("Turn 45 degrees. Then again, and once more: 3 turns in total.",
+                     [{"do": "rotate", "args": {"angle": 45}}], w, s)
+    task = "Just hold still for 20 seconds, the gate hut's being locked."
+    assert _fits(task, [{"do": "wait", "args": {"duration": 20}}], w, s)
+    assert not _fits(task, [{"robot_at": "gate_hut"}], w, s)
+
+
+def test_goings_waits_and_asides_said_in_phrases(yard, bench):
+    w, _ = yard
+    assert _events("Stop by the gate hut first, then carry on to the weigh bridge.", w) == [
+        "go to gate_hut", "go to weigh_bridge"]
+    assert _events("Take the spill kit out to the weigh bridge. When it's down, wait thirty seconds.", w) == [
+        "spill_kit at weigh_bridge", "wait 30"]
+    w, _ = bench
+    r = read_task("Pass me the blow torch, I need to strip this paint.", w)
+    assert r.lacking and r.only_missing
+    assert read_task("Put the oil can on the gauge rack; I'm starting on the spanners after lunch.", w).referred == (
+        "oil_can",)
