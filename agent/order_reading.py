@@ -181,7 +181,8 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
             over = (said_objs or said_places or [None])[-1]
             ev = Event("turn", over, degs[0], frozenset(ct))
         elif look:
-            subject = (said_objs or said_places or [it or there])[0]
+            # "have a look inside with the camera": the last thing
+            subject = (said_objs or said_places or [it or there or last["thing"]])[0]
             ev = Event("look", subject, None, frozenset(ct)) if subject else None
         elif states:
             subject = (said_objs or [it if it in objs else None])[0]
@@ -210,10 +211,11 @@ def ordered_events(text: str, toks: list[str], at: dict, objs: list[str], spots:
         if twice and secs and cw & {"apart", "between"}:     # "scan it twice 30 seconds apart"
             out += [[Event("wait", value=secs[0], words=frozenset(ct)), False, False], [ev, False, False]]
             out[-3][1] = False
-    # "pour the wax into the mould. Tip it to about 45 degrees": the angle is the pour's
+    # "pour the wax into the mould. Tip it (the jug) to about 45 degrees": the angle is the pour's
     for k in range(len(out) - 1, 0, -1):
         e, f = out[k - 1][0], out[k][0]
-        if e.kind == f.kind == "turn" and e.value is None and f.subject is None and f.value is not None:
+        held = out[k - 2][0].subject if k > 1 and out[k - 2][0].kind == "hold" else None
+        if e.kind == f.kind == "turn" and e.value is None and f.subject in (None, held) and f.value is not None:
             out[k - 1][0] = Event("turn", e.subject, f.value, e.words | f.words)
             del out[k]
     # "before you move the neck, have a look at it": the look first

@@ -175,10 +175,10 @@ DONE = re.compile(r"(?:,\s*)?\b(?:when|once|after)\s+(?:(?:you(?:'re|\s+are|'ve|
                   r"\s+(?:done|finished|through)|(?:that|it)(?:'s|\s+is)\s+(?:down|in|there|set|placed|away|open|closed|shut)"
                   r"|they(?:'re|\s+are)\s+(?:done|finished|through|down|in|there|set|placed|away|open|closed|shut))\b\s*,?",
                   re.I)
-# "carry on to the pear trees", "stop by the tool shed": the robot goes there; "hold still for 20
+# "carry on to the pear trees", "stop by the tool shed", "pop over to": the robot goes there; "hold still for 20
 # seconds": it waits
-GOING = re.compile(r"\b(?:(?:carry|move|press)\s+on\s+(?=to\b|towards?\b)|(?:stop|swing|pop|drop|call)\s+(?:by|in\s+at)\b)",
-                   re.I)
+GOING = re.compile(r"\b(?:(?:carry|move|press)\s+on\s+(?=to\b|towards?\b)|(?:stop|swing|pop|drop|call)\s+(?:by|in\s+at)\b"
+                   r"|(?:pop|nip|hop)\s+(?:over|across|round|down|up)\s+(?=to\b))", re.I)
 STILL = re.compile(r"\b(?:hold|keep|stay|stand|sit)\s+(?:still|tight)\b", re.I)
 # "pass me the Dremel": a thing brought ("one pass never catches it" passes nothing)
 HAND_ME = re.compile(r"\b(?:pass|hand)\s+(?=(?:me|us)\b)", re.I)

@@ -51,6 +51,12 @@ def _cue(toks: list[str], text: str) -> bool:
     return bool(set(toks) & SET_CUES or THE_LOT.search(text))
 
 
+def _plural_after_cue(toks: list[str], name: str) -> bool:
+    """The name's last word said in the plural just after a word of a set ("both brick moulds")."""
+    head = (name_words(name) or [""])[-1]
+    return any(head in singular(t) and t != head and set(toks[max(0, i - 3):i]) & SET_CUES for i, t in enumerate(toks))
+
+
 def _alias_kind(toks: list[str], world: World) -> set[str]:
     """Types said by a word that ends the aliases of every thing of that type, in the plural
     ("both tea tins": the sencha tin and the oolong tin are the caddies)."""
@@ -103,7 +109,7 @@ def set_said(text: str, toks: list[str], world: World, referred: tuple, places: 
     # word of a set, is all of them, not the one thing whose name ends in it (its whole name unsaid)
     kin = {t: [o.name for o in world.objects if o.type == t] for t in types}
     takes = tuple(n for n in referred if any(n in ns and len(ns) > 1 for ns in kin.values())
-                  and not set(name_words(n)) <= {w for t in toks for w in singular(t)})
+                  and (not set(name_words(n)) <= {w for t in toks for w in singular(t)} or _plural_after_cue(toks, n)))
     if len(takes) < len(referred):
         return None
     if len(types) == 1:

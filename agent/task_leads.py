@@ -13,7 +13,7 @@ from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
 from .symbolic import states_by_object
-from .wording import ORDER_WORDS, name_words, said_all
+from .wording import ORDER_WORDS, agent_nouns, name_words, said_all
 
 
 def _plain(v: float):
@@ -55,13 +55,21 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
     if e.kind == "turn":
         return _turn_branches(e, world, skills)
     if e.kind == "go" and e.value:
-        # "then dock back on your charger": the going by the skill the clause names
+        # "then dock back on your charger": the going by the skill the clause names; "then go and
+        # charge" (the verb the charger is named for): that skill, or the robot there
+        place = world.place(e.value)
+        does = agent_nouns({w for a in place.aliases for w in alias_words(a)} | set(name_words(e.value))) if place else set()
         for s in skills.skills:
             arg = next((a for c in s.effects if c.kind == "robot_at" for a in s.args if c.value == f"${a.name}"), None)
-            if arg is not None and s.name in e.words and len(s.args) == 1 and allows(arg, world, e.value):
-                return [_shape({"do": {"const": s.name}, "args": _shape({arg.name: {"const": e.value}})})]
+            if arg is None or len(s.args) != 1 or not allows(arg, world, e.value):
+                continue
+            call = _shape({"do": {"const": s.name}, "args": _shape({arg.name: {"const": e.value}})})
+            if s.name in e.words:
+                return [call]
+            if does & e.words:
+                out.append(call)
     cond = _event_condition(e, kinds, states, where)
-    return [cond] if cond else []
+    return out + [cond] if cond else out
 
 
 def _option_said(arg, said_words) -> str | None:
@@ -135,7 +143,7 @@ def _order_lead(r: TaskReading, world: World, skills: SkillSet, kinds: set[str],
             ends.pop(key, None)      # its last state, where that is said
             # an end state the order's own call makes true, or the hold a pour keeps, may be left out
             ends[key] = (_event_condition(e, kinds, states, where),
-                         e.kind == "hold" or still[k] or all("do" in x["properties"] for x in b))
+                         e.kind == "hold" or still[k] or any("do" in x["properties"] for x in b))
     if not all(c for c, _ in ends.values()):
         return None
     required = [c for c, by_call in ends.values() if not by_call]
@@ -175,7 +183,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         # (a word of no place said: "scan the loading dock" docks nowhere)
         toks = list(r.toks)
         inside = {i + k for p in r.places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
-                  for i in said_all(toks, ph) for k in range(len(ph))}
+                  if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
         named = {t for i, t in enumerate(toks) if i not in inside}
         going = _event_branches(Event("go", None, x, frozenset(named)), world, skills, set(), {}, lambda o: ())
         if going:

@@ -46,6 +46,7 @@ ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|y
                    # "; I'll grab the shade guide myself", "; I'm starting on the ammonite after lunch"
                    r"|[,;]\s*(?:i|we)(?:'ll|\s+will|\s+can)\s+"
                    r"|[,;]\s*(?:i|we)(?:'m|\s+am|'re|\s+are)\s+\w+ing\b"
+                   r"|[,;]\s*(?:i|we)\s+(?:need|want)\s+(?:it|them|this|that|these|those)\b"
                    # ", the lane's resetting", ", it's still drying": a reason, said of something else
                    r"|[,;]\s*(?:the(?:\s+\w+){1,3}?|it|they)(?:'s|\s+is|'re|\s+are)\s+(?:still\s+|being\s+)?\w+(?:ing|ed)\b")
 # Words that ask for a thing to be moved.
@@ -261,10 +262,11 @@ def known_words(world: World) -> set[str]:
 
 
 def unknown_words(toks: list[str], known: set[str]) -> tuple:
-    """TaskReading.unknown: words (and adjacent pairs) no name, type or verb of this world."""
+    """TaskReading.unknown: words (and runs of two or three) no name, type or verb of this world."""
     odd = [t if len(t) >= 3 and not t.isdigit() and not singular(t) & known else None for t in toks]
     pairs = [x for i, t in enumerate(odd) if t
-             for x in ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
+             for x in ([f"{t}_{odd[i + 1]}_{odd[i + 2]}"] if i + 2 < len(odd) and odd[i + 1] and odd[i + 2] else [])
+             + ([f"{t}_{odd[i + 1]}"] if i + 1 < len(odd) and odd[i + 1] else []) + [t]]
     return tuple(dict.fromkeys(pairs))
 
 

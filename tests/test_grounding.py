@@ -179,13 +179,18 @@ CANNOT_WRITE = {
         "hh04": "a pour from the bucket (holding it, then the pour) as one `before`: the grammar wants two entries opening with the jar's end state",
     },
     "13-darkroom-cheesemonger-stables-foodbank": {
-        "dk01": "pour after holding the bottle",
         "dk05": "a set by type alone",
         "st07": "scanned place, then dock",
         "fb05": "scan, wait, scan again",
     },
     "14-candlemaker-barbershop-sawmill-observatory": {
         "sm02": "the type `ppe` said as \"safety gear\": the grammar asks for the set by where it rests",
+    },
+    "16-locksmith-tailor-brickyard-campsite": {
+        "lk04": "a pour said as \"top up ... with degreaser: pour it in from the bottle\": no order is read",
+        "lk05": "\"a pin is sticking in that lock\" read as the lock put somewhere, so the order opens with it",
+        "lk09": "\"the strongbox is in front of the pin drawer\" names the drawer, so no push of the one thing is read",
+        "tr05": "the look in the order is written as the `inspect` call (the same plan), the answer as the drawer inspected",
     },
     "15-teahouse-fossillab-orchard-bowlingalley": {
         "fp05": "a pour said as \"squirt some over the nodule\", its angle as \"tip the bottle\": no order is read",

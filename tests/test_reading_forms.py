@@ -184,3 +184,30 @@ def test_goings_waits_and_asides_said_in_phrases(yard, bench):
     assert r.lacking and r.only_missing
     assert read_task("Put the oil can on the gauge rack; I'm starting on the spanners after lunch.", w).referred == (
         "oil_can",)
+
+
+def test_round_eight_forms(yard, bench, tea):
+    w, s = yard
+    # "go and charge" at the place named for charging: the docking call, or the robot there
+    task = "Drop the spill kit off at the weigh bridge, then go and charge."
+    for last in ({"do": "dock", "args": {"station": "yard_charger"}}, {"robot_at": "yard_charger"}):
+        assert _fits(task, [{"before": [{"object": "spill_kit", "at": "weigh_bridge"}, last]},
+                            {"object": "spill_kit", "at": "weigh_bridge"}], w, s)
+    assert _events("Pop over to the gate hut and wait there for 45 seconds while I check the boiler.", w) == [
+        "go to gate_hut", "wait 45"]
+    # a look with no thing said is about the last thing
+    w, _ = bench
+    assert _events("Open the fuse drawer, have a look inside with the camera, and shut it again.", w) == [
+        "fuse_drawer open", "look at fuse_drawer", "fuse_drawer closed"]
+    # the angle said of the held jug is the pour's
+    w, _ = tea
+    assert _events("Fill up the clay teapot from the iron kettle; tip the kettle to about 45 degrees.", w) == [
+        "hold iron_kettle", "turn 45 over clay_teapot"]
+    # "both brick moulds": a whole name in the plural after a word of a set is the set
+    moulds = _world([{"name": "brick_mould", "type": "mould", "at": "drying_shed"},
+                     {"name": "tile_mould", "type": "mould", "at": "drying_shed"}],
+                    [("drying_shed", None), ("clay_pit", None)], "mobile")
+    assert _set("Both brick moulds are caked. Take them down to the clay pit.", moulds) == (
+        {"type": "mould"}, ("clay_pit",))
+    assert _set("Take the brick mould down to the clay pit.", moulds) is None
+    assert read_task("Fetch the first aid kit, quick.", w).unknown[:1] == ("first_aid_kit",)
