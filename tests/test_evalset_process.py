@@ -1,4 +1,4 @@
-"""agent/evalsets/7-*, 10-*, 11-*, 12-*, 13-*, 14-*, 15-*, 16-* and 17-*: tasks that are more than an end state (calls, order, repetition, sets),
+"""agent/evalsets/7-*, 10-*, 11-*, 12-*, 13-*, 14-*, 15-*, 16-*, 17-* and 18-*: tasks that are more than an end state (calls, order, repetition, sets),
 and, for every evaluation set, that each reference goal can be written under its task's grammar
 and reached (or is refused for its stated reason) from the goal alone."""
 from __future__ import annotations
@@ -29,6 +29,7 @@ SET_14 = SETS / "14-candlemaker-barbershop-sawmill-observatory"
 SET_15 = SETS / "15-teahouse-fossillab-orchard-bowlingalley"
 SET_16 = SETS / "16-locksmith-tailor-brickyard-campsite"
 SET_17 = SETS / "17-goldsmith-roastery-kennels-gymnasium"
+SET_18 = SETS / "18-cobbler-soapery-quarry-ferry"
 ALL_SETS = sorted(d for d in SETS.iterdir() if (d / "tasks.json").is_file())
 
 
@@ -42,7 +43,7 @@ def _res(plan, world, skills):
                            completed=True)
 
 
-@pytest.mark.parametrize("directory", [PROCESS, SET_10, SET_11, SET_12, SET_13, SET_14, SET_15, SET_16, SET_17], ids=lambda d: d.name)
+@pytest.mark.parametrize("directory", [PROCESS, SET_10, SET_11, SET_12, SET_13, SET_14, SET_15, SET_16, SET_17, SET_18], ids=lambda d: d.name)
 def test_process_set_shape_and_fresh(directory):
     tasks, worlds = load_eval_set(directory)
     assert len(tasks) >= 48 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
