@@ -79,6 +79,43 @@ def test_verify_rows_are_one_row_steps(arch, request):
     _assert_same(*_steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2)))
 
 
+@pytest.fixture(scope="module")
+def tiny_gqa7(tmp_path_factory):
+    """A qwen2 with the planner model's attention shape (Qwen2.5-0.5B): 14 query heads on 2 KV
+    heads, 7 to a group, head_dim 64."""
+    import tiny
+
+    from thor_runtime.loading import load
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(tiny.ARCH_CONFIGS, "qwen2_gqa7", dict(tiny.ARCH_CONFIGS["qwen2"], num_hidden_layers=2,
+                                                         num_attention_heads=14, num_key_value_heads=2, head_dim=64))
+        path = tiny.make_tiny_dir(tmp_path_factory.mktemp("tiny") / "gqa7", "qwen2_gqa7", seed=3)
+    return load(str(path))
+
+
+def test_grouped_attention_rows_are_one_row_steps(tiny_gqa7):
+    """The kernel's attention runs a (row, KV head) at a time, its 7 query heads together on
+    each block of keys: each head's scores, softmax and weighed values must stay the operations
+    of that head alone. 16 verify rows at 78..93 keys (blocks of 16 and 8 keys, every remainder
+    of 16) against 16 one-row steps, on 1 thread and on 2: logits, taps and K/V bit for bit."""
+    from thor_runtime.rowstep import RowStep, kernel_dir
+
+    m = _with_rows(tiny_gqa7)
+    assert (m.cfg.num_heads, m.cfg.num_kv_heads, m.cfg.head_dim) == (14, 2, 64)
+    ids = (torch.arange(93) * 7919 + 13) % m.cfg.vocab_size
+    one = _steps_vs_verify(m, ids, 77, "fp32", taps=(0, 1))
+    _assert_same(*one)
+    kernel = m.runner.rows
+    try:
+        m.runner.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)
+        two = _steps_vs_verify(m, ids, 77, "fp32", taps=(0, 1))
+    finally:
+        m.runner.rows = kernel
+    _assert_same(*two)
+    _assert_same(one[0], two[0])
+
+
 def test_speculation_on_rows_is_plain_decoding(tiny_llama):
     m = _with_rows(tiny_llama)
     rt = Runtime(m, tiny_llama.tokenizer, kv_dtype="fp32")
@@ -185,6 +222,82 @@ def test_kernel_code_paths_agree(build, tmp_path):
     got = _run_check(tmp_path, *build)
     assert got.shape == ref.shape == (80,)
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+# The kernel's attention (attn_task: a job per row and KV head, its query heads, or some of
+# them, together on each block of keys) against each (row, query head) computed alone with the
+# per-head operations it had before (blocks of score_block8, dot_f32 past them, softmax_parts,
+# weigh_values): the bits must be the same, for any row count, part count and thread.
+ATTN_CHECK = r"""
+#include <stdio.h>
+#include "ROWSTEP_C"
+static uint32_t rng = 777;
+static float urand(void) { rng = rng * 1664525u + 1013904223u; return (float)(rng >> 8) / 16777216.f - 0.5f; }
+int main(void) {
+    static const int shapes[][3] = {{14, 2, 64}, {8, 1, 128}, {6, 2, 128}, {4, 2, 16}, {6, 3, 32}, {32, 1, 64}, {5, 1, 64}, {4, 2, 40}, {2, 2, 12}};
+    static const int starts[] = {0, 5, 37, 77, 1100};
+    enum { S = 1200, T = 16 };
+    int bad = 0;
+    for (int c = 0; c < (int)(sizeof shapes / sizeof shapes[0]); c++) {
+        int H = shapes[c][0], Hkv = shapes[c][1], Dh = shapes[c][2], W = (H + 2 * Hkv) * Dh;
+        Engine *e = rowstep_new(2, 64, H, Hkv, Dh, 96, 80, 1e-6f, 2, S);
+        float *k = malloc(sizeof(float) * 2 * Hkv * S * Dh), *v = malloc(sizeof(float) * 2 * Hkv * S * Dh);
+        float *qkv = malloc(sizeof(float) * T * W), *out = malloc(sizeof(float) * T * H * Dh);
+        float *ref = malloc(sizeof(float) * Dh), *sc = malloc(sizeof(float) * S);
+        for (size_t i = 0; i < (size_t)2 * Hkv * S * Dh; i++) { k[i] = 2 * urand(); v[i] = urand(); }
+        for (int i = 0; i < T * W; i++) qkv[i] = 3 * urand();
+        for (int si = 0; si < (int)(sizeof starts / sizeof starts[0]); si++)
+            for (int rows = 1; rows <= T; rows += T - 1)
+                for (int parts = 1, per = 0; parts <= 5; parts += 2, per++) {     /* heads a job: all, 1, 2 */
+                    int pos[T], Ss[T];
+                    float *ks[T], *vs[T];
+                    for (int t = 0; t < T; t++) { pos[t] = starts[si] + t; Ss[t] = S; ks[t] = k; vs[t] = v; }
+                    AttnTask at = {e, rows, 1, pos, ks, vs, Ss, qkv, out, per};
+                    pool_active(&e->pool, 1);
+                    pool_run(&e->pool, attn_task, &at, parts);
+                    pool_active(&e->pool, 0);
+                    for (int t = 0; t < rows; t++)
+                        for (int h = 0; h < H; h++) {
+                            int n = pos[t] + 1, p = 0;
+                            const float *q = qkv + (size_t)t * W + h * Dh;
+                            size_t off = ((size_t)1 * Hkv + h / (H / Hkv)) * S * Dh;
+                            if (score_blocks(Dh))
+                                for (; p + 8 <= n; p += 8) score_block8(q, k + off + (size_t)p * Dh, Dh, sc + p);
+                            for (; p < n; p++) sc[p] = dot_f32(q, k + off + (size_t)p * Dh, Dh);
+                            float sum = softmax_parts(sc, n, 1.f / sqrtf((float)Dh)), inv = 1.f / sum;
+                            weigh_values(sc, v + off, n, Dh, ref);
+                            for (int i = 0; i < Dh; i++) ref[i] *= inv;
+                            if (memcmp(ref, out + (size_t)t * H * Dh + h * Dh, sizeof(float) * Dh)) {
+                                if (bad++ < 10) fprintf(stderr, "H %d Hkv %d Dh %d: row %d head %d at %d keys differs\n", H, Hkv, Dh, t, h, n);
+                            }
+                        }
+                }
+        rowstep_free(e);
+        free(k); free(v); free(qkv); free(out); free(ref); free(sc);
+    }
+    fprintf(stderr, bad ? "%d heads differ\n" : "every head alone\n", bad);
+    return bad != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("march", ["native", "haswell", "x86-64"])
+def test_grouped_attention_is_each_head_alone(march, tmp_path):
+    import platform
+    import subprocess
+
+    import shutil
+
+    if march != "native" and platform.machine() != "x86_64":
+        pytest.skip("an x86-64 build")
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (the kernel then runs on the step graph)")
+    src = tmp_path / "attn_check.c"
+    src.write_text(ATTN_CHECK.replace("ROWSTEP_C", str(CHECK.parents[2] / "thor_runtime" / "csrc" / "rowstep.c")))
+    exe = tmp_path / "attn_check"
+    subprocess.run(["cc", "-O3", f"-march={march}", "-pthread", "-o", str(exe), str(src), "-lm"], check=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")

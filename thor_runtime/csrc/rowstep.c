@@ -23,11 +23,16 @@ typedef struct {
     Pool pool;
     /* scratch, sized for MAXROWS rows */
     int maxrows, maxpos;
-    float *x, *y, *big, *att, *scores;     /* scores: [nth, maxpos] */
+    float *x, *y, *big, *att, *scores;     /* scores: [nth, SC_SLOT] */
     int8_t *qx;
     float *sx, *zs;
     int32_t *is;
 } Engine;
+
+/* a head's scores in a job's scratch: n floats, rounded up to whole lines and one more, so the
+   heads' rows do not share a cache set at the same offset */
+#define SC_LD(n) ((((size_t)(n) + 15) & ~(size_t)15) + 16)
+#define SC_SLOT(e) ((size_t)((e)->H / (e)->Hkv) * (SC_LD((e)->maxpos) + 1))   /* a thread's scratch */
 
 static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
     for (int r = 0; r < M; r++)
@@ -74,6 +79,57 @@ static void weigh_values(const float *w, const float *V, int n, int Dh, float *o
     for (int p = 0; p < n; p++) axpy(o, w[p], V + (size_t)p * Dh, Dh);
 }
 
+/* o[h Dh ..] = sum_p w[h ld + p] V[p] for the nh query heads of one KV head: each V row is
+   loaded once for all of them (each head's elements summed over p in order, the FMAs
+   weigh_values runs: an element's bits are the same whichever path computes them) */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void weigh_heads16(const float *w, size_t ld, const float *V, int n,
+                                                                const int Dh, const int NH, float *o) {
+    __m512 acc[7][8];                     /* [NH][Dh / 16], in registers once inlined */
+    for (int h = 0; h < NH; h++) for (int c = 0; c < Dh / 16; c++) acc[h][c] = _mm512_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        __m512 v[8];
+        for (int c = 0; c < Dh / 16; c++) v[c] = _mm512_loadu_ps(V + (size_t)p * Dh + 16 * c);
+        for (int h = 0; h < NH; h++) {
+            __m512 wp = _mm512_set1_ps(w[h * ld + p]);
+            for (int c = 0; c < Dh / 16; c++) acc[h][c] = _mm512_fmadd_ps(wp, v[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < NH; h++) for (int c = 0; c < Dh / 16; c++) _mm512_storeu_ps(o + h * Dh + 16 * c, acc[h][c]);
+}
+#endif
+
+static void weigh_group(const float *w, size_t ld, const float *V, int n, int Dh, int nh, float *o) {
+    int h = 0;
+#if defined(__AVX512F__)
+    if (Dh == 64)           /* up to 7 heads x 4 registers at a time */
+        for (; h < nh; ) {
+            int k = nh - h > 7 ? (nh - h == 8 ? 4 : 7) : nh - h;
+            switch (k) {
+                case 1: weigh_heads16(w + h * ld, ld, V, n, 64, 1, o + h * Dh); break;
+                case 2: weigh_heads16(w + h * ld, ld, V, n, 64, 2, o + h * Dh); break;
+                case 3: weigh_heads16(w + h * ld, ld, V, n, 64, 3, o + h * Dh); break;
+                case 4: weigh_heads16(w + h * ld, ld, V, n, 64, 4, o + h * Dh); break;
+                case 5: weigh_heads16(w + h * ld, ld, V, n, 64, 5, o + h * Dh); break;
+                case 6: weigh_heads16(w + h * ld, ld, V, n, 64, 6, o + h * Dh); break;
+                default: weigh_heads16(w + h * ld, ld, V, n, 64, 7, o + h * Dh); break;
+            }
+            h += k;
+        }
+    if (Dh == 128)          /* up to 3 heads x 8 registers */
+        for (; h < nh; ) {
+            int k = nh - h > 3 ? 3 : nh - h;
+            switch (k) {
+                case 1: weigh_heads16(w + h * ld, ld, V, n, 128, 1, o + h * Dh); break;
+                case 2: weigh_heads16(w + h * ld, ld, V, n, 128, 2, o + h * Dh); break;
+                default: weigh_heads16(w + h * ld, ld, V, n, 128, 3, o + h * Dh); break;
+            }
+            h += k;
+        }
+#endif
+    for (; h < nh; h++) weigh_values(w + h * ld, V, n, Dh, o + h * Dh);
+}
+
 typedef struct {
     Engine *e; int T, layer;
     const int *pos;          /* [T] each row's position in its own sequence */
@@ -81,25 +137,44 @@ typedef struct {
     const int *S;            /* [T] each row's cache length */
     const float *qkv;        /* [T, (H + 2 Hkv) Dh], roped */
     float *out;              /* [T, H Dh] */
+    int per;                 /* query heads a job (attn_split; < 1: all H / Hkv of a KV head) */
 } AttnTask;
 
+/* query heads a job: all of a KV head's, unless that leaves fewer jobs (T Hkv) than threads */
+static int attn_split(Engine *e, int T) {
+    int group = e->H / e->Hkv, jobs = T * e->Hkv, want = atomic_load(&e->pool.active);
+    int split = jobs >= want ? 1 : (want + jobs - 1) / jobs;
+    split = split < group ? split : group;
+    return (group + split - 1) / split;
+}
+
+/* one part's jobs, each a row t and up to `per` query heads of one KV head g: their scores on
+   each block of keys while it is in L1, their softmax parts, their weighed values with each V
+   row loaded once. Each (t, query head)'s outputs are the operations of that head alone,
+   whatever the job split */
 static void attn_task(void *arg, int part, int nparts, int slot) {
     const AttnTask *a = arg;
     const Engine *e = a->e;
-    int H = e->H, Dh = e->Dh, W = (e->H + 2 * e->Hkv) * Dh, group = e->H / e->Hkv, lo, hi;
-    float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)slot * e->maxpos;
-    share(a->T * H, 1, part, nparts, &lo, &hi);
+    int H = e->H, Hkv = e->Hkv, Dh = e->Dh, W = (e->H + 2 * e->Hkv) * Dh, group = e->H / e->Hkv, lo, hi;
+    int per = a->per < 1 || a->per > group ? group : a->per, split = (group + per - 1) / per;
+    float scale = 1.f / sqrtf((float)Dh), *sc = e->scores + (size_t)slot * SC_SLOT(e);
+    share(a->T * Hkv * split, 1, part, nparts, &lo, &hi);
     for (int j = lo; j < hi; j++) {
-        int t = j / H, h = j % H, g = h / group, n = a->pos[t] + 1;      /* keys 0..pos[t] */
-        const float *q = a->qkv + (size_t)t * W + h * Dh;
-        size_t at = ((size_t)a->layer * e->Hkv + g) * a->S[t] * Dh;
+        /* KV head major: the jobs of a part share its K and V (while in the core's L2) */
+        int g = j / (a->T * split), t = j / split % a->T, h0 = j % split * per, n = a->pos[t] + 1;   /* keys 0..pos[t] */
+        int nh = group - h0 < per ? group - h0 : per;
+        size_t ld = SC_LD(n);
+        const float *q = a->qkv + (size_t)t * W + (size_t)(g * group + h0) * Dh;
+        size_t at = ((size_t)a->layer * Hkv + g) * a->S[t] * Dh;
         const float *K = a->k[t] + at, *Vv = a->v[t] + at;
-        float sum, *o = a->out + (size_t)t * H * Dh + h * Dh;
-        scores(q, K, n, Dh, sc);
-        sum = softmax_parts(sc, n, scale);
-        weigh_values(sc, Vv, n, Dh, o);
-        float inv = 1.f / sum;
-        for (int i = 0; i < Dh; i++) o[i] *= inv;
+        float *sum = sc + nh * ld, *o = a->out + (size_t)t * H * Dh + (size_t)(g * group + h0) * Dh;
+        scores_group(q, nh, K, n, Dh, sc, ld);
+        softmax_group(sc, ld, nh, n, scale, sum);
+        weigh_group(sc, ld, Vv, n, Dh, nh, o);
+        for (int h = 0; h < nh; h++) {
+            float inv = 1.f / sum[h];
+            for (int i = 0; i < Dh; i++) o[h * Dh + i] *= inv;
+        }
     }
 }
 
@@ -126,7 +201,7 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     e->y = malloc(sizeof(float) * SCRATCH_ROWS * wide);
     e->big = malloc(sizeof(float) * SCRATCH_ROWS * wide);
     e->att = malloc(sizeof(float) * SCRATCH_ROWS * H * Dh);
-    e->scores = malloc(sizeof(float) * (size_t)e->nth * maxpos);
+    e->scores = malloc(sizeof(float) * (size_t)e->nth * SC_SLOT(e));
     e->qx = malloc(SCRATCH_ROWS * (size_t)wide);
     e->sx = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
     e->zs = malloc(sizeof(float) * SCRATCH_ROWS * wide / BLK);
@@ -251,8 +326,9 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
                 memcpy(vc + ((size_t)g * S[t] + p) * Dh, row + (H + Hkv + g) * Dh, sizeof(float) * Dh);
             }
         }
-        AttnTask at = {e, T, i, pos, k, v, S, e->y, e->att};
-        pool_run(&e->pool, attn_task, &at, pool_parts(&e->pool, T * H));          /* [T, H Dh] */
+        AttnTask at = {e, T, i, pos, k, v, S, e->y, e->att, attn_split(e, T)};
+        int jobs = T * Hkv * ((H / Hkv + at.per - 1) / at.per);
+        pool_run(&e->pool, attn_task, &at, pool_parts(&e->pool, jobs));           /* [T, H Dh] */
         quantize_rows(e, e->att, T, H * Dh, 1, &qr);
         matmul(e, &e->o[i], &qr, e->y);                                            /* [T, D] */
         for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
