@@ -192,11 +192,37 @@ CANNOT_WRITE = {
         "lk09": "\"the strongbox is in front of the pin drawer\" names the drawer, so no push of the one thing is read",
         "tr05": "the look in the order is written as the `inspect` call (the same plan), the answer as the drawer inspected",
     },
+    "17-goldsmith-roastery-kennels-gymnasium": {
+        "gd03": "the grammar puts the jug back in the sink inside the order as well; the answer orders the hold and the pour only",
+        "gd11": "\"get the lid off the pickle first\" is read as the lid taken from the pickle warmer: no order is read",
+        "ry01": "no order is read from \"grab the gooseneck and pour over cupping bowl 2\"; the bowl is paired with the kettle base",
+        "ry05": "\"then do that once more\" is not read as a second push",
+        "ry11": "the look in the order is written as the `inspect` call (the same plan), the answer as the trier inspected",
+        "kn01": "\"0.3 metres a second\" is read as a wait of one second after the going; the drive's speed is not read",
+        "kn05": "no order is read from \"wait a minute for the vet, then dock\" (a dock with no place said)",
+    },
+    "18-cobbler-soapery-quarry-ferry": {
+        "cz05": "\"put the dye bottle back\" is read as the dish put back (the bottle said by another name)",
+        "cz07": "\"twice over\" is not read as a count, and \"the welt stitching\" names the stitching awl",
+        "cz09": "\"pull the nail drawer out by ten centimetres\" is read as the drawer open, not the `open` call by a distance",
+        "sx01": "no set is read: \"bars\" is no type here and \"the lot\" is said in the next sentence",
+        "sx03": "\"next to the mould\" makes the mould a second object the grammar asks a condition of",
+        "qu09": "the drive's speed is not read: the grammar asks for the robot at the weighbridge",
+    },
     "15-teahouse-fossillab-orchard-bowlingalley": {
         "fp05": "a pour said as \"squirt some over the nodule\", its angle as \"tip the bottle\": no order is read",
         "or02": "\"both crates sitting in row 7\": the grammar asks for the crates at row 7 (the same two), the answer "
                 "for everything at row 7",
         "ba05": "\"plug yourself in\" said for docking: the grammar asks for the robot at the charger",
+    },
+}
+
+# Reference goals the grammar can write but the gate holds to a word the task says in passing
+# (kept as said: the set measures what the reading misses there).
+HELD_BY_THE_GATE = {
+    "17-goldsmith-roastery-kennels-gymnasium": {
+        "kn02": "\"someone thinks a dog has got out of its run\": the dog bed taken as named",
+        "gy04": "\"your camera's just staring at the wall\": the wall bars taken as where to look",
     },
 }
 
@@ -209,6 +235,9 @@ UNNAMED = {
     },
     "15-teahouse-fossillab-orchard-bowlingalley": {
         "ba11": "\"the karaoke machine\": \"machine\" is a type here (`missing` may say \"karaoke\")",
+    },
+    "18-cobbler-soapery-quarry-ferry": {
+        "sx11": "\"the peppermint oil\": \"oil\" is a word of this world (`missing` may say \"peppermint\")",
     },
 }
 
@@ -238,7 +267,11 @@ def test_every_reference_goal_fits_its_task_schema():
                 assert not fits, f"{t.id} fits its grammar now: take it off CANNOT_WRITE"
                 continue
             assert fits, (t.id, t.task)
-            assert grounding_findings(t.task, {"goal": goal, "steps": []}, w, s) == [], t.id
+            findings = grounding_findings(t.task, {"goal": goal, "steps": []}, w, s)
+            if t.id in HELD_BY_THE_GATE.get(d.name, {}):
+                assert findings, f"{t.id} passes the gate now: take it off HELD_BY_THE_GATE"
+                continue
+            assert findings == [], t.id
 
 
 # ---- the task's reading (agent/reading.py) ----------------------------------------------------
