@@ -1,6 +1,6 @@
-"""agent/evalsets/7-*, 10-*, 11-*, 12-*, 13-*, 14-*, 15-*, 16-*, 17-* and 18-*: tasks that are more than an end state (calls, order, repetition, sets),
-and, for every evaluation set, that each reference goal can be written under its task's grammar
-and reached (or is refused for its stated reason) from the goal alone."""
+"""agent/evalsets/7-* and 10-* to 18-*: tasks that are more than an end state (calls, order,
+repetition, sets), and, for every evaluation set, that each reference goal can be written under
+its task's grammar and reached (or is refused for its stated reason) from the goal alone."""
 from __future__ import annotations
 
 import json
