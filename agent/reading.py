@@ -27,7 +27,7 @@ from .files import World, alias_words
 from .order_reading import ordered_events
 from .set_reading import SetSaid, set_said
 from .wording import (ASIDE, DESCRIBED, WANTED_THERE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS,
-                      OPEN_PHRASE, PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TOWARD_WORDS, LOCATIVE,
+                      OPEN_PHRASE, PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TAKING, TOWARD_WORDS, LOCATIVE,
                       after_state_verb, as_noun, content_words, agent_nouns, head_words,
                       known_words, lacking_words, mentions, name_words, names, noun_end, numbered, robot_goes, said,
                       said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
@@ -134,7 +134,7 @@ class TaskReading:
         want = self.wanted - {("holding", None)} if self._own(obj) else self.wanted
         if not want and self.supports.get(obj) and not self._own(obj):
             return frozenset({("on", None)})      # "stack the red block on the blue block"
-        if (not want and self.carry and not self.destinations(obj) and obj not in self.openable
+        if (not want and self.carry and self.words & TAKING and not self.destinations(obj) and obj not in self.openable
                 and self.length is None and self.times == 1 and not self.events):
             return frozenset({("holding", None)})   # "grab the clipboard from reception": taken, put nowhere
         return want or (frozenset({("at", None)}) if self.destinations(obj) else frozenset())

@@ -53,6 +53,9 @@ ASIDE = re.compile(r"\b(?:(?:so|because|while|when|until|since)\s+(?:that|i|we|y
 CARRY_VERBS = frozenset({"put", "bring", "take", "carry", "fetch", "move", "place", "lift", "deliver", "lower",
                          "stick", "chuck", "send", "stow", "store", "set", "drop", "load", "hang", "pop", "leave", "file", "shelve",
                          "grab", "collect", "retrieve", "transfer", "shift", "ferry", "haul"})
+# Of those, the ones that end with the thing in hand when they say nowhere it goes ("grab the
+# clipboard"; "move the apple" still goes somewhere)
+TAKING = frozenset({"grab", "take", "fetch", "collect", "retrieve", "load", "lift", "pick", "carry", "bring"})
 # "they'd like you there", "we need you in the yard": the robot is wanted at a place
 WANTED_THERE = re.compile(r"\b(?:like|want|need)s?\s+you\s+(?:there|at|in|on|by|over)\b")
 # Words that send the robot itself somewhere (matched as written: "the tin goes on the shelf"

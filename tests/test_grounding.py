@@ -187,14 +187,12 @@ CANNOT_WRITE = {
         "sm02": "the type `ppe` said as \"safety gear\": the grammar asks for the set by where it rests",
     },
     "16-locksmith-tailor-brickyard-campsite": {
-        "lk04": "a pour said as \"top up ... with degreaser: pour it in from the bottle\": no order is read",
         "lk05": "\"a pin is sticking in that lock\" read as the lock put somewhere, so the order opens with it",
         "lk09": "\"the strongbox is in front of the pin drawer\" names the drawer, so no push of the one thing is read",
         "tr05": "the look in the order is written as the `inspect` call (the same plan), the answer as the drawer inspected",
     },
     "17-goldsmith-roastery-kennels-gymnasium": {
         "gd03": "the grammar puts the jug back in the sink inside the order as well; the answer orders the hold and the pour only",
-        "gd11": "\"get the lid off the pickle first\" is read as the lid taken from the pickle warmer: no order is read",
         "ry01": "no order is read from \"grab the gooseneck and pour over cupping bowl 2\"; the bowl is paired with the kettle base",
         "ry05": "\"then do that once more\" is not read as a second push",
         "ry11": "the look in the order is written as the `inspect` call (the same plan), the answer as the trier inspected",

@@ -64,6 +64,8 @@ def test_a_thing_carried_nowhere_is_held(bench, yard):
     assert r.verbs_for("oil_can") == {("holding", None)}
     assert _fits("Grab the oil can from the tool shelf.", [{"holding": "oil_can"}], w, s)
     assert not _fits("Grab the oil can from the tool shelf.", [{"object": "oil_can", "at": "tool_shelf"}], w, s)
+    # a verb that moves a thing somewhere, said with nowhere, does not make it held
+    assert read_task("Move the oil can.", w).verbs_for("oil_can") != {("holding", None)}
     # a thing that opens and shuts may be "popped" open; a place said is where it goes
     assert read_task("Pop the fuse drawer for me.", w).verbs_for("fuse_drawer") != {("holding", None)}
     assert read_task("Grab the oil can and put it on the gauge rack.", w).verbs_for("oil_can") == {("at", None)}
