@@ -38,7 +38,7 @@ from .lowbit_ort import NBitsWeight
 from .lowbit_step import in_calls
 from .threads import FitWatch, adapt_mode
 
-SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_simd.h beside it
+SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_*.h beside it
 MAX_ROWS = 64                 # the C side's scratch rows: a call's (longer inputs run in calls of it)
 _ZERO_POINT = {4: 8, 8: 128}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
