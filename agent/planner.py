@@ -59,10 +59,14 @@ class PlanResult:
     #                                                  "completed", "model_text" (before the solver)}
     completed: bool = False    # the returned steps were made by the symbolic solver from the model's goal
     generations: tuple = ()    # each attempt's own Stats (the service's metrics count generations)
+    # each set of the last attempt's goal as the objects it takes ("every object that is a
+    # tool: trowel, shears"), so a user sees what "all the tools" came to before it runs
+    expansion: tuple = ()
 
     def document(self) -> dict:
         """The result as `thor plan --json` prints it and POST /v1/plan answers it."""
-        return {"plan": self.plan, "valid": self.valid, "report": self.report, "stats": self.stats}
+        return {"plan": self.plan, "valid": self.valid, "report": self.report, "expansion": list(self.expansion),
+                "stats": self.stats}
 
 
 @dataclass(frozen=True)
@@ -261,8 +265,9 @@ class Planner:
         merged.update(attempts=len(stats), spec=ran["proposer"], k=ran["k_max"], completed=completed,
                       grammar_compile_s=round(req.compile_s, 6), time_check_s=round(check_s, 6),
                       plan_latency_s=round(time.perf_counter() - t0, 6))
+        goal = parsed[0]
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
-                          tuple(history), completed, tuple(stats))
+                          tuple(history), completed, tuple(stats), tuple(goal.expansion()) if goal else ())
 
     def _choose(self, ids: list[int], res, req: PreparedRequest, task: str, stats: list, on_token):
         """-> (the attempt's result, the Choice or None): the greedy result, or the chosen goal's

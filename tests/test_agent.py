@@ -280,6 +280,21 @@ def test_planner_repairs_with_gate_errors(tiny_llama):
     assert not res.valid and res.attempts == 3 and res.report[0]["check"] == "payload"
 
 
+def test_a_set_in_the_goal_is_reported_as_the_things_it_takes(tiny_llama):
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    cups = {"plan_id": "p1", "task": "put all the cups in the sink",
+            "goal": [{"every": {"type": "cup"}, "at": "sink"}], "steps": []}
+    res = Planner(ScriptedRuntime(tok, [json.dumps(cups)]), tok, attempts=0, thinking=False).plan(
+        "put all the cups in the sink", w, s)
+    assert res.valid and res.expansion == ("every object that is a cup: red_cup, blue_mug",)
+    assert res.document()["expansion"] == ["every object that is a cup: red_cup, blue_mug"]
+    # a goal of plain conditions expands to nothing
+    res = Planner(ScriptedRuntime(tok, [json.dumps(good_plan())]), tok, attempts=0, thinking=False,
+                  complete=False).plan("put the apple on the table", w, s)
+    assert res.valid and res.expansion == () and res.document()["expansion"] == []
+
+
 def test_planner_thinking_span_is_kept_out_of_the_plan(tiny_qwen3):
     tok = tiny_qwen3.tokenizer
     rt = ScriptedRuntime(tok, ["<think>pick first, then place {not json}</think>\n" + json.dumps(good_plan())])

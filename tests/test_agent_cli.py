@@ -93,7 +93,7 @@ def test_cli_exit_3_with_report(tmp_path, capsys, tiny_long):
     cap = capsys.readouterr()
     assert rc == 3
     obj = json.loads(cap.out)
-    assert set(obj) == {"plan", "valid", "report", "stats"} and obj["valid"] is False and obj["report"]
+    assert set(obj) == {"plan", "valid", "report", "expansion", "stats"} and obj["valid"] is False and obj["report"]
     assert obj["stats"]["attempts"] == 2
     assert "no valid plan after 2 attempt(s)" in cap.err and "[" in cap.err
     assert not out.exists()                                   # an invalid plan is never written

@@ -169,7 +169,7 @@ async def test_the_cli_and_the_api_answer_one_document(tiny_long, aiohttp_client
     body = await r.json()
     assert r.status == 422 and len(made) == 2
     api = {k: body[k] for k in made[1]}
-    assert api == made[1] and set(api) == set(cli) == {"plan", "valid", "report", "stats"}
+    assert api == made[1] and set(api) == set(cli) == {"plan", "valid", "report", "expansion", "stats"}
     assert (api["plan"], api["valid"], api["report"]) == (cli["plan"], cli["valid"], cli["report"])
     assert set(api["stats"]) == set(cli["stats"])
 

@@ -157,5 +157,5 @@ async def test_a_valid_plan_is_200_and_identical_to_thor_plan(start, default_mod
     body = await r.json()
     want = direct_plan(default_model, KITCHEN_TASK, "kitchen", 128, 0)
     assert want.valid, want.report
-    assert r.status == 200 and set(body) == {"plan", "valid", "report", "stats"}
+    assert r.status == 200 and set(body) == {"plan", "valid", "report", "expansion", "stats"}
     same_plan_document(body, want)

@@ -29,7 +29,7 @@ def register(sub) -> None:
                    help="skills file (default: the world's `skills` entry, else agent/skills/manipulation.json)")
     p.add_argument("--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)")
     p.add_argument("--out", default=None, help="write the plan here (atomically) instead of stdout")
-    p.add_argument("--json", action="store_true", help='print one object {"plan","valid","report","stats"}')
+    p.add_argument("--json", action="store_true", help='print one object {"plan","valid","report","expansion","stats"}')
     add_config_args(p, ("planner", "model", "engine", "speculation"))
     p.add_argument("--no-thinking", dest="cfg__planner__thinking", action="store_const", const="off",
                    default=argparse.SUPPRESS, help="the same as --thinking off")
@@ -94,6 +94,8 @@ def run(args) -> int:
         print(json.dumps(res.document()))
     elif res.valid and not args.out:
         sys.stdout.write(plan_text)
+    for line in res.expansion:              # what a set in the goal came to in this world
+        _log(f"goal: {line}")
     s = res.stats
     _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
          f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")
