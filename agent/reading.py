@@ -29,8 +29,9 @@ from .set_reading import SetSaid, set_said
 from .wording import (ASIDE, DESCRIBED, WANTED_THERE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS,
                       OPEN_PHRASE, PREPOSITIONS, SET_WORDS, SOURCE_WORDS, STATE_VERBS, TAKING, TOWARD_WORDS, LOCATIVE,
                       after_state_verb, as_noun, content_words, agent_nouns, head_words,
-                      known_words, lacking_words, mentions, name_words, names, noun_end, numbered, robot_goes, said,
-                      said_after, said_all, singular, stacked, tokens, unique_cues, unknown_words, verb_place,
+                      known_words, lacking_words, mentions, name_words, names, noun_end, numbered, phrases, robot_goes,
+                      said, said_after, said_all, said_spans, singular, stacked, thing_words, tokens, unique_cues,
+                      unknown_words, verb_place,
                       where_said, words)
 
 
@@ -184,6 +185,8 @@ STILL = re.compile(r"\b(?:hold|keep|stay|stand|sit)\s+(?:still|tight)\b", re.I)
 HAND_ME = re.compile(r"\b(?:pass|hand)\s+(?=(?:me|us)\b)", re.I)
 # "and while you're at it, ...", "while you're there": the request goes on with a next thing
 ALSO = re.compile(r",?\s*(?:and\s+)?while\s+you(?:'re|\s+are)\s+(?:at\s+it|there|about\s+it)\b\s*,?", re.I)
+# phrasings read as the plainer words they mean, in this order
+_REWORDED = ((HAND_ME, "bring "), (GOING, "go to "), (STILL, "wait"), (DONE, ", then "), (ALSO, ", and "))
 # after an aside's comma, the request goes on when the next words order a next thing ("leave it
 # twenty seconds so the air can settle, and then shut it again")
 _GOES_ON = re.compile(r"\s*(?:and\s+)?(?:then|after\s+that|afterwards|finally)\b")
@@ -209,16 +212,17 @@ def read_task(task: str, world: World) -> TaskReading:
     """The reading; what the task asks for comes from its main clauses (before an aside),
     what it mentions from all of it."""
     whole = words(task)
-    task = _main_clauses(ALSO.sub(", and ", DONE.sub(", then ", STILL.sub("wait", GOING.sub("go to ", HAND_ME.sub("bring ", task))))))
+    for pattern, said_as in _REWORDED:
+        task = pattern.sub(said_as, task)
+    task = _main_clauses(task)
     toks, tw = tokens(task), words(task)
     known = known_words(world)
     things = world.objects + world.places
     place_words = {t for p in world.places for t in name_words(p.name)}
     # an alias said whole is the place's: its words name no object there ("the fridge shelf", "the first aid room")
-    place_aliases = [alias_words(a) for p in world.places for a in p.aliases]
-    covered = {i + k for aw in place_aliases if len(aw) > 1 for i in said_all(toks, aw) for k in range(len(aw))}
+    covered = said_spans(toks, [alias_words(a) for p in world.places for a in p.aliases])
     # each place's words, its aliases' too
-    place_names = {p.name: set(name_words(p.name)) | {w for a in p.aliases for w in alias_words(a)} for p in world.places}
+    place_names = {p.name: thing_words(p) for p in world.places}
     said_alias = {toks[i] for i in covered}
     # the words of names and aliases ("the tea tins": "tea" is no noun before an alias's "tin")
     vocab = {t for th in things for t in content_words(th.name)} | {
@@ -249,10 +253,9 @@ def read_task(task: str, world: World) -> TaskReading:
 
     # where each object's name or alias of two or more words is said: an alias said inside another
     # object's whole name is not this one's ("the wick drawer" is no wick)
-    spans = {o.name: {i + k for ph in [name_words(o.name)] + [alias_words(a) for a in o.aliases] if len(ph) > 1
-                      for i in said_all(toks, ph) for k in range(len(ph))} for o in world.objects}
+    named_at = {o.name: said_spans(toks, phrases(o)) for o in world.objects}
     ref = {o.name for o in world.objects
-           if called(o, frozenset(covered).union(*(v for n, v in spans.items() if n != o.name))) or names(tw, o.name)}
+           if called(o, frozenset(covered).union(*(v for n, v in named_at.items() if n != o.name))) or names(tw, o.name)}
     ref |= {heads[c] for c in tw & set(heads) if c not in place_words | said_alias and as_noun(toks, c, others(heads[c]))}
     ref |= {n for c, n in mods.items() if n not in is_place and c in tw and c not in said_alias
             and found(n, noun_end(toks, c, n, vocab, DETERMINERS))}
@@ -304,13 +307,11 @@ def read_task(task: str, world: World) -> TaskReading:
     # "go and dock": the verb is the robot's going as well as the place
     paired, go_to = _layout(toks, {**at, **order}, objs, spots, taken - (set(as_verb) & MOVE_VERBS))
     # the words said outside a place's whole name ("bring it to the print washer": no print tongs)
-    spans = {i + k for p in places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
-             if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
-    loose = (whole - {w for i in spans for w in singular(toks[i])}) | {w for i, t in enumerate(toks) if i not in spans
-                                                                        for w in singular(t)}
+    in_places = said_spans(toks, [ph for p in places for ph in phrases(world.place(p))])
+    loose = (whole - {w for i in in_places for w in singular(toks[i])}) | {
+        w for i, t in enumerate(toks) if i not in in_places for w in singular(t)}
     events = ordered_events(task, toks, at, objs, [p for p in spots if p not in sources], place_names,
-                            {o.name: set(name_words(o.name)) | {w for a in o.aliases for w in alias_words(a)}
-                             for o in world.objects})
+                            {o.name: thing_words(o) for o in world.objects})
     if events:
         # an order read whole holds every thing the task asks about; one it left out was said as
         # what a pour pours ("pour the tea from the clay pot ...") or inside a place's name

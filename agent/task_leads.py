@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from .amounts import angles, durations, lengths
 from .arg_schemas import _enum, _shape, allows, arg_schema
-from .files import SkillSet, World, alias_words
+from .files import SkillSet, World
 from .goals import MAX_TIMES
 from .order_reading import Event
 from .reading import TaskReading
 from .set_reading import SET_CUES
 from .symbolic import states_by_object
-from .wording import ORDER_WORDS, agent_nouns, name_words, said_all
+from .wording import ORDER_WORDS, agent_nouns, phrases, said_spans, thing_words
+
+
+def _times(branch: dict, n: int) -> dict:
+    """A call's goal item done ``n`` times (as it is, once)."""
+    return _shape({**branch["properties"], "times": {"const": n}}) if n > 1 else branch
 
 
 def _plain(v: float):
@@ -58,7 +63,7 @@ def _event_branches(e, world: World, skills: SkillSet, kinds: set[str], states: 
         # "then dock back on your charger": the going by the skill the clause names; "then go and
         # charge" (the verb the charger is named for): that skill, or the robot there
         place = world.place(e.value)
-        does = agent_nouns({w for a in place.aliases for w in alias_words(a)} | set(name_words(e.value))) if place else set()
+        does = agent_nouns(thing_words(place)) if place else set()
         for s in skills.skills:
             arg = next((a for c in s.effects if c.kind == "robot_at" for a in s.args if c.value == f"${a.name}"), None)
             if arg is None or len(s.args) != 1 or not allows(arg, world, e.value):
@@ -164,15 +169,13 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         # "turn 45 degrees, ... 3 turns in total": the one call that turns by an angle, repeated
         turn = _turn_branches(Event("turn", None, turned[0][1], r.words), world, skills)
         if turn:
-            props = turn[0]["properties"]
-            return [{"anyOf": [_shape({**props, "times": {"const": r.times}}) if r.times > 1 else turn[0]]}]
+            return [{"anyOf": [_times(turn[0], r.times)]}]
     waits = durations(list(r.toks))
     if waits and not turned and not r.referred and not r.places and r.length is None and r.times <= MAX_TIMES:
         # "just hold still for 20 seconds": the wait alone
         wait = _event_branches(Event("wait", value=waits[0][1], words=r.words), world, skills, set(), {}, lambda o: ())
         if len(wait) == 1:
-            props = wait[0]["properties"]
-            return [{"anyOf": [_shape({**props, "times": {"const": r.times}}) if r.times > 1 else wait[0]]}]
+            return [{"anyOf": [_times(wait[0], r.times)]}]
     things = list(r.referred) or list(r.about_places)
     if len(things) != 1:
         return None
@@ -181,10 +184,8 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
     if place and r.length is None and r.times == 1 and not r.referred:
         # "battery's low, go and dock at the charging station": the going by the skill it names
         # (a word of no place said: "scan the loading dock" docks nowhere)
-        toks = list(r.toks)
-        inside = {i + k for p in r.places for ph in [name_words(p)] + [alias_words(a) for a in world.place(p).aliases]
-                  if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
-        named = {t for i, t in enumerate(toks) if i not in inside}
+        inside = said_spans(list(r.toks), [ph for p in r.places for ph in phrases(world.place(p))])
+        named = {t for i, t in enumerate(r.toks) if i not in inside}
         going = _event_branches(Event("go", None, x, frozenset(named)), world, skills, set(), {}, lambda o: ())
         if going:
             return [{"anyOf": going}]
@@ -194,7 +195,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         looks = _event_branches(Event("look", x, None, r.words), world, skills, set(), {}, lambda o: ())
         looks = [b for b in looks if "do" in b["properties"]]
         if len(looks) == 1 and r.times > 1:
-            return [{"anyOf": [_shape({**looks[0]["properties"], "times": {"const": r.times}})]}]
+            return [{"anyOf": [_times(looks[0], r.times)]}]
         if len(looks) == 1 and len(looks[0]["properties"]["args"]["properties"]) > 1:
             return [{"anyOf": looks}]      # the option said: "sweep bay 3 with the lidar"
         return None
@@ -215,7 +216,7 @@ def _call_lead(r: TaskReading, world: World, skills: SkillSet) -> list | None:
         props = {obj[0].name: {"const": x}, **{k: {"const": v[0]} for k, v in said.items()},
                  size[0].name: {"const": _plain(r.length)}}
         call = {"do": {"const": s.name}, "args": _shape({a.name: props[a.name] for a in s.args if a.name in props})}
-        out.append(_shape({**call, "times": {"const": r.times}} if r.times > 1 else call))
+        out.append(_times(_shape(call), r.times))
     return [{"anyOf": out}] if len(out) == 1 else None
 
 

@@ -368,6 +368,22 @@ def lacking_words(toks: list[str], known: set[str]) -> tuple:
     return ()
 
 
+def phrases(thing) -> list[list[str]]:
+    """A thing's name and each of its aliases, as the words a task says them in."""
+    return [name_words(thing.name)] + [alias_words(a) for a in thing.aliases]
+
+
+def thing_words(thing) -> set[str]:
+    """Every word of a thing's name and of its aliases."""
+    return {w for ph in phrases(thing) for w in ph}
+
+
+def said_spans(toks: list[str], said_as: list[list[str]]) -> set[int]:
+    """The indices of ``toks`` inside a phrase of two or more words said in a row ("the print
+    washer": the words of a place said whole)."""
+    return {i + k for ph in said_as if len(ph) > 1 for i in said_all(toks, ph) for k in range(len(ph))}
+
+
 def said_all(toks: list[str], phrase: list[str]) -> list[int]:
     """Every index where the words of ``phrase`` are said in a row."""
     return [i for i in range(len(toks) - len(phrase) + 1)
