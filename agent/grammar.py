@@ -21,7 +21,7 @@ import llguidance as llg
 import numpy as np
 import torch
 
-from thor_runtime.constraint import Constraint
+from thor_runtime.constraint import Constraint, masked
 from thor_runtime.errors import ThorError
 
 from .free_text import FreeTextTracker
@@ -212,9 +212,13 @@ class GrammarConstraint(Constraint):
 
     def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
         """logits [R, V] -> [R, V] with -inf where illegal; row j is masked by the state after
-        drafts[:j]. Rows past a draft the grammar refuses (or past EOS) repeat the last mask: the
-        accept step never reads them, but they must not be all -inf either (NaN probabilities)."""
-        rows, width = logits.shape
+        drafts[:j] (``allowed_rows``)."""
+        return masked(logits, self.allowed_rows(drafts, *logits.shape))
+
+    def allowed_rows(self, drafts: list[int], rows: int, width: int) -> np.ndarray:
+        """[rows, width] bool: row j the ids legal after drafts[:j]. Rows past a draft the
+        grammar refuses (or past EOS) repeat the last row: the accept step never reads them,
+        but they must not be all -inf either (NaN probabilities)."""
         # numpy for the per-row work: many tiny torch ops cost more than the masks themselves.
         allowed = np.zeros((rows, width), dtype=np.bool_)                       # [R, V]
         filled = []
@@ -227,10 +231,7 @@ class GrammarConstraint(Constraint):
         self._walk(list(drafts)[:rows - 1], fill)
         for j in range(len(filled), rows):
             allowed[j] = allowed[j - 1] if j else self._allowed(width)
-        if logits.device.type == "cpu" and logits.dtype == torch.float32:
-            # one single-threaded numpy pass; torch's threaded masked_fill stalls on a busy CPU
-            return torch.from_numpy(np.where(allowed, logits.detach().numpy(), np.float32(-np.inf)))
-        return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
+        return allowed
 
     def is_accepting(self) -> bool:
         return not self.finished and (self.cut or bool(self.m.is_accepting()))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from .errors import ThorError
@@ -34,13 +35,14 @@ class VerifyCall:
     ids: torch.Tensor                 # [T] anchor + drafts
     cache: object
     taps: tuple[int, ...] = ()
+    cols: object = None               # the ids whose logits the caller reads (None: all)
 
 
 def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[ForwardOut]:
     """``verify`` is the runtime's own (what a call alone would run); one ForwardOut per call."""
     form = _form(model, verify, calls)
     if form is None:
-        return [verify(c.ids, c.cache, taps=c.taps) for c in calls]
+        return [verify(c.ids, c.cache, taps=c.taps, cols=c.cols) for c in calls]
     for c in calls:
         if c.cache.length + c.ids.shape[0] > model.cfg.max_position_embeddings:
             raise ThorError(f"sequence of {c.cache.length + c.ids.shape[0]} tokens exceeds the model context "
@@ -152,6 +154,8 @@ def _rowstep(model, calls) -> list[ForwardOut]:
 
     kern = model.runner.rows
     want = tuple(sorted(set().union(*(c.taps for c in calls))))
+    # every call's logits the calls read: an id one call reads is computed for all (the same bits)
+    cols = None if any(c.cols is None for c in calls) else np.unique(np.concatenate([c.cols for c in calls]))
     pieces: list[tuple[int, int, int]] = []          # (call, first row, rows) in row order
     for j, c in enumerate(calls):
         for s in range(0, c.ids.shape[0], MAX_ROWS):
@@ -169,7 +173,7 @@ def _rowstep(model, calls) -> list[ForwardOut]:
     for g in groups:
         ids = torch.cat([calls[j].ids[s:s + m] for j, s, m in g])
         h = model.embed(ids.to(model.device))                                             # [n, D]
-        t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want)
+        t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want, cols)
         logit_parts.append(lg)
         for i in want:
             taps_parts[i].append(t[i])

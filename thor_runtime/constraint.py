@@ -7,9 +7,12 @@ after every *committed* token. Within one cycle the runtime calls, in order:
                      the front of the draft and are certain to be accepted.
 2. ``valid_prefix``  how many of the drafts the grammar accepts from the current state
                      (drafts are cut there). Must leave the state unchanged.
-3. ``mask_rows``     logits [K+1, V] with illegal tokens set to -inf, row j masked by the
-                     state after drafts[:j]; so the recovered / bonus token is legal.
-                     Must leave the state unchanged.
+3. ``allowed_rows``  before the verify: the legal ids of each row [K+1, V], row j by the
+                     state after drafts[:j]. When few ids are legal on any row, the verify
+                     computes only their logits (``read_ids``); the rows are then masked by
+                     them (``masked``), so the recovered / bonus token is legal. A constraint
+                     that cannot say them before the logits masks them after instead
+                     (``mask_rows``). Both must leave the state unchanged.
 4. ``advance(t)``    once per committed token.
 
 With relaxed acceptance on free-text spans (``RelaxedConfig.spans``), the runtime also asks
@@ -21,7 +24,30 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
+import numpy as np
 import torch
+
+# The verify computes only the logits of the ids some row may commit when they are at most
+# this share of the vocabulary: a plan's keys, names and numbers allow a few ids per row, and
+# the head (the vocabulary times the hidden size) is a quarter of a small model's weights.
+READ_SHARE = 1 / 16
+
+
+def read_ids(allowed: np.ndarray | None) -> np.ndarray | None:
+    """allowed [R, V] bool -> the ids any row may commit [n], ascending, when they are few
+    (READ_SHARE); None: every logit is read."""
+    if allowed is None:
+        return None
+    ids = np.flatnonzero(allowed.any(axis=0))
+    return ids if len(ids) <= READ_SHARE * allowed.shape[1] else None
+
+
+def masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
+    """logits [R, V] with -inf where ``allowed`` [R, V] is False."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # one single-threaded numpy pass; torch's threaded masked_fill stalls on a busy CPU
+        return torch.from_numpy(np.where(allowed, logits.detach().numpy(), np.float32(-np.inf)))
+    return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
 
 class Constraint(ABC):
@@ -42,6 +68,11 @@ class Constraint(ABC):
     @abstractmethod
     def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
         """logits [K+1, V] with illegal ids at -inf; row j by the state after drafts[:j]."""
+
+    def allowed_rows(self, drafts: list[int], rows: int, width: int) -> np.ndarray | None:
+        """[rows, width] bool, the ids legal on each row (row j by the state after drafts[:j]),
+        before the logits; None: not known before them (``mask_rows`` masks then)."""
+        return None
 
     @abstractmethod
     def advance(self, token: int) -> None:
@@ -77,6 +108,9 @@ class TimedConstraint(Constraint):
 
     def mask_rows(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
         return self._timed(self.inner.mask_rows, logits, drafts)
+
+    def allowed_rows(self, drafts: list[int], rows: int, width: int) -> np.ndarray | None:
+        return self._timed(self.inner.allowed_rows, drafts, rows, width)
 
     def advance(self, token: int) -> None:
         return self._timed(self.inner.advance, token)

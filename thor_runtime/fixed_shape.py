@@ -119,8 +119,9 @@ class FixedShapeDecoder:
                     self._free.append(b)
 
     @torch.inference_mode()
-    def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
-        """ids [T] -> logits [T, V]: consecutive calls of ``rows`` rows (T = 1 is a plain step)."""
+    def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (), cols=None) -> ForwardOut:
+        """ids [T] -> logits [T, V]: consecutive calls of ``rows`` rows (T = 1 is a plain step);
+        every id's logit (``cols`` is not used: the graphs have one shape)."""
         return self.verify_many([SimpleNamespace(ids=ids, cache=cache, taps=tuple(taps))])[0]
 
     @torch.inference_mode()
@@ -241,7 +242,7 @@ class PaddedVerify:
     def __init__(self, model, rows: int = STEP_ROWS):
         self.model, self.rows = model, rows
 
-    def verify(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = ()) -> ForwardOut:
+    def verify(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = (), cols=None) -> ForwardOut:
         T = ids.shape[0]
         if T > self.rows:
             raise ThorError(f"a verify of {T} rows on a model with its own cache needs step rows >= {T} "

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .constraint import TimedConstraint
+from .constraint import TimedConstraint, masked, read_ids
 from .errors import ThorError
 from .kv_cache import KVScales
 from .prefix_cache import PrefixCache
@@ -212,10 +212,14 @@ class Runtime:
                                                                    forced_ids)
                     t_b = time.perf_counter()
                     rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
-                    vout = verify(rows, cache, taps=taps)                                   # logits [K+1, V]
+                    # the ids each row may commit, known before the logits: only theirs are computed
+                    allowed = (constraint.allowed_rows(drafts, len(rows), cfg.vocab_size)
+                               if constraint is not None else None)                         # [K+1, V]
+                    t_v = time.perf_counter()
+                    vout = verify(rows, cache, taps=taps, cols=read_ids(allowed))           # logits [K+1, V]
                     t_c = time.perf_counter()
                     n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
-                                                    constraint, stats)
+                                                    constraint, stats, allowed)
                     # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
                     # token becomes the next anchor.
                     cache.crop(len(seq) + n_acc)
@@ -225,11 +229,11 @@ class Runtime:
                     keep_s = time.perf_counter() - t_k
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:
-                        cost = Cycle(len(rows), forced, t_c - t_b, t_b - t_p if cap else 0.0, keep_s)
+                        cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s)
                         budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
                                                            cost)
-                    stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_b,
-                                       time.perf_counter() - t_c, capped=cap < k)
+                    stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_v,
+                                       time.perf_counter() - t_c + t_v - t_b, capped=cap < k)
             stats.decode_s = time.perf_counter() - t_dec
             stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
             stats.generated = len(stop.out)
@@ -281,9 +285,11 @@ class Runtime:
             probs = probs[:len(drafts)]
         return drafts, probs, len(forced)
 
-    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint, stats=None):
-        if constraint is not None:
-            logits = constraint.mask_rows(logits, drafts.tolist())            # [K+1, V], -inf where illegal
+    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint, stats=None, allowed=None):
+        if allowed is not None:
+            logits = masked(logits, allowed)                                  # [K+1, V], -inf where illegal
+        elif constraint is not None:
+            logits = constraint.mask_rows(logits, drafts.tolist())
         relax = self._relaxable(drafts, seq, relaxed, constraint) if params.greedy and relaxed is not None else []
         if params.greedy and not any(relax):
             return accept_strict(logits, drafts)     # the argmax on the device, K + 1 ids back

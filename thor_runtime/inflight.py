@@ -85,9 +85,9 @@ class StepBatch:
                 self._members -= 1
                 self._cond.notify_all()           # a round may have been waiting for this one
 
-    def verify(self, ids, cache, taps=()):
-        """-> the ForwardOut ``verify(ids, cache, taps)`` alone gives, from a shared round."""
-        me = _Pending(VerifyCall(ids, cache, tuple(taps)))
+    def verify(self, ids, cache, taps=(), cols=None):
+        """-> the ForwardOut ``verify(ids, cache, taps, cols)`` alone gives, from a shared round."""
+        me = _Pending(VerifyCall(ids, cache, tuple(taps), cols))
         with self._cond:
             self._pending.append(me)
             while not me.done:
@@ -124,6 +124,6 @@ class StepBatch:
                     c.cache.crop(n)           # whatever the shared forward appended
             for p in batch:       # one at a time: only the call that fails alone fails
                 try:
-                    p.out = self._verify(p.call.ids, p.call.cache, taps=p.call.taps)
+                    p.out = self._verify(p.call.ids, p.call.cache, taps=p.call.taps, cols=p.call.cols)
                 except Exception as e:  # noqa: BLE001 - handed to its own sequence
                     p.err = e

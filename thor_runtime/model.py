@@ -328,9 +328,10 @@ class TargetModel:
     # ---- whole forward
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
-                logits_rows: str | slice = "all", exact: bool = False) -> ForwardOut:
+                logits_rows: str | slice = "all", exact: bool = False, cols=None) -> ForwardOut:
         """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a slice.
-        exact: row-invariant attention (``verify``)."""
+        exact: row-invariant attention (``verify``). cols: the token ids whose logits the caller
+        reads (None: all); a kernel that computes only those leaves the others at -inf."""
         start, T = cache.length, ids.shape[0]
         if start + T > self.cfg.max_position_embeddings:
             raise ThorError(f"sequence of {start + T} tokens exceeds the model context "
@@ -340,8 +341,10 @@ class TargetModel:
         rows = logits_rows if isinstance(logits_rows, slice) else \
             {"all": slice(None), "last": slice(-1, None), "none": None}[logits_rows]
         out = ForwardOut(None)
-        run = self.run_layers if self.runner is None else self.runner.run
-        out.taps, out.logits = run(h, cache, taps, rows, exact)
+        if self.runner is None:
+            out.taps, out.logits = self.run_layers(h, cache, taps, rows, exact)
+        else:
+            out.taps, out.logits = self.runner.run(h, cache, taps, rows, exact, cols)
         return out
 
     def segments(self, exact: bool):
@@ -370,15 +373,16 @@ class TargetModel:
                 out_taps[i] = h
         return out_taps, None if rows is None else seg.head(h[rows])
 
-    def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = ()) -> ForwardOut:
-        """The decode cycle's forward over anchor + drafts, ids [T] -> logits [T, V].
+    def verify(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (), cols=None) -> ForwardOut:
+        """The decode cycle's forward over anchor + drafts, ids [T] -> logits [T, V] (``cols``:
+        the ids whose logits are read, see ``forward``).
 
         Row t's logits, taps and stored K/V are bit-for-bit what a 1-row step at its position
         would produce: projections run on row-invariant kernels (RowLoop where a kernel is not),
         attention per row. So greedy speculative decoding commits exactly the tokens plain
         decoding commits, whatever the KV dtype — no tolerance: an fp8 cache holds the same
         bytes either way. Plain decoding is this with T = 1."""
-        parts = [self.forward(ids[s:s + EXACT_ROWS], cache, taps, exact=True)
+        parts = [self.forward(ids[s:s + EXACT_ROWS], cache, taps, exact=True, cols=cols)
                  for s in range(0, ids.shape[0], EXACT_ROWS)]
         if len(parts) == 1:
             return parts[0]

@@ -127,9 +127,10 @@ def _bind(path: Path):
     lib.rowstep_set_head.restype = _I
     lib.rowstep_set_head.argtypes = [_P, _P, _P, _P, _P, _I]
     lib.rowstep_forward.restype = _I
-    lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P]
+    lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.rowstep_forward_rows.restype = _I
-    lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P]
+    lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
+    lib.rowstep_unit.restype = _I
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
     return lib
@@ -174,6 +175,7 @@ class RowStep:
         # a build that regroups the weights (rowstep_layout() > 0) copies them at set: the
         # blobs, scales and minimums passed need to live only until then
         self.group, failed, self._weights = self._lib.rowstep_layout(), 0, []
+        self.unit = self._lib.rowstep_unit()      # head outputs per unit of a ``cols`` call
         for i, lay in enumerate(model.layers):
             args = [self._ptr(lay.attn_norm), self._ptr(lay.mlp_norm)]
             for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down):
@@ -221,13 +223,26 @@ class RowStep:
         return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
                 and T >= 1 and cache.length + T <= cache.k.shape[2])
 
-    def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None)):
+    def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None),
+                 cols=None):
         # rows are row-invariant: any split gives the same bits
-        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want), h.shape[0], rows, MAX_ROWS,
+        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want, cols), h.shape[0], rows, MAX_ROWS,
                         tuple(taps))
 
-    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None):
-        """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none)."""
+    def _units(self, cols, R: int):
+        """-> (units [U] int32 covering ``cols``, logits [R, V] to write into): the head's
+        outputs a caller reads (``cols``: token ids, None = all). An id outside them stays at
+        -inf; one inside has the bits the whole head gives it (each output's operations are
+        its own, rowstep.c)."""
+        V = self.model.cfg.vocab_size
+        if cols is None:
+            return None, torch.empty(R, V)
+        units = np.unique(np.asarray(cols, np.int64) // self.unit).astype(np.int32)          # [U]
+        return units, torch.full((R, V), float("-inf"))
+
+    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None):
+        """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none);
+        ``cols``: the ids whose logits are read (None: all)."""
         T, start, cfg = h.shape[0], cache.length, self.model.cfg
         self.model.ensure_positions(start + T)
         # [T, D], the residual stream, overwritten; copied by numpy: a torch copy this size wakes
@@ -236,24 +251,26 @@ class RowStep:
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
-        logits = torch.empty(len(r), cfg.vocab_size) if want is not None else None
+        units, logits = self._units(cols, len(r)) if want is not None else (None, None)
         cos, sin = self.model.cos, self.model.sin
         with self._one:
             self._fit()
             rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
                                            cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
-                                           len(r), None if logits is None else logits.data_ptr())
+                                           len(r), None if logits is None else logits.data_ptr(),
+                                           None if units is None else units.ctypes.data,
+                                           0 if units is None else len(units))
         if rc != 0:
             raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
         cache.lengths = [start + T] * self.n
         return tap_out, logits
 
 
-    def many(self, h: torch.Tensor, caches: list, counts: list[int], taps: tuple[int, ...] = ()):
+    def many(self, h: torch.Tensor, caches: list, counts: list[int], taps: tuple[int, ...] = (), cols=None):
         """Rows of several sequences in one call: h [N, D] holds ``counts[j]`` rows of the
         sequence in ``caches[j]`` after its cached ones, in that order (N <= MAX_ROWS). Each
         row runs what a 1-row call at its position runs; every cache grows by its count.
-        -> ({i: [N, D]} for taps, logits [N, V])."""
+        ``cols``: the ids whose logits are read (None: all). -> ({i: [N, D]} for taps, logits [N, V])."""
         N, cfg = h.shape[0], self.model.cfg
         starts = [c.length for c in caches]
         pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts)]).astype(np.int32)   # [N]
@@ -266,12 +283,14 @@ class RowStep:
         tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         r = torch.arange(N, dtype=torch.int64)
-        logits = torch.empty(N, cfg.vocab_size)
+        units, logits = self._units(cols, N)
         with self._one:
             self._fit()
             rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
                                                 self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                                r.data_ptr(), N, logits.data_ptr())
+                                                r.data_ptr(), N, logits.data_ptr(),
+                                                None if units is None else units.ctypes.data,
+                                                0 if units is None else len(units))
         if rc != 0:
             raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
         for c, s, n in zip(caches, starts, counts):

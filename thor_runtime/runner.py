@@ -33,7 +33,8 @@ from .rowstep import row_step
 @dataclass(frozen=True)
 class Forward:
     """A forward kernel: fits(runner, cache, rows, exact) -> bool; run(runner, h [T, D],
-    cache, taps, logit rows, exact) -> ({layer: [T, D]}, logits [R, V] or None)."""
+    cache, taps, logit rows, exact, cols) -> ({layer: [T, D]}, logits [R, V] or None). cols:
+    the token ids whose logits are read (None: all); a kernel may compute only those."""
     name: str
     fits: Callable
     run: Callable
@@ -57,23 +58,23 @@ FORWARD = (
     Forward("rowstep",
             lambda r, cache, T, exact: ((exact or r.prefill_on_rows) and r.rows is not None
                                         and r.model.backend is None and r.rows.fits(cache, T)),
-            lambda r, h, cache, taps, rows, exact: r.rows(h, cache, taps, rows)),
+            lambda r, h, cache, taps, rows, exact, cols: r.rows(h, cache, taps, rows, cols)),
     # the whole forward as one ORT graph, probed row-invariant: ``exact`` holds as it is
     Forward("ort-step-graph",
             lambda r, cache, T, exact: r.step is not None and r.model.backend is None and r.step.fits(cache, T),
-            lambda r, h, cache, taps, rows, exact: r.step(h, cache, taps, rows)),
+            lambda r, h, cache, taps, rows, exact, cols: r.step(h, cache, taps, rows)),
     # a bf16/fp8 cache on a MatMulNBits model: one graph per layer boundary (built on first use)
     Forward("fused-graphs",
             lambda r, cache, T, exact: r.model.backend is None and r.fused_graphs() is not None,
-            lambda r, h, cache, taps, rows, exact: r.model.run_layers(h, cache, taps, rows, exact,
-                                                                      FusedSegments(r.model, r.fused))),
+            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact,
+                                                                            FusedSegments(r.model, r.fused))),
     # an attached engine (ONNX Runtime, TensorRT) runs the dense segments
     Forward("engine",
             lambda r, cache, T, exact: r.model.backend is not None,
-            lambda r, h, cache, taps, rows, exact: r.model.run_layers(h, cache, taps, rows, exact)),
+            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact)),
     Forward("torch",
             lambda r, cache, T, exact: True,
-            lambda r, h, cache, taps, rows, exact: r.model.run_layers(h, cache, taps, rows, exact, r.model)),
+            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact, r.model)),
 )
 
 
@@ -92,8 +93,8 @@ class Runner:
     def pick(self, cache, T: int, exact: bool) -> Forward:
         return next(k for k in self.kernels if k.fits(self, cache, T, exact))
 
-    def run(self, h, cache, taps, rows, exact):
-        return self.pick(cache, h.shape[0], exact).run(self, h, cache, taps, rows, exact)
+    def run(self, h, cache, taps, rows, exact, cols=None):
+        return self.pick(cache, h.shape[0], exact).run(self, h, cache, taps, rows, exact, cols)
 
     @property
     def decode_kernel(self) -> str:

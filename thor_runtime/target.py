@@ -28,9 +28,10 @@ class Target(Protocol):
                 tap_rows: int = 0):
         """ids [T] -> ForwardOut: last-row logits [1, V], taps {layer: [tap_rows, D]}."""
 
-    def verify(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = ()):
+    def verify(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = (), cols=None):
         """ids [T] (anchor + drafts) -> ForwardOut: logits [T, V], taps {layer: [T, D]}; each row
-        the bits a 1-row step at its position gives."""
+        the bits a 1-row step at its position gives. cols: the token ids whose logits the caller
+        reads (None: all); the others may be left at -inf."""
 
     def forward(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = (), logits_rows: str | slice = "all",
                 exact: bool = False):

@@ -90,8 +90,14 @@ static void attn_task(void *arg, int part, int nparts, int slot) {
 }
 
 static void matmul(Engine *e, const Proj *w, const QRows *x, float *y) {
-    MatmulTask t = {w, x, y};
+    MatmulTask t = {w, x, y, NULL, 0};
     pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, (w->N + 15) / 16));
+}
+
+/* only the outputs of units[0..n) (UNIT outputs each); an output's bits are matmul's */
+static void matmul_units(Engine *e, const Proj *w, const QRows *x, float *y, const int32_t *units, int n) {
+    MatmulTask t = {w, x, y, units, n};
+    pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, n));
 }
 
 #define SCRATCH_ROWS 64      /* rows a call: a verify's, several sequences', or a prompt chunk */
@@ -145,6 +151,10 @@ void rowstep_free(void *h) {
 /* Outputs per weight group of the layout this build reads (rowstep_simd.h): 0, the
    MatMulNBits blobs as they are; GROUP, blocks of GROUP outputs interleaved by 4-byte words. */
 int rowstep_layout(void) { return GROUP; }
+
+/* Outputs per unit of a forward's ``units`` (the head's logits computed when only some are
+   wanted): an output group of the regrouped layout, else a tile. */
+int rowstep_unit(void) { return UNIT; }
 
 /* Threads that take part in the coming forwards (1..threads given at rowstep_new); the
    results do not depend on it. -> the count now in use. */
@@ -211,11 +221,13 @@ int rowstep_set_head(void *h, const float *final_norm, const void *blob, const f
    sequences share the projections, each attends only its own keys 0..pos[t]. A sequence's rows
    come in order. Every row runs the instructions a 1-row forward runs, so its bits do not
    depend on the rows beside it. cos/sin [> max pos, Dh]. taps [L] of output pointers (NULL: not
-   wanted), each [T, D]; rows [R] of rows whose logits go to logits [R, V] (R = 0: none).
+   wanted), each [T, D]; rows [R] of rows whose logits go to logits [R, V] (R = 0: none);
+   units [U] (U > 0), ascending: only the logits of these units of rowstep_unit() ids are
+   written, each with the bits a whole head gives it (the others are left as they are).
    Returns 0, or -1 when T or a position does not fit the scratch or its cache. */
 int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const *k, float *const *v,
                          const int *S, const float *cos, const float *sin, float **taps, const int64_t *rows,
-                         int R, float *logits) {
+                         int R, float *logits, const int32_t *units, int U) {
     Engine *e = hd;
     if (T < 1 || T > e->maxrows) return -1;
     for (int t = 0; t < T; t++)
@@ -260,7 +272,8 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
     if (R > 0) {
         for (int r = 0; r < R; r++) rms_norm_row(h + (size_t)rows[r] * D, e->final_norm, D, e->eps, e->x + (size_t)r * D);
         quantize_rows(e, e->x, R, D, e->head.bits == 4, &qr);
-        matmul(e, &e->head, &qr, logits);                                          /* [R, V] */
+        if (U > 0) matmul_units(e, &e->head, &qr, logits, units, U);
+        else matmul(e, &e->head, &qr, logits);                                     /* [R, V] */
     }
     pool_active(&e->pool, 0);
     return 0;
@@ -268,10 +281,11 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
 
 /* One sequence: rows at positions start..start + T - 1 of the cache k/v [L, Hkv, S, Dh]. */
 int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, int S,
-                    const float *cos, const float *sin, float **taps, const int64_t *rows, int R, float *logits) {
+                    const float *cos, const float *sin, float **taps, const int64_t *rows, int R, float *logits,
+                    const int32_t *units, int U) {
     int pos[SCRATCH_ROWS], Ss[SCRATCH_ROWS];
     float *ks[SCRATCH_ROWS], *vs[SCRATCH_ROWS];
     if (T < 1 || T > SCRATCH_ROWS) return -1;
     for (int t = 0; t < T; t++) { pos[t] = start + t; ks[t] = k; vs[t] = v; Ss[t] = S; }
-    return rowstep_forward_rows(hd, h, T, pos, ks, vs, Ss, cos, sin, taps, rows, R, logits);
+    return rowstep_forward_rows(hd, h, T, pos, ks, vs, Ss, cos, sin, taps, rows, R, logits, units, U);
 }

@@ -198,38 +198,6 @@ static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx
     }
 }
 
-#if defined(__AVX2__)
-static inline __m256i unpack4(const uint8_t *w) {        /* 16 bytes -> 32 codes: low nibbles, then high */
-    __m128i bytes = _mm_loadu_si128((const __m128i *)w), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), _mm_and_si128(bytes, m));
-}
-
-static inline __m256i dot_u8s8(__m256i w, __m256i x, int bits) {   /* 8 partial sums of w_i x_i */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    (void)bits;
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-#elif defined(__AVXVNNI__)
-    (void)bits;
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
-#else
-    __m256i one = _mm256_set1_epi16(1);
-    if (bits == 4) return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), one);
-    /* bytes up to 255: pairs of u8 x s8 overflow int16, so the top bit goes apart */
-    __m256i lo7 = _mm256_and_si256(w, _mm256_set1_epi8(0x7F));
-    __m256i top = _mm256_srli_epi16(_mm256_and_si256(w, _mm256_set1_epi8((char)0x80)), 7);
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo7, x), one),
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), _mm256_set1_epi16(128)));
-#endif
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-#endif
-
 /* sum_i w_i qx_i over one block, for the portable path */
 static inline int32_t block_dot(const uint8_t *w, const int8_t *qx, int bits) {
     int32_t s = 0;
@@ -254,11 +222,13 @@ typedef struct {            /* the quantized rows of one input */
     int M, K;
 } QRows;
 
-typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
+/* units: NULL, every output; else the nunits output units (UNIT outputs each, in order) whose
+   outputs are wanted, the others left as they are (a head's logits the grammar allows) */
+typedef struct { const Proj *w; const QRows *x; float *y; const int32_t *units; int nunits; } MatmulTask;
 
 /* outputs per tile (independent accumulation chains) and rows per pass: a weight block is
-   unpacked once for up to RT rows; AVX2 has half the vector registers of AVX-512 and NEON */
-#if defined(__AVX512VL__) || defined(__aarch64__)
+   unpacked once for up to RT rows (the interleaved layout: NEON and plain C) */
+#if defined(__aarch64__)
 #define NT 4
 #else
 #define NT 2
@@ -270,79 +240,7 @@ typedef struct { const Proj *w; const QRows *x; float *y; } MatmulTask;
    order with the same operations whatever R is: a row's bits do not depend on the others. */
 static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy) {
     int nb = w->K / BLK, bytes = BLK * w->bits / 8;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    /* two blocks per 512-bit vector: lanes 0-7 sum block b, lanes 8-15 block b + 1; an odd
-       last block runs on 256 bits */
-    const __m512i pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512 acc[NT][RT];
-    __m256 tail[NT][RT];
-    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) { acc[j][r] = _mm512_setzero_ps(); tail[j][r] = _mm256_setzero_ps(); }
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i xv[RT];
-        __m512 sx[RT];
-        for (int r = 0; r < R; r++) {
-            xv[r] = _mm512_loadu_si512(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
-            sx[r] = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
-                (const double *)(x->sx + (size_t)(r0 + r) * nb + b)))));
-        }
-        for (int j = 0; j < NT; j++) {
-            size_t at = (size_t)(n0 + j) * nb + b;
-            const uint8_t *wb = w->blob + at * bytes;
-            __m512i wv;
-            if (w->bits == 4) {     /* [lo(b) hi(b) lo(b+1) hi(b+1)] from 32 bytes of nibbles */
-                __m256i by = _mm256_loadu_si256((const __m256i *)wb), m = _mm256_set1_epi8(0x0F);
-                __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(by, m)),
-                                               _mm256_and_si256(_mm256_srli_epi16(by, 4), m), 1);
-                wv = _mm512_shuffle_i64x2(z, z, 0xD8);
-            } else {
-                wv = _mm512_loadu_si512(wb);
-            }
-            __m512 sw = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(w->s + at)))));
-            for (int r = 0; r < R; r++)
-                acc[j][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv[r])),
-                                                          sx[r]), sw, acc[j][r]);
-        }
-    }
-    for (; b < nb; b++)
-        for (int j = 0; j < NT; j++) {
-            size_t at = (size_t)(n0 + j) * nb + b;
-            const uint8_t *wb = w->blob + at * bytes;
-            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
-            for (int r = 0; r < R; r++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
-                tail[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv, w->bits)),
-                                                           _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b])),
-                                             _mm256_set1_ps(w->s[at]), tail[j][r]);
-            }
-        }
-    for (int j = 0; j < NT; j++)
-        for (int r = 0; r < R; r++)
-            y[(size_t)r * ldy + j] = _mm512_reduce_add_ps(acc[j][r]) + hsum8(tail[j][r])
-                                     + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
-#elif defined(__AVX2__)
-    __m256 acc[NT][RT];
-    for (int j = 0; j < NT; j++) for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m256i xv[RT];
-        __m256 sx[RT];
-        for (int r = 0; r < R; r++) {
-            xv[r] = _mm256_loadu_si256((const __m256i *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK));
-            sx[r] = _mm256_set1_ps(x->sx[(size_t)(r0 + r) * nb + b]);
-        }
-        for (int j = 0; j < NT; j++) {
-            size_t at = (size_t)(n0 + j) * nb + b;
-            const uint8_t *wb = w->blob + at * bytes;
-            __m256i wv = w->bits == 4 ? unpack4(wb) : _mm256_loadu_si256((const __m256i *)wb);
-            __m256 s = _mm256_set1_ps(w->s[at]);
-            for (int r = 0; r < R; r++)
-                acc[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot_u8s8(wv, xv[r], w->bits)), sx[r]), s, acc[j][r]);
-        }
-    }
-    for (int j = 0; j < NT; j++)
-        for (int r = 0; r < R; r++)
-            y[(size_t)r * ldy + j] = hsum8(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
-#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
     /* signed dot products: 4-bit codes are 0..15 as they are; 8-bit codes q + 128 become q,
        and 128 sum(qx) goes back in as 32 sum(qx) on each of the 4 lanes */
     float32x4_t acc[NT][RT];
@@ -394,115 +292,76 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
 #endif
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-/* ---- grouped layout (rowstep_layout() == GROUP): with a row's int8 block in registers as
-   eight 4-byte words, one dpbusd against 16 outputs' matching words sums 4 inputs of each of
-   16 outputs; eight of them finish a block with its sums already in the 16 lanes of the output
-   vector. The interleaved layout above needs 4 vector ops per 64 products and a horizontal sum
-   per output; this one 12 per 512 and none (the verify and prefill rows are compute-bound).
-   Per group g of 16 outputs and block b, 4-bit: four 64-byte vectors, vector i's word n the
-   bytes 4i..4i+3 of output n's MatMulNBits block (low nibbles: split inputs 4i..4i+3, high:
-   16 + 4i..), 8-bit: eight, vector k's word n the bytes 4k..4k+3; s and m [N/16, nb, 16]; N is
-   padded to whole groups (zero weights), the padding never stored. */
-#define GROUP 16
-#define GT 2          /* output groups per tile */
-#define GPF 8         /* blocks ahead the first pass prefetches */
+#include "rowstep_group.h"   /* GROUP: the regrouped layout's gtile, where the CPU has one */
 
-static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
-                                                         int g0, const int G, float *y, int ldy) {
-    int nb = w->K / BLK, words = BLK * w->bits / 32;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[GT][RT];
-    for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) acc[g][r] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m512i d[GT][RT];
-        const int32_t *xw[RT];
-        for (int r = 0; r < R; r++) xw[r] = (const int32_t *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
-        for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) d[g][r] = _mm512_setzero_si512();
-        if (r0 == 0 && x->M > 1)   /* the first pass over the weights streams them: GPF blocks ahead */
-            for (int g = 0; g < G; g++) {
-                const char *ahead = (const char *)w->blob + (((size_t)(g0 + g) * nb + b + GPF) * words) * 64;
-                for (int c = 0; c < words * 64; c += 64) __builtin_prefetch(ahead + c, 0, 0);
-                __builtin_prefetch(w->s + ((size_t)(g0 + g) * nb + b + GPF) * GROUP, 0, 0);
-                __builtin_prefetch(w->m + ((size_t)(g0 + g) * nb + b + GPF) * GROUP, 0, 0);
-            }
-        if (w->bits == 4) {
-            for (int i = 0; i < 4; i++)
-                for (int g = 0; g < G; g++) {
-                    __m512i v = _mm512_loadu_si512(w->blob + (((size_t)(g0 + g) * nb + b) * words + i) * 64);
-                    __m512i wl = _mm512_and_si512(v, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                    for (int r = 0; r < R; r++) {
-                        d[g][r] = _mm512_dpbusd_epi32(d[g][r], wl, _mm512_set1_epi32(xw[r][i]));
-                        d[g][r] = _mm512_dpbusd_epi32(d[g][r], wh, _mm512_set1_epi32(xw[r][4 + i]));
-                    }
-                }
-        } else {
-            for (int k = 0; k < 8; k++)
-                for (int g = 0; g < G; g++) {
-                    __m512i v = _mm512_loadu_si512(w->blob + (((size_t)(g0 + g) * nb + b) * words + k) * 64);
-                    for (int r = 0; r < R; r++) d[g][r] = _mm512_dpbusd_epi32(d[g][r], v, _mm512_set1_epi32(xw[r][k]));
-                }
-        }
-        for (int g = 0; g < G; g++) {
-            size_t at = ((size_t)(g0 + g) * nb + b) * GROUP;
-            __m512 sw = _mm512_loadu_ps(w->s + at), mw = _mm512_loadu_ps(w->m + at);
-            for (int r = 0; r < R; r++) {
-                size_t xb = (size_t)(r0 + r) * nb + b;
-                acc[g][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[g][r]), _mm512_mul_ps(sw, _mm512_set1_ps(x->sx[xb])), acc[g][r]);
-                acc[g][r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->zs[xb]), acc[g][r]);
-            }
-        }
-    }
-    for (int g = 0; g < G; g++) {
-        int left = w->N - (g0 + g) * GROUP;        /* the last group may be cut short */
-        __mmask16 keep = left >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int r = 0; r < R; r++) {
-            __m512 o = acc[g][r];
-            if (w->bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(keep, w->bias + (size_t)(g0 + g) * GROUP));
-            _mm512_mask_storeu_ps(y + (size_t)r * ldy + (size_t)g * GROUP, keep, o);
+#if GROUP
+/* every row of G (1 or GT) output groups from g */
+static inline __attribute__((always_inline)) void gtiles(const MatmulTask *t, int g, const int G) {
+    const Proj *w = t->w;
+    int M = t->x->M;
+    for (int r = 0; r < M; r += RT) {
+        float *y = t->y + (size_t)r * w->N + (size_t)g * GROUP;
+        int R = M - r < RT ? M - r : RT;
+        /* constant shapes: unrolled, in registers; a lane's operations are the same in each */
+        switch (R) {
+            case 1: gtile(w, t->x, r, 1, g, G, y, w->N); break;
+            case 2: gtile(w, t->x, r, 2, g, G, y, w->N); break;
+            case 3: gtile(w, t->x, r, 3, g, G, y, w->N); break;
+            default: gtile(w, t->x, r, 4, g, G, y, w->N); break;
         }
     }
 }
 
+#define UNIT GROUP
+
 static void matmul_task(void *arg, int part, int nparts, int slot) {
     const MatmulTask *t = arg;
-    const Proj *w = t->w;
-    int lo, hi, M = t->x->M;
+    int lo, hi;
     (void)slot;
-    share((w->N + GROUP - 1) / GROUP, 1, part, nparts, &lo, &hi);
+    if (t->units) {         /* a group's lanes run the same operations whatever G is */
+        share(t->nunits, 1, part, nparts, &lo, &hi);
+        for (int u = lo; u < hi; u++) gtiles(t, t->units[u], 1);
+        return;
+    }
+    share((t->w->N + GROUP - 1) / GROUP, 1, part, nparts, &lo, &hi);
     for (int g = lo; g < hi; g += GT) {
-        int G = hi - g < GT ? hi - g : GT;
-        for (int r = 0; r < M; r += RT) {
-            float *y = t->y + (size_t)r * w->N + (size_t)g * GROUP;
-            int R = M - r < RT ? M - r : RT;
-            /* constant shapes: unrolled, in registers; a lane's operations are the same in each */
-            if (G == GT) {
-                switch (R) {
-                    case 1: gtile(w, t->x, r, 1, g, GT, y, w->N); break;
-                    case 2: gtile(w, t->x, r, 2, g, GT, y, w->N); break;
-                    case 3: gtile(w, t->x, r, 3, g, GT, y, w->N); break;
-                    default: gtile(w, t->x, r, 4, g, GT, y, w->N); break;
-                }
-            } else {
-                switch (R) {
-                    case 1: gtile(w, t->x, r, 1, g, 1, y, w->N); break;
-                    case 2: gtile(w, t->x, r, 2, g, 1, y, w->N); break;
-                    case 3: gtile(w, t->x, r, 3, g, 1, y, w->N); break;
-                    default: gtile(w, t->x, r, 4, g, 1, y, w->N); break;
-                }
-            }
-        }
+        if (hi - g >= GT) gtiles(t, g, GT);
+        else gtiles(t, g, 1);
     }
 }
 
 #else
-#define GROUP 0
+
+/* every row of the NT outputs from n */
+static inline void ntiles(const MatmulTask *t, int n) {
+    const Proj *w = t->w;
+    int M = t->x->M;
+    for (int r = 0; r < M; r += RT) {
+        float *y = t->y + (size_t)r * w->N + n;
+        switch (M - r < RT ? M - r : RT) {     /* constant row counts: unrolled, in registers */
+            case 1: tile(w, t->x, r, 1, n, y, w->N); break;
+            case 2: tile(w, t->x, r, 2, n, y, w->N); break;
+            case 3: tile(w, t->x, r, 3, n, y, w->N); break;
+            default: tile(w, t->x, r, 4, n, y, w->N); break;
+        }
+        if (w->bias)
+            for (int rr = r; rr < r + RT && rr < M; rr++)
+                for (int j = 0; j < NT; j++) t->y[(size_t)rr * w->N + n + j] += w->bias[n + j];
+    }
+}
+
+#define UNIT NT
 
 static void matmul_task(void *arg, int part, int nparts, int slot) {
     const MatmulTask *t = arg;
     const Proj *w = t->w;
-    int lo, hi, M = t->x->M;
+    int lo, hi;
     (void)slot;
+    if (t->units) {         /* an output's operations do not depend on the tile around it */
+        share(t->nunits, 1, part, nparts, &lo, &hi);
+        for (int u = lo; u < hi; u++) ntiles(t, t->units[u] * NT);
+        return;
+    }
     share(w->N, 16, part, nparts, &lo, &hi);
     size_t row_bytes = (size_t)w->K * w->bits / 8, nb = w->K / BLK;
     for (int n = lo; n < hi; n += NT) {
@@ -520,18 +379,7 @@ static void matmul_task(void *arg, int part, int nparts, int slot) {
                 __builtin_prefetch(ma + o, 0, 0);
             }
         }
-        for (int r = 0; r < M; r += RT) {
-            float *y = t->y + (size_t)r * w->N + n;
-            switch (M - r < RT ? M - r : RT) {     /* constant row counts: unrolled, in registers */
-                case 1: tile(w, t->x, r, 1, n, y, w->N); break;
-                case 2: tile(w, t->x, r, 2, n, y, w->N); break;
-                case 3: tile(w, t->x, r, 3, n, y, w->N); break;
-                default: tile(w, t->x, r, 4, n, y, w->N); break;
-            }
-            if (w->bias)
-                for (int rr = r; rr < r + RT && rr < M; rr++)
-                    for (int j = 0; j < NT; j++) t->y[(size_t)rr * w->N + n + j] += w->bias[n + j];
-        }
+        ntiles(t, n);
     }
 }
 

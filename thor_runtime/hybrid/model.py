@@ -272,7 +272,7 @@ class HybridModel:
             out.logits = seg.head(h[rows])
         return out
 
-    def verify(self, ids: torch.Tensor, cache: HybridCache, taps: tuple[int, ...] = ()) -> ForwardOut:
+    def verify(self, ids: torch.Tensor, cache: HybridCache, taps: tuple[int, ...] = (), cols=None) -> ForwardOut:
         """The decode cycle's forward (see TargetModel.verify): row-invariant projections,
         attention per row and the GDN recurrence row by row with a checkpoint slot per row, so
         each row — and the state a partial accept keeps — is bit-for-bit a 1-row step's (for up

@@ -1,0 +1,83 @@
+"""Logits read by id: under a grammar, a verify on the row kernel computes only the logits of
+the ids some row may commit (thor_runtime/constraint.py ``read_ids``). Each computed logit has
+the bits the whole head gives it, so constrained decoding commits the same tokens, plain and
+speculative, alone and in a shared round."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_grammar import PLAN_LIKE
+from test_rowstep import _with_rows
+
+from agent.grammar import Grammar
+from thor_runtime import constraint as constraint_mod
+from thor_runtime.batch_verify import VerifyCall, verify_many
+from thor_runtime.constraint import read_ids
+from thor_runtime.generate import Runtime
+from thor_runtime.kv_cache import KVCache
+from thor_runtime.rowstep import RowStep
+from thor_runtime.sampling import SamplingParams
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.budget import DraftBudget
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
+
+
+def _cache(m, ids):
+    c = KVCache(m.cfg, 64, "fp32", m.dtype)
+    m.prefill(ids, c)
+    return c
+
+
+def test_read_ids_only_when_few():
+    allowed = np.zeros((3, 320), bool)
+    allowed[0, [5, 9]] = allowed[2, 9] = True
+    assert read_ids(allowed).tolist() == [5, 9]
+    allowed[1, :100] = True                      # a free-text row: every logit is read
+    assert read_ids(allowed) is None
+    assert read_ids(None) is None
+
+
+def test_logits_read_by_id_have_the_whole_heads_bits(tiny_llama):
+    m = _with_rows(tiny_llama)
+    V, unit = m.cfg.vocab_size, m.runner.rows.unit
+    ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup and put it in the sink"))[:20]
+    cols = np.array([3, 50, V - 1])
+    whole = m.verify(ids[12:], _cache(m, ids[:12])).logits                       # [8, V]
+    part = m.verify(ids[12:], _cache(m, ids[:12]), cols=cols).logits
+    computed = torch.isfinite(part)                                               # [8, V]
+    assert computed[:, cols].all() and torch.equal(part[:, cols], whole[:, cols])
+    assert torch.equal(part[computed], whole[computed])
+    units = np.unique(cols // unit)
+    assert computed.sum(1).tolist() == [min(len(units) * unit, V)] * 8           # the rest was not computed
+    # two sequences in one round, each reading its own ids: each gets its verify alone
+    c1, c2 = _cache(m, ids[:12]), _cache(m, ids[:9])
+    a, b = verify_many(m, m.verify, [VerifyCall(ids[12:16], c1, (), np.array([7])),
+                                     VerifyCall(ids[9:14], c2, (), np.array([11, 12]))])
+    alone = m.verify(ids[9:14], _cache(m, ids[:9])).logits
+    assert torch.equal(a.logits[:, 7], whole[:4, 7])
+    assert torch.equal(b.logits[:, [11, 12]], alone[:, [11, 12]])
+
+
+def test_constrained_decoding_reads_few_logits_and_commits_the_same(tiny_llama, gtok, monkeypatch):
+    m = _with_rows(tiny_llama)
+    tok = tiny_llama.tokenizer
+    rt = Runtime(m, tok)
+    g = Grammar(gtok, PLAN_LIKE)
+    ids = tok.encode("pick up the red cup")
+    params = SamplingParams(max_tokens=80)
+    seen = []
+    units = RowStep._units
+    monkeypatch.setattr(RowStep, "_units", lambda self, cols, R: seen.append(cols is not None) or units(self, cols, R))
+
+    def run(spec):
+        return rt.generate(ids, params, speculation=spec, constraint=g.constraint()).token_ids
+
+    specs = [Speculation(), Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget())]
+    by_id = [run(s) for s in specs]
+    assert any(seen), "no verify read its logits by id"
+    monkeypatch.setattr(constraint_mod, "READ_SHARE", 0.0)        # every logit, every verify
+    seen.clear()
+    whole = [run(s) for s in specs]
+    assert not any(seen)
+    assert by_id == whole and whole[0] == whole[1]
