@@ -175,3 +175,13 @@ def test_config_flags_show_what_to_give_not_where_it_is_kept(capsys):
     for shown in ("--device DEVICE", "--prefill-chunk N", "--kv-scales FILE", "--lookup-rate X", "--model MODEL",
                   "--kv-dtype {fp32,bf16,fp16,fp8}"):
         assert shown in out, shown
+
+
+def test_a_flag_that_turns_a_setting_off_says_so(capsys):
+    """A setting that is on by default has a --no-... flag; its help says what the flag does
+    (the setting's own help says what it does when on)."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--no-solver do not complete the steps from the plan's goal" in out
+    assert "--no-window-seed do not seed the DFlash window" in out

@@ -57,6 +57,8 @@ def add_config_args(p: argparse.ArgumentParser, sections, defaults: dict | None 
             s, default = meta(f), defaults.get(key, f.default)
             kw = {"dest": _dest(section, f.name), "default": default, "help": s.help}
             if isinstance(f.default, bool):   # the flag turns the default around
+                if default:                   # a setting's help says what it does when on
+                    kw["help"] = f"do not {s.help}"
                 g.add_argument(s.flag, action="store_false" if default else "store_true", **kw)
                 continue
             kind = type(f.default) if f.default is not None else int
