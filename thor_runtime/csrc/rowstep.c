@@ -9,8 +9,8 @@
    Weights come as MatMulNBits blobs: 4-bit, byte j of a 32-block holding inputs 2j (low
    nibble) and 2j+1 (high); 8-bit (the head), a byte per input. With the codes q unsigned, a
    block is w = s q + m (m: Q4_1's minimum; -8 s for Q4_0, -128 s for the 8-bit head). Builds
-   with AVX-512 VNNI read a regrouped copy (GROUP outputs side by side, see gtile), the others
-   the blobs as they are. Activations are quantized to int8 per block of
+   with AVX-512 VNNI or AVX2 read a regrouped copy (GROUP outputs side by side, see gtile in
+   rowstep_group.h), the others (NEON, plain C) the blobs as they are. Activations are quantized to int8 per block of
    32 (absmax / 127), stored with the even inputs first so a block's nibbles unpack in place:
    y = sum_b s sx dot(q, qx) + m sx sum(qx). */
 #include "rowstep_simd.h"

@@ -9,7 +9,7 @@
 /* ---- grouped layout (rowstep_layout() == GROUP): with a row's int8 block in registers as
    eight 4-byte words, one dpbusd against 16 outputs' matching words sums 4 inputs of each of
    16 outputs; eight of them finish a block with its sums already in the 16 lanes of the output
-   vector. The interleaved layout above needs 4 vector ops per 64 products and a horizontal sum
+   vector. The interleaved layout (tile) needs 4 vector ops per 64 products and a horizontal sum
    per output; this one 12 per 512 and none (the verify and prefill rows are compute-bound).
    Per group g of 16 outputs and block b, 4-bit: four 64-byte vectors, vector i's word n the
    bytes 4i..4i+3 of output n's MatMulNBits block (low nibbles: split inputs 4i..4i+3, high:
