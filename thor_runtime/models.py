@@ -124,9 +124,10 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
 )}
 
 
-# What `thor plan` runs when no --model is given: the catalog model with the best measured task
-# success on the held-out evaluation (docs/planning.md, "Evaluation"). Never substituted
-# silently: when it is not pulled, `thor plan` says how to pull it or to choose the embedded model.
+# The planner-grade model: the catalog model with the best measured task success on the
+# held-out evaluation (docs/planning.md, "Evaluation"), which `make demo`, the installer and CI
+# pull and plan with (--model). `thor plan` and `thor serve` without a model run the embedded
+# one, which needs no download; this one is never substituted for it silently.
 PLANNER_DEFAULT = "qwen2.5-coder-0.5b-instruct"
 
 
