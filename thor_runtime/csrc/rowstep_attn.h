@@ -5,12 +5,19 @@
 #ifndef ROWSTEP_ATTN_H
 #define ROWSTEP_ATTN_H
 /* x[i] = exp(x[i]) in place. One polynomial for every element (vector lanes and tail
-   alike): exp(x) = 2^n exp(r), r = x - n ln2, |r| <= ln2 / 2, degree 6 (rel. error ~2e-7). */
+   alike): exp(x) = 2^n exp(r), r = x - n ln2, |r| <= ln2 / 2, degree 6 (rel. error ~2e-7). Its
+   constants live here once, so the vector forms stay element for element the scalar one. */
+#define EXP_LO -87.3f
+#define EXP_HI 88.3f
+#define EXP_LOG2E 1.44269504f
+#define EXP_LN2_HI -0.693145751953125f       /* -ln2 in two parts: r = x + n hi + n lo */
+#define EXP_LN2_LO -1.428606765330187e-06f
+static const float EXP_C[7] = {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};   /* Horner, highest first */
+
 static inline float exp_poly(float x) {
-    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
-    float n = nearbyintf(x * 1.44269504f), r = fmaf(n, -0.693145751953125f, x);
-    r = fmaf(n, -1.428606765330187e-06f, r);
-    float p = fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(1.f / 720, r, 1.f / 120), r, 1.f / 24), r, 1.f / 6), r, 0.5f), r, 1.f), r, 1.f);
+    x = x < EXP_LO ? EXP_LO : x > EXP_HI ? EXP_HI : x;
+    float n = nearbyintf(x * EXP_LOG2E), r = fmaf(n, EXP_LN2_LO, fmaf(n, EXP_LN2_HI, x)), p = EXP_C[0];
+    for (int k = 1; k < 7; k++) p = fmaf(p, r, EXP_C[k]);
     union { float f; int32_t i; } u = {p};
     u.i += (int32_t)n << 23;
     return u.f;
@@ -19,19 +26,12 @@ static inline float exp_poly(float x) {
 static void vexp(float *x, int n) {
     int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f);
     for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), lo), hi);
-        __m256 nn = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-0.693145751953125f), v);
-        r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-1.428606765330187e-06f), r);
-        __m256 p = _mm256_set1_ps(1.f / 720);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+        __m256 nn = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_LN2_LO), _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_LN2_HI), v));
+        __m256 p = _mm256_set1_ps(EXP_C[0]);
+        for (int k = 1; k < 7; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C[k]));
         __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(nn), 23);
         _mm256_storeu_ps(x + i, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)));
     }
@@ -42,17 +42,11 @@ static void vexp(float *x, int n) {
 #if defined(__AVX512F__)
 /* exp_poly on 16 lanes: vexp's operations, element for element */
 static inline __m512 exp16(__m512 v) {
-    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-0.693145751953125f), v);
-    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_LO), _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_HI), v));
+    __m512 p = _mm512_set1_ps(EXP_C[0]);
+    for (int k = 1; k < 7; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C[k]));
     __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nn), 23);
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
 }
