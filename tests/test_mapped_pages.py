@@ -134,5 +134,7 @@ def test_released_weights_serve_the_rare_paths(models):
     pa, pb = prepared_tensors(kept), prepared_tensors(hit)
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
     ids = torch.arange(100, 140)
+    for m in (cold, hit):                # one prefill kernel for all three (prefill_choice.py)
+        m.runner.prefill_on_rows = kept.runner.prefill_on_rows
     logits = [m.forward(ids, KVCache(m.cfg, 41, "fp32", m.dtype)).logits for m in (kept, cold, hit)]
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])

@@ -409,11 +409,23 @@ def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
     from thor_runtime.rowstep import MAX_ROWS
 
     m = _with_rows(tiny_qwen2)
-    key = f"PrefillOnRows:{m.runner.rows.build}"
-    assert m.row_verdicts[key] == m.runner.prefill_on_rows            # measured at load, kept
-    m.row_verdicts[key] = not m.runner.prefill_on_rows                # a kept verdict is not measured again
-    assert prefill_on_rows(m, m.runner.rows, m.runner.step, m.row_verdicts) == m.row_verdicts[key]
-    assert prefill_on_rows(m, m.runner.rows, None, {}) and not prefill_on_rows(m, None, m.runner.step, {})
+    rows, step = m.runner.rows, m.runner.step
+    key = f"PrefillOnRows:{rows.build}"
+    assert m.runner.prefill_on_rows == (rows.group > 0 or m.row_verdicts[key])
+
+    class Build:                                                      # the row kernel as another build
+        def __init__(self, group):
+            self.group, self.build = group, rows.build
+
+        def __call__(self, *a):
+            return rows(*a)
+    verdict = {}
+    assert prefill_on_rows(m, Build(8), step, verdict) and verdict == {}         # regrouped: not timed
+    measured = prefill_on_rows(m, Build(0), step, verdict)                      # interleaved: timed once
+    assert verdict == {key: measured}
+    verdict[key] = not measured                                                 # and kept
+    assert prefill_on_rows(m, Build(0), step, verdict) == (not measured)
+    assert prefill_on_rows(m, rows, None, {}) and not prefill_on_rows(m, None, step, {})
 
     T = MAX_ROWS + 20
     ids = torch.arange(T) * 7 % m.cfg.vocab_size

@@ -1,10 +1,14 @@
 """Which kernel runs a MatMulNBits model's prompt rows: the row kernel or ONNX Runtime's step
 graph, whichever prefills faster here, measured once per CPU environment and kernel build.
 
-Why measure. Built for AVX-512 VNNI the row kernel reads 16 outputs per vector op and its
-GEMM runs ~2x the step graph's on a 2-core AMD EPYC; built for AVX2 (no VNNI) its multi-row
-path is the older interleaved one and the step graph's MLAS GEMM can be the faster. Neither is
-a constant of the architecture, so the runner asks the clock.
+Where the answer is known, no clock. A build that regroups the weights (``rows.group`` > 0:
+AVX-512 VNNI, 16 outputs per vector op; AVX2, 8) prefills 256 rows in 0.5x the step graph's
+time on AVX-512 and 0.6-0.85x on an AVX2-only EPYC (docs/performance.md): it runs them. Two
+starts without a shared weight cache used to time the two kernels and could disagree where they
+ran close, and so give the same prompt different last bits.
+
+Where it is not, measure. The interleaved builds (NEON, plain C) against ONNX Runtime's MLAS
+GEMM is not a constant of the architecture, so the runner asks the clock there.
 
 Why one kernel for every prompt length, not one per token count. The prompt rows a plan
 prefills are split differently from run to run (a stored prefix, the prefix cache, chunked
@@ -49,11 +53,13 @@ def measure(model, rows, step) -> dict[str, float]:
 
 
 def prefill_on_rows(model, rows, step, verdict: dict[str, bool]) -> bool:
-    """Whether the row kernel runs every prompt row of ``model`` (it runs; with no step graph
-    it is the fastest left), measured when both run and ``verdict`` has no answer for this
-    build of the row kernel."""
+    """Whether the row kernel runs every prompt row of ``model``: with no step graph it is the
+    fastest left; a regrouping build runs them; otherwise measured when ``verdict`` has no
+    answer for this build of the row kernel."""
     if rows is None or step is None:
         return rows is not None
+    if rows.group > 0:
+        return True
     key = f"PrefillOnRows:{rows.build}"
     if key not in verdict:
         s = measure(model, rows, step)
