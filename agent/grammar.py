@@ -185,7 +185,8 @@ class GrammarConstraint(Constraint):
     of reach, a thing or set this world lacks) needs no steps. From then on only EOS is legal,
     so the plan ends in a token or two instead of decoding steps to the budget. A check that
     then holds a ``step_cap`` (solver.GoalStop: the solver reaches the goal) ends the plan the
-    same way when the model opens more steps than that.
+    same way when the model opens more steps than that, or opens a step after ones that
+    already do the goal or repeat a call (``stop.step_opened``).
     """
 
     STEPS = b'"steps":['
@@ -260,7 +261,8 @@ class GrammarConstraint(Constraint):
                 # a marker ending in this token's bytes: the window cannot hold one counted before
                 if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1):]:
                     self.steps += 1
-                    if self.steps > self.step_cap:
+                    if self.steps > self.step_cap or (
+                            self.steps > 1 and self.stop.step_opened(self.text.decode("utf-8", "replace"))):
                         self.cut, self.stop = True, None
             elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
                 self.cut = bool(self.stop(self.text.decode("utf-8", "replace")))

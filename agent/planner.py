@@ -223,6 +223,11 @@ class Planner:
             # cut by the budget in its free text, a plan is whole without it
             text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
             plan, unreadable = parse_plan(text)
+            model_text = text
+            if plan is None and stop.done_plan(text) is not None:
+                # ended once its written steps did the goal (goal_stop): those steps are the plan
+                plan = stop.done_plan(text)
+                text = json.dumps(plan)
             if plan is None and stop.ended:
                 # not a cut-off or malformed output: the goal's own reasons follow
                 unreadable = [Finding(None, "json", "the plan ends at its goal: the goal alone shows the task "
@@ -239,7 +244,6 @@ class Planner:
             if res.finish_reason == "length" and not cut_in_free and not gate.valid:
                 gate = GateResult(gate.plan, gate.findings + (Finding(
                     None, "json", f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
-            model_text = text
             if not gate.valid and self.complete and base is not None:
                 filled = solve_from_goal(base, world, skills, _max_items(req.schema), parsed)
                 again = _check(task, filled, [], req, parsed) if filled is not None else None

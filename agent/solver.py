@@ -22,6 +22,7 @@ and effects decide which calls make it.
 """
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass
 from itertools import product
@@ -32,7 +33,8 @@ from . import stacking
 from .goals import Act, Goal, advance, done, start
 from .limits import _arg_findings
 from .arg_schemas import MAX_TIMEOUT_S
-from .symbolic import ParsedGoal, State, apply, goal_limits, holds, initial_state, parse_goal, reaches, step_conds
+from .symbolic import (ParsedGoal, State, achieves, apply, execute, goal_limits, holds, initial_state, parse_goal,
+                       reaches, step_conds)
 
 MAX_STATES = 20_000
 NOTE_CHARS = 60
@@ -192,8 +194,6 @@ def stated_goal(text: str) -> dict | None:
     The grammar writes the goal before the steps, so a plan cut inside its steps (a small model
     repeating steps, say) has still stated its goal, and the solver can complete from it. None
     when the text is not a plan whose goal was written out in full."""
-    import json
-
     cut = text.find('"steps"')
     if cut < 0:
         return None
@@ -204,6 +204,26 @@ def stated_goal(text: str) -> dict | None:
     if not isinstance(head, dict) or not isinstance(head.get("goal"), list):
         return None
     return {**head, "steps": []}
+
+
+def written_steps(text: str) -> list | None:
+    """The whole step objects a plan's text holds before the step it is opening (the text ends
+    inside that step's first key). None when there are none or they do not read as JSON."""
+    at = text.rfind('"steps"')
+    opened = text.rfind("{")
+    open_list = text.find("[", at) if at >= 0 else -1
+    if open_list < 0 or opened < open_list:
+        return None
+    try:
+        steps = json.loads("[" + text[open_list + 1:opened].rstrip().rstrip(",") + "]")
+    except json.JSONDecodeError:
+        return None
+    return steps if steps and all(isinstance(st, dict) for st in steps) else None
+
+
+def _call(step: dict) -> tuple[str, str]:
+    """What a step does: its skill and arguments (not its id or notes)."""
+    return repr(step.get("skill")), json.dumps(step.get("args"), sort_keys=True)
 
 
 def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None,
@@ -225,6 +245,16 @@ class GoalStop:
     solver's count (at least that count plus two) leaves room for every plan that does more
     than the shortest one, and stops a runaway within a few steps instead of at the budget.
 
+    And as each further step opens, ``step_opened`` ends the plan before the cap where more
+    steps can only be thrown away:
+    - the steps written already do the goal: run from the world's state they meet every
+      precondition and end in it, with every required call made in order (symbolic.achieves,
+      the gate's own test). Those steps are the plan (``done_steps``).
+    - the last two are the same call (skill and arguments): the model is looping. Asked to
+      "move the apple to the table", the planner model wrote one `move_arm` call four times
+      over until the cap cut it and the solver's pick and place were taken: 271 tokens, where
+      this ends it after 2 steps. The solver's steps are taken as at the cap.
+
     The check parses the goal the decoding wrote; the attempt's plan carries that same goal, so
     the planner takes this parse (``parsed_for``) rather than parsing it a second time."""
 
@@ -233,11 +263,12 @@ class GoalStop:
         self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
         self.step_cap: int | None = None
         self.ended = False                      # True: this check ended the plan at its goal
+        self.done_steps: list | None = None     # the written steps that did the goal (reached)
 
     def __call__(self, text: str) -> bool:
         start = text.rfind('{"plan_id"')
         head = stated_goal(text[start:] if start >= 0 else text)
-        self.step_cap, self.ended = None, False
+        self.step_cap, self.ended, self.done_steps = None, False, None
         if head is None:
             return False
         self.goal, self.parsed = head["goal"], parse_goal(head, self.world, self.skills)
@@ -250,6 +281,27 @@ class GoalStop:
                 n = len(solved["steps"])
                 self.step_cap = max(2 * n, n + 2)
         return False
+
+    def step_opened(self, text: str) -> bool:
+        """Whether the plan ends before the step ``text`` opens: the steps before it already do
+        the goal read last (then kept as ``done_steps``), or repeat their last call."""
+        goal = self.parsed[0] if self.parsed is not None else None
+        steps = written_steps(text) if goal is not None and self.skills is not None else None
+        if steps is None:
+            return False
+        ex = execute(steps, self.world, self.skills)
+        if not ex.findings and ex.complete and achieves(goal, ex, self.world):
+            self.done_steps = steps
+            return True
+        return len(steps) > 1 and _call(steps[-1]) == _call(steps[-2])
+
+    def done_plan(self, text: str) -> dict | None:
+        """The plan a text ended by ``step_opened`` (its steps did the goal) stands for: its head and the steps that did its
+        goal; None for any other text (another goal, a plan not ended that way)."""
+        head = stated_goal(text) if self.done_steps is not None else None
+        if head is None or head["goal"] != self.goal:
+            return None
+        return {**head, "steps": self.done_steps}
 
     def parsed_for(self, plan) -> ParsedGoal | None:
         """The parse of ``plan``'s goal when it is the goal this check read, else None."""

@@ -50,10 +50,24 @@ def test_an_infeasible_goal_ends_the_plan_before_its_steps(tiny_llama):
     assert not c.cut and c.is_accepting()
 
 
-def test_steps_past_twice_the_solvers_are_cut(tiny_llama):
-    """A goal the solver reaches in n steps leaves the model max(2n, n + 2) steps: a plan that
-    repeats its steps past that ends there (the planner then takes the solver's steps, as for a
-    plan the token budget cut), and one within it decodes as before."""
+def _opening(text: str, k: int) -> int:
+    """Where the k-th step's first key (``"skill":``) starts in ``text``."""
+    return [i for i in range(len(text)) if text.startswith('"skill":', i)][k - 1]
+
+
+def _cut_at(tok, text: str, k: int, n: int) -> bool:
+    """Whether ``n`` tokens end at the token that completes the k-th step's key, not before it."""
+    at = _opening(text, k)
+    return (len(tok.encode(text[:at + 7], add_special=False)) <= n
+            <= len(tok.encode(text[:at + 8], add_special=False)))
+
+
+def test_steps_past_the_goal_or_twice_the_solvers_are_cut(tiny_llama):
+    """A goal the solver reaches in n steps leaves the model max(2n, n + 2) steps, and none past
+    the ones that already do the goal: a plan that repeats its steps after doing the goal ends
+    as the next one opens, with the steps that did it kept; one whose steps never do it ends
+    past the cap (the planner then takes the solver's steps, as for a plan the token budget
+    cut); one within both decodes as before."""
     w, s = world_and_skills("kitchen")
     tok = tiny_llama.tokenizer
     gtok = GrammarTokenizer(tok)
@@ -62,26 +76,56 @@ def test_steps_past_twice_the_solvers_are_cut(tiny_llama):
     plan = good_plan()
     c, _ = _walk(tok, gtok, grammar, plan, stop)
     assert stop.step_cap == 4 and not c.cut and c.is_accepting()      # pick, place: n = 2
+    assert stop.done_steps is None
     pair = plan["steps"]
     runaway = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(pair * 4)]}   # 8 steps
     c, n = _walk(tok, gtok, grammar, runaway, stop)
     text = json.dumps(runaway, separators=(",", ":"))
-    fifth = [i for i in range(len(text)) if text.startswith('"skill":', i)][4]
-    assert c.cut and c.steps == 5
-    # cut at the token that completes the fifth step's key, not before it
-    assert len(tok.encode(text[:fifth + 7], add_special=False)) <= n <= len(tok.encode(text[:fifth + 8],
-                                                                                         add_special=False))
-    assert c.forced() == [] and c.is_accepting()
-    # a goal the solver cannot reach leaves the steps uncapped
+    assert c.cut and c.steps == 3 and _cut_at(tok, text, 3, n)
+    assert stop.done_steps == runaway["steps"][:2] and c.forced() == [] and c.is_accepting()
+    assert stop.done_plan(text[:_opening(text, 3)]) == {**runaway, "steps": runaway["steps"][:2]}
+    assert stop.done_plan(text.replace('"at":"table"', '"at":"sink"')) is None      # another goal
+    # steps that put the apple back where it was never do the goal: the cap ends them
+    back = [pair[0], {**pair[1], "args": {"object": "apple", "target": "counter"}}]
+    loop = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(back * 4)]}
+    c, n = _walk(tok, gtok, grammar, loop, stop)
+    assert c.cut and c.steps == 5 and _cut_at(tok, json.dumps(loop, separators=(",", ":")), 5, n)
+    assert stop.done_steps is None
+    # the same call twice in a row: looping, ended as the third step opens (the solver's
+    # steps are taken); the planner model wrote this one to the cap for "move the apple to the table"
+    arm = {"id": "s1", "skill": "move_arm", "args": {"position": [-0.45, 0.4, 0.75], "speed": 0.05},
+           "preconditions": [], "expected_effects": ["apple at table"], "timeout_s": 10, "on_failure": "retry"}
+    spin = {**plan, "steps": [{**arm, "id": f"s{i + 1}"} for i in range(6)]}
+    c, n = _walk(tok, gtok, grammar, spin, stop)
+    assert c.cut and c.steps == 3 and _cut_at(tok, json.dumps(spin, separators=(",", ":")), 3, n)
+    assert stop.done_steps is None
+    two = {**spin, "steps": [spin["steps"][0], {**spin["steps"][1], "args": {**arm["args"], "speed": 0.1}}] * 3}
+    c, _ = _walk(tok, gtok, grammar, two, stop)
+    assert c.cut and c.steps == 5                                   # alternating calls: the cap
+    # a goal the solver cannot reach leaves the steps uncapped and unchecked
     stop = goal_stop(w, s, max_steps=1)
     c, _ = _walk(tok, gtok, grammar, runaway, stop)
     assert stop.step_cap is None and not c.cut
 
 
+def test_written_steps_read_before_the_opening_step():
+    from agent.solver import written_steps
+
+    head = '{"plan_id":"p1","goal":[],"steps":[ {"id":"s1","skill":"pick"} , {"id":"s2","skill":'
+    assert written_steps(head) == [{"id": "s1", "skill": "pick"}]
+    assert written_steps('{"plan_id":"p1","goal":[],"steps":[{"id":"s1","skill":') is None   # none whole
+    assert written_steps('{"plan_id":"p1","goal":[],"steps":[{"id":"s{1","skill":"pick"},{"id":"s2","skill":') \
+        == [{"id": "s{1", "skill": "pick"}]
+    # a brace in the opening step's own id: not read as its start (no early end, never a wrong one)
+    assert written_steps('{"plan_id":"p1","goal":[],"steps":[{"id":"s1","skill":"pick"},{"id":"s{2","skill":') is None
+    assert written_steps('{"plan_id":"p1","goal":[]') is None
+
+
 def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     """Through the planner: a goal refused from itself ends the plan, and its report says so
     (not "cut off by the token budget") before the goal's own reason; a plan that repeats its
-    steps past the cap ends there and the solver's steps complete it."""
+    steps after doing its goal ends there with the steps that did it, and one that never does
+    it ends past the cap and the solver's steps complete it."""
     from test_plan_request import Decoding
 
     from agent.planner import Planner
@@ -98,5 +142,18 @@ def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     runaway = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(plan["steps"] * 4)]}
     text = json.dumps(runaway, separators=(",", ":"))
     res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
+    assert res.valid and not res.completed and res.plan["steps"] == runaway["steps"][:2]     # the model's own
+    assert res.stats["generated_tokens"] < len(tok.encode(text[:_opening(text, 4)], add_special=False))
+    back = [plan["steps"][0], {**plan["steps"][1], "args": {"object": "apple", "target": "counter"}}]
+    loop = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(back * 4)]}
+    text = json.dumps(loop, separators=(",", ":"))
+    res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
     assert res.valid and res.completed and [st["skill"] for st in res.plan["steps"]] == ["pick", "place"]
+    assert res.plan["steps"][1]["args"]["target"] == "table"
     assert res.stats["generated_tokens"] < len(tok.encode(text, add_special=False))
+    arm = {"id": "s1", "skill": "move_arm", "args": {"position": [-0.45, 0.4, 0.75], "speed": 0.05},
+           "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "retry"}
+    text = json.dumps({**plan, "steps": [{**arm, "id": f"s{i + 1}"} for i in range(6)]}, separators=(",", ":"))
+    res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
+    assert res.valid and res.completed and [st["skill"] for st in res.plan["steps"]] == ["pick", "place"]
+    assert res.stats["generated_tokens"] < len(tok.encode(text[:_opening(text, 4)], add_special=False))
