@@ -254,6 +254,9 @@ class GoalStop:
       "move the apple to the table", the planner model wrote one `move_arm` call four times
       over until the cap cut it and the solver's pick and place were taken: 271 tokens, where
       this ends it after 2 steps. The solver's steps are taken as at the cap.
+    Neither applies to a goal that asks for calls (`do`, `before`): asked to "camera-scan the
+    tool container three times", the planner model wrote a goal of one scan and then the three
+    scans the task asked for, which the goal being done after the first would have cut.
 
     The check parses the goal the decoding wrote; the attempt's plan carries that same goal, so
     the planner takes this parse (``parsed_for``) rather than parsing it a second time."""
@@ -286,7 +289,9 @@ class GoalStop:
         """Whether the plan ends before the step ``text`` opens: the steps before it already do
         the goal read last (then kept as ``done_steps``), or repeat their last call."""
         goal = self.parsed[0] if self.parsed is not None else None
-        steps = written_steps(text) if goal is not None and self.skills is not None else None
+        if goal is None or goal.all_acts() or self.skills is None:
+            return False
+        steps = written_steps(text)
         if steps is None:
             return False
         ex = execute(steps, self.world, self.skills)

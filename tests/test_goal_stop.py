@@ -102,6 +102,10 @@ def test_steps_past_the_goal_or_twice_the_solvers_are_cut(tiny_llama):
     two = {**spin, "steps": [spin["steps"][0], {**spin["steps"][1], "args": {**arm["args"], "speed": 0.1}}] * 3}
     c, _ = _walk(tok, gtok, grammar, two, stop)
     assert c.cut and c.steps == 5                                   # alternating calls: the cap
+    # a goal that asks for a call: its steps are its own to repeat (the cap still holds)
+    scans = {**spin, "goal": [{"do": "move_arm", "args": {"position": [-0.45, 0.4, 0.75]}}]}
+    c, _ = _walk(tok, gtok, grammar, scans, stop)
+    assert stop.step_cap is not None and c.cut and c.steps == stop.step_cap + 1 and stop.done_steps is None
     # a goal the solver cannot reach leaves the steps uncapped and unchecked
     stop = goal_stop(w, s, max_steps=1)
     c, _ = _walk(tok, gtok, grammar, runaway, stop)
