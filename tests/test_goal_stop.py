@@ -147,6 +147,7 @@ def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     text = json.dumps(runaway, separators=(",", ":"))
     res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
     assert res.valid and not res.completed and res.plan["steps"] == runaway["steps"][:2]     # the model's own
+    assert json.loads(res.history[0]["model_text"])["steps"] == runaway["steps"][:2]        # as the model wrote them
     assert res.stats["generated_tokens"] < len(tok.encode(text[:_opening(text, 4)], add_special=False))
     back = [plan["steps"][0], {**plan["steps"][1], "args": {"object": "apple", "target": "counter"}}]
     loop = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(back * 4)]}
