@@ -223,11 +223,11 @@ class Planner:
             # cut by the budget in its free text, a plan is whole without it
             text, cut_in_free = drop_free_text(text, free) if res.finish_reason == "length" else (text, False)
             plan, unreadable = parse_plan(text)
-            if plan is None and stop.done_plan(text) is not None:
+            done = stop.done_plan(text) if plan is None else None
+            if done is not None:
                 # ended once its written steps did the goal (goal_stop): those steps, the
                 # model's own, are the plan
-                plan = stop.done_plan(text)
-                text = json.dumps(plan)
+                plan, text = done, json.dumps(done)
             model_text = text
             if plan is None and stop.ended:
                 # not a cut-off or malformed output: the goal's own reasons follow

@@ -266,7 +266,7 @@ class GoalStop:
         self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
         self.step_cap: int | None = None
         self.ended = False                      # True: this check ended the plan at its goal
-        self.done_steps: list | None = None     # the written steps that did the goal (reached)
+        self.done_steps: list | None = None     # the written steps that did the goal (step_opened)
 
     def __call__(self, text: str) -> bool:
         start = text.rfind('{"plan_id"')
@@ -301,8 +301,8 @@ class GoalStop:
         return len(steps) > 1 and _call(steps[-1]) == _call(steps[-2])
 
     def done_plan(self, text: str) -> dict | None:
-        """The plan a text ended by ``step_opened`` (its steps did the goal) stands for: its head and the steps that did its
-        goal; None for any other text (another goal, a plan not ended that way)."""
+        """The plan a text that ``step_opened`` ended at its done goal stands for: its head and
+        the steps that did the goal; None for any other text (another goal, another ending)."""
         head = stated_goal(text) if self.done_steps is not None else None
         if head is None or head["goal"] != self.goal:
             return None

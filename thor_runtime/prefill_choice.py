@@ -1,5 +1,6 @@
 """Which kernel runs a MatMulNBits model's prompt rows: the row kernel or ONNX Runtime's step
-graph, whichever prefills faster here, measured once per CPU environment and kernel build.
+graph, whichever prefills faster here: settled by the build where it is known, else measured
+once per CPU environment and kernel build.
 
 Where the answer is known, no clock. A build that regroups the weights (``rows.group`` > 0:
 AVX-512 VNNI, 16 outputs per vector op; AVX2, 8) prefills 256 rows in 0.5x the step graph's
