@@ -14,6 +14,11 @@ from agent.solver import goal_stop
 from agent.specialize import specialize
 
 
+# one arm move, as the planner model looped it on "move the apple to the table"
+ARM = {"id": "s1", "skill": "move_arm", "args": {"position": [-0.45, 0.4, 0.75], "speed": 0.05},
+       "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "retry"}
+
+
 def _walk(tok, gtok, grammar, plan, stop):
     """Commit the plan's tokens one by one; -> (constraint, tokens committed before the cut)."""
     c = grammar.constraint(stop=stop)
@@ -93,13 +98,11 @@ def test_steps_past_the_goal_or_twice_the_solvers_are_cut(tiny_llama):
     assert stop.done_steps is None
     # the same call twice in a row: looping, ended as the third step opens (the solver's
     # steps are taken); the planner model wrote this one to the cap for "move the apple to the table"
-    arm = {"id": "s1", "skill": "move_arm", "args": {"position": [-0.45, 0.4, 0.75], "speed": 0.05},
-           "preconditions": [], "expected_effects": ["apple at table"], "timeout_s": 10, "on_failure": "retry"}
-    spin = {**plan, "steps": [{**arm, "id": f"s{i + 1}"} for i in range(6)]}
+    spin = {**plan, "steps": [{**ARM, "id": f"s{i + 1}"} for i in range(6)]}
     c, n = _walk(tok, gtok, grammar, spin, stop)
     assert c.cut and c.steps == 3 and _cut_at(tok, json.dumps(spin, separators=(",", ":")), 3, n)
     assert stop.done_steps is None
-    two = {**spin, "steps": [spin["steps"][0], {**spin["steps"][1], "args": {**arm["args"], "speed": 0.1}}] * 3}
+    two = {**spin, "steps": [spin["steps"][0], {**spin["steps"][1], "args": {**ARM["args"], "speed": 0.1}}] * 3}
     c, _ = _walk(tok, gtok, grammar, two, stop)
     assert c.cut and c.steps == 5                                   # alternating calls: the cap
     # a goal that asks for a call: its steps are its own to repeat (the cap still holds)
@@ -156,9 +159,7 @@ def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     assert res.valid and res.completed and [st["skill"] for st in res.plan["steps"]] == ["pick", "place"]
     assert res.plan["steps"][1]["args"]["target"] == "table"
     assert res.stats["generated_tokens"] < len(tok.encode(text, add_special=False))
-    arm = {"id": "s1", "skill": "move_arm", "args": {"position": [-0.45, 0.4, 0.75], "speed": 0.05},
-           "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "retry"}
-    text = json.dumps({**plan, "steps": [{**arm, "id": f"s{i + 1}"} for i in range(6)]}, separators=(",", ":"))
+    text = json.dumps({**plan, "steps": [{**ARM, "id": f"s{i + 1}"} for i in range(6)]}, separators=(",", ":"))
     res = Planner(Decoding(tok, [text]), tok, attempts=0, thinking=False).plan("put the apple on the table", w, s)
     assert res.valid and res.completed and [st["skill"] for st in res.plan["steps"]] == ["pick", "place"]
     assert res.stats["generated_tokens"] < len(tok.encode(text[:_opening(text, 4)], add_special=False))

@@ -8,8 +8,8 @@ time on AVX-512 and 0.6-0.85x on an AVX2-only EPYC (docs/performance.md): it run
 starts without a shared weight cache used to time the two kernels and could disagree where they
 ran close, and so give the same prompt different last bits.
 
-Where it is not, measure. The interleaved builds (NEON, plain C) against ONNX Runtime's MLAS
-GEMM is not a constant of the architecture, so the runner asks the clock there.
+Where it is not, measure. How the interleaved builds (NEON, plain C) compare with ONNX
+Runtime's MLAS GEMM is not a constant of the architecture, so the runner asks the clock there.
 
 Why one kernel for every prompt length, not one per token count. The prompt rows a plan
 prefills are split differently from run to run (a stored prefix, the prefix cache, chunked
