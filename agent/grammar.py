@@ -165,8 +165,8 @@ class Grammar:
             raise _engine_error(self._pristine.get_error(), schema)
 
     def constraint(self, stop=None, free_text: tuple[str, ...] = ()) -> "GrammarConstraint":
-        """stop(text) -> bool, asked once when the plan's steps open (its goal is written): True
-        ends the plan there (see GrammarConstraint). free_text: top-level keys whose string value
+        """stop: a solver.GoalStop, asked when the plan's steps open (its goal is written) and as
+        each later step opens: True ends the plan there (see GrammarConstraint). free_text: top-level keys whose string value
         no consumer reads (the plan's ``rationale``): ``relaxed_spans`` names the drafts inside
         them; none by default, so a caller's own schema is never relaxed."""
         return GrammarConstraint(self._pristine.deep_copy(), self.gtok, stop, free_text)
@@ -187,6 +187,10 @@ class GrammarConstraint(Constraint):
     then holds a ``step_cap`` (solver.GoalStop: the solver reaches the goal) ends the plan the
     same way when the model opens more steps than that, or opens a step after ones that
     already do the goal or repeat a call (``stop.step_opened``).
+
+    Drafts are checked the same way (``_walk``, asking the check without keeping its answer), so
+    the row after a draft that ends the plan allows only EOS, as the committed token would: a
+    cycle never commits past the end, and speculative output stays the plain decoding's.
     """
 
     STEPS = b'"steps":['
@@ -252,41 +256,52 @@ class GrammarConstraint(Constraint):
             if not (self.cut or self.m.is_accepting()):
                 raise RuntimeError("end-of-sequence committed where the grammar is incomplete")
             self.finished = True
+        elif self.cut:
+            raise RuntimeError(f"token {t} committed after the plan ended (only end-of-sequence is legal)")
         elif not self.m.consume_token(t):
             raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
-        elif self.stop is not None and not self.cut:
-            tb = self.gtok.token_bytes[t] if t < len(self.gtok.token_bytes) else b""
-            self.text += tb
-            if self.step_cap is not None:
-                # a marker ending in this token's bytes: the window cannot hold one counted before
-                if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1):]:
-                    self.steps += 1
-                    if self.steps > self.step_cap or (
-                            self.steps > 1 and self.stop.step_opened(self.text.decode("utf-8", "replace"))):
-                        self.cut, self.stop = True, None
-            elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
-                self.cut = bool(self.stop(self.text.decode("utf-8", "replace")))
-                self.step_cap = None if self.cut else getattr(self.stop, "step_cap", None)
-                if self.step_cap is None:
-                    self.stop = None       # asked once
+        else:
+            self._track(t, keep=True)
         if self.free is not None:
             self.free.advance(t)           # EOS writes nothing there
 
     # -- helpers -------------------------------------------------------------------------------
+    def _track(self, t: int, keep: bool) -> None:
+        """The stop check's part of consuming token ``t`` (not EOS): its bytes, the steps opened,
+        and whether the plan ends here. ``keep=False`` (a draft, ``_walk``) asks the check
+        without changing it, so the masks after a draft foresee the end committing it makes."""
+        if self.stop is None or self.cut:
+            return
+        tb = self.gtok.token_bytes[t] if t < len(self.gtok.token_bytes) else b""
+        self.text += tb
+        if self.step_cap is not None:
+            # a marker ending in this token's bytes: the window cannot hold one counted before
+            if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1):]:
+                self.steps += 1
+                if self.steps > self.step_cap or (
+                        self.steps > 1 and self.stop.step_opened(self.text.decode("utf-8", "replace"), keep=keep)):
+                    self.cut, self.stop = True, None
+        elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
+            self.cut = bool(self.stop(self.text.decode("utf-8", "replace"), keep=keep))
+            self.step_cap = None if self.cut else self.stop.step_cap_for(self.text.decode("utf-8", "replace"))
+            if self.step_cap is None:
+                self.stop = None       # asked once
+
     def _walk(self, drafts: list[int], at_row) -> int:
         """Advance over the legal prefix of ``drafts``, calling ``at_row(j)`` at each state j
         (before draft j, and after the last legal one), then roll back to where we started.
         Returns the legal prefix length."""
         if self.finished:
             return 0
-        if self.cut:                # only EOS from here
-            at_row(0)
-            return int(bool(drafts) and int(drafts[0]) in self.eos)
         consumed = n = 0
+        # the stop check's state: drafts advance it as committing them would, then it goes back
+        saved = (len(self.text), self.steps, self.step_cap, self.stop, self.cut)
         try:
             for j, t in enumerate(drafts):
                 at_row(j)
                 t = int(t)
+                if self.cut:        # ended (before the walk or by a draft): only EOS from here
+                    return n + (t in self.eos)
                 if t in self.eos:
                     n += bool(self.m.is_accepting())
                     return n  # nothing follows EOS; no row after it is ever read
@@ -294,9 +309,12 @@ class GrammarConstraint(Constraint):
                     return n
                 consumed += 1
                 n += 1
+                self._track(t, keep=False)
             at_row(len(drafts))
             return n
         finally:
+            del self.text[saved[0]:]
+            self.steps, self.step_cap, self.stop, self.cut = saved[1:]
             if consumed and not self.m.rollback(consumed):
                 raise RuntimeError(f"grammar rollback of {consumed} tokens failed: {self.m.get_error()}")
 

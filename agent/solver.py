@@ -267,38 +267,73 @@ class GoalStop:
         self.step_cap: int | None = None
         self.ended = False                      # True: this check ended the plan at its goal
         self.done_steps: list | None = None     # the written steps that did the goal (step_opened)
+        # Each check is a pure function of the text, asked with keep=False for drafts (the
+        # grammar's masks must foresee an end exactly where committing the same tokens would
+        # make it) and again with keep=True as they commit: the answers are kept per text.
+        self._reads: dict[str, tuple] = {}
 
-    def __call__(self, text: str) -> bool:
-        start = text.rfind('{"plan_id"')
-        head = stated_goal(text[start:] if start >= 0 else text)
-        self.step_cap, self.ended, self.done_steps = None, False, None
+    def __call__(self, text: str, keep: bool = True) -> bool:
+        """True when the goal ``text`` states is refused; with ``keep`` the check's state
+        (``goal``, ``parsed``, ``step_cap``, ``ended``) becomes this goal's."""
+        goal, parsed, cap, refused = self._goal_in(text)
+        if keep:
+            self.goal, self.parsed, self.step_cap, self.ended, self.done_steps = goal, parsed, cap, refused, None
+        return refused
+
+    def step_cap_for(self, text: str) -> int | None:
+        """The most steps the model may write after the goal ``text`` states (None: no cap)."""
+        return self._goal_in(text)[2]
+
+    def _goal_in(self, text: str) -> tuple:
+        """(goal, parsed, step_cap, refused) of the goal ``text`` states, read once per head."""
+        start = max(text.rfind('{"plan_id"'), 0)
+        end = text.find('"steps"', start)
+        head = text[start:end] if end >= 0 else text[start:]
+        return self._read(("goal", head), lambda: self._read_goal(text[start:]))
+
+    def _read_goal(self, text: str) -> tuple:
+        head = stated_goal(text)
         if head is None:
-            return False
-        self.goal, self.parsed = head["goal"], parse_goal(head, self.world, self.skills)
-        if goal_reasons(head, self.world, self.skills, self.parsed):
-            self.ended = True
-            return True
+            return None, None, None, False
+        parsed = parse_goal(head, self.world, self.skills)
+        if goal_reasons(head, self.world, self.skills, parsed):
+            return head["goal"], parsed, None, True
+        cap = None
         if self.skills is not None:
-            solved = complete(head, self.world, self.skills, self.max_steps, self.parsed)
+            solved = complete(head, self.world, self.skills, self.max_steps, parsed)
             if solved is not None:
                 n = len(solved["steps"])
-                self.step_cap = max(2 * n, n + 2)
-        return False
+                cap = max(2 * n, n + 2)
+        return head["goal"], parsed, cap, False
 
-    def step_opened(self, text: str) -> bool:
+    def step_opened(self, text: str, keep: bool = True) -> bool:
         """Whether the plan ends before the step ``text`` opens: the steps before it already do
-        the goal read last (then kept as ``done_steps``), or repeat their last call."""
-        goal = self.parsed[0] if self.parsed is not None else None
+        the goal the text states (then kept as ``done_steps`` with ``keep``), or repeat their
+        last call."""
+        ends, done = self._read(("step", text), lambda: self._read_steps(text))
+        if keep and done is not None:
+            self.done_steps = done
+        return ends
+
+    def _read_steps(self, text: str) -> tuple[bool, list | None]:
+        parsed = self._goal_in(text)[1]
+        goal = parsed[0] if parsed is not None else None
         if goal is None or goal.all_acts() or self.skills is None:
-            return False
+            return False, None
         steps = written_steps(text)
         if steps is None:
-            return False
+            return False, None
         ex = execute(steps, self.world, self.skills)
         if not ex.findings and ex.complete and achieves(goal, ex, self.world):
-            self.done_steps = steps
-            return True
-        return len(steps) > 1 and _call(steps[-1]) == _call(steps[-2])
+            return True, steps
+        return len(steps) > 1 and _call(steps[-1]) == _call(steps[-2]), None
+
+    def _read(self, key: tuple, compute):
+        if key not in self._reads:
+            if len(self._reads) >= 256:         # drafts that never commit: keep it bounded
+                self._reads.clear()
+            self._reads[key] = compute()
+        return self._reads[key]
 
     def done_plan(self, text: str) -> dict | None:
         """The plan a text that ``step_opened`` ended at its done goal stands for: its head and

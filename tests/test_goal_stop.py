@@ -115,6 +115,63 @@ def test_steps_past_the_goal_or_twice_the_solvers_are_cut(tiny_llama):
     assert stop.step_cap is None and not c.cut
 
 
+def _committed_rows(grammar, stop, ids, start, drafts, width):
+    """-> (rows, n): row j the legal ids after committing ids[:start] + drafts[:j] one token at
+    a time, as plain decoding meets them, up to the first draft a row refuses (or EOS); n the
+    drafts legal in turn."""
+    c = grammar.constraint(stop=stop)
+    for t in ids[:start]:
+        c.advance(t)
+    rows = []
+    for t in list(drafts) + [None]:
+        rows.append(c._allowed(width))
+        if t is None or not rows[-1][t]:
+            break
+        if t in c.eos:
+            return rows, len(rows)
+        c.advance(t)
+    return rows, len(rows) - 1
+
+
+def test_drafts_that_end_a_plan_mask_as_committing_them_does(tiny_llama):
+    """Speculative output is plain decoding's only if the masks over a cycle's drafts are the
+    masks committing those drafts one by one would meet. A draft that ends the plan (a refused
+    goal, a step after the goal is done, a repeated call, the step cap) leaves only EOS legal
+    in the rows after it, and walking the drafts changes nothing in the constraint or the
+    check: every window of every plan, against a fresh constraint committing it."""
+    w, s = world_and_skills("kitchen")
+    tok = tiny_llama.tokenizer
+    gtok = GrammarTokenizer(tok)
+    grammar = Grammar(gtok, specialize(base_plan_schema(), w, s))
+    plan = good_plan()
+    done_then_more = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(plan["steps"] * 2)]}
+    spin = {**plan, "steps": [{**ARM, "id": f"s{i + 1}"} for i in range(4)]}
+    refused = {**plan, "goal": [{"missing": "toaster"}]}
+    back = [plan["steps"][0], {**plan["steps"][1], "args": {"object": "apple", "target": "counter"}}]
+    capped = {**plan, "steps": [{**st, "id": f"s{i + 1}"} for i, st in enumerate(back * 3)]}
+    width, window = gtok.n_vocab, 12
+    for case in (done_then_more, spin, refused, capped):
+        ids = tok.encode(json.dumps(case, separators=(",", ":")), add_special=False) + [gtok.eos_ids[0]]
+        stop = goal_stop(w, s)
+        c = grammar.constraint(stop=stop)
+        ended_in_walk = 0
+        for start in range(len(ids)):
+            drafts = ids[start:start + window]
+            want, legal = _committed_rows(grammar, goal_stop(w, s), ids, start, drafts, width)
+            before = (bytes(c.text), c.steps, c.step_cap, c.cut, stop.step_cap, stop.done_steps)
+            got = c.allowed_rows(drafts, len(drafts) + 1, width)
+            n = c.valid_prefix(drafts)
+            assert n == legal, start
+            for j, row in enumerate(want):
+                assert (got[j] == row).all(), (start, j)
+            assert (bytes(c.text), c.steps, c.step_cap, c.cut, stop.step_cap, stop.done_steps) == before
+            ended_in_walk += not c.cut and any(set(np.flatnonzero(r)) == set(gtok.eos_ids) for r in want[1:])
+            if c.cut:
+                break
+            c.advance(ids[start])
+        assert c.cut and ended_in_walk > 0, case["goal"]
+
+
 def test_written_steps_read_before_the_opening_step():
     from agent.solver import written_steps
 
