@@ -48,10 +48,14 @@ def test_cost_cache_written_reused_and_rebuilt(tiny_llama, tmp_path, measured):
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
     assert doc["key"] == curve_key(rt, 6) and doc["costs"] == list(first.costs)
+    # the verify reading few logits: measured beside, in the same unit, never dearer
+    assert first.by_id is not None and len(first.by_id) == 6 and doc["by_id"] == list(first.by_id)
+    assert all(0 < b <= c for b, c in zip(first.by_id, first.costs))
     assert doc["key"]["model"] == tiny_llama.cfg.name and doc["key"]["threads"] >= 1 and doc["key"]["decode"] == "model"
 
     again = verify_costs(rt, 6, str(tmp_path))                  # reused: not measured again
-    assert again.source == "cached" and again.costs == first.costs and measured == [6]
+    assert again.source == "cached" and again.costs == first.costs and again.by_id == first.by_id
+    assert measured == [6]
 
     doc["key"]["threads"] += 7                                  # written for another machine setting
     files[0].write_text(json.dumps(doc))
@@ -59,11 +63,12 @@ def test_cost_cache_written_reused_and_rebuilt(tiny_llama, tmp_path, measured):
     assert json.loads(files[0].read_text())["key"] == curve_key(rt, 6)       # rewritten for this key
 
     for bad in ("{not json", json.dumps({**doc, "key": curve_key(rt, 6), "costs": [1.0, 0.5, 2, 2, 2, 2]}),
-                json.dumps({"key": curve_key(rt, 6)})):          # damaged, decreasing, incomplete
+                json.dumps({"key": curve_key(rt, 6)}),           # damaged, decreasing, incomplete
+                json.dumps({**doc, "key": curve_key(rt, 6), "by_id": [2.0] * 6})):   # by id dearer
         files[0].write_text(bad)
         assert verify_costs(rt, 6, str(tmp_path)).source == "measured"
         assert verify_costs(rt, 6, str(tmp_path)).source == "cached"
-    assert len(measured) == 5
+    assert len(measured) == 6
 
     verify_costs(rt, 9, str(tmp_path))                          # another reach: its own file
     assert len(list((tmp_path / "costs").glob("verify-*.json"))) == 2
@@ -115,6 +120,29 @@ def test_k_short_on_a_steep_curve_long_on_a_flat_one():
     # forced tokens ride in front: on the steep curve they make drafts dearer, never cheaper
     arm = Arm("p", object(), 15, 0.8)
     assert arm.best_k(STEEP, 15, 0, 6)[0] <= arm.best_k(STEEP, 15, 0, 0)[0]
+
+
+def test_verifies_read_by_id_weigh_the_cheaper_curve():
+    """A plan's verifies that compute only a few logits skip most of the head: a class whose
+    verifies do weighs the by-id curve in, and drafts more per cycle; free text never does."""
+    both = CostCurve(STEEP.costs, 0.01, "measured", tuple(0.8 + 0.05 * r for r in range(16)))
+    assert both.mixed(0) is both and both.mixed(1)(16) == pytest.approx(0.8 + 0.05 * 15)
+    assert both.mixed(0.5)(4) == pytest.approx((STEEP(4) + 0.95) / 2)
+    caps = {}
+    for read in (False, True):                      # the same cycles, their verifies read by id or not
+        policy = AutoPolicy([Arm("p", object(), 15, 0.8), Arm("none", None, 0)], [Arm("q", object(), 15, 0.8)])
+        cls = policy.classes["constrained"]
+        b = CostBudget(policy, cls, cls.arms[0], both)
+        st = b.start()
+        for i in range(60):
+            st = b.update(st, 4, 2 + i % 3, Cycle(5, 0, 0.01, 0.0, 0.0, read))
+        assert cls.by_id == (pytest.approx(1, abs=0.01) if read else 0)
+        caps[read] = b.cap(15, st)
+    assert caps[True] > caps[False] >= 1
+    free = policy.classes["free"]                   # free text: no grammar, every logit
+    fb = CostBudget(policy, free, free.arms[0], both)
+    fst = fb.update(fb.start(), 4, 3, Cycle(5, 0, 0.01))
+    assert free.by_id == 0 and fb.cap(15, fst) == free.arms[0].best_k(STEEP, 15, fst.hot, 0)[0]
 
 
 def test_a_collapsed_proposer_is_dropped_and_still_probed():

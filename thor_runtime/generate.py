@@ -216,7 +216,8 @@ class Runtime:
                     allowed = (constraint.allowed_rows(drafts, len(rows), cfg.vocab_size)
                                if constraint is not None else None)                         # [K+1, V]
                     t_v = time.perf_counter()
-                    vout = verify(rows, cache, taps=taps, cols=read_ids(allowed))           # logits [K+1, V]
+                    cols = read_ids(allowed)
+                    vout = verify(rows, cache, taps=taps, cols=cols)                        # logits [K+1, V]
                     t_c = time.perf_counter()
                     n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
                                                     constraint, stats, allowed)
@@ -229,7 +230,8 @@ class Runtime:
                     keep_s = time.perf_counter() - t_k
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:
-                        cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s)
+                        cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s,
+                                     cols is not None)
                         budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
                                                            cost)
                     stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_v,

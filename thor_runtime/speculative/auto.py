@@ -24,6 +24,9 @@ and one that accepted drafts (hot): lookup that is copying a span keeps being ri
 Each request runs the candidate of its class with the largest expected rate; plain decoding is
 a candidate (rate 1 / c(1 + f)), and every other one is probed after 4, 8, 16, 32 requests it
 was not the best, then every 32, so no proposer is dropped for good on a few bad requests.
+A plan's verify often computes only the logits its rows may commit (cost.py's ``by_id``
+curve): each class weighs the two curves by the share of its verifies that did.
+
 Drafts never decide which token is committed: all of this changes speed, never output.
 """
 from __future__ import annotations
@@ -115,6 +118,11 @@ class _Class:
     name: str
     arms: list[Arm]
     forced: float = 0.0           # grammar-forced tokens per cycle, running mean
+    by_id: float = 0.0            # share of its verifies that read only some logits, running mean
+
+    def curve(self, curve: CostCurve) -> CostCurve:
+        """What this class's verifies cost: ``curve``'s two kinds, weighed by how it verifies."""
+        return curve.mixed(self.by_id)
 
 
 class AutoPolicy:
@@ -134,6 +142,7 @@ class AutoPolicy:
         """The best candidate of the class now (no probing, no state change); on a tie plain
         decoding, which has no probes to pay for."""
         c = self.classes[CLASSES[0] if constrained else CLASSES[1]]
+        curve = c.curve(curve)
         return max(c.arms, key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
 
     def pick(self, constrained: bool, curve: CostCurve, spec):
@@ -151,6 +160,7 @@ class AutoPolicy:
                        free_text=None, auto=None)
 
     def observe_step(self, verify_s: float, steps: float) -> None:
+        """A verify took ``verify_s`` seconds where the curve says ``steps`` 1-row steps."""
         if verify_s > 0:
             s = verify_s / steps
             self.step_s = s if self.step_s <= 0 else (1 - EWMA) * self.step_s + EWMA * s
@@ -184,7 +194,7 @@ class CostBudget:
         in ``state`` for ``update``."""
         K = 0
         if self.arm.proposer is not None and k > 0:
-            K = self.arm.best_k(self.curve, min(k, self.arm.kmax), state.hot, forced)[0]
+            K = self.arm.best_k(self.cls.curve(self.curve), min(k, self.arm.kmax), state.hot, forced)[0]
             if K == 0 and probe_due(state.paused, PROBE_EVERY, PROBE_GAP):
                 K = min(k, LOW_K)
                 state.probing = True
@@ -196,8 +206,9 @@ class CostBudget:
         counted), ``accepted`` of them kept; ``cycle`` has what it cost."""
         cycle = cycle or Cycle()
         arm, pol = self.arm, self.policy
-        pol.observe_step(cycle.verify_s, self.curve(cycle.rows))
+        pol.observe_step(cycle.verify_s, self.curve.mixed(float(cycle.by_id))(cycle.rows))
         self.cls.forced = (1 - EWMA) * self.cls.forced + EWMA * cycle.forced
+        self.cls.by_id = (1 - EWMA) * self.cls.by_id + EWMA * cycle.by_id
         if arm.proposer is not None:
             step = pol.step_s or 1.0
             if state.cap:

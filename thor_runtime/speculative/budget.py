@@ -38,6 +38,7 @@ class Cycle:
     verify_s: float = 0.0
     draft_s: float = 0.0       # the proposer's propose call (0 when it was not asked)
     keep_s: float = 0.0        # the proposer's commit (its window update)
+    by_id: bool = False        # the verify computed only the logits of the ids its rows allow
 
 
 def probe_due(paused: int, every: int, max_gap: int) -> bool:

@@ -15,6 +15,12 @@ $THOR_CACHE_DIR, else $XDG_CACHE_HOME/thor-runtime/weights), one file per machin
 another key. Measuring touches no request's cache and decides no
 token, so it never changes output.
 
+A plan's verify under its grammar often computes only the logits of the ids its rows may commit
+(``cols``, thor_runtime/constraint.py), which skips most of the head: such a verify costs less,
+and more so per extra row. So a second curve, ``by_id``, times the same verifies reading
+``READ_IDS`` logits, in the same unit (a full 1-row step); auto weighs the two by the share of
+its constrained verifies that read by id (auto.py).
+
 ``THOR_SPEC_COSTS=default`` skips measuring: a linear curve (``DEFAULT_SLOPE`` per extra row);
 ``THOR_SPEC_COSTS=measure`` measures again and replaces the file.
 """
@@ -27,13 +33,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..device import cpu_name
 from ..fileio import default_cache_dir, write_json_atomic
 
 ENV = "THOR_SPEC_COSTS"            # "default": no measuring, the linear curve; "measure": measure again
-FORMAT = 3
+FORMAT = 4
 CONTEXT = 256                      # cached tokens the verifies attend over (a short chat; plans run ~800)
 REPEATS = 3                        # timed rounds per row count, after one warm-up round, at least;
 MAX_ROUNDS, MIN_S = 15, 0.25       # more (up to 15) while they took under 0.25 s: tiny models are noisy
@@ -41,6 +48,7 @@ MAX_S = 3.0                        # no round starts after this many seconds (on
 # Extra row's cost in 1-row steps when nothing is measured: 16 rows ~2.1x a step on a 2-core
 # x86 CPU with the default model (docs/speculative-decoding.md, "Draft budget").
 DEFAULT_SLOPE = 0.075
+READ_IDS = 64                      # logits a by-id verify reads: 78% of a plan's rows allow at most 64
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,9 @@ class CostCurve:
     costs: tuple[float, ...]      # costs[R - 1]: a verify of R rows in 1-row steps (costs[0] == 1)
     step_s: float = 0.0           # seconds of a 1-row step when measured (0: unknown)
     source: str = "default"       # measured | cached | default
+    # by_id[R - 1]: the same verify computing only READ_IDS logits, in full 1-row steps (None:
+    # not measured; a kernel that cannot read by id gives the full curve's costs)
+    by_id: tuple[float, ...] | None = None
 
     def __call__(self, rows: float) -> float:
         """Cost of ``rows`` rows, linear between measured row counts (a mean of forced tokens
@@ -62,6 +73,13 @@ class CostCurve:
     @property
     def rows(self) -> int:
         return len(self.costs)
+
+    def mixed(self, share: float) -> "CostCurve":
+        """The curve of verifies of which ``share`` read by id (the rest every logit)."""
+        if self.by_id is None or share <= 0:
+            return self
+        costs = tuple(share * b + (1 - share) * c for b, c in zip(self.by_id, self.costs))
+        return CostCurve(costs, self.step_s, self.source)
 
 
 def linear_curve(rows: int, slope: float = DEFAULT_SLOPE, source: str = "default") -> CostCurve:
@@ -81,11 +99,16 @@ def monotone(values: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
-def normalise(seconds: list[float], source: str = "measured") -> CostCurve:
-    """Seconds per row count -> a non-decreasing curve in 1-row steps, costs[0] == 1."""
+def normalise(seconds: list[float], source: str = "measured", by_id: list[float] | None = None) -> CostCurve:
+    """Seconds per row count -> a non-decreasing curve in 1-row steps, costs[0] == 1 (and the
+    by-id seconds in the same unit, never above the full curve)."""
     fit = monotone(seconds)
     base = fit[0]
-    return CostCurve(tuple(round(s / base, 4) for s in fit), base, source)
+    costs = tuple(round(s / base, 4) for s in fit)
+    ids = None
+    if by_id is not None:
+        ids = tuple(min(round(s / base, 4), c) for s, c in zip(monotone(by_id), costs))
+    return CostCurve(costs, base, source, ids)
 
 
 def machine_key(device) -> dict:
@@ -130,9 +153,12 @@ def read_cached(path: Path, key: dict) -> CostCurve | None:
         if doc.get("key") != key:
             return None
         costs = tuple(float(c) for c in doc["costs"])
+        by_id = tuple(float(c) for c in doc["by_id"])
         if len(costs) != key["rows"] or costs[0] != 1.0 or any(b < a for a, b in zip(costs, costs[1:])):
             return None
-        return CostCurve(costs, float(doc.get("step_s", 0.0)), "cached")
+        if len(by_id) != len(costs) or any(not 0 < b <= c for b, c in zip(by_id, costs)):
+            return None
+        return CostCurve(costs, float(doc.get("step_s", 0.0)), "cached", by_id)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -140,40 +166,44 @@ def read_cached(path: Path, key: dict) -> CostCurve | None:
 def measure(rt, rows: int) -> CostCurve:
     """Time ``rt.verify`` for 1..rows rows at ``CONTEXT`` cached tokens (see the module doc)."""
     m = rt.model
-    calls = (MAX_ROUNDS + 1) * rows                            # each keeps its anchor row, as a cycle does
+    calls = (MAX_ROUNDS + 1) * rows * 2                        # each keeps its anchor row, as a cycle does
     ctx = max(1, min(CONTEXT, m.cfg.max_position_embeddings - calls - rows - 1))
     cache = rt.decode.cache(rt.new_cache, ctx + calls, rows - 1)
     try:
-        return normalise(_timed(rt, cache, ctx, rows))
+        full, by_id = _timed(rt, cache, ctx, rows)
+        return normalise(full, by_id=by_id)
     finally:
         rt.decode.release(cache)
 
 
-def _timed(rt, cache, ctx: int, rows: int) -> list[float]:
-    """The fastest of each verify's timings, R = 1 .. rows, on ``cache`` (empty) at ``ctx`` tokens."""
+def _timed(rt, cache, ctx: int, rows: int) -> tuple[list[float], list[float]]:
+    """The fastest of each verify's timings, R = 1 .. rows, on ``cache`` (empty) at ``ctx``
+    tokens: every logit, and ``READ_IDS`` of them (spread over the vocabulary)."""
     m = rt.model
     vocab = m.cfg.vocab_size
     ids = (torch.arange(ctx + rows, dtype=torch.long) * 7919 + 13) % vocab          # [ctx + rows], any tokens
+    few = np.unique(np.linspace(0, vocab - 1, min(READ_IDS, vocab)).astype(np.int64))  # [n] ascending
     with torch.inference_mode():
         m.prefill(ids[:ctx], cache, rt.prefill_chunk)
-        seconds: list[list[float]] = [[] for _ in range(rows)]
+        seconds = {c: [[] for _ in range(rows)] for c in (False, True)}
         pos, spent, start = ctx, 0.0, time.perf_counter()
         for rnd in range(MAX_ROUNDS + 1):                      # round 0 warms each shape up
             if (rnd > REPEATS and spent >= MIN_S) or (rnd > 1 and time.perf_counter() - start > MAX_S):
                 break
             # every other round backwards, so a drift in the machine's speed does not tilt the curve
             for r in (range(1, rows + 1) if rnd % 2 else range(rows, 0, -1)):
-                t0 = time.perf_counter()
-                out = rt.verify(ids[ctx:ctx + r], cache)                              # logits [r, V]
-                if out.logits.is_cuda:
-                    torch.cuda.synchronize(out.logits.device)
-                dt = time.perf_counter() - t0
-                pos += 1
-                cache.crop(pos)                                # the anchor stays, the drafts go
-                if rnd:
-                    seconds[r - 1].append(dt)
-                    spent += dt
-    return [min(s) for s in seconds]
+                for by_id in (False, True):
+                    t0 = time.perf_counter()
+                    out = rt.verify(ids[ctx:ctx + r], cache, cols=few if by_id else None)   # logits [r, V]
+                    if out.logits.is_cuda:
+                        torch.cuda.synchronize(out.logits.device)
+                    dt = time.perf_counter() - t0
+                    pos += 1
+                    cache.crop(pos)                            # the anchor stays, the drafts go
+                    if rnd:
+                        seconds[by_id][r - 1].append(dt)
+                        spent += dt
+    return [min(s) for s in seconds[False]], [min(s) for s in seconds[True]]
 
 
 def verify_costs(rt, rows: int, cache: str | None = None) -> CostCurve:
@@ -194,7 +224,8 @@ def verify_costs(rt, rows: int, cache: str | None = None) -> CostCurve:
     if path is not None:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {"key": key, "costs": list(curve.costs), "step_s": curve.step_s})
+            write_json_atomic(path, {"key": key, "costs": list(curve.costs), "by_id": list(curve.by_id),
+                                     "step_s": curve.step_s})
         except OSError:
             pass        # an unwritable cache only means measuring again next time
     return curve
