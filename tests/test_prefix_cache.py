@@ -90,6 +90,7 @@ class _Seeded:
     tap_layers, window = (0,), 20
 
     def start(self, ids, taps):
+        self.taps = taps
         self.seed_taps = None if taps is None else taps[0].shape[0]
 
     def propose(self, seq, room):
@@ -99,16 +100,27 @@ class _Seeded:
         pass
 
 
-def test_drafter_seed_rows_are_always_prefilled(tiny_llama):
-    """A restored start never covers the prompt tail whose taps seed the drafter's window."""
+def test_drafter_seed_rows_come_from_an_entry_that_kept_them(tiny_llama):
+    """The prompt tail whose taps seed the drafter's window is prefilled unless the entry holding
+    the shared start kept the taps of those rows: then only the rows after the shared start run,
+    and the window gets the same taps a whole prefill gives."""
     m = tiny_llama.model
-    rt = Runtime(m, tiny_llama.tokenizer, prefix_cache=1)
-    a, b, _ = _prompts(m.cfg.vocab_size)
+    rt = Runtime(m, tiny_llama.tokenizer, prefix_cache=2)
+    a, b, _ = _prompts(m.cfg.vocab_size)                    # 48 shared, then 9 and 6 of their own
+    c = a[:48] + [int(t) for t in torch.randint(5, m.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(9))]
     p = _Seeded()
     sp = dataclasses.replace(build_speculation(SpecOptions(method="none"), m), proposer=p, k=4)
-    rt.generate(a, GREEDY, sp)
-    r = rt.generate(b, GREEDY, sp)
+    rt.generate(a, GREEDY, sp)                              # keeps the taps of a's rows 37..56
+    r = rt.generate(b, GREEDY, sp)                          # b's seed rows start at 34: not kept
     assert r.stats.cached_prompt_tokens == len(b) - 20 and p.seed_taps == 20
+    rt.prefixes = PrefixCache(2)
+    rt.generate(a, GREEDY, sp)
+    r = rt.generate(c, GREEDY, sp)                          # c's start at 40: kept from 40 to 48
+    assert r.stats.cached_prompt_tokens == 48 and p.seed_taps == 20
+    got = p.taps[0]
+    cold = Runtime(m, tiny_llama.tokenizer)
+    want = cold.generate(c, GREEDY, sp)
+    assert torch.allclose(got, p.taps[0], atol=1e-5) and want.token_ids == r.token_ids
 
 
 def test_hybrid_targets_keep_no_prefixes(tmp_path):

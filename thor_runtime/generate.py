@@ -169,20 +169,25 @@ class Runtime:
             t0 = time.perf_counter()
             self.threads.start()
             ids = torch.tensor(prompt_ids, dtype=torch.long)
-            seed_rows = min(proposer.window, len(prompt_ids)) if proposer is not None and taps else 0
-            # a start some recent prompt shared comes from the prefix cache; the last row (its
-            # logits) and the drafter's seed rows (their taps) always run
+            P = len(prompt_ids)
+            seed_rows = min(proposer.window, P) if proposer is not None and taps else 0
+            # a start some recent prompt shared comes from the prefix cache, with the taps of its
+            # rows among the drafter's seed rows where that prompt kept them (else the start
+            # ends before those rows); the last row (its logits) always runs
             with self._shared:
-                reused = (self.prefixes.restore(prompt_ids, cache, len(prompt_ids) - max(1, seed_rows))
-                          if self.prefixes is not None else 0)
+                reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
+                                                                  P - seed_rows if seed_rows else None)
+                                     if self.prefixes is not None else (0, {}))
                 stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
-            out = self._prefill(ids[reused:], cache, taps, seed_rows, on_prefill)
+            out = self._prefill(ids[reused:], cache, taps, min(seed_rows, P - reused), on_prefill)
+            seed = ({i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()} if head_taps
+                    else out.taps) or None                                       # layer -> [seed_rows, D]
             if self.prefixes is not None:
                 with self._shared:
-                    self.prefixes.store(prompt_ids, cache)
+                    self.prefixes.store(prompt_ids, cache, seed)
             stats.cached_prompt_tokens = reused
             if proposer is not None:
-                proposer.start(list(prompt_ids), out.taps or None)
+                proposer.start(list(prompt_ids), seed)
             first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
                                  constraint)[1]
             stats.ttft_s = time.perf_counter() - t0

@@ -8,6 +8,13 @@ longest common start from one of them and prefills the remainder against it, whi
 a chunked prefill whose first chunk is that start (the same rows run the same kernels, so the
 guarantees of `--prefill-chunk` hold: see docs/performance.md, "KV cache").
 
+A drafter's window is seeded with the taps (hidden states at a few layers) of the prompt's last
+rows. An entry keeps those of its own prompt, so a hit whose shared start reaches into that tail
+takes them too, and only the rows after the shared start run: a plan in a world the cache holds
+prefills its task, not the last 128 rows. The taps of a shared row are those of the same tokens
+at the same positions: the same values a prefill would give (and drafts only guess: the
+target's verify decides every token).
+
 Entries are copies, never shared with a running sequence, so a generation's rollbacks cannot
 touch them; least recently used goes first. Pinned entries (a shared start restored from disk,
 prefix_store.py) are never evicted and not counted in ``entries``.
@@ -23,6 +30,15 @@ from .kv_cache import KVCache
 class _Entry:
     ids: tuple[int, ...]
     cache: KVCache
+    taps: dict | None = None        # layer -> [T, D]: the taps of the prompt's last T rows
+    tap_start: int = 0              # the position of their first row
+
+    def taps_cover(self, start: int, end: int) -> bool:
+        return self.taps is not None and self.tap_start <= start and end <= len(self.ids)
+
+    def taps_between(self, start: int, end: int) -> dict:
+        """The taps of rows start..end-1 (inside what ``taps_cover`` allowed)."""
+        return {i: t[start - self.tap_start:end - self.tap_start] for i, t in self.taps.items()}
 
 
 def common_prefix(a, b) -> int:
@@ -63,14 +79,24 @@ class PrefixCache:
     def restore(self, ids, cache: KVCache, limit: int) -> int:
         """Fill the empty ``cache`` with the longest start of ``ids`` (at most ``limit`` tokens)
         that an entry holds; returns how many positions it now has (0: none was good enough)."""
+        return self.restore_seeded(ids, cache, limit)[0]
+
+    def restore_seeded(self, ids, cache: KVCache, limit: int, taps_from: int | None = None) -> tuple[int, dict]:
+        """``restore`` for a caller that needs the taps of rows ``taps_from``.. of the prompt: a
+        start past ``taps_from`` comes only from an entry holding the taps of its rows from
+        there, returned as {layer: [n - taps_from, D]}; otherwise the start stops at
+        ``taps_from``. -> (positions restored, taps)."""
         best, n = None, 0
         for e in self._pinned + self._items:    # on a tie the earlier (pinned: memory-mapped) wins
             m = min(common_prefix(e.ids, ids), limit)
+            if taps_from is not None and m > taps_from and not e.taps_cover(taps_from, m):
+                m = taps_from
             if m > n:
                 best, n = e, m
         self.last_pinned = False
         if best is None or n < self.min_tokens:
-            return 0
+            return 0, {}
+        taps = best.taps_between(taps_from, n) if taps_from is not None and n > taps_from else {}
         self.last_pinned = best in self._pinned
         cache.load_prefix(best.cache, n)
         if best in self._items:
@@ -78,16 +104,20 @@ class PrefixCache:
             self._items.append(best)
         self.hits += 1
         self.tokens_reused += n
-        return n
+        return n, taps
 
-    def store(self, ids, cache: KVCache) -> None:
-        """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's)."""
+    def store(self, ids, cache: KVCache, taps: dict | None = None) -> None:
+        """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's), and the
+        taps of its last rows ({layer: [T, D]}, T the same for every layer) when given."""
         ids = tuple(ids)
+        rows = next(iter(taps.values())).shape[0] if taps else 0
         same = next((e for e in self._items if e.ids == ids), None)
         if same is not None:            # the same prompt again: its copy is already here
             self._items.remove(same)
             self._items.append(same)
+            if rows > (len(ids) - same.tap_start if same.taps else 0):
+                same.taps, same.tap_start = dict(taps), len(ids) - rows
             return
         self._items = [e for e in self._items if ids[:len(e.ids)] != e.ids]
-        self._items.append(_Entry(ids, cache.snapshot(len(ids))))
+        self._items.append(_Entry(ids, cache.snapshot(len(ids)), dict(taps) if rows else None, len(ids) - rows))
         del self._items[:-self.entries]
