@@ -92,13 +92,20 @@ def test_shortlist_head_scores_the_same_logits(tiny_llama):
     assert torch.allclose(full[:, ids], sub, atol=1e-5)
 
 
-def test_shortlist_greedy_equals_plain_and_drafts_stay_inside(tiny_llama):
+@pytest.mark.parametrize("bf16_cpu", [False, True])
+def test_shortlist_greedy_equals_plain_and_drafts_stay_inside(tiny_llama, bf16_cpu, monkeypatch):
+    """On a CPU with bf16 arithmetic the drafter beside an fp32 target drafts in bf16 (the rule
+    reads the CPU flags: both kinds run here whatever this CPU is); output stays plain's."""
+    import thor_runtime.speculative.dflash as dflash_mod
+
+    monkeypatch.setattr(dflash_mod, "cpu_bf16", lambda: bf16_cpu)
     rt, tok = Runtime(tiny_llama.model, tiny_llama.tokenizer), tiny_llama.tokenizer
     prompt = tok.encode_chat([{"role": "user", "content": "stack the red block on the blue one"}])
     plain = rt.generate(prompt, SamplingParams(max_tokens=24)).token_ids
     # the shortlist holds the plain output's tokens, so the drafter can be right
     short = sorted(set(plain))[: max(1, len(set(plain)) // 2)]
     p = DFlashProposer(_drafter_with_vocab(tiny_llama, short), tiny_llama.model, window=16)
+    assert p.drafter.dtype == (torch.bfloat16 if bf16_cpu else torch.float32)
     seen = []
     inner = p.propose
     p.propose = lambda seq, k: (lambda out: (seen.extend(out[0]), out)[1])(inner(seq, k))
@@ -122,3 +129,15 @@ def test_shortlist_sampling_probs_are_full_width(tiny_llama):
     outside[list(set(short) | {7, 8, 9})] = False
     assert (q[:, outside] == 0).all() and set(drafts) <= set(short) | {7, 8, 9}
     assert all(q[j, t] > 0 for j, t in enumerate(drafts))
+
+
+def test_bf16_arithmetic_read_from_the_cpu_flags():
+    from thor_runtime.device import cpu_bf16, cpu_flags
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+    zen3 = "processor\t: 0\nflags\t\t: fpu avx2 fma\n"
+    neoverse_v2 = "processor\t: 0\nFeatures\t: fp asimd sve2 bf16 i8mm\n"
+    cortex_a78 = "processor\t: 0\nFeatures\t: fp asimd asimddp\n"
+    assert "avx512_vnni" in cpu_flags(zen4) and cpu_flags("no flags here") == frozenset()
+    assert cpu_bf16(zen4) and cpu_bf16(neoverse_v2) and not cpu_bf16(zen3) and not cpu_bf16(cortex_a78)
+
