@@ -136,6 +136,10 @@ def _spec(kind, model):
         return Speculation()
     if kind == "ngram":
         return Speculation(NgramProposer(), 4)
+    if kind == "auto":         # lookup or plain per request, K per cycle from the cost curve
+        from thor_runtime.speculative import SpecOptions, build_speculation
+
+        return build_speculation(SpecOptions(method="auto"), model)
     d = random_drafter(model.cfg, block_size=5, seed=3)
     return Speculation(DFlashProposer(d, model, window=16), 4)
 
@@ -162,10 +166,16 @@ def _generate_all(rt, prompts, spec, constraint_for, concurrent):
     return out
 
 
-@pytest.mark.parametrize("kind", ["none", "ngram", "dflash"])
+@pytest.mark.parametrize("kind", ["none", "ngram", "dflash", "auto"])
 @pytest.mark.parametrize("constrained", [False, True])
-def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind, constrained):
+def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind, constrained, monkeypatch):
     from agent.grammar import Grammar
+    from thor_runtime.speculative.auto import CostBudget
+
+    shared_caps = []           # auto: the drafts it let ride in rounds shared with others
+    real = CostBudget.cap_shared
+    monkeypatch.setattr(CostBudget, "cap_shared", lambda self, k, st, f, members: shared_caps.append(
+        real(self, k, st, f, members)) or shared_caps[-1])
 
     m, tok = tiny_llama.model, tiny_llama.tokenizer
     words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]
@@ -183,6 +193,7 @@ def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind
     together = _generate_all(rt, prompts, spec, constraint_for, concurrent=True)
     assert together == alone
     assert max(rt.batch.rounds) > 1, rt.batch.rounds      # rounds were shared, not taken in turn
+    assert bool(shared_caps) == (kind == "auto")          # auto chose its drafts per shared round
 
 
 def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):

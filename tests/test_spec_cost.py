@@ -145,6 +145,35 @@ def test_verifies_read_by_id_weigh_the_cheaper_curve():
     assert free.by_id == 0 and fb.cap(15, fst) == free.arms[0].best_k(STEEP, 15, fst.hot, 0)[0]
 
 
+def test_drafts_in_a_shared_round_weigh_the_whole_round():
+    """In a round shared with others a draft's row is time every member waits for: on a steep
+    curve few ride (fewer the more members and the better the round already does), on a flat
+    one all of them; a proposer that is never right drafts nothing."""
+    def caps(curve, prior, members, rate=0.0, draft=0.0):
+        policy = AutoPolicy([Arm("p", object(), 15, prior, draft), Arm("none", None, 0)], [Arm("none", None, 0)])
+        cls = policy.classes["constrained"]
+        cls.shared_rate = rate
+        b = CostBudget(policy, cls, cls.arms[0], curve)
+        st = b.start()
+        return b.cap_shared(15, st, 0, members), st
+
+    assert caps(FLAT, 0.9, 4)[0] == 15
+    steep2, steep4 = caps(STEEP, 0.9, 2)[0], caps(STEEP, 0.9, 4)[0]
+    assert steep4 < steep2 < 15
+    k, st = caps(STEEP, 0.9, 4, rate=1.0)                 # a round whose members' own work is slow
+    assert k > steep4 and st.cap == k and not st.probing   # recorded for update
+    assert caps(STEEP, 0.9, 4, rate=50.0)[0] == 0         # a round that already commits plenty
+    assert caps(FLAT, 0.9, 4, draft=5.0)[0] == 0          # drafting costs more than it brings
+    assert caps(FLAT, 0.0, 2)[0] == 0
+    # the rate is measured from shared cycles: the tokens all members committed per step of a cycle
+    policy = AutoPolicy([Arm("p", object(), 15, 0.9), Arm("none", None, 0)], [Arm("none", None, 0)])
+    cls = policy.classes["constrained"]
+    b = CostBudget(policy, cls, cls.arms[0], STEEP)
+    policy.step_s = 0.01
+    b.update(b.start(), 0, 0, Cycle(4, 0, 0.02, 0.0, 0.0, False, 4, 0.04, 2))
+    assert cls.shared_rate == pytest.approx(2 * 4 / 4) and policy.step_s == 0.01   # a shared verify is not a step
+
+
 def test_a_collapsed_proposer_is_dropped_and_still_probed():
     drafter = Arm("combined", object(), 15, 0.9, draft_cost=0.25)
     lookup = Arm("ngram", object(), 8, 0.8)

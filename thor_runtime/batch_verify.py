@@ -50,7 +50,7 @@ def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[Forwar
     return form(model, calls)
 
 
-def _slotted(verify):
+def slotted(verify):
     """The fixed-shape decoder with several slots whose verify this is, or None."""
     owner = getattr(verify, "__self__", None)
     return owner if getattr(owner, "slots", 1) > 1 and hasattr(owner, "verify_many") else None
@@ -58,7 +58,7 @@ def _slotted(verify):
 
 def shares(model, verify) -> bool:
     """Whether rounds of this model and verify run as one forward (else one call after another)."""
-    if _slotted(verify) is not None:
+    if slotted(verify) is not None:
         return True
     if model.is_hybrid or getattr(verify, "__self__", None) is not model:
         return False
@@ -70,9 +70,9 @@ def _form(model, verify, calls):
     """The batched form that runs these calls as their verifies alone would, or None."""
     if len(calls) < 2 or not shares(model, verify):
         return None
-    slotted = _slotted(verify)
-    if slotted is not None:          # every forward runs all its slots' rows anyway
-        return lambda model, calls: slotted.verify_many(calls)
+    decoder = slotted(verify)
+    if decoder is not None:          # every forward runs all its slots' rows anyway
+        return lambda model, calls: decoder.verify_many(calls)
     r = model.runner
     if r is None:
         return _layers_with(model.segments(True))

@@ -205,12 +205,14 @@ class Runtime:
                     t_a = time.perf_counter()
                     forced_ids = self._forced(stop, params, constraint)
                     cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
-                    if self.batch is not None and self.batch.shared_forward and self.batch.members > 1:
-                        # In a shared round every row is compute the other sequences wait for, and on a
-                        # CPU a row costs ~0.4 of a step even in a wide round (the verify cost
-                        # curve): the others' anchors fill the round better than guesses do. The
-                        # grammar's forced tokens still ride (they are certain).
-                        cap = 0
+                    members = self.batch.members if self.batch is not None and self.batch.shared_forward else 1
+                    if members > 1 and not self.batch.rows_free:
+                        # In a shared round every row is compute the other sequences wait for: auto
+                        # keeps the drafts worth a row of the whole round (CostBudget.cap_shared),
+                        # other budgets none, as the others' anchors fill a CPU's round better than
+                        # guesses do. The grammar's forced tokens always ride (they are certain).
+                        shared = getattr(draft_budget, "cap_shared", None)
+                        cap = shared(k, budget_state, len(forced_ids), members) if shared else 0
                     t_p = time.perf_counter()
                     with self._compute():      # a drafter's forward: not beside a round's
                         drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
@@ -236,7 +238,7 @@ class Runtime:
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:
                         cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s,
-                                     cols is not None)
+                                     cols is not None, members, time.perf_counter() - t_a, len(committed))
                         budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
                                                            cost)
                     stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_v,

@@ -23,7 +23,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable
 
-from .batch_verify import VerifyCall, shares, verify_many
+from .batch_verify import VerifyCall, slotted, shares, verify_many
 
 
 class FairLock:
@@ -63,6 +63,8 @@ class StepBatch:
             raise ValueError(f"a batch takes at least one sequence, got {limit}")
         self.model, self._verify, self.limit = model, verify, limit
         self.shared_forward = shares(model, verify)   # else a round's calls run one after another
+        # a fixed-shape decoder's forward runs every slot's rows whatever they hold: drafts are free
+        self.rows_free = slotted(verify) is not None
         self.compute = FairLock()
         self._cond = threading.Condition()
         self._members = 0

@@ -119,6 +119,7 @@ class _Class:
     arms: list[Arm]
     forced: float = 0.0           # grammar-forced tokens per cycle, running mean
     by_id: float = 0.0            # share of its verifies that read only some logits, running mean
+    shared_rate: float = 0.0      # tokens per 1-row step of a whole shared round, running mean (0: none yet)
 
     def curve(self, curve: CostCurve) -> CostCurve:
         """What this class's verifies cost: ``curve``'s two kinds, weighed by how it verifies."""
@@ -201,12 +202,45 @@ class CostBudget:
         state.cap = K
         return K
 
+    def cap_shared(self, k: int, state: _Request, forced: int, members: int) -> int:
+        """Drafts to verify in a round shared with ``members - 1`` other sequences (inflight.py).
+        There every row is time all members wait for, so a draft is worth its row when the
+        tokens it is expected to add beat what the round would commit in that time: with R the
+        round's rows without drafts (each member's anchor and forced tokens) and c the curve,
+        K drafts cost c(R + K) - c(R) steps, and the K kept maximises
+        sum_{j<=K} o * prod_{i<=j} a_i  -  rate * (o * (c(R + K) - c(R)) + d).
+        The rate is measured (tokens all members committed per step of a round's whole cycle:
+        the members' own work between forwards counts, and more tokens per round spread it);
+        R / c(R) until a shared round has run. Few drafts where rows are dear (a CPU's
+        compute-bound verify), many where a forward costs the same whatever its rows (a GPU).
+        Records it in ``state``."""
+        arm, best = self.arm, 0
+        if arm.proposer is not None and k > 0:
+            curve = self.cls.curve(self.curve)
+            rows = 1 + forced + (members - 1) * (1 + self.cls.forced)     # the others': their running mean
+            rate, base = self.cls.shared_rate or rows / curve(rows), curve(rows)
+            t = arm.tracks[state.hot]
+            run = gain = top = 0.0
+            for K, a in enumerate(t.rates(arm.prior)[:min(k, arm.kmax)], start=1):
+                run = a if K == 1 else run * a
+                gain += t.offer * run
+                net = gain - rate * (t.offer * (curve(rows + K) - base) + arm.draft)
+                if net > top:
+                    best, top = K, net
+        state.cap, state.probing = best, False
+        return best
+
     def update(self, state: _Request, drafted: int, accepted: int, cycle: Cycle | None = None) -> _Request:
         """After a cycle: the proposer drafted ``drafted`` tokens (grammar-forced ones not
         counted), ``accepted`` of them kept; ``cycle`` has what it cost."""
         cycle = cycle or Cycle()
         arm, pol = self.arm, self.policy
-        pol.observe_step(cycle.verify_s, self.curve.mixed(float(cycle.by_id))(cycle.rows))
+        if cycle.members > 1:     # its verify waited for the round: not a verify of its rows alone
+            if pol.step_s > 0 and cycle.cycle_s > 0:
+                r = cycle.committed * cycle.members / (cycle.cycle_s / pol.step_s)
+                self.cls.shared_rate = r if not self.cls.shared_rate else (1 - EWMA) * self.cls.shared_rate + EWMA * r
+        else:
+            pol.observe_step(cycle.verify_s, self.curve.mixed(float(cycle.by_id))(cycle.rows))
         self.cls.forced = (1 - EWMA) * self.cls.forced + EWMA * cycle.forced
         self.cls.by_id = (1 - EWMA) * self.cls.by_id + EWMA * cycle.by_id
         if arm.proposer is not None:

@@ -39,6 +39,9 @@ class Cycle:
     draft_s: float = 0.0       # the proposer's propose call (0 when it was not asked)
     keep_s: float = 0.0        # the proposer's commit (its window update)
     by_id: bool = False        # the verify computed only the logits of the ids its rows allow
+    members: int = 1           # sequences whose rows shared the verify's forward (inflight.py)
+    cycle_s: float = 0.0       # the whole cycle, from choosing drafts to committing
+    committed: int = 0         # tokens it committed
 
 
 def probe_due(paused: int, every: int, max_gap: int) -> bool:
