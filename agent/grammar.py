@@ -166,9 +166,10 @@ class Grammar:
 
     def constraint(self, stop=None, free_text: tuple[str, ...] = ()) -> "GrammarConstraint":
         """stop: a solver.GoalStop, asked when the plan's steps open (its goal is written) and as
-        each later step opens: True ends the plan there (see GrammarConstraint). free_text: top-level keys whose string value
-        no consumer reads (the plan's ``rationale``): ``relaxed_spans`` names the drafts inside
-        them; none by default, so a caller's own schema is never relaxed."""
+        each later step opens: True ends the plan there (see GrammarConstraint). free_text:
+        top-level keys whose string value no consumer reads (the plan's ``rationale``):
+        ``relaxed_spans`` names the drafts inside them; none by default, so a caller's own
+        schema is never relaxed."""
         return GrammarConstraint(self._pristine.deep_copy(), self.gtok, stop, free_text)
 
 

@@ -85,4 +85,3 @@ def cpu_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU multiplies bf16 natively (there a bf16 matmul is about twice as fast as
     fp32; without it, emulated, several times slower)."""
     return bool(cpu_flags(cpuinfo) & BF16_FLAGS)
-
