@@ -283,8 +283,9 @@ class GrammarConstraint(Constraint):
                         self.steps > 1 and self.stop.step_opened(self.text.decode("utf-8", "replace"), keep=keep)):
                     self.cut, self.stop = True, None
         elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
-            self.cut = bool(self.stop(self.text.decode("utf-8", "replace"), keep=keep))
-            self.step_cap = None if self.cut else self.stop.step_cap_for(self.text.decode("utf-8", "replace"))
+            text = self.text.decode("utf-8", "replace")
+            self.cut = bool(self.stop(text, keep=keep))
+            self.step_cap = None if self.cut else self.stop.step_cap_for(text)
             if self.step_cap is None:
                 self.stop = None       # asked once
 

@@ -174,8 +174,11 @@ def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind
 
     shared_caps = []           # auto: the drafts it let ride in rounds shared with others
     real = CostBudget.cap_shared
-    monkeypatch.setattr(CostBudget, "cap_shared", lambda self, k, st, f, members: shared_caps.append(
-        real(self, k, st, f, members)) or shared_caps[-1])
+
+    def recorded(self, k, state, forced, members):
+        shared_caps.append(real(self, k, state, forced, members))
+        return shared_caps[-1]
+    monkeypatch.setattr(CostBudget, "cap_shared", recorded)
 
     m, tok = tiny_llama.model, tiny_llama.tokenizer
     words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]

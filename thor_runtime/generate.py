@@ -204,7 +204,6 @@ class Runtime:
                     self.threads.tick()
                     t_a = time.perf_counter()
                     forced_ids = self._forced(stop, params, constraint)
-                    cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
                     members = self.batch.members if self.batch is not None and self.batch.shared_forward else 1
                     if members > 1 and not self.batch.rows_free:
                         # In a shared round every row is compute the other sequences wait for: auto
@@ -213,6 +212,8 @@ class Runtime:
                         # guesses do. The grammar's forced tokens always ride (they are certain).
                         shared = getattr(draft_budget, "cap_shared", None)
                         cap = shared(k, budget_state, len(forced_ids), members) if shared else 0
+                    else:
+                        cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
                     t_p = time.perf_counter()
                     with self._compute():      # a drafter's forward: not beside a round's
                         drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,

@@ -81,6 +81,15 @@ class Arm:
         self.since_best = 0           # requests of its class since it was last the best
         self.owed = False             # a probe came due and has not run yet (one probe per request)
 
+    def accepted(self, hot: int, kmax: int) -> list[float]:
+        """[K - 1]: the drafts of a K-draft cycle expected to be accepted, sum_{k<=K} prod_{j<=k}
+        a_j, for K = 1 .. kmax (given a draft comes at all)."""
+        out, run = [], 1.0
+        for a in self.tracks[hot].rates(self.prior)[:kmax]:
+            run *= a
+            out.append(run + (out[-1] if out else 0.0))
+        return out
+
     def best_k(self, curve: CostCurve, kmax: int, hot: int, forced: float) -> tuple[int, float, float]:
         """-> (K, E[K], T[K]) with the largest E / T, K <= kmax (the module doc's formulas)."""
         base = curve(1 + forced)
@@ -88,10 +97,7 @@ class Arm:
         if self.proposer is None:
             return best
         t = self.tracks[hot]
-        run = total = 0.0
-        for K, a in enumerate(t.rates(self.prior)[:kmax], start=1):
-            run = a if K == 1 else run * a
-            total += run
+        for K, total in enumerate(self.accepted(hot, kmax), start=1):
             e = 1 + forced + t.offer * total
             cost = t.offer * curve(1 + forced + K) + (1 - t.offer) * base + self.draft + self.keep
             if e * best[2] > best[1] * cost:
@@ -219,15 +225,12 @@ class CostBudget:
             curve = self.cls.curve(self.curve)
             rows = 1 + forced + (members - 1) * (1 + self.cls.forced)     # the others': their running mean
             rate, base = self.cls.shared_rate or rows / curve(rows), curve(rows)
-            t = arm.tracks[state.hot]
-            run = gain = top = 0.0
-            for K, a in enumerate(t.rates(arm.prior)[:min(k, arm.kmax)], start=1):
-                run = a if K == 1 else run * a
-                gain += t.offer * run
-                net = gain - rate * (t.offer * (curve(rows + K) - base) + arm.draft)
+            offer, top = arm.tracks[state.hot].offer, 0.0
+            for K, total in enumerate(arm.accepted(state.hot, min(k, arm.kmax)), start=1):
+                net = offer * total - rate * (offer * (curve(rows + K) - base) + arm.draft)
                 if net > top:
                     best, top = K, net
-        state.cap, state.probing = best, False
+        state.cap = best
         return best
 
     def update(self, state: _Request, drafted: int, accepted: int, cycle: Cycle | None = None) -> _Request:
