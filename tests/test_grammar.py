@@ -79,6 +79,26 @@ def test_invalid_schema_is_refused(schema, word):
         check_schema(schema)
 
 
+def test_a_schema_that_passed_is_not_checked_again_but_a_failing_one_always_is(monkeypatch):
+    import jsonschema
+    real, seen = jsonschema.Draft202012Validator.check_schema, []
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema",
+                        lambda schema: seen.append(json.dumps(schema)) or real(schema))
+    good = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7123}}}
+    check_schema(good)
+    check_schema(json.loads(json.dumps(good)))          # equal content: remembered
+    assert len(seen) <= 1
+    seen.clear()
+    check_schema({**good, "required": ["n"]})            # another schema: checked
+    assert len(seen) == 1
+    for _ in range(2):                                   # a refusal is never remembered
+        with pytest.raises(ThorError, match="not a valid JSON Schema"):
+            check_schema({"type": "object", "required": "n", "minProperties": 7123})
+    assert len(seen) == 3
+    with pytest.raises(ThorError, match="plain JSON"):
+        check_schema({"type": "number", "minimum": float("nan")})
+
+
 def test_grammar_refuses_before_any_generation(gtok):
     """Grammar() is built before generate() is called; it must raise, not the decode loop."""
     with pytest.raises(ThorError, match="uniqueItems"):

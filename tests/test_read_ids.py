@@ -13,7 +13,7 @@ from test_rowstep import _with_rows
 from agent.grammar import Grammar
 from thor_runtime import constraint as constraint_mod
 from thor_runtime.batch_verify import VerifyCall, verify_many
-from thor_runtime.constraint import read_ids
+from thor_runtime.constraint import masked, masked_argmax, read_ids
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
 from thor_runtime.rowstep import RowStep
@@ -36,6 +36,22 @@ def test_read_ids_only_when_few():
     allowed[1, :100] = True                      # a free-text row: every logit is read
     assert read_ids(allowed) is None
     assert read_ids(None) is None
+
+
+def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 3, (6, 2000), generator=gen).float()    # [6, 2000], many equal maxima
+    allowed = np.zeros((6, 2000), bool)
+    for r in range(6):
+        allowed[r, np.random.default_rng(r).choice(2000, 5 + r, replace=False)] = True
+    allowed[5] = False
+    allowed[5, [0, 1999]] = True                                        # the ends of the vocabulary
+    logits[5, [0, 1999]] = 9.0                                          # a tie between them: the first
+    ids = read_ids(allowed)
+    assert ids is not None
+    want = masked(logits, allowed).argmax(-1)
+    assert torch.equal(masked_argmax(logits, allowed, ids), want)
+    assert int(want[5]) == 0
 
 
 def test_logits_read_by_id_have_the_whole_heads_bits(tiny_llama):

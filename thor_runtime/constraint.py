@@ -50,6 +50,16 @@ def masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
     return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
 
+def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, ids: np.ndarray) -> torch.Tensor:
+    """masked(logits, allowed).argmax(-1) [R] when every id a row allows is in ``ids``
+    (ascending, read_ids'): only those columns are read, and the first of equal maxima is the
+    same column either way."""
+    cols = torch.from_numpy(ids)
+    part = logits.index_select(1, cols.to(logits.device)).cpu().numpy()                       # [R, n]
+    best = np.where(allowed[:, ids], part, np.float32(-np.inf)).argmax(1)                    # [R]
+    return cols[torch.from_numpy(best)]
+
+
 class Constraint(ABC):
     def forced(self) -> list[int]:
         """Tokens the grammar allows as the only continuation (none by default)."""

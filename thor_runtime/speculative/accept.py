@@ -21,7 +21,12 @@ from ..runtime_config import SpeculationSettings as _Defaults
 
 def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:
     """Greedy: keep drafts equal to the target argmax; then the argmax at the first miss."""
-    target = logits.argmax(-1).to(drafts.device)                        # [K+1]: the one sync of a cycle
+    return accept_greedy(logits.argmax(-1), drafts)                     # [K+1]: the one sync of a cycle
+
+
+def accept_greedy(target: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:
+    """accept_strict on the rows' argmax ids, target [K+1], found by the caller."""
+    target = target.to(drafts.device)
     k = drafts.shape[0]
     n = int(torch.cumprod((drafts == target[:k]).int(), 0).sum()) if k else 0
     return n, drafts[:n].tolist() + [int(target[n])]
