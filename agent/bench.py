@@ -43,14 +43,22 @@ def plan_cases(limit: int | None = None) -> list[tuple]:
     return cases[:limit]
 
 
+def eval_cases(directory=None, limit: int | None = None) -> list[tuple]:
+    """plan_cases' tuples for an evenly spread subset of an evaluation set's tasks: other
+    worlds and other wordings than the sample ones (``--plan-set wordings``)."""
+    tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
+    return [(t.world, t.task, *worlds[t.world]) for t in _spread(tasks, limit)]
+
+
 # per plan: where its prompt came from and where its time went (docs/planning.md)
 WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "prompt_tokens_from_memory",
                    "prompt_tokens_computed", "time_prefill_s", "time_decode_s", "time_grammar_s", "time_check_s")
 
 
 def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
-               limit: int | None = None) -> list[dict]:
-    cases = plan_cases(limit)
+               limit: int | None = None, cases: list[tuple] | None = None) -> list[dict]:
+    """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``)."""
+    cases = plan_cases(limit) if cases is None else cases
     rows, reference = [], None
     for spec in specs:
         speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,

@@ -264,3 +264,32 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
                  "--json", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--eval-dir" in err and "tasks.json" in err and err.count("\n") == 1 and len(seen) == 2
+
+
+def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_path):
+    """--plan-set wordings times plan_bench on an evenly spread subset of an evaluation set's
+    tasks: other worlds and wordings than the sample ones, every world of the set."""
+    import agent.bench
+    import thor_runtime.generate
+    import thor_runtime.loading
+    from agent.bench import TASKS, eval_cases
+    from thor_app.cli import main
+
+    cases = eval_cases(EVAL_B, 8)
+    tasks, worlds = load_eval_set(EVAL_B)
+    assert len(cases) == 8 and {c[0] for c in cases} == set(worlds)
+    assert {c[0] for c in cases}.isdisjoint(TASKS)
+    assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
+    seen = []
+    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, drafter=None, cases=None:
+                        seen.append((specs, cases)) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
+        model=SimpleNamespace(layout="dense"), tokenizer=None))
+    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
+    out = tmp_path / "plan.json"
+    assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
+                 "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
+                 "--json", str(out)]) == 0
+    (specs, got), = seen
+    assert specs == ["none", "auto"] and [c[:2] for c in got] == [c[:2] for c in eval_cases(EVAL_B, 4)]
+    assert json.loads(out.read_text())["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"

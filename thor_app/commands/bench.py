@@ -74,22 +74,25 @@ def register(sub) -> None:
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--accept", default="half", choices=("half", "none", "all-but-one"),
                    help="with --rollback: drafts accepted per cycle (K//2, 0 or K-1)")
-    p.add_argument("--plan-set", choices=["sample", "eval"], default="sample",
-                   help="--plan: sample = latency per --spec on the sample worlds; eval = the held-out "
-                        "evaluation (agent/evalsets/): task success, refusals, unsafe plans per model")
+    p.add_argument("--plan-set", choices=["sample", "wordings", "eval"], default="sample",
+                   help="--plan: sample = latency per --spec on the sample worlds; wordings = the same on an "
+                        "evaluation set's worlds and task wordings (--eval-dir, --eval-limit, default 8 tasks); "
+                        "eval = the held-out evaluation (agent/evalsets/): task success, refusals, unsafe plans "
+                        "per model")
     p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
     p.add_argument("--solver", choices=["both", "on", "off"], default="both",
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
     p.add_argument("--attempts", type=int, default=PlannerSettings.attempts,
                    help="--plan-set eval: repair attempts per task")
-    p.add_argument("--eval-limit", type=positive_int, default=None, help="--plan-set eval: an evenly spread subset")
+    p.add_argument("--eval-limit", type=positive_int, default=None,
+                   help="--plan-set eval or wordings: an evenly spread subset")
     add_config_args(p, ("planner",), only={"planner.goal_choice"})
     p.add_argument("--word-rules", default="all", choices=["all", "grammar", "gate", "none"],
                    help="--plan-set eval: where the task's word rules act, an ablation: the goal grammar's "
                         "focus and the gate's grounding check (all), one of them, or neither")
     p.add_argument("--eval-dir", default=None,
-                   help="--plan-set eval: the evaluation set's directory (tasks.json, worlds/); default the first set, "
-                        "the others are agent/evalsets/*")
+                   help="--plan-set eval or wordings: the evaluation set's directory (tasks.json, worlds/); "
+                        "default the first set, the others are agent/evalsets/*")
     p.add_argument("--serve", action="store_true",
                    help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans")
     p.add_argument("--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts")

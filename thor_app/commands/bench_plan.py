@@ -1,5 +1,6 @@
-"""`thor bench --plan`: constrained planning on the sample worlds (latency per proposer), or with
---plan-set eval the held-out evaluation sets (task success, refusals, unsafe plans per model)."""
+"""`thor bench --plan`: constrained planning on the sample worlds (latency per proposer), the same
+on an evaluation set's worlds and wordings (--plan-set wordings), or with --plan-set eval the
+held-out evaluation sets (task success, refusals, unsafe plans per model)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +34,10 @@ def _eval_dir(given: str | None) -> tuple[Path, str]:
     if not (p / "tasks.json").is_file():
         raise ThorError(f"--eval-dir {given}: no tasks.json there (an evaluation set is tasks.json + worlds/)")
     return p, given
+
+
+# --plan-set wordings: tasks of an evaluation set timed per --spec, when --eval-limit is not given
+WORDINGS_LIMIT = 8
 
 
 def run_eval(args, specs) -> int:
@@ -75,7 +80,7 @@ def _plan_config(args, wdt: str, kv: str):
 
 
 def run_plan(args, specs) -> int:
-    from agent.bench import plan_bench
+    from agent.bench import eval_cases, plan_bench
 
     if args.plan_set == "eval":
         return run_eval(args, specs)
@@ -84,9 +89,14 @@ def run_plan(args, specs) -> int:
     config = _plan_config(args, wdt, kv)
     loaded = load_model(config)
     rt = make_runtime(config, loaded)
-    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None)
+    cases, where = None, "sample worlds"
+    if args.plan_set == "wordings":         # held-out worlds and wordings, timed as the sample ones
+        eval_dir, where = _eval_dir(args.eval_dir)
+        cases = eval_cases(eval_dir, args.eval_limit or WORDINGS_LIMIT)
+    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
+                      cases=cases)
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
-           "kv": kv, "repeats": args.repeats, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
+           "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
