@@ -16,18 +16,19 @@
    16 + 4i..), 8-bit: eight, vector k's word n the bytes 4k..4k+3; s and m [N/16, nb, 16]; N is
    padded to whole groups (zero weights), the padding never stored. */
 #define GROUP 16
-#define GT 2          /* output groups per tile */
+#define GT 2          /* output groups per tile of up to RT rows */
+#define GRT 8         /* rows per tile of one group: more accumulator chains in flight (gtiles) */
 #define GPF 8         /* blocks ahead the first pass prefetches */
 
 static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
                                                          int g0, const int G, float *y, int ldy) {
     int nb = w->K / BLK, words = BLK * w->bits / 32;
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[GT][RT];
+    __m512 acc[GT][GRT];
     for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) acc[g][r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512i d[GT][RT];
-        const int32_t *xw[RT];
+        __m512i d[GT][GRT];
+        const int32_t *xw[GRT];
         for (int r = 0; r < R; r++) xw[r] = (const int32_t *)(x->qx + (size_t)(r0 + r) * x->K + b * BLK);
         for (int g = 0; g < G; g++) for (int r = 0; r < R; r++) d[g][r] = _mm512_setzero_si512();
         if (r0 == 0 && x->M > 1)   /* the first pass over the weights streams them: GPF blocks ahead */
@@ -86,6 +87,7 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
    float operations whatever R and G are. */
 #define GROUP 8
 #define GT 1          /* 16 vector registers: one group of up to RT rows at a time */
+#define GRT RT
 #define GPF 8
 
 static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
