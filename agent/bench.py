@@ -57,36 +57,44 @@ WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "pro
 
 def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
                limit: int | None = None, cases: list[tuple] | None = None) -> list[dict]:
-    """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``)."""
+    """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
+
+    The specs take turns request by request (each case runs under every spec before the next
+    case, the first spec rotating), so a machine whose speed drifts during the run moves
+    every spec alike: the ratios between them are paired, not minutes apart. Each spec keeps
+    its own planner (``auto`` learns from its own requests only)."""
     cases = plan_cases(limit) if cases is None else cases
-    rows, reference = [], None
-    for spec in specs:
-        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
-                                        plan_format=plan_format_fingerprint())
-        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
-        lat, dec, acc, jf, valid, plans, where = [], [], [], 0, 0, [], []
-        for r in range(repeats):
-            for name, task, world, skills in cases:
-                print(f"bench plan: spec={spec} {name}: {task}", file=sys.stderr)
-                res = planner.plan(task, world, skills)
-                s = res.stats
-                lat.append(s["plan_latency_s"])
-                dec.append(s["decode_tok_s"])
-                acc.append(s["accept_length_mean"])
-                where.append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
+    planners = [Planner(runtime, tokenizer, build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+                                                              plan_format=plan_format_fingerprint()),
+                        max_tokens=max_tokens, attempts=0) for spec in specs]
+    runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
+    turn = 0
+    for r in range(repeats):
+        for name, task, world, skills in cases:
+            for j in range(len(specs)):
+                i = (turn + j) % len(specs)
+                print(f"bench plan: spec={specs[i]} {name}: {task}", file=sys.stderr)
+                res = planners[i].plan(task, world, skills)
+                s, run = res.stats, runs[i]
+                run["lat"].append(s["plan_latency_s"])
+                run["dec"].append(s["decode_tok_s"])
+                run["acc"].append(s["accept_length_mean"])
+                run["where"].append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
                 if r == 0:
-                    jf += s["jump_forward_tokens"]
-                    valid += bool(res.valid)
-                    plans.append(res.text)
-        row = {"spec": spec, "plans": len(cases), "valid": valid,
+                    run["jf"] += s["jump_forward_tokens"]
+                    run["valid"] += bool(res.valid)
+                    run["plans"].append(res.text)
+            turn += 1
+    rows = []
+    for spec, run in zip(specs, runs):
+        lat = run["lat"]
+        row = {"spec": spec, "plans": len(cases), "valid": run["valid"],
                "latency_median_s": round(statistics.median(lat), 3), "latency_p90_s": round(_p90(lat), 3),
-               "decode_tok_s": round(statistics.median(dec), 2),
-               "accept_length_mean": round(statistics.mean(acc), 3), "jump_forward_tokens": jf,
-               "latencies_s": [round(x, 4) for x in lat], "per_plan": where}
-        if reference is None:
-            reference = plans
-        else:
-            row["plans_identical_to_first"] = plans == reference
+               "decode_tok_s": round(statistics.median(run["dec"]), 2),
+               "accept_length_mean": round(statistics.mean(run["acc"]), 3), "jump_forward_tokens": run["jf"],
+               "latencies_s": [round(x, 4) for x in lat], "per_plan": run["where"]}
+        if rows:
+            row["plans_identical_to_first"] = run["plans"] == runs[0]["plans"]
         rows.append(row)
     base = rows[0]["decode_tok_s"] if rows else 0
     for row in rows[1:]:

@@ -60,6 +60,9 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     # ... against a server on the same config taking one request at a time: every task got one plan
     assert doc["batch"] == LimitsSection.batch > 1
     assert [r["clients"] for r in doc["levels_one_at_a_time"]] == [1, 2]
+    # both servers had answered as many plans when their levels began
+    assert doc["warm_plans"] == {"batched": (repeats + 1) * len(TASKS) + len(LOAD_TASKS),
+                                 "one at a time": (repeats + 1) * len(TASKS) + len(LOAD_TASKS)}
     b = doc["batching"]
     assert b["plans_identical"] is True and b["tasks"] == len(LOAD_TASKS)
     assert [r["clients"] for r in b["levels"]] == [1, 2] and all(r["req_per_s_ratio"] > 0 for r in b["levels"])

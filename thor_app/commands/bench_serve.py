@@ -16,7 +16,8 @@ Measured:
   * streaming time to the first content chunk against the same chat in-process, paired too;
   * plan requests/s and p50/p99 latency with 1, 4 and 16 concurrent clients, twice: the server
     as configured (``limits.batch`` requests generating at once, sharing forwards), then a second
-    server on the same config with ``batch = 1`` (one generation at a time), one after the other;
+    server on the same config with ``batch = 1`` (one generation at a time), one after the other,
+    the second first sent the paired plans the first answered (both start equally warm);
     every answer to one task must be the same plan in both (batching never changes a plan);
   * HTTP latency minus the plan time the server reports for itself: the transport, parsing and
     queueing alone, a different figure from the paired overhead.
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from thor_runtime.errors import ThorError
@@ -162,7 +164,11 @@ def _plan_body(task: str, world: str, max_tokens: int) -> dict:
     return {"task": task, "world": world, "max_tokens": max_tokens, "attempts": 0}
 
 
+SENT: Counter = Counter()       # plan requests posted per server (its base URL)
+
+
 async def _post_plan(s, base: str, body: dict):
+    SENT[base] += 1
     t = time.perf_counter()
     async with s.post(f"{base}/v1/plan", json=body) as r:
         doc = await r.json()
@@ -325,10 +331,22 @@ def _levels_arg(text: str) -> list[int]:
     return levels
 
 
-def _level_rows(base, levels, repeats, world, max_tokens, plans, label) -> list[dict]:
+async def _replay_paired(base: str, world: str, max_tokens: int, repeats: int) -> None:
+    """The plan requests ``_paired`` sent over HTTP, unrecorded: the one-at-a-time server then
+    starts its levels as warm as the batched one (``auto`` has seen as many plans)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
+        for _ in range(repeats + 1):
+            for task in TASKS:
+                await _post_plan(s, base, _plan_body(task, world, max_tokens))
+
+
+def _level_rows(base, levels, repeats, world, max_tokens, plans, label, warm: dict) -> list[dict]:
     # unrecorded: every load task once, one at a time, so both servers start the levels equally
-    # warm (prefix cache, auto's acceptance so far)
+    # warm (prefix cache, auto's acceptance so far); ``warm[label]``: the plans it had answered then
     asyncio.run(_levels(base, 1, len(LOAD_TASKS), world, max_tokens, plans))
+    warm[label] = SENT[base]
     rows = []
     for c in levels:
         n = max(2 * c, repeats)            # two waves at least: one wave times its slowest plan
@@ -352,6 +370,7 @@ def run_serve(args) -> int:
     prefix = ModelSettings().prefix_cache if args.prefix_cache is None else args.prefix_cache
     world, threads_before = args.serve_world, torch.get_num_threads()
     plans: dict = {}
+    warm: dict = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         cfg_path = _write_config(args, tmp, wdt, kv, spec, prefix, batch)
@@ -372,7 +391,7 @@ def run_serve(args) -> int:
             pairs, ttft = asyncio.run(_paired(base, inproc, world, args.max_tokens, args.repeats))
             local = inproc.settings
             del inproc                                    # its memory: not beside the load runs
-            rows = _level_rows(base, levels, args.repeats, world, args.max_tokens, plans, f"batch {batch}")
+            rows = _level_rows(base, levels, args.repeats, world, args.max_tokens, plans, "batched", warm)
             proc.terminate()
             proc.wait(120)
             # the same config but one generation at a time, alone on the machine
@@ -380,8 +399,9 @@ def run_serve(args) -> int:
             proc = _start_server(one_path, args.threads, tmp / "serve-one.log")
             _log(f"waiting for thor serve with batch = 1 on port {one_port} ...")
             check_same_settings(_wait_ready(proc, one_port, tmp / "serve-one.log").get("runtime") or {}, served)
+            asyncio.run(_replay_paired(f"http://127.0.0.1:{one_port}", world, args.max_tokens, args.repeats))
             one = _level_rows(f"http://127.0.0.1:{one_port}", levels, args.repeats, world, args.max_tokens, plans,
-                              "one at a time")
+                              "one at a time", warm)
         finally:
             torch.set_num_threads(threads_before)
             proc.terminate()
@@ -391,7 +411,7 @@ def run_serve(args) -> int:
            "batch": batch, "load_tasks": list(LOAD_TASKS),
            "settings": {"server": served, "in_process": local, "identical": served == local},
            "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows,
-           "levels_one_at_a_time": one, "batching": compare_levels(rows, one, plans)}
+           "levels_one_at_a_time": one, "warm_plans": warm, "batching": compare_levels(rows, one, plans)}
     out = Path(args.json_out)
     out.write_text(json.dumps(doc, indent=1))
     md = out.with_suffix(".md")
