@@ -297,9 +297,9 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
 #if GROUP
 /* every row of G (1 or GT) output groups from g. Past RT rows, where the build has wider
    tiles (GRT), the groups go one at a time GRT rows deep: with GT groups of RT rows a block's
-   integer sums formed too few independent chains to keep the dot-product unit busy (a 16-row
-   verify 1.1x faster, 8 rows 1.1-1.2x; docs/performance.md). Fewer rows keep GT groups: a
-   lone row needs the second group's chain. */
+   integer sums formed too few independent chains to keep the dot-product unit busy (8 and 12
+   rows 1.09x faster, 16 rows 1.05x; docs/performance.md). Fewer rows keep GT groups: a lone
+   row needs the second group's chain. */
 static inline __attribute__((always_inline)) void gtiles(const MatmulTask *t, int g, const int G) {
     const Proj *w = t->w;
     int M = t->x->M;
