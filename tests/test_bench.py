@@ -30,3 +30,30 @@ def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):
 def test_bench_rejects_bad_configs(capsys):
     assert main(["bench", "--configs", "fp64/fp32"]) == 2
     assert "fp64/fp32" in capsys.readouterr().err
+
+
+def test_bench_specs_take_turns_and_keep_one_speculation_each(tiny_dirs, tmp_path, monkeypatch):
+    """Each chat prompt runs under every spec before the next one (the first spec rotating),
+    and a spec's speculation is the same object all run long (auto learns across prompts)."""
+    from thor_runtime.generate import Runtime
+
+    calls, real = [], Runtime.generate
+
+    def spy(self, ids, params=None, speculation=None, *a, **k):
+        if params is not None and params.max_tokens == 12:
+            calls.append(speculation)
+        return real(self, ids, params, speculation, *a, **k) if speculation is not None else real(self, ids, params)
+
+    monkeypatch.setattr(Runtime, "generate", spy)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(tiny_dirs["llama"]), "--configs", "fp32/fp32", "--spec", "none,ngram,auto",
+                 "--repeats", "2", "--max-tokens", "12", "--prefill-tokens", "16", "--no-baseline",
+                 "--json", str(out)]) == 0
+    prompts = 3
+    assert len(calls) == 2 * prompts * 3 and len({id(c) for c in calls}) == 3
+    turns = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert all(len({id(c) for c in t}) == 3 for t in turns)              # every spec once per prompt
+    firsts = [id(t[0]) for t in turns]
+    assert len(set(firsts[:3])) == 3                                     # the first spec rotates
+    rows = {r["spec"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["ngram"]["tokens_identical_to_plain"] is True and rows["auto"]["tokens_identical_to_plain"] is True

@@ -56,7 +56,7 @@ def run_backends(args, configs, backends) -> int:
         b = make_backend(config, loaded, name=name, form=form, threads=threads, opt_level=level)
         load_s = time.perf_counter() - t0
         try:
-            row, outs = bench_runtime(config, loaded, kv, "none", args, prompts)
+            (row, outs), = bench_runtime(config, loaded, kv, ["none"], args, prompts)
         finally:
             attach(loaded.model, None)
             if b is not None:

@@ -44,7 +44,11 @@ def long_ids(tok, n):
     return ids[:n]
 
 
-def bench_runtime(config, loaded, kv, spec_name, args, prompts, reference=None):
+def bench_runtime(config, loaded, kv, spec_names, args, prompts) -> list[tuple[dict, list]]:
+    """-> (row, outputs) per name of ``spec_names``. The specs take turns prompt by prompt (the
+    first rotating), so a machine's drift moves them alike, and each keeps one speculation for
+    the whole run, as a service does (``auto`` learns from the requests before). Speculative
+    rows are judged against the plain row where ``none`` is among them."""
     import torch
 
     from thor_runtime.sampling import SamplingParams
@@ -54,34 +58,46 @@ def bench_runtime(config, loaded, kv, spec_name, args, prompts, reference=None):
     rt = make_runtime(with_settings(config, model__kv_dtype=kv, model__prefix_cache=0), loaded)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     long = long_ids(loaded.tokenizer, args.prefill_tokens)
-    prefill, decode, accept_len, per_pos, outputs = [], [], [], [], []
+    specs = [build_speculation(with_settings(config, speculation__method=name.split("-")[0],
+                                             speculation__seed_window=not name.endswith("noseed")), loaded)
+             for name in spec_names]
+    runs = [{"prefill": [], "decode": [], "accept": [], "per_pos": [], "outputs": []} for _ in spec_names]
     rt.generate(prompts[0][:8], SamplingParams(max_tokens=2))  # warm-up (allocator, kernels)
+    turn = 0
     for r in range(args.repeats):
-        prefill.append(rt.generate(long, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"])
-        for i, ids in enumerate(prompts):
-            spec = build_speculation(with_settings(config, speculation__method=spec_name.split("-")[0],
-                                                   speculation__seed_window=not spec_name.endswith("noseed")),
-                                     loaded)
-            res = rt.generate(ids, params, spec)
-            s = res.stats.to_dict()
-            decode.append(s["decode_tok_s"])
-            if spec.proposer is not None:
-                accept_len.append(s["accept_length_mean"])
-                per_pos.append(s["accept_per_position"])
-            if r == 0:
-                outputs.append(res.token_ids)
-    row = {"prefill_tok_s": median(prefill), "decode_tok_s": median(decode)}
-    if accept_len:
-        width = max(len(p) for p in per_pos)
-        row["accept_length_mean"] = median(accept_len)
-        row["accept_per_position"] = [round(statistics.mean(p[j] for p in per_pos if len(p) > j), 3)
-                                      for j in range(width)]
-    if reference is not None:
-        row["tokens_identical_to_plain"] = outputs == reference
-        row.update(summarize([judge(rt, p, a, b, args.tie_tol) for p, a, b in zip(prompts, reference, outputs)]))
-    elif spec_name == "none" and torch.get_num_threads() > 1:
-        row["plain_1thread"] = _one_thread_gate(rt, prompts, outputs, params, args.tie_tol)
-    return row, outputs
+        for j in range(len(specs)):
+            runs[j]["prefill"].append(rt.generate(long, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"])
+        for ids in prompts:
+            for n in range(len(specs)):
+                j = (turn + n) % len(specs)
+                res = rt.generate(ids, params, specs[j])
+                s, run = res.stats.to_dict(), runs[j]
+                run["decode"].append(s["decode_tok_s"])
+                if specs[j].proposer is not None:
+                    run["accept"].append(s["accept_length_mean"])
+                    run["per_pos"].append(s["accept_per_position"])
+                if r == 0:
+                    run["outputs"].append(res.token_ids)
+            turn += 1
+    reference = runs[spec_names.index("none")]["outputs"] if "none" in spec_names else None
+    out = []
+    for name, run in zip(spec_names, runs):
+        row = {"prefill_tok_s": median(run["prefill"]), "decode_tok_s": median(run["decode"])}
+        if run["accept"]:
+            per_pos = run["per_pos"]
+            width = max(len(p) for p in per_pos)
+            row["accept_length_mean"] = median(run["accept"])
+            row["accept_per_position"] = [round(statistics.mean(p[j] for p in per_pos if len(p) > j), 3)
+                                          for j in range(width)]
+        if name == "none":
+            if torch.get_num_threads() > 1:
+                row["plain_1thread"] = _one_thread_gate(rt, prompts, run["outputs"], params, args.tie_tol)
+        elif reference is not None:
+            row["tokens_identical_to_plain"] = run["outputs"] == reference
+            row.update(summarize([judge(rt, p, a, b, args.tie_tol)
+                                  for p, a, b in zip(prompts, reference, run["outputs"])]))
+        out.append((row, run["outputs"]))
+    return out
 
 
 def _one_thread_gate(rt, prompts, outputs, params, tol) -> dict:
@@ -148,12 +164,9 @@ def run_decode(args, config, configs, specs) -> int:
         prompts = chat_prompts(loaded.tokenizer)
         plain_fp32kv = None
         for kv in [c[1] for c in configs if c[0] == wdt]:
-            reference = None
-            for spec in specs:
-                print(f"bench: {wdt} weights, {kv} KV, spec={spec} ...", file=sys.stderr)
-                row, outs = bench_runtime(config, loaded, kv, spec, args, prompts, reference)
+            print(f"bench: {wdt} weights, {kv} KV, specs {', '.join(specs)} in turn ...", file=sys.stderr)
+            for spec, (row, outs) in zip(specs, bench_runtime(config, loaded, kv, specs, args, prompts)):
                 if spec == "none":
-                    reference = outs
                     if kv == "fp32":
                         plain_fp32kv = outs
                     elif plain_fp32kv is not None:
