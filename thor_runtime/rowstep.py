@@ -238,7 +238,8 @@ class RowStep:
         if cols is None:
             return None, torch.empty(R, V)
         units = np.unique(np.asarray(cols, np.int64) // self.unit).astype(np.int32)          # [U]
-        return units, torch.full((R, V), float("-inf"))
+        # filled by numpy: torch's fill of this size wakes its thread pool (see _call)
+        return units, torch.from_numpy(np.full((R, V), -np.inf, np.float32))
 
     def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None):
         """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none);
