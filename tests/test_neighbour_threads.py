@@ -69,6 +69,66 @@ def test_governor_off_by_default_and_one_thread_left_alone(monkeypatch, two_thre
     assert torch.get_num_threads() == 1 and g.changes == 0
 
 
+def test_one_torch_thread_then_the_callers_count(monkeypatch, two_threads):
+    """Inside: one torch thread (nested too); after: the caller's count, in each thread on its
+    own; a governor does not take the one for the caller's choice."""
+    import threading
+
+    from thor_runtime.threads import one_torch_thread
+
+    monkeypatch.setenv(threads.ENV, "1")
+    g = ThreadGovernor(every=1, min_interval_s=0.0)
+    g.start()
+    seen = []
+    with one_torch_thread():
+        seen.append(torch.get_num_threads())
+        with one_torch_thread():
+            seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())
+        g.tick()
+    assert seen == [1, 1, 1] and torch.get_num_threads() == 2 and g.limit == 2
+
+    def other():
+        torch.set_num_threads(2)
+        with one_torch_thread():
+            seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(5)
+    assert seen[3:] == [1, 2] and torch.get_num_threads() == 2
+
+
+def test_a_drafter_beside_the_row_kernel_drafts_on_one_thread(tiny_llama, monkeypatch, two_threads):
+    """On the row kernel a drafter's forwards run at one torch thread (torch's spinning pool
+    would take the kernel's cores), the count is the caller's again after, and the tokens are
+    the plain decoding's."""
+    from test_rowstep import _with_rows
+    from tiny import random_drafter
+
+    from thor_runtime.generate import Runtime
+    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.speculative import Speculation
+    from thor_runtime.speculative.dflash import DFlashProposer
+
+    m = _with_rows(tiny_llama)
+    rt = Runtime(m, tiny_llama.tokenizer)
+    proposer = DFlashProposer(random_drafter(m.cfg, block_size=5, num_taps=2), m, window=8)
+    counts, real = [], DFlashProposer.propose
+
+    def spy(self, seq, k):
+        counts.append(torch.get_num_threads())
+        return real(self, seq, k)
+
+    monkeypatch.setattr(DFlashProposer, "propose", spy)
+    ids = tiny_llama.tokenizer.encode("pick up the red cup")
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = rt.generate(ids, params, Speculation(proposer, 6)).token_ids
+    assert counts and set(counts) == {1} and torch.get_num_threads() == 2
+    assert spec == rt.generate(ids, params).token_ids
+
+
 def test_summary_ratios():
     s = bench_neighbour.summarize({"quiet": [{"decode_tok_s": 100.0, "threads_after": 2}] * 3,
                                    "neighbour": [{"decode_tok_s": 50.0, "threads_after": 1}] * 3})

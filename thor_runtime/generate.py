@@ -17,7 +17,7 @@ from .constraint import TimedConstraint, masked, masked_argmax, read_ids
 from .errors import ThorError
 from .kv_cache import KVScales
 from .prefix_cache import PrefixCache
-from .threads import ThreadGovernor
+from .threads import ThreadGovernor, one_torch_thread
 from .fixed_shape import STEP_ROWS
 from .runner import DecodeAsk, pick_decode
 from .sampling import SamplingParams, make_generator, target_probs
@@ -118,6 +118,13 @@ class Runtime:
     def _compute(self):
         return self.batch.compute if self.batch is not None else nullcontext()
 
+    def _drafting(self, proposer):
+        """The context a drafter's forwards run in: torch at one thread where the target's run
+        on the row kernel (threads.one_torch_thread), as they are otherwise."""
+        rows = getattr(self.model.runner, "rows", None) is not None
+        cpu = proposer is not None and bool(proposer.tap_layers) and not self.model.device.type == "cuda"
+        return one_torch_thread if rows and cpu else nullcontext
+
     def new_cache(self, capacity: int):
         """An empty cache of the model's own kind (hybrid targets: KV cache + recurrent state)."""
         return self.model.new_cache(capacity, self.kv_dtype, self.kv_scales, **self.cache_options)
@@ -187,8 +194,10 @@ class Runtime:
                 with self._shared:
                     self.prefixes.store(prompt_ids, cache, seed)
             stats.cached_prompt_tokens = reused
+            drafting = self._drafting(proposer)
             if proposer is not None:
-                proposer.start(list(prompt_ids), seed)
+                with drafting():
+                    proposer.start(list(prompt_ids), seed)
             first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
                                  constraint)[1]
             stats.ttft_s = time.perf_counter() - t0
@@ -216,7 +225,7 @@ class Runtime:
                     else:
                         cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
                     t_p = time.perf_counter()
-                    with self._compute():      # a drafter's forward: not beside a round's
+                    with self._compute(), drafting():      # a drafter's forward: not beside a round's
                         drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
                                                                    forced_ids)
                     t_b = time.perf_counter()
@@ -235,7 +244,8 @@ class Runtime:
                     cache.crop(len(seq) + n_acc)
                     t_k = time.perf_counter()
                     if proposer is not None:
-                        proposer.commit(n_acc + 1, vout.taps or None)
+                        with drafting():
+                            proposer.commit(n_acc + 1, vout.taps or None)
                     keep_s = time.perf_counter() - t_k
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:

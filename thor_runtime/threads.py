@@ -28,7 +28,9 @@ that are not ours (``procs_running`` in /proc/stat less our own running threads)
 from __future__ import annotations
 
 import os
+import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -158,7 +160,9 @@ class ThreadGovernor:
 
     def _sync(self) -> None:
         # A pool size we did not set is the caller's (bench's one-thread gate, calib --threads):
-        # it becomes the most we use.
+        # it becomes the most we use. One a drafter holds for a moment (one_torch_thread) is not.
+        if one_torch_thread.busy:
+            return
         n = torch.get_num_threads()
         if n != self.watch.current:
             self.watch.reset(n)
@@ -167,3 +171,40 @@ class ThreadGovernor:
     def _apply(self, n: int | None) -> None:
         if n is not None:
             torch.set_num_threads(n)
+
+
+class _OneTorchThread:
+    """torch's intra-op pool at one thread inside ``one_torch_thread()``, the caller's count after.
+
+    Why: after a parallel op torch's OpenMP threads keep spinning for a while, on the cores the
+    row kernel's threads need for the verify that follows; a drafter's small matmuls on one
+    thread cost less than that spin (a speculative plan decoded ~7% faster in an in-process
+    A/B, docs/speculative-decoding.md). Under OpenMP torch's thread count is the calling
+    thread's own, so concurrent sequences each set and restore their own; nested use keeps the
+    outermost caller's count."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    @property
+    def busy(self) -> bool:
+        """This thread is inside."""
+        return getattr(self._local, "depth", 0) > 0
+
+    @contextmanager
+    def __call__(self):
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        if depth == 0:
+            local.saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+        local.depth = depth + 1
+        try:
+            yield
+        finally:
+            local.depth = depth
+            if depth == 0:
+                torch.set_num_threads(local.saved)
+
+
+one_torch_thread = _OneTorchThread()
