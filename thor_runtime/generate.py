@@ -122,8 +122,8 @@ class Runtime:
         """The context a drafter's forwards run in: torch at one thread where the target's run
         on the row kernel (threads.one_torch_thread), as they are otherwise."""
         rows = getattr(self.model.runner, "rows", None) is not None
-        cpu = proposer is not None and bool(proposer.tap_layers) and not self.model.device.type == "cuda"
-        return one_torch_thread if rows and cpu else nullcontext
+        drafter = proposer is not None and bool(proposer.tap_layers) and self.model.device.type == "cpu"
+        return one_torch_thread if rows and drafter else nullcontext
 
     def new_cache(self, capacity: int):
         """An empty cache of the model's own kind (hybrid targets: KV cache + recurrent state)."""
