@@ -89,7 +89,7 @@ def check_schema(schema) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _check_text(text: str) -> None:
-    """check_schema of one schema's canonical JSON, remembered when it passes: a plan request's
+    """check_schema of one schema's JSON text, remembered when it passes: a plan request's
     schema is its world's and skills', the same from request to request, and checking it
     against the meta-schema took ~0.16 s of Python (the service's other requests wait on it)."""
     schema = json.loads(text)
