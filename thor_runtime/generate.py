@@ -121,7 +121,7 @@ class Runtime:
     def _drafting(self, proposer):
         """The context a drafter's forwards run in: torch at one thread where the target's run
         on the row kernel (threads.one_torch_thread), as they are otherwise."""
-        rows = getattr(self.model.runner, "rows", None) is not None
+        rows = getattr(getattr(self.model, "runner", None), "rows", None) is not None   # hybrid models: no runner
         drafter = proposer is not None and bool(proposer.tap_layers) and self.model.device.type == "cpu"
         return one_torch_thread if rows and drafter else nullcontext
 
