@@ -82,8 +82,8 @@ class Arm:
         self.owed = False             # a probe came due and has not run yet (one probe per request)
 
     def accepted(self, hot: int, kmax: int) -> list[float]:
-        """[K - 1]: the drafts of a K-draft cycle expected to be accepted, sum_{k<=K} prod_{j<=k}
-        a_j, for K = 1 .. kmax (given a draft comes at all)."""
+        """[kmax]: entry K - 1 is the drafts a K-draft cycle is expected to have accepted,
+        sum_{k<=K} prod_{j<=k} a_j, for K = 1 .. kmax (given a draft comes at all)."""
         out, run = [], 1.0
         for a in self.tracks[hot].rates(self.prior)[:kmax]:
             run *= a
