@@ -75,6 +75,38 @@ def test_logits_read_by_id_have_the_whole_heads_bits(tiny_llama):
     assert torch.equal(b.logits[:, [11, 12]], alone[:, [11, 12]])
 
 
+def test_a_round_computes_each_sequences_own_logits(tiny_llama, monkeypatch):
+    """One sequence reading every logit does not make its batch-mates' verifies compute the whole
+    head: each gets the logits it reads with the bits of its verify alone, and the by-id one
+    nothing else."""
+    m = _with_rows(tiny_llama)
+    V, unit = m.cfg.vocab_size, m.runner.rows.unit
+    ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup and put it in the sink"))[:20]
+    heads = []
+    monkeypatch.setattr(RowStep, "_units", _recording(RowStep._units, heads))
+    calls = [VerifyCall(ids[12:16], _cache(m, ids[:12])), VerifyCall(ids[9:14], _cache(m, ids[:9]), (), np.array([11, V - 1]))]
+    heads.clear()
+    full, part = verify_many(m, m.verify, calls)
+    assert heads == [(None, 4), ((11 // unit, (V - 1) // unit), 5)]       # one full head of 4 rows, one of 5 by id
+    assert torch.equal(full.logits, m.verify(ids[12:16], _cache(m, ids[:12])).logits)
+    alone = m.verify(ids[9:14], _cache(m, ids[:9])).logits                      # [5, V]
+    assert torch.equal(part.logits[:, [11, V - 1]], alone[:, [11, V - 1]])
+    computed = torch.isfinite(part.logits)
+    assert computed.sum(1).tolist() == [_width(V, unit, [11, V - 1])] * 5
+
+
+def _recording(units, seen):
+    def record(self, cols, R):
+        seen.append((None if cols is None else tuple(np.unique(np.asarray(cols) // self.unit).tolist()), R))
+        return units(self, cols, R)
+    return record
+
+
+def _width(V: int, unit: int, cols: list[int]) -> int:
+    """ids in the units that hold ``cols`` (the last unit may be short)."""
+    return sum(min(u * unit + unit, V) - u * unit for u in sorted({c // unit for c in cols}))
+
+
 def test_constrained_decoding_reads_few_logits_and_commits_the_same(tiny_llama, gtok, monkeypatch):
     m = _with_rows(tiny_llama)
     tok = tiny_llama.tokenizer

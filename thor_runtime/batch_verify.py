@@ -149,13 +149,12 @@ def _layers(model, seg, calls) -> list[ForwardOut]:
 
 def _rowstep(model, calls) -> list[ForwardOut]:
     """The row kernel, MAX_ROWS rows per call; a sequence's rows may span two calls in order
-    (its later rows then see the K/V the earlier call wrote, as in a chunked verify)."""
+    (its later rows then see the K/V the earlier call wrote, as in a chunked verify). Each
+    sequence's logits are computed over the ids it reads (rowstep.py ``many``)."""
     from .rowstep import MAX_ROWS
 
     kern = model.runner.rows
     want = tuple(sorted(set().union(*(c.taps for c in calls))))
-    # every call's logits the calls read: an id one call reads is computed for all (the same bits)
-    cols = None if any(c.cols is None for c in calls) else np.unique(np.concatenate([c.cols for c in calls]))
     pieces: list[tuple[int, int, int]] = []          # (call, first row, rows) in row order
     for j, c in enumerate(calls):
         for s in range(0, c.ids.shape[0], MAX_ROWS):
@@ -169,13 +168,23 @@ def _rowstep(model, calls) -> list[ForwardOut]:
         used += p[2]
     groups.append(cur)
     taps_parts: dict[int, list] = {i: [] for i in want}
-    logit_parts = []
+    logit_parts: list[list] = [[] for _ in calls]
     for g in groups:
         ids = torch.cat([calls[j].ids[s:s + m] for j, s, m in g])
         h = model.embed(ids.to(model.device))                                             # [n, D]
-        t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want, cols)
-        logit_parts.append(lg)
+        t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want,
+                          [calls[j].cols for j, _, _ in g])
+        for (j, _, _), part in zip(g, lg):
+            logit_parts[j].append(part)
         for i in want:
             taps_parts[i].append(t[i])
-    # groups are consecutive runs of the pieces, which follow the calls' rows in order
-    return _split(calls, {i: torch.cat(p) for i, p in taps_parts.items()}, torch.cat(logit_parts))
+    # groups are consecutive runs of the pieces, which follow the calls' rows in order; joined
+    # by numpy, as a torch copy of this size wakes torch's pool beside the kernel's (rowstep.py)
+    taps = {i: _joined(p) for i, p in taps_parts.items()}
+    return [ForwardOut(_joined(parts), {i: taps[i][a:b] for i in c.taps})
+            for c, parts, (a, b) in zip(calls, logit_parts, _spans(calls))]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Row blocks one after another ([n_i, C] -> [sum n_i, C]); one block as it is."""
+    return parts[0] if len(parts) == 1 else torch.from_numpy(np.concatenate([p.numpy() for p in parts]))

@@ -130,6 +130,8 @@ def _bind(path: Path):
     lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.rowstep_forward_rows.restype = _I
     lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
+    lib.rowstep_head.restype = _I
+    lib.rowstep_head.argtypes = [_P, _P, _P, _I, _P, _P, _I]
     lib.rowstep_unit.restype = _I
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
@@ -271,8 +273,10 @@ class RowStep:
         """Rows of several sequences in one call: h [N, D] holds ``counts[j]`` rows of the
         sequence in ``caches[j]`` after its cached ones, in that order (N <= MAX_ROWS). Each
         row runs what a 1-row call at its position runs; every cache grows by its count.
-        ``cols``: the ids whose logits are read (None: all). -> ({i: [N, D]} for taps, logits [N, V])."""
+        ``cols[j]``: the ids whose logits sequence j reads (None: all; ``cols`` None: all for
+        every one). -> ({i: [N, D]} for taps, [logits [counts[j], V] per sequence])."""
         N, cfg = h.shape[0], self.model.cfg
+        cols = cols if cols is not None else [None] * len(caches)
         starts = [c.length for c in caches]
         pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts)]).astype(np.int32)   # [N]
         self.model.ensure_positions(int(pos.max()) + 1)
@@ -280,23 +284,45 @@ class RowStep:
         ks = (_P * N)(*[caches[j].k.data_ptr() for j in owner])
         vs = (_P * N)(*[caches[j].v.data_ptr() for j in owner])
         Ss = np.ascontiguousarray([caches[j].k.shape[2] for j in owner], np.int32)
-        h = h.float().contiguous().clone()                                                           # [N, D]
+        h = torch.from_numpy(np.array(h.float().numpy(), copy=True))         # [N, D]; numpy's copy: see _call
         tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
-        r = torch.arange(N, dtype=torch.int64)
-        units, logits = self._units(cols, N)
+        starts_n = np.cumsum([0] + list(counts[:-1]))                                  # each one's first row
         with self._one:
             self._fit()
             rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
                                                 self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                                r.data_ptr(), N, logits.data_ptr(),
-                                                None if units is None else units.ctypes.data,
-                                                0 if units is None else len(units))
+                                                None, 0, None, None, 0)
+            # the head after the layers, once per kind of read: the sequences that read every
+            # logit share one full head, the others one over their ids only (a wide forward
+            # would otherwise compute all 152 k ids for every row as soon as one sequence
+            # needs them)
+            out: list = [None] * len(caches)
+            for want, seqs in _head_groups(cols):
+                rows = np.concatenate([np.arange(starts_n[j], starts_n[j] + counts[j]) for j in seqs]).astype(np.int64)
+                units, logits = self._units(want, len(rows))                                   # [R, V]
+                rc = rc or self._lib.rowstep_head(self._h, h.data_ptr(), rows.ctypes.data, len(rows),
+                                                  logits.data_ptr(), None if units is None else units.ctypes.data,
+                                                  0 if units is None else len(units))
+                a = 0
+                for j in seqs:
+                    out[j], a = logits[a:a + counts[j]], a + counts[j]
         if rc != 0:
             raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
         for c, s, n in zip(caches, starts, counts):
             c.lengths = [s + n] * self.n
-        return tap_out, logits
+        return tap_out, out
+
+
+def _head_groups(cols: list) -> list[tuple[np.ndarray | None, list[int]]]:
+    """(ids to compute or None for all, the sequences that read them): one group of those that
+    read every logit, one of the others over the union of their ids."""
+    full = [j for j, c in enumerate(cols) if c is None]
+    some = [j for j, c in enumerate(cols) if c is not None]
+    groups = [(None, full)] if full else []
+    if some:
+        groups.append((np.unique(np.concatenate([np.asarray(cols[j], np.int64) for j in some])), some))
+    return groups
 
 
 def kernel_dir() -> Path:

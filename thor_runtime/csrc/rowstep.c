@@ -216,6 +216,18 @@ int rowstep_set_head(void *h, const float *final_norm, const void *blob, const f
     return set_proj(&e->head, proj(blob, s, m, NULL, e->V, e->D, bits));
 }
 
+/* the final norm and the head for rows [R] of h: logits [R, V] (units: see below) */
+static void head_rows(Engine *e, const float *h, const int64_t *rows, int R, float *logits, const int32_t *units,
+                      int U) {
+    QRows qr;
+    int D = e->D;
+    if (R <= 0) return;
+    for (int r = 0; r < R; r++) rms_norm_row(h + (size_t)rows[r] * D, e->final_norm, D, e->eps, e->x + (size_t)r * D);
+    quantize_rows(e, e->x, R, D, e->head.bits == 4, &qr);
+    if (U > 0) matmul_units(e, &e->head, &qr, logits, units, U);
+    else matmul(e, &e->head, &qr, logits);                                         /* [R, V] */
+}
+
 /* h [T, D] (embedded rows, overwritten with the last layer's output); row t sits at position
    pos[t] of its own sequence, whose cache k[t]/v[t] is [L, Hkv, S[t], Dh]: rows of several
    sequences share the projections, each attends only its own keys 0..pos[t]. A sequence's rows
@@ -269,12 +281,20 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
         for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
         if (taps && taps[i]) memcpy(taps[i], h, sizeof(float) * T * D);
     }
-    if (R > 0) {
-        for (int r = 0; r < R; r++) rms_norm_row(h + (size_t)rows[r] * D, e->final_norm, D, e->eps, e->x + (size_t)r * D);
-        quantize_rows(e, e->x, R, D, e->head.bits == 4, &qr);
-        if (U > 0) matmul_units(e, &e->head, &qr, logits, units, U);
-        else matmul(e, &e->head, &qr, logits);                                     /* [R, V] */
-    }
+    head_rows(e, h, rows, R, logits, units, U);
+    pool_active(&e->pool, 0);
+    return 0;
+}
+
+/* The head alone, on rows of h [*, D] that a forward above left: rows [R] -> logits [R, V],
+   units as above. The operations rowstep_forward_rows runs for them, so the same bits: a
+   shared forward gives each sequence's rows the head (all ids, or only its own) it would get
+   alone. Returns 0, or -1 when R does not fit the scratch. */
+int rowstep_head(void *hd, const float *h, const int64_t *rows, int R, float *logits, const int32_t *units, int U) {
+    Engine *e = hd;
+    if (R < 0 || R > e->maxrows) return -1;
+    pool_active(&e->pool, 1);
+    head_rows(e, h, rows, R, logits, units, U);
     pool_active(&e->pool, 0);
     return 0;
 }
