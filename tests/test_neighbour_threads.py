@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import time
+
 import pytest
 import torch
 
@@ -55,6 +57,39 @@ def test_governor_follows_the_neighbour(monkeypatch, two_threads):
     busy["others"] = 0
     g.start()
     assert g.limit == 2 and torch.get_num_threads() == 2
+
+
+def test_a_runnable_task_that_takes_no_cpu_time_takes_no_core(monkeypatch):
+    """The run-queue count may show a task that never runs (four sequences sharing rounds saw
+    one at a quarter of the readings); a pool gives up a core only where the others' CPU time
+    shows them using it, and takes cores back on the count alone."""
+    busy = {"others": 1, "share": 0.0}
+    monkeypatch.setattr(threads, "others_running", lambda: busy["others"])
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads, "others_cpu", lambda since: (busy["share"], since))
+    w = threads.FitWatch(2, every=1, min_interval_s=0.0)
+    assert [w.poll(), w.poll(), w.poll()] == [None, None, None] and w.current == 2
+    busy["share"] = 0.9                                # a neighbour that runs
+    assert [w.poll(), w.poll()] == [None, 1] and w.current == 1
+    busy["others"], busy["share"] = 0, 0.0
+    assert [w.poll(), w.poll()] == [None, 2]
+    busy["others"] = 1
+    assert [w.poll(), w.poll()] == [None, None]        # counted again, still no CPU time: no core given
+    monkeypatch.setattr(threads, "others_cpu", lambda since: (None, since))
+    w = threads.FitWatch(2, every=1, min_interval_s=0.0)
+    assert [w.poll(), w.poll()] == [None, 1]           # no share read yet: the count alone
+
+
+def test_others_cpu_reads_a_share_over_a_window():
+    share, first = threads.others_cpu(None)
+    if first is None:
+        pytest.skip("no /proc here")
+    assert share is None and threads.others_cpu(first) == (None, first)      # too short a window
+    t = time.perf_counter()
+    while time.perf_counter() - t < threads.SHARE_WINDOW_S * 1.5:
+        pass                                                                # our own work: not the others'
+    share, later = threads.others_cpu(first)
+    assert later is not first and 0.0 <= share < threads.cores()
 
 
 def test_governor_off_by_default_and_one_thread_left_alone(monkeypatch, two_threads):
