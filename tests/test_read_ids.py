@@ -95,6 +95,32 @@ def test_a_round_computes_each_sequences_own_logits(tiny_llama, monkeypatch):
     assert computed.sum(1).tolist() == [_width(V, unit, [11, V - 1])] * 5
 
 
+def test_a_sequence_longer_than_a_kernel_call_keeps_its_own_logits_and_taps(tiny_llama):
+    """A verify of more rows than one kernel call takes (a long run of forced tokens) spans two
+    calls of the round; its logits and taps come back whole and in order, beside a batch-mate
+    that reads every logit."""
+    from thor_runtime.rowstep import MAX_ROWS
+
+    m = _with_rows(tiny_llama)
+    V = m.cfg.vocab_size
+    ids = torch.arange(3, 3 + MAX_ROWS + 20) % V
+    n = MAX_ROWS + 6
+
+    def cache(k):
+        c = KVCache(m.cfg, MAX_ROWS + 24, "fp32", m.dtype)
+        m.prefill(ids[:k], c)
+        return c
+
+    cols = np.array([5, V - 2])
+    long, short = verify_many(m, m.verify, [VerifyCall(ids[4:4 + n], cache(4), (0,), cols),
+                                            VerifyCall(ids[2:5], cache(2), (0,))])
+    alone_long = m.verify(ids[4:4 + n], cache(4), taps=(0,))
+    alone_short = m.verify(ids[2:5], cache(2), taps=(0,))
+    assert long.logits.shape == (n, V) and torch.equal(long.logits[:, cols], alone_long.logits[:, cols])
+    assert torch.equal(long.taps[0], alone_long.taps[0])
+    assert torch.equal(short.logits, alone_short.logits) and torch.equal(short.taps[0], alone_short.taps[0])
+
+
 def _recording(units, seen):
     def record(self, cols, R):
         seen.append((None if cols is None else tuple(np.unique(np.asarray(cols) // self.unit).tolist()), R))
