@@ -141,7 +141,7 @@ class FitWatch:
         """``want`` where the others' CPU time shows them using the cores it leaves them; else
         the current count. A task counted runnable need not run: measured with four sequences
         sharing rounds on 2 cores and no other process, a quarter of the readings counted one
-        more runnable task than there was, and the row kernel ran 12-27% of its rounds on one
+        more runnable task than there was, and the row kernel ran 11-37% of its rounds on one
         thread. A busy neighbour also takes CPU time; that phantom took none."""
         share, self._since = others_cpu(self._since)
         self._share = share if share is not None else self._share
