@@ -240,7 +240,7 @@ class RowStep:
         if cols is None:
             return None, torch.empty(R, V)
         units = np.unique(np.asarray(cols, np.int64) // self.unit).astype(np.int32)          # [U]
-        # filled by numpy: torch's fill of this size wakes its thread pool (see _call)
+        # filled by numpy: torch's fill of this size wakes its thread pool (see _residual)
         return units, torch.from_numpy(np.full((R, V), -np.inf, np.float32))
 
     def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None):
@@ -248,9 +248,7 @@ class RowStep:
         ``cols``: the ids whose logits are read (None: all)."""
         T, start, cfg = h.shape[0], cache.length, self.model.cfg
         self.model.ensure_positions(start + T)
-        # [T, D], the residual stream, overwritten; copied by numpy: a torch copy this size wakes
-        # torch's thread pool, whose threads then spin on the cores the kernel's pool runs on
-        h = torch.from_numpy(np.array(h.float().numpy(), copy=True))
+        h = _residual(h)                                                            # [T, D]
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
@@ -260,9 +258,7 @@ class RowStep:
             self._fit()
             rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
                                            cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
-                                           len(r), None if logits is None else logits.data_ptr(),
-                                           None if units is None else units.ctypes.data,
-                                           0 if units is None else len(units))
+                                           len(r), None if logits is None else logits.data_ptr(), *_units_arg(units))
         if rc != 0:
             raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
         cache.lengths = [start + T] * self.n
@@ -284,34 +280,49 @@ class RowStep:
         ks = (_P * N)(*[caches[j].k.data_ptr() for j in owner])
         vs = (_P * N)(*[caches[j].v.data_ptr() for j in owner])
         Ss = np.ascontiguousarray([caches[j].k.shape[2] for j in owner], np.int32)
-        h = torch.from_numpy(np.array(h.float().numpy(), copy=True))         # [N, D]; numpy's copy: see _call
+        h = _residual(h)                                                            # [N, D]
         tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
-        starts_n = np.cumsum([0] + list(counts[:-1]))                                  # each one's first row
+        firsts = np.cumsum([0] + list(counts[:-1]))                                 # each sequence's first row
+        # one head per kind of read: the sequences that read every logit share a full one, the
+        # others one over their ids only (else a wide forward computes all 152 k ids for every
+        # row as soon as one sequence needs them); the first runs with the layers, any other
+        # after them on the rows they left
+        heads = []
+        for want, seqs in _head_groups(cols):
+            rows = np.concatenate([np.arange(firsts[j], firsts[j] + counts[j]) for j in seqs]).astype(np.int64)
+            heads.append((seqs, rows, *self._units(want, len(rows))))                 # logits [R, V]
         with self._one:
             self._fit()
+            _, rows, units, logits = heads[0]
             rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
                                                 self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                                None, 0, None, None, 0)
-            # the head after the layers, once per kind of read: the sequences that read every
-            # logit share one full head, the others one over their ids only (a wide forward
-            # would otherwise compute all 152 k ids for every row as soon as one sequence
-            # needs them)
-            out: list = [None] * len(caches)
-            for want, seqs in _head_groups(cols):
-                rows = np.concatenate([np.arange(starts_n[j], starts_n[j] + counts[j]) for j in seqs]).astype(np.int64)
-                units, logits = self._units(want, len(rows))                                   # [R, V]
+                                                rows.ctypes.data, len(rows), logits.data_ptr(), *_units_arg(units))
+            for seqs, rows, units, logits in heads[1:]:
                 rc = rc or self._lib.rowstep_head(self._h, h.data_ptr(), rows.ctypes.data, len(rows),
-                                                  logits.data_ptr(), None if units is None else units.ctypes.data,
-                                                  0 if units is None else len(units))
-                a = 0
-                for j in seqs:
-                    out[j], a = logits[a:a + counts[j]], a + counts[j]
+                                                  logits.data_ptr(), *_units_arg(units))
         if rc != 0:
             raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
         for c, s, n in zip(caches, starts, counts):
             c.lengths = [s + n] * self.n
+        out: list = [None] * len(caches)
+        for seqs, _, _, logits in heads:
+            a = 0
+            for j in seqs:
+                out[j], a = logits[a:a + counts[j]], a + counts[j]
         return tap_out, out
+
+
+def _residual(h: torch.Tensor) -> torch.Tensor:
+    """A copy of the rows for the kernel to overwrite (the residual stream), made by numpy: a
+    torch copy this size wakes torch's thread pool, whose threads then spin on the cores the
+    kernel's pool runs on."""
+    return torch.from_numpy(np.array(h.float().numpy(), copy=True))
+
+
+def _units_arg(units: np.ndarray | None) -> tuple:
+    """The C side's (units, U): the head's units to compute, or (NULL, 0) for all of them."""
+    return (None, 0) if units is None else (units.ctypes.data, len(units))
 
 
 def _head_groups(cols: list) -> list[tuple[np.ndarray | None, list[int]]]:
