@@ -77,6 +77,9 @@ TASK_TEMPLATES = [
     "deliver the {o} to the {p} as fast as possible", "first the {o2}, then the {o}: both to the {p}",
     "Please move the {o} from where it is to the {p}.", "Can you put the {o} onto the {p}?",
     "I need the {o} at the {p}.", "Relocate {o} -> {p}.",
+    "push the {o} towards the {p}", "fetch the {o} from wherever it is and leave it at the {p}",
+    "the {o} belongs at the {p}, sort that out", "get the {o} and the {o2} over to the {p}",
+    "could you check the {p}, then bring me the {o}?", "drop off the {o} at the {p} on your way",
 ]
 CONSTRAINTS = [
     "", "", "", "", " and avoid the {p2}", ", do it gently", " in under {n} s", ", keep it upright",
@@ -102,26 +105,74 @@ class PromptSpec:
             raise ThorError(f"general_frac must be in [0, 1], got {self.general_frac}")
 
 
-def _base_worlds() -> list[tuple[dict, dict]]:
-    """[(world dict, skills dict)] of the sample worlds, read once per call (they are tiny)."""
+DOMAIN_FILE = Path(__file__).resolve().parent / "domains.json"
+ALIAS_SHARE = 0.3                    # share of mentions of a thing with aliases that use one
+SAMPLE_SHARE = 0.4                   # share of requests set in a sample world (the rest: a domain)
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A setting requests are drawn from: its world and skills (dicts) and the names a drawn
+    world may give its objects (per type), places and itself."""
+    world: dict
+    skills: dict
+    rename: dict
+    places: list
+    world_names: list
+
+
+def _skills(name: str) -> dict:
+    return json.loads((AGENT_DIR / "skills" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _sample_bases() -> list[_Base]:
+    """The sample worlds, renamed from NAME_VOCAB / PLACE_VOCAB / WORLD_NAMES."""
     out = []
     for wp in sorted((AGENT_DIR / "worlds").glob("*.json")):
         w = json.loads(wp.read_text(encoding="utf-8"))
         sp = (wp.parent / w.get("skills", "../skills/manipulation.json")).resolve()
-        out.append((w, json.loads(sp.read_text(encoding="utf-8"))))
+        out.append(_Base(w, json.loads(sp.read_text(encoding="utf-8")), NAME_VOCAB,
+                         PLACE_VOCAB.get(w["name"], [p["name"] for p in w["places"]]),
+                         WORLD_NAMES.get(w["name"], [w["name"]])))
     if not out:
         raise ThorError(f"no sample worlds under {AGENT_DIR / 'worlds'}")
     return out
+
+
+def _domain_bases() -> list[_Base]:
+    """The training-only settings of domains.json: other trades, the tabletop skills, aliases,
+    so a drafter learns to copy names it has never seen rather than the sample worlds' own."""
+    try:
+        doc = json.loads(DOMAIN_FILE.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ThorError(f"cannot read {DOMAIN_FILE}: {e}") from None
+    out = []
+    for d in doc["domains"]:
+        w = {k: v for k, v in d.items() if k not in ("skills", "rename", "place_names", "world_names")}
+        out.append(_Base(w, _skills(d["skills"]), d["rename"], d["place_names"], d["world_names"]))
+    return out
+
+
+def training_names(samples: bool = True) -> set[str]:
+    """Every world, object and place name a generated request can carry (the evaluation sets
+    must use none of them); samples=False: the domains' alone."""
+    names: set[str] = set()
+    for b in (_sample_bases() if samples else []) + _domain_bases():
+        names |= {b.world["name"], *b.world_names, *b.places}
+        names |= {o["name"] for o in b.world["objects"]} | {p["name"] for p in b.world["places"]}
+        names |= {n for v in b.rename.values() for n in v}
+    return names
 
 
 def _r2(x: float) -> float:
     return round(x, 2)
 
 
-def _random_world(rng: random.Random, base: dict) -> dict:
-    """Object subset (>= 2), renamed from NAME_VOCAB, positions jittered inside the workspace,
-    masses scaled 0.5x..1.5x; place subset (>= 2) with some renamed and jittered."""
-    w = copy.deepcopy(base)
+def _random_world(rng: random.Random, b: _Base) -> dict:
+    """Object subset (>= 2), renamed from the base's names, positions jittered inside the
+    workspace, masses scaled 0.5x..1.5x; place subset (>= 2) with some renamed and jittered.
+    A renamed thing drops its aliases (they belonged to the old name)."""
+    w = copy.deepcopy(b.world)
     lo, hi = w["robot"]["workspace"]["min"], w["robot"]["workspace"]["max"]
     span = [h - l for l, h in zip(lo, hi)]
     used: set[str] = set()
@@ -135,18 +186,23 @@ def _random_world(rng: random.Random, base: dict) -> dict:
 
     objs = rng.sample(w["objects"], rng.randint(min(2, len(w["objects"])), len(w["objects"])))
     for o in objs:
-        o["name"] = fresh(NAME_VOCAB.get(o["type"], [o["name"]]), o["name"])
+        old = o["name"]
+        o["name"] = fresh(b.rename.get(o["type"], [o["name"]]), o["name"])
+        if o["name"] != old:
+            o.pop("aliases", None)
         # jitter by up to 15% of the workspace span, clamped inside it (z kept for shelves etc.)
         o["position"] = [_r2(min(h, max(l, p + rng.uniform(-0.15, 0.15) * s)))
                          for p, l, h, s in zip(o["position"], lo, hi, span)]
         o["mass_kg"] = _r2(max(0.01, o["mass_kg"] * rng.uniform(0.5, 1.5)))
     w["objects"] = objs
-    vocab = PLACE_VOCAB.get(base["name"], [p["name"] for p in w["places"]])
+    vocab = b.places
     places = rng.sample(w["places"], rng.randint(min(2, len(w["places"])), len(w["places"])))
     renamed = {}
     for p in places:
         old = p["name"]
         p["name"] = renamed[old] = fresh(vocab if rng.random() < 0.5 else [p["name"]], p["name"], vocab)
+        if p["name"] != old:
+            p.pop("aliases", None)
         p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
                          for v, l, h, s in zip(p["position"], lo, hi, span)]
     w["places"] = places
@@ -157,17 +213,21 @@ def _random_world(rng: random.Random, base: dict) -> dict:
                 holder["at"] = renamed[holder["at"]]
             else:
                 holder.pop("at")
-    w["name"] = rng.choice(WORLD_NAMES.get(base["name"], [base["name"]]))
+    w["name"] = rng.choice(b.world_names)
     w["robot"]["max_payload_kg"] = _r2(w["robot"]["max_payload_kg"] * rng.uniform(0.8, 1.25))
     return w
 
 
 def _random_task(rng: random.Random, world: dict) -> str:
-    objs = [o["name"] for o in world["objects"]]
-    places = [p["name"] for p in world["places"]]
+    """A task from the templates; a thing that has aliases is sometimes called by one, as
+    people on site do ("the cone")."""
+    def called(thing: dict) -> str:
+        return rng.choice(thing["aliases"]) if thing.get("aliases") and rng.random() < ALIAS_SHARE else thing["name"]
+
+    objs, places = world["objects"], world["places"]
     o, o2 = rng.sample(objs, 2) if len(objs) >= 2 else (objs[0], objs[0])
     p, p2 = rng.sample(places, 2) if len(places) >= 2 else (places[0], places[0])
-    fill = dict(o=o, o2=o2, p=p, p2=p2, n=rng.choice([5, 10, 15, 20, 30, 45, 60]))
+    fill = dict(o=called(o), o2=called(o2), p=called(p), p2=called(p2), n=rng.choice([5, 10, 15, 20, 30, 45, 60]))
     task = rng.choice(TASK_TEMPLATES).format(**fill) + rng.choice(CONSTRAINTS).format(**fill)
     return task[0].upper() + task[1:] if rng.random() < 0.3 else task
 
@@ -194,15 +254,15 @@ def robot_requests(split: str, n: int, seed: int = 0) -> list[RobotRequest]:
     """n planner requests for ``split``; the same (split, n, seed) gives the same list, and
     robot_requests(s, n) is a prefix of robot_requests(s, n + m)."""
     PromptSpec(split, n, seed)
-    bases = _base_worlds()
+    samples, domains = _sample_bases(), _domain_bases()
     out: list[RobotRequest] = []
     i = 0
     while len(out) < n:
         rng = random.Random(f"{_STREAM[split]}:{seed}:{i}")   # str seeds hash deterministically
         i += 1
-        base, skills = bases[rng.randrange(len(bases))]
-        wd = _random_world(rng, base)
-        task, world, skill_set = _random_task(rng, wd), world_from_dict(wd), skills_from_dict(skills)
+        b = rng.choice(samples if rng.random() < SAMPLE_SHARE else domains)
+        wd = _random_world(rng, b)
+        task, world, skill_set = _random_task(rng, wd), world_from_dict(wd), skills_from_dict(b.skills)
         msgs = build_messages(task, world, skill_set)
         if split_of(msgs) == split:
             out.append(RobotRequest(msgs, task, world, skill_set))

@@ -21,7 +21,9 @@ from calib.prompts import (
     general_prompts,
     render_key,
     robot_prompts,
+    robot_requests,
     split_of,
+    training_names,
 )
 from calib.shards import read_shards
 from thor_runtime.batched import batched_greedy
@@ -53,6 +55,30 @@ def test_prompts_deterministic_and_disjoint():
     assert len(mixed) == 20 and sum(len(m) == 1 for m in mixed) == 4
     with pytest.raises(ThorError):
         PromptSpec("test", 3)
+
+
+def test_requests_cover_other_trades_skill_sets_and_aliases():
+    """The drafter's requests are not only the sample worlds renamed: other settings (with the
+    tabletop skills the evaluation sets use), aliases in the world and in the task, and no name
+    any evaluation set uses."""
+    from agent.evaluation import load_eval_set
+    from agent.files import AGENT_DIR
+    reqs = robot_requests("train", 120, seed=5)
+    sample = {p.stem for p in (AGENT_DIR / "worlds").glob("*.json")}
+    worlds = {r.world.name for r in reqs}
+    assert len(worlds) >= 20 and 0.25 <= sum(r.world.name in sample or r.world.name in {
+        "home_kitchen", "cafe_counter", "wet_lab", "qc_bench", "hall_b", "depot"} for r in reqs) / len(reqs) <= 0.6
+    assert any(t.aliases for r in reqs for t in r.world.objects + r.world.places)
+    said = [a for r in reqs for t in r.world.objects + r.world.places for a in t.aliases if a in r.task]
+    assert said                                                   # some tasks call a thing by an alias
+    kinds = {("push(" in m) + 2 * ("navigate_to(" in m) for m in (r.messages[0]["content"] for r in reqs)}
+    assert kinds == {0, 1, 2}                      # manipulation, tabletop and mobile skills
+    assert {"ice_cream_parlour", "waffle_cone", "red_cup", "counter", "hall_b"} <= training_names()
+    names = training_names(samples=False)          # the sample vocabulary predates the later sets
+    for d in sorted((AGENT_DIR / "evalsets").iterdir()):
+        for w, _ in load_eval_set(d)[1].values():
+            used = {w.name} | {o.name for o in w.objects} | {p.name for p in w.places}
+            assert not used & names, (d.name, used & names)
 
 
 # ---- batched greedy decoding == Runtime.generate -------------------------------------------------

@@ -19,7 +19,7 @@ from agent.gate import check_plan
 from agent.solver import complete
 from agent.specialize import specialize
 from agent.symbolic import execute, goal_limits, initial_state, reaches
-from calib.prompts import NAME_VOCAB, PLACE_VOCAB, WORLD_NAMES
+from calib.prompts import training_names
 
 
 def _res(plan, world, skills, valid=None):
@@ -35,11 +35,10 @@ def test_eval_set_shape_and_held_out():
     assert len(tasks) >= 40 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
     assert {t.refuse for t in tasks if t.refuse} == set(REFUSALS)
     sample = {p.stem for p in (AGENT_DIR / "worlds").glob("*.json")}
-    trained = set(sample) | {n for v in WORLD_NAMES.values() for n in v}
-    names = {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
+    trained = set(sample) | training_names()
     for name, (w, _) in worlds.items():
         assert name not in trained and w.name not in trained
-        assert not (names & {o.name for o in w.objects}), name     # no object name the drafter saw
+        assert not (trained & {o.name for o in w.objects}), name    # no object name the drafter saw
     # the eval worlds are not where the calibration / distillation prompts come from
     assert not list((AGENT_DIR / "worlds").glob("greenhouse*"))
 
@@ -158,9 +157,9 @@ def test_later_eval_set_shape_fresh_and_mixed(directory):
     # new settings: no world (nor object / place name) shared with the sample worlds or an earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
     old += [w for _, ws in earlier for w, _ in ws.values()]
-    old_worlds = {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
+    vocab = training_names()
+    old_worlds = {w.name for w in old} | vocab
     old_names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
-    vocab = {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
     for name, (w, s) in worlds.items():
         assert name not in old_worlds and w.name not in old_worlds, name
         names = {o.name for o in w.objects} | {p.name for p in w.places}

@@ -16,7 +16,7 @@ from agent.gate import check_plan
 from agent.grounding import grounding_findings
 from agent.solver import complete, goal_reasons
 from agent.specialize import PlanValidator, specialize
-from calib.prompts import NAME_VOCAB, PLACE_VOCAB, WORLD_NAMES
+from calib.prompts import training_names
 
 SETS = AGENT_DIR / "evalsets"
 PROCESS = SETS / "7-printstudio-aquarium-museum-skihire"
@@ -58,9 +58,9 @@ def test_process_set_shape_and_fresh(directory):
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
     old += [w for d in ALL_SETS if d != directory for w, _ in load_eval_set(d)[1].values()]
     names = {o.name for w in old for o in w.objects} | {p.name for w in old for p in w.places}
-    names |= {n for v in NAME_VOCAB.values() for n in v} | {n for v in PLACE_VOCAB.values() for n in v}
+    names |= training_names()
     for name, (w, _) in worlds.items():
-        assert name not in {w.name for w in old} | {n for v in WORLD_NAMES.values() for n in v}
+        assert name not in {w.name for w in old} | names
         assert not names & ({o.name for o in w.objects} | {p.name for p in w.places}), name
     assert not {t.id for t in tasks} & {t.id for d in ALL_SETS if d != directory for t in load_eval_set(d)[0]}
 
