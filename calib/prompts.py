@@ -147,9 +147,12 @@ def _domain_bases() -> list[_Base]:
     except (OSError, json.JSONDecodeError) as e:
         raise ThorError(f"cannot read {DOMAIN_FILE}: {e}") from None
     out = []
-    for d in doc["domains"]:
-        w = {k: v for k, v in d.items() if k not in ("skills", "rename", "place_names", "world_names")}
-        out.append(_Base(w, _skills(d["skills"]), d["rename"], d["place_names"], d["world_names"]))
+    try:
+        for d in doc["domains"]:
+            w = {k: v for k, v in d.items() if k not in ("skills", "rename", "place_names", "world_names")}
+            out.append(_Base(w, _skills(d["skills"]), d["rename"], d["place_names"], d["world_names"]))
+    except (KeyError, TypeError, AttributeError, OSError) as e:
+        raise ThorError(f"{DOMAIN_FILE}: a domain lacks a field or names no skills file ({e!r})") from None
     return out
 
 
@@ -195,12 +198,11 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
                          for p, l, h, s in zip(o["position"], lo, hi, span)]
         o["mass_kg"] = _r2(max(0.01, o["mass_kg"] * rng.uniform(0.5, 1.5)))
     w["objects"] = objs
-    vocab = b.places
     places = rng.sample(w["places"], rng.randint(min(2, len(w["places"])), len(w["places"])))
     renamed = {}
     for p in places:
         old = p["name"]
-        p["name"] = renamed[old] = fresh(vocab if rng.random() < 0.5 else [p["name"]], p["name"], vocab)
+        p["name"] = renamed[old] = fresh(b.places if rng.random() < 0.5 else [p["name"]], p["name"], b.places)
         if p["name"] != old:
             p.pop("aliases", None)
         p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
