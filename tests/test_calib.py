@@ -16,6 +16,7 @@ from calib.datagen import GenConfig, generate_dataset
 from calib.distill import DistillConfig, lr_at, position_weights, run_distill
 from calib.kv_scales import kv_amax, scales_from_amax
 from calib.prompts import (
+    WORLD_NAMES,
     PromptSpec,
     calib_prompts,
     general_prompts,
@@ -64,10 +65,9 @@ def test_requests_cover_other_trades_skill_sets_and_aliases():
     from agent.evaluation import load_eval_set
     from agent.files import AGENT_DIR
     reqs = robot_requests("train", 120, seed=5)
-    sample = {p.stem for p in (AGENT_DIR / "worlds").glob("*.json")}
+    sample = {n for names in WORLD_NAMES.values() for n in names}   # what a sample world is renamed to
     worlds = {r.world.name for r in reqs}
-    assert len(worlds) >= 20 and 0.25 <= sum(r.world.name in sample or r.world.name in {
-        "home_kitchen", "cafe_counter", "wet_lab", "qc_bench", "hall_b", "depot"} for r in reqs) / len(reqs) <= 0.6
+    assert len(worlds) >= 20 and 0.25 <= sum(r.world.name in sample for r in reqs) / len(reqs) <= 0.6
     assert any(t.aliases for r in reqs for t in r.world.objects + r.world.places)
     said = [a for r in reqs for t in r.world.objects + r.world.places for a in t.aliases if a in r.task]
     assert said                                                   # some tasks call a thing by an alias
