@@ -1,6 +1,7 @@
 """--spec auto's cost policy: the verify cost curve (measured, cached on disk, rebuilt on a key
 mismatch or a damaged file), the choice of K from the curve and the running acceptance, a
-collapsed proposer dropped for lookup or plain decoding (and still probed), the choice in the
+collapsed proposer dropped for lookup or plain decoding (and still probed), lookup as a drafter's
+fallback on plans, the choice in the
 stats, and greedy output identical to plain decoding. No timing is asserted."""
 from __future__ import annotations
 
@@ -219,12 +220,39 @@ def test_a_recovering_proposer_comes_back():
     assert policy.choice(True, STEEP) is lookup
 
 
+def test_lookup_beside_a_drafter_is_its_fallback_only():
+    """Lookup ahead on its prior does not take plans from the combination (which holds it), and
+    is not probed; once the combination falls behind plain decoding, lookup runs."""
+    drafter = Arm("combined", object(), 15, 0.5, draft_cost=0.25)
+    lookup = Arm("ngram", object(), 8, 0.8, fallback=True)
+    none = Arm("none", None, 0)
+    policy = AutoPolicy([drafter, lookup, none], [Arm("none", None, 0)])
+    curve = CostCurve(tuple(1 + 0.05 * r for r in range(16)), 0.01, "measured")
+    assert lookup.rate(curve, 0) > drafter.rate(curve, 0) > none.rate(curve, 0)
+    picks = [policy.pick(True, curve, Speculation()).budget for _ in range(80)]
+    assert {b.arm.name for b in picks} == {"combined"} and not any(b.probe for b in picks)
+    for _ in range(200):                                        # the drafter's chains stop landing
+        drafter.observe(0, 15, 0)
+        drafter.observe(1, 15, 0)
+    assert policy.choice(True, curve) is lookup
+    picks = [policy.pick(True, curve, Speculation()).budget for _ in range(40)]
+    ran = [b.arm.name for b in picks]
+    assert ran.count("ngram") > 30 and {ran[i] for i, b in enumerate(picks) if b.probe} == {"combined"}
+    # a fallback that falls behind plain decoding too leaves plain decoding
+    for _ in range(200):
+        lookup.observe(0, 8, 0)
+        lookup.observe(1, 8, 0)
+    assert policy.choice(True, curve) is none
+
+
 def _auto_with_drafter(tiny_llama, tmp_path):
     save_drafter(random_drafter(tiny_llama.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
     sp = build_speculation(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
     assert sp.auto is not None and sp.budget is None and sp.auto.rows == 9        # lookup's 8 drafts + anchor
     names = {c: [a.name for a in sp.auto.classes[c].arms] for c in ("constrained", "free")}
     assert names == {"constrained": ["combined", "ngram", "none"], "free": ["ngram", "combined", "none"]}
+    assert [a.fallback for a in sp.auto.classes["constrained"].arms] == [False, True, False]
+    assert not any(a.fallback for a in sp.auto.classes["free"].arms)
     return sp
 
 

@@ -24,6 +24,8 @@ and one that accepted drafts (hot): lookup that is copying a span keeps being ri
 Each request runs the candidate of its class with the largest expected rate; plain decoding is
 a candidate (rate 1 / c(1 + f)), and every other one is probed after 4, 8, 16, 32 requests it
 was not the best, then every 32, so no proposer is dropped for good on a few bad requests.
+A fallback candidate (lookup beside a drafter on plans) runs only where the others fall behind
+plain decoding, and is not probed.
 A plan's verify often computes only the logits its rows may commit (cost.py's ``by_id``
 curve): each class weighs the two curves by the share of its verifies that did.
 
@@ -72,8 +74,12 @@ class _Track:
 class Arm:
     """One candidate of one class: a proposer (None: plain decoding), its K, what it has shown."""
 
-    def __init__(self, name: str, proposer, kmax: int, prior: float = 0.0, draft_cost: float = 0.0):
+    def __init__(self, name: str, proposer, kmax: int, prior: float = 0.0, draft_cost: float = 0.0,
+                 fallback: bool = False):
         self.name, self.proposer, self.kmax, self.prior = name, proposer, kmax if proposer else 0, prior
+        # a fallback runs only where every other proposer of its class falls behind plain
+        # decoding, and is never probed otherwise (with_cost_policy says why)
+        self.fallback = fallback
         self.tracks = tuple(_Track([0.0] * self.kmax, [0.0] * self.kmax) for _ in range(2))  # cold, hot
         self.hot = 0.5                # share of cycles that follow an accepting one
         self.draft = draft_cost       # steps per cycle it is asked to draft
@@ -150,7 +156,10 @@ class AutoPolicy:
         decoding, which has no probes to pay for."""
         c = self.classes[CLASSES[0] if constrained else CLASSES[1]]
         curve = c.curve(curve)
-        return max(c.arms, key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
+        best = max((a for a in c.arms if not a.fallback), key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
+        if best.proposer is None:       # plain decoding leads: a fallback may still beat it
+            best = max(c.arms, key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
+        return best
 
     def pick(self, constrained: bool, curve: CostCurve, spec):
         """The Speculation one request runs: ``spec`` with the chosen proposer, its K and a
@@ -159,7 +168,7 @@ class AutoPolicy:
         best = self.choice(constrained, curve)
         for a in c.arms:
             a.since_best = 0 if a is best else a.since_best + 1
-            a.owed = a is not best and a.proposer is not None and (
+            a.owed = a is not best and a.proposer is not None and not a.fallback and (
                 a.owed or probe_due(a.since_best, PROBE_EVERY, PROBE_GAP))
         arm = next((a for a in c.arms if a.owed), best)
         arm.owed = False
@@ -278,10 +287,18 @@ def with_cost_policy(spec, opts):
 
     main, free = spec.proposer, spec.free_text
     rho = opts.lookup_rate
-    if main is not None and main.tap_layers:          # a drafter: lookup alone is a candidate too
+    if main is not None and main.tap_layers:
+        # Plans: lookup alone is only the drafter's fallback. The drafter's arm is the
+        # combination (combined.py), which verifies lookup's chain on the cycles lookup expects
+        # more from, so the two differ by the drafter's forward (~0.1 of a cycle): closer than
+        # a few requests tell apart. As rivals, auto kept choosing lookup where they tied and
+        # then paid probes of the combination (0.96x the best on evaluation set 1; 1.00x with
+        # lookup as the fallback, docs/speculative-decoding.md). Lookup still takes over where
+        # the drafter's confident misses would hold it back. Free text: the planner drafter is
+        # off its distribution there, so lookup is a full candidate.
         lookup = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
         constrained = [Arm(main.name, main, spec.k, DRAFTER_PRIOR["constrained"], DRAFTER_COST_PRIOR),
-                       Arm(lookup.name, lookup, opts.ngram_k, rho)]
+                       Arm(lookup.name, lookup, opts.ngram_k, rho, fallback=True)]
         loose = [Arm(free.proposer.name, free.proposer, free.k, rho),
                  Arm(main.name, main, spec.k, DRAFTER_PRIOR["free"], DRAFTER_COST_PRIOR)]
     else:
