@@ -245,6 +245,38 @@ def test_lookup_beside_a_drafter_is_its_fallback_only():
     assert policy.choice(True, curve) is none
 
 
+def test_a_probe_request_measures_its_proposer_every_cycle():
+    """A probe drafts on every cycle even where its prior says pause, so the next request is
+    judged on a request's worth of cycles, not on the few a paused proposer probes."""
+    weak = Arm("combined", object(), 15, 0.05, draft_cost=0.25)
+    policy = AutoPolicy([weak, Arm("none", None, 0)], [Arm("none", None, 0)])
+    cls = policy.classes["constrained"]
+    assert weak.best_k(STEEP, 15, 0, 0)[0] == 0                 # alone it would pause
+    probe, plain = CostBudget(policy, cls, weak, STEEP, probe=True), CostBudget(policy, cls, weak, STEEP)
+    for b, want in ((probe, 40), (plain, 6)):
+        st, drafted = b.start(), 0
+        for _ in range(40):
+            cap = b.cap(15, st)
+            drafted += cap > 0
+            st = b.update(st, cap, 0, Cycle(1 + cap, 0, 0.01, 0.002 if cap else 0.0))
+        assert (drafted == want) if b is probe else (drafted <= want), (b.probe, drafted)
+
+
+def test_the_share_of_hot_cycles_outlives_one_requests_tail():
+    """How often a cycle follows an accepting one is a property of the text over many
+    requests: one request ending on a run of accepting cycles barely moves it."""
+    arm = Arm("ngram", NgramProposer(), 8, 0.8)
+    policy = AutoPolicy([arm, Arm("none", None, 0)], [Arm("none", None, 0)])
+    b = CostBudget(policy, policy.classes["constrained"], arm, STEEP)
+    st = b.start()
+    for i in range(400):                                        # 1 in 5 cycles accepts
+        st = b.update(st, 4, int(i % 5 == 0), Cycle(5, 0, 0.01, 0.001))
+    before = arm.hot
+    for _ in range(10):                                         # a request's tail that copies
+        st = b.update(st, 4, 4, Cycle(5, 0, 0.01, 0.001))
+    assert 0.15 < before < 0.25 and arm.hot - before < 0.15
+
+
 def _auto_with_drafter(tiny_llama, tmp_path):
     save_drafter(random_drafter(tiny_llama.cfg, block_size=6, num_taps=2, seed=1), tmp_path)
     sp = build_speculation(SpecOptions(method="auto", drafter=str(tmp_path)), tiny_llama.model)
