@@ -15,7 +15,7 @@ from thor_runtime.generate import Runtime
 from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative import cost as cost_mod
-from thor_runtime.speculative.auto import LOW_K, Arm, AutoPolicy, CostBudget
+from thor_runtime.speculative.auto import LOW_K, Arm, AutoPolicy, CostBudget, request_probe_due
 from thor_runtime.speculative.budget import Cycle
 from thor_runtime.speculative.cost import CostCurve, curve_key, linear_curve, monotone, verify_costs
 from thor_runtime.speculative.dflash_io import save_drafter
@@ -243,6 +243,11 @@ def test_lookup_beside_a_drafter_is_its_fallback_only():
         lookup.observe(0, 8, 0)
         lookup.observe(1, 8, 0)
     assert policy.choice(True, curve) is none
+
+
+def test_probes_between_requests_back_off():
+    due = [n for n in range(1, 200) if request_probe_due(n)]
+    assert due[:6] == [4, 12, 28, 60, 92, 124] and all(b - a == 32 for a, b in zip(due[3:], due[4:]))
 
 
 def test_a_probe_request_measures_its_proposer_every_cycle():
