@@ -26,6 +26,7 @@ bf16 autocast 0.74-0.86 s/step (casts dominate once the head is small); only wit
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -266,7 +267,7 @@ def _plot(losses: list, path: Path) -> None:
 @dataclass
 class Prepared:
     """What training reads: the data set, its drafter config and the target's tap features."""
-    data_dir: Path
+    data_name: str                   # the gen-data dirs' names, comma-separated
     manifest: dict
     seqs: list[dict]
     dcfg: DFlashConfig
@@ -295,18 +296,13 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
     model, tok = loaded.model, loaded.tokenizer
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(cfg.data) if cfg.data else out / "data"
+    dirs = [Path(d) for d in cfg.data.split(",") if d.strip()] if cfg.data else [out / "data"]
     if cfg.data is None:
         from .datagen import GenConfig, generate_dataset
         from .prompts import PromptSpec
-        generate_dataset(model, tok, PromptSpec("train", cfg.gen_n), GenConfig(cfg.gen_max_tokens, 8), data_dir,
+        generate_dataset(model, tok, PromptSpec("train", cfg.gen_n), GenConfig(cfg.gen_max_tokens, 8), dirs[0],
                          progress=progress)
-    man = read_manifest(data_dir) or {}
-    if man.get("split") != "train":
-        raise ThorError(f"{data_dir}: distillation only trains on the train split (found {man.get('split')!r})")
-    seqs = [s for s in read_shards(data_dir) if len(s["ids"]) - s["prompt_len"] >= 2]
-    if not seqs:
-        raise ThorError(f"{data_dir}: no sequences with a response of >= 2 tokens")
+    man, seqs = read_data(dirs)
 
     mcfg = model.cfg
     taps = cfg.tap_list(mcfg.num_layers)
@@ -318,9 +314,9 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
                         block_size=cfg.block_size, rms_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
                         target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model),
                         plan_format=man.get(FORMAT_KEY, "") if man.get("constrained") else "")
-    data_hash = f"{man.get('prompt_set_sha256', '')}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
+    data_hash = f"{man['prompt_set_sha256']}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
     feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name, **_weights_key(model)}, progress)
-    return Prepared(data_dir, man, seqs, dcfg, feats, data_hash)
+    return Prepared(",".join(d.name for d in dirs), man, seqs, dcfg, feats, data_hash)
 
 
 def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> Trained:
@@ -390,7 +386,7 @@ def report(loaded, prep: Prepared, run: Trained, cfg: DistillConfig, command: st
     out, losses = Path(cfg.out), run.losses
     if cfg.draft_vocab:
         run.drafter.draft_vocab = build_draft_vocab(prep.seqs, cfg.draft_vocab, loaded.model.cfg.vocab_size,
-                                                    prep.data_dir)
+                                                    prep.data_name)
     save_drafter(run.drafter, out)
     _plot(losses, out / "loss.png")
     doc = {"drafter": str(out), "step": run.step, "steps": cfg.steps, "finished": run.step >= cfg.steps,
@@ -417,11 +413,40 @@ def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = 
     return report(loaded, prep, train(loaded.model, prep, cfg, progress), cfg, command, progress)
 
 
-def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_dir: Path) -> DraftVocab:
+# what the data sets one run trains on must share: the same answers to the same kind of prompt
+_SAME = ("split", "target", "constrained", FORMAT_KEY)
+
+
+def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
+    """-> (manifest, sequences) of one or more gen-data dirs of the train split, in order (a
+    later one adds requests: the features of the earlier ones' parts are reused). Their target,
+    plan format and decoding must agree; the manifest's prompt_set_sha256 covers every dir."""
+    mans, seqs = [], []
+    for d in dirs:
+        m = read_manifest(d) or {}
+        if m.get("split") != "train":
+            raise ThorError(f"{d}: distillation only trains on the train split (found {m.get('split')!r})")
+        if mans and any(m.get(k) != mans[0].get(k) for k in _SAME):
+            diff = [k for k in _SAME if m.get(k) != mans[0].get(k)]
+            raise ThorError(f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one target's "
+                            f"answers to one format")
+        mans.append(m)
+        seqs += [s for s in read_shards(d) if len(s["ids"]) - s["prompt_len"] >= 2]
+    if not seqs:
+        raise ThorError(f"{', '.join(map(str, dirs))}: no sequences with a response of >= 2 tokens")
+    man = dict(mans[0])
+    if len(mans) > 1:
+        man["prompt_set_sha256"] = hashlib.sha256(
+            ":".join(m.get("prompt_set_sha256", "") for m in mans).encode()).hexdigest()
+    man.setdefault("prompt_set_sha256", "")
+    return man, seqs
+
+
+def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_name: str) -> DraftVocab:
     """The drafter head's shortlist from the training responses (see draft_vocab.py)."""
     counts = response_counts(seqs)
     return DraftVocab.from_counts(counts, size, vocab_size, source={
-        "data": data_dir.name, "sequences": len(seqs), "response_tokens": sum(counts.values()),
+        "data": data_name, "sequences": len(seqs), "response_tokens": sum(counts.values()),
         "distinct_tokens": len(counts)})
 
 
@@ -434,7 +459,7 @@ def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: in
     man = read_manifest(data) or {}
     if man.get("split") != "train":
         raise ThorError(f"{data}: the shortlist comes from training data (found split {man.get('split')!r})")
-    vocab = build_draft_vocab(read_shards(data), size, vocab_size, data)
+    vocab = build_draft_vocab(read_shards(data), size, vocab_size, data.name)
     path = vocab.save(d)
     return {"drafter": str(d), "path": str(path), "size": len(vocab.ids), "coverage": vocab.coverage,
             **vocab.source}

@@ -108,6 +108,18 @@ class PromptSpec:
 DOMAIN_FILE = Path(__file__).resolve().parent / "domains.json"
 ALIAS_SHARE = 0.3                    # share of mentions of a thing with aliases that use one
 SAMPLE_SHARE = 0.4                   # share of requests set in a sample world (the rest: a domain)
+# People write "the seed tray", not "the seed_tray": the share of mentions in a task that spell
+# a name as words. With none, the drafter never saw a task copied into "task" as words, and on
+# unseen worlds it missed at nearly every word of it.
+SPOKEN_SHARE = 0.7
+# Share of requests whose objects and places get invented names (pseudo-words): names no model
+# has memorized, so a drafter must copy them from its window rather than recall a vocabulary.
+INVENTED_SHARE = 0.3
+_ONSETS = ("b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "qu", "r",
+           "s", "sk", "st", "t", "tr", "v", "w", "z")
+_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "", "", "n", "r", "l", "x", "m", "sk")
+_RARE = ("kv", "zv", "qv", "xh")     # onsets no English word has: an invented word is never a real one
 
 
 @dataclass(frozen=True)
@@ -220,11 +232,42 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
     return w
 
 
+def invented_word(rng: random.Random) -> str:
+    """A pronounceable word of two or three syllables, one of them with an onset no English word
+    has, so it is never a real word (tests/test_calib.py checks the evaluation sets' names)."""
+    n = rng.choice((2, 2, 3))
+    rare = rng.randrange(1, n)
+    return "".join(rng.choice(_RARE if i == rare else _ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS)
+                   for i in range(n))
+
+
+def _invent_names(rng: random.Random, w: dict) -> None:
+    """Gives every object and place of ``w`` an invented name (one or two words), drops their
+    aliases and moves the initial `at`s along."""
+    used: set[str] = set()
+
+    def new() -> str:
+        while True:
+            name = "_".join(invented_word(rng) for _ in range(rng.choice((1, 2))))
+            if name not in used:
+                used.add(name)
+                return name
+    renamed = {}
+    for t in w["objects"] + w["places"]:
+        old, t["name"] = t["name"], new()
+        renamed[old] = t["name"]
+        t.pop("aliases", None)
+    for holder in w["objects"] + [w["robot"]]:
+        if holder.get("at") in renamed:
+            holder["at"] = renamed[holder["at"]]
+
+
 def _random_task(rng: random.Random, world: dict) -> str:
     """A task from the templates; a thing that has aliases is sometimes called by one, as
-    people on site do ("the cone")."""
+    people on site do ("the cone"), and a name is mostly said as words ("the seed tray")."""
     def called(thing: dict) -> str:
-        return rng.choice(thing["aliases"]) if thing.get("aliases") and rng.random() < ALIAS_SHARE else thing["name"]
+        name = rng.choice(thing["aliases"]) if thing.get("aliases") and rng.random() < ALIAS_SHARE else thing["name"]
+        return name.replace("_", " ") if rng.random() < SPOKEN_SHARE else name
 
     objs, places = world["objects"], world["places"]
     o, o2 = rng.sample(objs, 2) if len(objs) >= 2 else (objs[0], objs[0])
@@ -264,6 +307,8 @@ def robot_requests(split: str, n: int, seed: int = 0) -> list[RobotRequest]:
         i += 1
         b = rng.choice(samples if rng.random() < SAMPLE_SHARE else domains)
         wd = _random_world(rng, b)
+        if rng.random() < INVENTED_SHARE:
+            _invent_names(rng, wd)
         task, world, skill_set = _random_task(rng, wd), world_from_dict(wd), skills_from_dict(b.skills)
         msgs = build_messages(task, world, skill_set)
         if split_of(msgs) == split:

@@ -6,6 +6,7 @@ prompts are longer than the tiny models' context), except one parity check on th
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ from calib.prompts import (
     PromptSpec,
     calib_prompts,
     general_prompts,
+    invented_word,
     render_key,
     robot_prompts,
     robot_requests,
@@ -74,11 +76,23 @@ def test_requests_cover_other_trades_skill_sets_and_aliases():
     kinds = {("push(" in m) + 2 * ("navigate_to(" in m) for m in (r.messages[0]["content"] for r in reqs)}
     assert kinds == {0, 1, 2}                      # manipulation, tabletop and mobile skills
     assert {"ice_cream_parlour", "waffle_cone", "red_cup", "counter", "hall_b"} <= training_names()
-    names = training_names(samples=False)          # the sample vocabulary predates the later sets
+    # names said as words in most tasks ("the letter tray"), as people write them
+    spoken = [n for r in reqs for t in r.world.objects + r.world.places if "_" in t.name
+              for n in [t.name.replace("_", " ")] if n in r.task]
+    assert len(spoken) >= 20
+    # some worlds' things have invented names, which are no vocabulary's
+    invented = {t.name for r in reqs for t in r.world.objects + r.world.places} - training_names()
+    share = sum(any(t.name in invented for t in r.world.objects) for r in reqs) / len(reqs)
+    assert 0.15 <= share <= 0.45 and len(invented) >= 50
+    names = training_names(samples=False) | invented   # the sample vocabulary predates the later sets
+    rng = random.Random(0)
+    words = {invented_word(rng) for _ in range(20000)}
     for d in sorted((AGENT_DIR / "evalsets").iterdir()):
         for w, _ in load_eval_set(d)[1].values():
             used = {w.name} | {o.name for o in w.objects} | {p.name for p in w.places}
             assert not used & names, (d.name, used & names)
+            parts = {part for n in used for part in n.split("_")}
+            assert not parts & words, (d.name, parts & words)     # no invented word is a word they use
 
 
 # ---- batched greedy decoding == Runtime.generate -------------------------------------------------
@@ -228,6 +242,38 @@ def test_distill_starts_from_a_drafter(tiny_llama, tiny_data, tmp_path):
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2), tmp_path / "other")
     with pytest.raises(ThorError, match=r"--init .*differs in block_size \(4 there, 8 here\)"):
         run_distill(tiny_llama, _dcfg(tmp_path / "bad", tiny_data, init=str(tmp_path / "other")), progress=False)
+
+
+def test_distill_reads_several_data_dirs(tiny_llama, tmp_path):
+    """--data A,B: a later gen-data dir adds requests (A's features are reused, B's computed);
+    dirs of another target or format are refused by name."""
+    from calib.distill import prepare, read_data
+    from calib.shards import read_manifest
+
+    from calib.features import PART
+
+    first, more = tmp_path / "first", tmp_path / "more"
+    for d, n, seed in ((first, PART, 2), (more, 4, 1)):
+        generate_dataset(tiny_llama.model, tiny_llama.tokenizer, PromptSpec("train", n, seed, general_frac=1.0),
+                         GenConfig(48, 8), d, progress=False)
+    one, both = read_data([first]), read_data([first, more])
+    assert len(both[1]) == len(one[1]) + len(read_data([more])[1]) and both[1][:len(one[1])] == one[1]
+    assert both[0]["prompt_set_sha256"] not in (one[0]["prompt_set_sha256"], read_manifest(more)["prompt_set_sha256"])
+    out = tmp_path / "run"
+    prepare(tiny_llama, _dcfg(out, first), progress=False)
+    parts = {f.name: f.stat().st_mtime_ns for f in (out / "features").glob("part-*")}
+    prep = prepare(tiny_llama, _dcfg(out, f"{first},{more}"), progress=False)
+    after = {f.name: f.stat().st_mtime_ns for f in (out / "features").glob("part-*")}
+    assert len(prep.seqs) == len(both[1]) and prep.data_name == "first,more"
+    assert len(one[1]) == PART and parts and all(after[n] == t for n, t in parts.items())    # A's kept
+    assert len(after) == len(parts) + 1                                                     # B's added
+    man = json.loads((more / "manifest.json").read_text())
+    (tmp_path / "other").mkdir()
+    for f in more.iterdir():
+        (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "other" / "manifest.json").write_text(json.dumps({**man, "target": "another@fp32"}))
+    with pytest.raises(ThorError, match="other: its target differ"):
+        read_data([first, tmp_path / "other"])
 
 
 def test_cli_draft_vocab(tiny_dirs, tiny_llama, tiny_data, tmp_path, capsys):

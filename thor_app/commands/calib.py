@@ -141,7 +141,8 @@ def register(sub) -> None:
     d = cs.add_parser("distill", parents=[common, weights], help="train a DFlash drafter on gen-data output")
     d.add_argument("--target", default="default")
     d.add_argument("--out", required=True)
-    d.add_argument("--data", default=None, help="gen-data dir (default: OUT/data, generated if absent)")
+    d.add_argument("--data", default=None, help="gen-data dir, or several comma-separated (the same target and "
+                   "plan format; a later one adds requests) (default: OUT/data, generated if absent)")
     d.add_argument("--gen-n", type=positive_int, default=64, help="prompts to generate when --data is absent")
     d.add_argument("--gen-max-tokens", type=positive_int, default=192)
     d.add_argument("--layers", type=positive_int, default=1)
