@@ -191,7 +191,7 @@ def request_probe_due(since: int) -> bool:
     """Whether a candidate that has not been the best for ``since`` requests is probed now:
     after 4, then 8, 16 and 32 more, then every 32. Each probe that fails to make it the best
     doubles the wait, so a poor candidate costs few requests early on (chat: two probes in nine
-    requests took the median to 0.93x lookup), and none is dropped for good."""
+    requests took the median to 0.92x lookup), and none is dropped for good."""
     due, gap = PROBE_EVERY, PROBE_EVERY
     while due < since:
         gap = min(2 * gap, PROBE_GAP)
@@ -314,7 +314,7 @@ def with_cost_policy(spec, opts):
         # combination (combined.py), which verifies lookup's chain on the cycles lookup expects
         # more from, so the two differ by the drafter's forward (~0.1 of a cycle): closer than
         # a few requests tell apart. As rivals, auto kept choosing lookup where they tied and
-        # then paid probes of the combination (0.96x the best on evaluation set 1; 1.00x with
+        # then paid probes of the combination (0.96x the best on evaluation set 1; 0.98-1.00x with
         # lookup as the fallback, docs/speculative-decoding.md). Lookup still takes over where
         # the drafter's confident misses would hold it back. Free text: the planner drafter is
         # off its distribution there, so lookup is a full candidate.
