@@ -426,8 +426,8 @@ def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
         m = read_manifest(d) or {}
         if m.get("split") != "train":
             raise ThorError(f"{d}: distillation only trains on the train split (found {m.get('split')!r})")
-        if mans and any(m.get(k) != mans[0].get(k) for k in _SAME):
-            diff = [k for k in _SAME if m.get(k) != mans[0].get(k)]
+        diff = [k for k in _SAME if mans and m.get(k) != mans[0].get(k)]
+        if diff:
             raise ThorError(f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one target's "
                             f"answers to one format")
         mans.append(m)

@@ -220,16 +220,21 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
         p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
                          for v, l, h, s in zip(p["position"], lo, hi, span)]
     w["places"] = places
-    # an initial `at` follows its place's new name, or goes with a place left out
-    for holder in objs + [w["robot"]]:
+    _follow_places(w, renamed)
+    w["name"] = rng.choice(b.world_names)
+    w["robot"]["max_payload_kg"] = _r2(w["robot"]["max_payload_kg"] * rng.uniform(0.8, 1.25))
+    return w
+
+
+def _follow_places(w: dict, renamed: dict) -> None:
+    """An initial `at` follows its place's new name (``renamed``: old -> new, every place kept),
+    or goes with a place left out."""
+    for holder in w["objects"] + [w["robot"]]:
         if "at" in holder:
             if holder["at"] in renamed:
                 holder["at"] = renamed[holder["at"]]
             else:
                 holder.pop("at")
-    w["name"] = rng.choice(b.world_names)
-    w["robot"]["max_payload_kg"] = _r2(w["robot"]["max_payload_kg"] * rng.uniform(0.8, 1.25))
-    return w
 
 
 def invented_word(rng: random.Random) -> str:
@@ -243,7 +248,7 @@ def invented_word(rng: random.Random) -> str:
 
 def _invent_names(rng: random.Random, w: dict) -> None:
     """Gives every object and place of ``w`` an invented name (one or two words), drops their
-    aliases and moves the initial `at`s along."""
+    aliases and moves the initial `at`s along (every `at` names a place of ``w`` by now)."""
     used: set[str] = set()
 
     def new() -> str:
@@ -253,13 +258,13 @@ def _invent_names(rng: random.Random, w: dict) -> None:
                 used.add(name)
                 return name
     renamed = {}
-    for t in w["objects"] + w["places"]:
-        old, t["name"] = t["name"], new()
-        renamed[old] = t["name"]
-        t.pop("aliases", None)
-    for holder in w["objects"] + [w["robot"]]:
-        if holder.get("at") in renamed:
-            holder["at"] = renamed[holder["at"]]
+    for kind in ("objects", "places"):
+        for t in w[kind]:
+            old, t["name"] = t["name"], new()
+            if kind == "places":
+                renamed[old] = t["name"]
+            t.pop("aliases", None)
+    _follow_places(w, renamed)
 
 
 def _random_task(rng: random.Random, world: dict) -> str:

@@ -161,10 +161,12 @@ class AutoPolicy:
         decoding, which has no probes to pay for."""
         c = self.classes[CLASSES[0] if constrained else CLASSES[1]]
         curve = c.curve(curve)
-        best = max((a for a in c.arms if not a.fallback), key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
-        if best.proposer is None:       # plain decoding leads: a fallback may still beat it
-            best = max(c.arms, key=lambda a: (a.rate(curve, c.forced), a.proposer is None))
-        return best
+
+        def score(a: Arm) -> tuple[float, bool]:
+            return a.rate(curve, c.forced), a.proposer is None
+        best = max((a for a in c.arms if not a.fallback), key=score)
+        # plain decoding leads: a fallback may still beat it
+        return max(c.arms, key=score) if best.proposer is None else best
 
     def pick(self, constrained: bool, curve: CostCurve, spec):
         """The Speculation one request runs: ``spec`` with the chosen proposer, its K and a
