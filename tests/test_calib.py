@@ -248,9 +248,8 @@ def test_distill_reads_several_data_dirs(tiny_llama, tmp_path):
     """--data A,B: a later gen-data dir adds requests (A's features are reused, B's computed);
     dirs of another target or format are refused by name."""
     from calib.distill import prepare, read_data
-    from calib.shards import read_manifest
-
     from calib.features import PART
+    from calib.shards import read_manifest
 
     first, more = tmp_path / "first", tmp_path / "more"
     for d, n, seed in ((first, PART, 2), (more, 4, 1)):
