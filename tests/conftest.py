@@ -41,6 +41,16 @@ def tiny_llama(tiny_dirs):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_long(tiny_dirs, tmp_path_factory):
+    """The tiny llama with a 4k context (a sample world's plan prompt fits)."""
+    from serve_util import long_context_copy
+
+    from thor_runtime.loading import load
+
+    return load(str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("tiny_long") / "llama")))
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3(tiny_dirs):
     from thor_runtime.loading import load
 

@@ -73,6 +73,8 @@ def test_unsupported_keyword_is_named(schema, words):
     ({"type": "object", "required": "a"}, "not a valid JSON Schema"),
     ({"type": "string", "pattern": "(?=a)b"}, "cannot be compiled"),
     ([1, 2], "must be a JSON object"),
+    ({"enum": [2 ** 64]}, "cannot be compiled"),          # past 64 bits: the engine raised ValueError
+    ({"type": "integer", "maximum": 2 ** 70}, "cannot be compiled"),
 ])
 def test_invalid_schema_is_refused(schema, word):
     with pytest.raises(ThorError, match=word.replace("(", r"\(")):

@@ -1,10 +1,8 @@
 """No input gives a 5xx: the bodies that once reached a 500 get a 400 with the OpenAI error
-body, before they take a queue slot; a seeded fuzz of random JSON and random bytes at every
-POST route leaves no 5xx and a live server."""
+body, before they take a queue slot (random inputs at every route: test_serve_properties.py)."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from serve_util import config, hosted_loader, is_error_body, passing, wait_health
@@ -52,6 +50,7 @@ CASES = [
     ("a plan schema nested 40 levels", PLAN,
      json.dumps({"task": "x", "world": "kitchen", "schema": nested_schema(40)}), "nests deeper"),
     ("an enum of a lone surrogate", CHAT, json.dumps(schema_chat({"enum": ["\ud800"]})), "Unicode"),
+    ("a message role that is a list", CHAT, json.dumps({"messages": [{"role": [], "content": "hi"}]}), "role"),
     ("a key that is a lone surrogate", PLAN, json.dumps({"task": "x", "world": "kitchen", "\ud800": 1}),
      "Unicode"),
 ]
@@ -75,57 +74,3 @@ def test_the_runtime_refuses_a_seed_it_cannot_take():
     make_generator(2 ** 64 - 1)
     with pytest.raises(ThorError, match="seed"):
         make_generator(2 ** 64)
-
-
-# ---- seeded fuzz ---------------------------------------------------------------------------
-KEYS = ["messages", "seed", "max_tokens", "temperature", "top_p", "stop", "stream", "response_format", "model",
-        "n", "task", "world", "skills", "schema", "attempts", "max_steps", "stream_options", "tools"]
-ATOMS = [None, True, False, 0, -1, 1, 2 ** 64, 2 ** 70, -2 ** 63, 0.5, 1e308, float("nan"), float("inf"), "",
-         "kitchen", "\ud800", "\x00", "../../etc/passwd", "user", "json_schema", "x" * 300]
-
-
-def rand_value(rng: random.Random, depth: int = 0):
-    k = rng.random()
-    if depth > 4 or k < 0.45:
-        return rng.choice(ATOMS)
-    if k < 0.6:
-        return [rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    if k < 0.7:
-        return [{"role": rng.choice(["user", "system", "tool", 3]), "content": rand_value(rng, depth + 1)}]
-    if k < 0.8:
-        return {"type": rng.choice(["json_schema", "json_object", "text", 1]),
-                "json_schema": {"schema": rand_value(rng, depth + 1)}}
-    if k < 0.9:   # a random schema
-        return {rng.choice(["type", "enum", "properties", "items", "$ref", "anyOf", "minItems"]):
-                rand_value(rng, depth + 1) for _ in range(rng.randint(1, 3))}
-    return {rng.choice(KEYS): rand_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
-
-
-def rand_body(rng: random.Random) -> bytes:
-    k = rng.random()
-    if k < 0.15:
-        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
-    if k < 0.25:
-        return (rng.choice("[{") * rng.randint(1, 3000)).encode()
-    doc = {key: rand_value(rng) for key in rng.sample(KEYS, rng.randint(0, 6))}
-    if rng.random() < 0.5:
-        doc.setdefault("messages", MSG)
-        doc["max_tokens"] = rng.choice([1, 3, doc.get("max_tokens")])
-    return json.dumps(doc).encode()
-
-
-async def test_random_bodies_at_every_route_give_no_5xx(client):
-    c, _ = await client()
-    rng = random.Random(28)
-    seen: dict[int, int] = {}
-    for i in range(160):
-        route = (CHAT, PLAN)[i % 2]
-        r = await c.post(route, data=rand_body(rng), headers={"Content-Type": "application/json"})
-        body = await r.read()
-        seen[r.status] = seen.get(r.status, 0) + 1
-        assert r.status < 500, (route, r.status, body[:300])
-        if r.status >= 400:
-            assert is_error_body(json.loads(body))
-    assert seen.get(400, 0) > 40, seen        # the fuzz reaches the checks, not just one path
-    status, _ = await wait_health(c)
-    assert status == 200

@@ -9,7 +9,6 @@ from serve_util import (
     config,
     hosted_loader,
     is_error_body,
-    long_context_copy,
     passing,
     wait_health,
 )
@@ -23,11 +22,8 @@ COLOR = {"type": "object", "properties": {"color": {"type": "string", "enum": ["
 
 
 @pytest.fixture(scope="module")
-def tiny_long(tiny_dirs, tmp_path_factory):
-    """The tiny llama with a 4k context (a sample world's plan prompt fits)."""
-    from thor_runtime.loading import load
-
-    return load(str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("serve_tiny_long") / "llama")))
+def tiny_long(tiny_llama_long):
+    return tiny_llama_long
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def _messages(v) -> tuple:
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object", param="messages")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
         out.append({"role": ROLES[role], "content": _content(m, i)})
     return tuple(out)
