@@ -189,3 +189,43 @@ def test_sweep_exit_codes_match_validity(tmp_path, capsys, tiny_long):
             assert not obj["valid"] and obj["report"], task
             assert "no valid plan" in cap.err
     assert len(codes) >= 50 and set(codes) == {0, 3}      # both outcomes exercised
+
+
+def test_cli_any_world_skills_or_schema_file_exits_2_or_plans(tmp_path, capsys, monkeypatch):
+    """Property-based (strategies.py): whatever a world, skills or schema file holds, `thor plan`
+    either refuses it with exit 2 and a one-line error (no traceback, the model not loaded) or
+    goes on to load the model."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+    from strategies import JSON, PROPERTY, SCHEMA, SKILLS, WORLD, mostly
+
+    class Loaded(Exception):
+        pass
+
+    def reached(config):
+        raise Loaded
+
+    monkeypatch.setattr(agent_cli, "build_runtime", reached)
+    seen = {"refused": 0, "loaded": 0}
+
+    @PROPERTY
+    @given(world=mostly(WORLD, JSON), skills=st.none() | mostly(SKILLS, JSON), schema=st.none() | mostly(SCHEMA, JSON))
+    def one(world, skills, schema):
+        argv = ["plan", "put the red cup in the sink"]
+        for flag, doc in (("--world", world), ("--skills", skills), ("--schema", schema)):
+            if doc is not None:
+                (tmp_path / f"{flag[2:]}.json").write_text(json.dumps(doc))
+                argv += [flag, str(tmp_path / f"{flag[2:]}.json")]
+        capsys.readouterr()                      # what an earlier example printed
+        try:
+            rc = main(argv)
+        except Loaded:
+            seen["loaded"] += 1
+            return
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("thor: error:") and "Traceback" not in err, (rc, err[-600:])
+        seen["refused"] += 1
+
+    one()
+    assert seen["loaded"] >= 10 and seen["refused"] >= 10, seen      # both paths taken
+

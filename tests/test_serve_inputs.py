@@ -9,7 +9,6 @@ from serve_util import config, hosted_loader, is_error_body, passing, wait_healt
 
 from thor_app.server.app import STATE, make_app
 
-pytestmark = pytest.mark.asyncio
 MSG = [{"role": "user", "content": "pick up the red cup"}]
 CHAT, PLAN = "/v1/chat/completions", "/v1/plan"
 
@@ -56,6 +55,7 @@ CASES = [
 ]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("name, route, body, words", CASES, ids=[c[0] for c in CASES])
 async def test_inputs_that_were_500_are_400_before_queueing(client, name, route, body, words):
     c, st = await client()
