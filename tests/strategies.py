@@ -4,12 +4,16 @@ the deeper ones (test_serve_properties.py, test_agent_cli.py)."""
 from __future__ import annotations
 
 import math
+import os
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-# ``derandomize``: CI runs the same examples every time; a failure prints the shrunk input.
-PROPERTY = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+# By default 60 examples a property, the same every run (CI sees what a developer saw); a
+# failure prints the shrunk input. THOR_PROPERTY_EXAMPLES=N: N new random examples a property,
+# for a longer hunt by hand.
+_HUNT = int(os.environ.get("THOR_PROPERTY_EXAMPLES", "0"))
+PROPERTY = settings(max_examples=_HUNT or 60, deadline=None, derandomize=not _HUNT, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 NAMES = st.sampled_from(["red_cup", "apple", "sink", "table", "shelf_a", "drawer", "red cup", "a", "", "x" * 80])
