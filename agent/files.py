@@ -271,6 +271,10 @@ def read_json(path, what: str):
         raise ThorError(f"{p}: not valid JSON ({e})") from None
     except UnicodeDecodeError:
         raise ThorError(f"{p}: not UTF-8 text") from None
+    except RecursionError:
+        raise ThorError(f"{p}: JSON nested too deeply to read") from None
+    except OSError as e:
+        raise ThorError(f"{p}: cannot be read: {e.strerror or e}") from None
 
 
 def _meta_check(data, meta_name: str, path) -> None:
@@ -294,7 +298,10 @@ def world_from_dict(data: dict, source: str = "<memory>", base_dir: Path | None 
                       data["robot"].get("at"))
         ref = data.get("skills")
         if ref is not None and base_dir is not None:
-            ref = str((base_dir / ref).resolve())
+            try:
+                ref = str((base_dir / ref).resolve())
+            except (ValueError, OSError) as e:      # a NUL byte, a symlink loop
+                raise ThorError(f"skills {ref!r} is not a usable path: {e}") from None
         return World(str(data.get("name", Path(source).stem)), objs, places, robot, ref, source)
     except ThorError as e:
         raise ThorError(f"{source}: {e}") from None

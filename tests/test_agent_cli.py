@@ -49,6 +49,10 @@ def _bad_files(tmp):
     s["properties"]["steps"]["uniqueItems"] = True
     (tmp / "unique.json").write_text(json.dumps(s))
     (tmp / "notschema.json").write_text('{"type": 12}')
+    d = kitchen_dict()
+    d["skills"] = "skills\x00.json"
+    (tmp / "nul_skills.json").write_text(json.dumps(d))
+    (tmp / "deep.json").write_text("[" * 100_000)
     return tmp
 
 
@@ -58,6 +62,8 @@ def _bad_files(tmp):
     (["--world", "{kitchen}", "--skills", "{tmp}/bad_skills.json"], ["bad_skills.json", "description"]),
     (["--world", "{kitchen}", "--schema", "{tmp}/unique.json"], ["unique.json", "uniqueItems"]),
     (["--world", "{kitchen}", "--schema", "{tmp}/notschema.json"], ["notschema.json", "not a valid JSON Schema"]),
+    (["--world", "{tmp}/nul_skills.json"], ["nul_skills.json", "not a usable path"]),
+    (["--world", "{tmp}/deep.json"], ["deep.json", "nested too deeply"]),
     (["--world", "{kitchen}", "--attempts", "-1"], ["--attempts"]),
     (["--world", "{kitchen}", "--out", "{tmp}/no/such/dir/plan.json"], ["--out"]),
     (["--world", "{kitchen}", "--spec", "beam"], ["beam"]),
