@@ -74,27 +74,26 @@ def _answered(call, method: str, path: str, data: bytes | None = None, query: di
     return status
 
 
-def test_chat_bodies_give_no_5xx(call):
+def _statuses(call, route: str, bodies) -> Counter:
+    """Every drawn body POSTed at ``route``, as one property -> how often each status came back."""
     seen: Counter = Counter()
 
     @PROPERTY
-    @given(body=CHAT_BODY)
-    def chat(body):
-        seen[_answered(call, "POST", CHAT, _encoded(body))] += 1
+    @given(body=bodies)
+    def post(body):
+        seen[_answered(call, "POST", route, _encoded(body))] += 1
 
-    chat()
+    post()
+    return seen
+
+
+def test_chat_bodies_give_no_5xx(call):
+    seen = _statuses(call, CHAT, CHAT_BODY)
     assert seen[200] >= 8, seen               # generations ran, not only the first checks
 
 
 def test_plan_bodies_with_random_worlds_skills_and_schemas_give_no_5xx(call):
-    seen: Counter = Counter()
-
-    @PROPERTY
-    @given(body=PLAN_BODY)
-    def plan(body):
-        seen[_answered(call, "POST", PLAN, _encoded(body))] += 1
-
-    plan()
+    seen = _statuses(call, PLAN, PLAN_BODY)
     # the planner ran (a tiny random model plans nothing valid: 422 with the attempts' report)
     assert seen[200] + seen[422] >= 20, seen
 
