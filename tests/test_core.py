@@ -139,6 +139,21 @@ def test_sampling_is_reproducible_with_seed(tiny_llama):
     assert a.token_ids != c.token_ids or a.token_ids != greedy.token_ids
 
 
+@pytest.mark.parametrize("t", [1e-259, 1e-45, 1e-8])
+def test_a_tiny_temperature_samples_the_greedy_tokens(tiny_llama, t):
+    """logit / t overflowed to inf for a tiny t, and the softmax gave NaN (a 500 at the service);
+    the limit of sampling as t -> 0 is greedy decoding."""
+    from thor_runtime.sampling import target_probs
+
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    ids = tiny_llama.tokenizer.encode(PROMPTS[1])
+    greedy = rt.generate(ids, SamplingParams(max_tokens=24, ignore_eos=True))
+    hot = rt.generate(ids, SamplingParams(max_tokens=24, temperature=t, seed=3, ignore_eos=True))
+    assert hot.token_ids == greedy.token_ids
+    probs = target_probs(torch.tensor([[1.0, 3.0, -2.0, float("-inf")]]), SamplingParams(temperature=t))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
 def test_stops_eos_string_and_length(tiny_llama):
     tok = tiny_llama.tokenizer
     rt = Runtime(tiny_llama.model, tok)

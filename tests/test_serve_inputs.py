@@ -74,3 +74,15 @@ def test_the_runtime_refuses_a_seed_it_cannot_take():
     make_generator(2 ** 64 - 1)
     with pytest.raises(ThorError, match="seed"):
         make_generator(2 ** 64)
+
+
+@pytest.mark.asyncio
+async def test_a_tiny_temperature_is_answered_like_greedy(client):
+    """1e-259 is inside [0, 2]; logit / t once overflowed and the sampler's NaN was a 500."""
+    c, _ = await client()
+    texts = []
+    for t in (1e-259, 0.0):
+        r = await c.post(CHAT, json={"messages": MSG, "max_tokens": 6, "temperature": t, "seed": 1})
+        assert r.status == 200, await r.text()
+        texts.append((await r.json())["choices"][0]["message"]["content"])
+    assert texts[0] == texts[1]

@@ -42,7 +42,12 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     Speculative sampling compares against exactly this distribution, so plain and
     speculative sampling share it.
     """
-    x = logits.float() / p.temperature
+    # Each row shifted to its largest logit first: a tiny temperature (1e-40 is a valid request)
+    # sends logit / t to +-inf and the softmax to NaN; shifted, the largest stays 0 and the others
+    # go to -inf, the greedy limit. Softmax is shift-invariant, so nothing else moves. t is held
+    # to fp32's smallest normal number: below it, as an fp32 divisor, it would be 0.
+    x = logits.float()
+    x = (x - x.amax(-1, keepdim=True)) / max(p.temperature, torch.finfo(torch.float32).tiny)   # [R, V]
     if p.top_k and p.top_k < x.shape[-1]:
         kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]          # [R, 1]
         x = x.masked_fill(x < kth, float("-inf"))
