@@ -266,15 +266,20 @@ def read_json(path, what: str):
     if not p.is_file():
         raise ThorError(f"{what} file not found: {p}")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        # "\ud800" is valid JSON but a lone surrogate, which no later step can encode
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
     except json.JSONDecodeError as e:
         raise ThorError(f"{p}: not valid JSON ({e})") from None
     except UnicodeDecodeError:
         raise ThorError(f"{p}: not UTF-8 text") from None
+    except UnicodeEncodeError:
+        raise ThorError(f"{p}: holds a string that is not valid Unicode (a lone surrogate such as \\ud800)") from None
     except RecursionError:
         raise ThorError(f"{p}: JSON nested too deeply to read") from None
     except OSError as e:
         raise ThorError(f"{p}: cannot be read: {e.strerror or e}") from None
+    return doc
 
 
 def _meta_check(data, meta_name: str, path) -> None:

@@ -53,6 +53,9 @@ def _bad_files(tmp):
     d["skills"] = "skills\x00.json"
     (tmp / "nul_skills.json").write_text(json.dumps(d))
     (tmp / "deep.json").write_text("[" * 100_000)
+    d = kitchen_dict()
+    d["name"] = "\ud800"
+    (tmp / "surrogate.json").write_text(json.dumps(d))           # the escape: valid JSON
     return tmp
 
 
@@ -64,6 +67,7 @@ def _bad_files(tmp):
     (["--world", "{kitchen}", "--schema", "{tmp}/notschema.json"], ["notschema.json", "not a valid JSON Schema"]),
     (["--world", "{tmp}/nul_skills.json"], ["nul_skills.json", "not a usable path"]),
     (["--world", "{tmp}/deep.json"], ["deep.json", "nested too deeply"]),
+    (["--world", "{tmp}/surrogate.json"], ["surrogate.json", "not valid Unicode"]),
     (["--world", "{kitchen}", "--attempts", "-1"], ["--attempts"]),
     (["--world", "{kitchen}", "--out", "{tmp}/no/such/dir/plan.json"], ["--out"]),
     (["--world", "{kitchen}", "--spec", "beam"], ["beam"]),
