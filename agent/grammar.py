@@ -101,7 +101,7 @@ def _check_text(text: str) -> None:
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(_with_options(schema))
         is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar)
-    except (ValueError, TypeError, OverflowError) as e:    # e.g. an integer past 64 bits
+    except ValueError as e:        # e.g. an integer past 64 bits
         raise _engine_error(str(e), schema) from None
     if is_err:
         raise _engine_error(msgs[0] if msgs else "", schema)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 # for a longer hunt by hand.
 _HUNT = int(os.environ.get("THOR_PROPERTY_EXAMPLES", "0"))
 PROPERTY = settings(max_examples=_HUNT or 60, deadline=None, derandomize=not _HUNT, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = st.sampled_from(["red_cup", "apple", "sink", "table", "shelf_a", "drawer", "red cup", "a", "", "x" * 80])
 PLAIN = st.text(max_size=12) | NAMES

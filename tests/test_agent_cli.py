@@ -7,6 +7,9 @@ import random
 import shutil
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import JSON, PROPERTY, SCHEMA, SKILLS, WORLD, mostly
 from test_agent import WORLDS, kitchen_dict, world_and_skills
 
 from agent.files import base_plan_schema
@@ -205,10 +208,6 @@ def test_cli_any_world_skills_or_schema_file_exits_2_or_plans(tmp_path, capsys, 
     """Property-based (strategies.py): whatever a world, skills or schema file holds, `thor plan`
     either refuses it with exit 2 and a one-line error (no traceback, the model not loaded) or
     goes on to load the model."""
-    from hypothesis import given
-    from hypothesis import strategies as st
-    from strategies import JSON, PROPERTY, SCHEMA, SKILLS, WORLD, mostly
-
     class Loaded(Exception):
         pass
 
@@ -238,4 +237,3 @@ def test_cli_any_world_skills_or_schema_file_exits_2_or_plans(tmp_path, capsys, 
 
     one()
     assert seen["loaded"] >= 10 and seen["refused"] >= 10, seen      # both paths taken
-

@@ -21,11 +21,6 @@ COLOR = {"type": "object", "properties": {"color": {"type": "string", "enum": ["
          "required": ["color"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def tiny_long(tiny_llama_long):
-    return tiny_llama_long
-
-
 @pytest.fixture
 def start(aiohttp_client):
     async def go(loaded, **tables):
@@ -61,21 +56,21 @@ def same_plan_document(body: dict, res) -> None:
         assert body["stats"][k] == res.stats[k], k
 
 
-async def test_no_valid_plan_is_422_with_the_report_as_thor_plan_json(start, tiny_long):
-    client = await start(tiny_long)
+async def test_no_valid_plan_is_422_with_the_report_as_thor_plan_json(start, tiny_llama_long):
+    client = await start(tiny_llama_long)
     r = await client.post("/v1/plan", json={"task": KITCHEN_TASK, "world": "kitchen", "max_tokens": 24,
                                             "attempts": 1})
     body = await r.json()
-    want = direct_plan(tiny_long, KITCHEN_TASK, "kitchen", 24, 1)
+    want = direct_plan(tiny_llama_long, KITCHEN_TASK, "kitchen", 24, 1)
     assert not want.valid and r.status == 422
     assert is_error_body(body) and body["error"]["code"] == "no_valid_plan" and body["report"]
     same_plan_document(body, want)
 
 
-async def test_inline_world_and_skills_plan_like_the_named_ones(start, tiny_long):
+async def test_inline_world_and_skills_plan_like_the_named_ones(start, tiny_llama_long):
     from agent.files import AGENT_DIR
 
-    client = await start(tiny_long)
+    client = await start(tiny_llama_long)
     world = json.loads((AGENT_DIR / "worlds" / "kitchen.json").read_text())
     skills = json.loads((AGENT_DIR / "skills" / "manipulation.json").read_text())
     by_name = await (await client.post("/v1/plan", json={"task": KITCHEN_TASK, "world": "kitchen",
@@ -102,8 +97,8 @@ async def test_inline_world_and_skills_plan_like_the_named_ones(start, tiny_long
     ({"task": "x", "world": "kitchen", "schema": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
     ({"task": "x", "world": "kitchen", "schema": []}, "schema"),
 ])
-async def test_bad_plan_requests_are_400(start, tiny_long, body, words):
-    client = await start(tiny_long)
+async def test_bad_plan_requests_are_400(start, tiny_llama_long, body, words):
+    client = await start(tiny_llama_long)
     r = await client.post("/v1/plan", json=body)
     err = await r.json()
     assert r.status == 400 and is_error_body(err) and words in err["error"]["message"], err
