@@ -13,7 +13,7 @@ from test_rowstep import _with_rows
 from agent.grammar import Grammar
 from thor_runtime import constraint as constraint_mod
 from thor_runtime.batch_verify import VerifyCall, verify_many
-from thor_runtime.constraint import masked, masked_argmax, read_ids
+from thor_runtime.constraint import RowReads, masked, masked_argmax, read_ids
 from thor_runtime.generate import Runtime
 from thor_runtime.kv_cache import KVCache
 from thor_runtime.rowstep import RowStep
@@ -33,7 +33,17 @@ def test_read_ids_only_when_few():
     allowed = np.zeros((3, 320), bool)
     allowed[0, [5, 9]] = allowed[2, 9] = True
     assert read_ids(allowed).tolist() == [5, 9]
-    allowed[1, :100] = True                      # a free-text row: every logit is read
+    allowed[1, :100] = True                      # a free-text row: that row reads every logit
+    reads = read_ids(allowed)
+    assert isinstance(reads, RowReads)
+    assert reads.ids.tolist() == [5, 9] and reads.wide.tolist() == [False, True, False]
+    assert reads.part(1, 3).wide.tolist() == [True, False] and reads.part(1, 3).ids.tolist() == [5, 9]
+    allowed[[0, 2], :100] = True                 # every row free text: every logit of every row
+    assert read_ids(allowed) is None
+    allowed = np.zeros((3, 320), bool)
+    allowed[0, :8] = allowed[1, 8:16] = True     # few on each row (at most 320 / 16 = 20 read)
+    assert read_ids(allowed).tolist() == list(range(16))
+    allowed[2, 16:24] = True                     # and too many together
     assert read_ids(allowed) is None
     assert read_ids(None) is None
 
@@ -52,6 +62,12 @@ def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
     want = masked(logits, allowed).argmax(-1)
     assert torch.equal(masked_argmax(logits, allowed, ids), want)
     assert int(want[5]) == 0
+    allowed[[1, 4], 100:1900] = True                                    # two rows inside a string
+    logits[4, 1500] = 50.0                                              # beyond the narrow rows' ids
+    reads = read_ids(allowed)
+    assert isinstance(reads, RowReads) and reads.wide.tolist() == [False, True, False, False, True, False]
+    want = masked(logits, allowed).argmax(-1)
+    assert torch.equal(masked_argmax(logits, allowed, reads), want) and int(want[4]) == 1500
 
 
 def test_logits_read_by_id_have_the_whole_heads_bits(tiny_llama):
@@ -83,11 +99,11 @@ def test_a_round_computes_each_sequences_own_logits(tiny_llama, monkeypatch):
     V, unit = m.cfg.vocab_size, m.runner.rows.unit
     ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup and put it in the sink"))[:20]
     heads = []
-    monkeypatch.setattr(RowStep, "_units", _recording(RowStep._units, heads))
+    monkeypatch.setattr(RowStep, "_heads", _recording(RowStep._heads, heads))
     calls = [VerifyCall(ids[12:16], _cache(m, ids[:12])), VerifyCall(ids[9:14], _cache(m, ids[:9]), (), np.array([11, V - 1]))]
     heads.clear()
     full, part = verify_many(m, m.verify, calls)
-    assert heads == [(None, 4), ((11 // unit, (V - 1) // unit), 5)]       # one full head of 4 rows, one of 5 by id
+    assert heads == [[((11 // unit, (V - 1) // unit), 5), (None, 4)]]     # one head of 5 rows by id, one full of 4
     assert torch.equal(full.logits, m.verify(ids[12:16], _cache(m, ids[:12])).logits)
     alone = m.verify(ids[9:14], _cache(m, ids[:9])).logits                      # [5, V]
     assert torch.equal(part.logits[:, [11, V - 1]], alone[:, [11, V - 1]])
@@ -121,11 +137,45 @@ def test_a_sequence_longer_than_a_kernel_call_keeps_its_own_logits_and_taps(tiny
     assert torch.equal(short.logits, alone_short.logits) and torch.equal(short.taps[0], alone_short.taps[0])
 
 
-def _recording(units, seen):
-    def record(self, cols, R):
-        seen.append((None if cols is None else tuple(np.unique(np.asarray(cols) // self.unit).tolist()), R))
-        return units(self, cols, R)
+def _recording(plan, seen):
+    """RowStep._heads that notes each call's heads: [(units or None: all, rows)]."""
+    def record(self, cols, T, want):
+        heads, logits = plan(self, cols, T, want)
+        seen.append([(None if u is None else tuple(u.tolist()), len(r)) for r, _, u in heads])
+        return heads, logits
     return record
+
+
+def test_rows_inside_a_string_read_every_logit_and_the_others_their_ids(tiny_llama, monkeypatch):
+    """A verify whose rows 2 and 5 lie inside a string (they read every logit) and whose others
+    read a few ids: one head over all ids for those two rows, one over the few for the rest, both
+    into the rows of one logits array, each logit with the bits the whole head gives it. Alone
+    and beside a batch-mate reading other ids."""
+    m = _with_rows(tiny_llama)
+    V, unit = m.cfg.vocab_size, m.runner.rows.unit
+    ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup and put it in the sink"))[:20]
+    wide = np.zeros(8, bool)
+    wide[[2, 5]] = True
+    reads = RowReads(np.array([3, 50, V - 1]), wide)
+    heads = []
+    monkeypatch.setattr(RowStep, "_heads", _recording(RowStep._heads, heads))
+    whole = m.verify(ids[12:], _cache(m, ids[:12])).logits                          # [8, V]
+    c = _cache(m, ids[:12])
+    heads.clear()
+    part = m.verify(ids[12:], c, cols=reads).logits
+    narrow_units = tuple(np.unique(reads.ids // unit).tolist())
+    assert heads == [[(narrow_units, 6), (None, 2)]]
+    computed = torch.isfinite(part)                                                  # [8, V]
+    assert computed[wide].all() and torch.equal(part[wide], whole[wide])
+    assert torch.equal(part[computed], whole[computed])
+    assert computed[~wide].sum(1).tolist() == [_width(V, unit, reads.ids.tolist())] * 6
+    # in a round: the string rows and the other sequence's full rows share the full head
+    c1, c2 = _cache(m, ids[:12]), _cache(m, ids[:9])
+    heads.clear()
+    a, b = verify_many(m, m.verify, [VerifyCall(ids[12:], c1, (), reads), VerifyCall(ids[9:12], c2)])
+    assert heads == [[(narrow_units, 6), (None, 5)]]
+    assert torch.equal(a.logits[computed], whole[computed]) and torch.isfinite(a.logits).equal(computed)
+    assert torch.equal(b.logits, m.verify(ids[9:12], _cache(m, ids[:9])).logits)
 
 
 def _width(V: int, unit: int, cols: list[int]) -> int:
@@ -141,17 +191,17 @@ def test_constrained_decoding_reads_few_logits_and_commits_the_same(tiny_llama, 
     ids = tok.encode("pick up the red cup")
     params = SamplingParams(max_tokens=80)
     seen = []
-    units = RowStep._units
-    monkeypatch.setattr(RowStep, "_units", lambda self, cols, R: seen.append(cols is not None) or units(self, cols, R))
+    monkeypatch.setattr(RowStep, "_heads", _recording(RowStep._heads, seen))
 
     def run(spec):
         return rt.generate(ids, params, speculation=spec, constraint=g.constraint()).token_ids
 
     specs = [Speculation(), Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget())]
     by_id = [run(s) for s in specs]
-    assert any(seen), "no verify read its logits by id"
+    assert any(u is not None for hs in seen for u, _ in hs), "no verify read its logits by id"
+    assert any(len(hs) == 2 for hs in seen), "no verify had rows inside a string beside others"
     monkeypatch.setattr(constraint_mod, "READ_SHARE", 0.0)        # every logit, every verify
     seen.clear()
     whole = [run(s) for s in specs]
-    assert not any(seen)
+    assert all(u is None for hs in seen for u, _ in hs)
     assert by_id == whole and whole[0] == whole[1]

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .constraint import reads_part
 from .errors import ThorError
 from .exactness import EXACT_ROWS
 from .model import ForwardOut
@@ -173,7 +174,7 @@ def _rowstep(model, calls) -> list[ForwardOut]:
         ids = torch.cat([calls[j].ids[s:s + m] for j, s, m in g])
         h = model.embed(ids.to(model.device))                                             # [n, D]
         t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want,
-                          [calls[j].cols for j, _, _ in g])
+                          [reads_part(calls[j].cols, s, s + m) for j, s, m in g])
         for (j, _, _), part in zip(g, lg):
             logit_parts[j].append(part)
         for i in want:

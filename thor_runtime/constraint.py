@@ -8,8 +8,9 @@ after every *committed* token. Within one cycle the runtime calls, in order:
 2. ``valid_prefix``  how many of the drafts the grammar accepts from the current state
                      (drafts are cut there). Must leave the state unchanged.
 3. ``allowed_rows``  before the verify: the legal ids of each row [K+1, V], row j by the
-                     state after drafts[:j]. When few ids are legal on any row, the verify
-                     computes only their logits (``read_ids``); the rows are then masked by
+                     state after drafts[:j]. The verify computes only the logits of the ids
+                     legal on rows where few are (``read_ids``; a row inside a string, where
+                     most are, reads every logit); the rows are then masked by
                      them (``masked``), so the recovered / bonus token is legal. A constraint
                      that cannot say them before the logits masks them after instead
                      (``mask_rows``). Both must leave the state unchanged.
@@ -23,23 +24,63 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-# The verify computes only the logits of the ids some row may commit when they are at most
-# this share of the vocabulary: a plan's keys, names and numbers allow a few ids per row, and
-# the head (the vocabulary times the hidden size) is a quarter of a small model's weights.
+# The verify computes only the logits of the ids a row may commit when they are at most this
+# share of the vocabulary: a plan's keys, names and numbers allow a few ids per row, and the
+# head (the vocabulary times the hidden size) is a quarter of a small model's weights.
 READ_SHARE = 1 / 16
 
 
-def read_ids(allowed: np.ndarray | None) -> np.ndarray | None:
-    """allowed [R, V] bool -> the ids any row may commit [n], ascending, when they are few
-    (READ_SHARE); None: every logit is read."""
+@dataclass(frozen=True)
+class RowReads:
+    """The logits a verify reads when some rows allow most of the vocabulary (inside a plan's
+    strings) and the others few ids: the rows in ``wide`` read every logit, the others ``ids``.
+    Without it one row inside a string made every row of the verify compute all ~150 k logits
+    (a third of a plan's verifies on CPU; docs/performance.md)."""
+    ids: np.ndarray       # [n] ascending: every id the narrow rows may commit
+    wide: np.ndarray      # [R] bool
+
+    def part(self, start: int, stop: int) -> "RowReads":
+        return RowReads(self.ids, self.wide[start:stop])
+
+
+def read_ids(allowed: np.ndarray | None) -> np.ndarray | RowReads | None:
+    """allowed [R, V] bool -> what the verify reads: the ids any row may commit [n], ascending,
+    when every row allows few (READ_SHARE); RowReads when only some rows do; None: every logit
+    of every row."""
     if allowed is None:
         return None
-    ids = np.flatnonzero(allowed.any(axis=0))
-    return ids if len(ids) <= READ_SHARE * allowed.shape[1] else None
+    limit = READ_SHARE * allowed.shape[1]
+    wide = np.count_nonzero(allowed, axis=1) > limit                                        # [R]
+    if wide.all():
+        return None
+    ids = np.flatnonzero(allowed[~wide].any(axis=0) if wide.any() else allowed.any(axis=0))
+    if len(ids) > limit:
+        return None
+    return RowReads(ids, wide) if wide.any() else ids
+
+
+def reads_part(cols, start: int, stop: int):
+    """``cols`` (read_ids') for rows start..stop-1 of the verify."""
+    return cols.part(start, stop) if isinstance(cols, RowReads) else cols
+
+
+def split_reads(cols, rows: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """-> (the ids narrow rows read or None, wide [rows] bool: the rows that read every logit)."""
+    if cols is None:
+        return None, np.ones(rows, bool)
+    if isinstance(cols, RowReads):
+        return cols.ids, cols.wide
+    return np.asarray(cols, np.int64), np.zeros(rows, bool)
+
+
+def narrow_share(cols, rows: int) -> float:
+    """The share of a verify's rows that computed only some logits (the cost curve's mix)."""
+    return float(1.0 - split_reads(cols, rows)[1].mean()) if rows else 0.0
 
 
 def masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
@@ -50,14 +91,21 @@ def masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
     return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
 
-def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, ids: np.ndarray) -> torch.Tensor:
-    """masked(logits, allowed).argmax(-1) [R] when every id a row allows is in ``ids``
-    (ascending, read_ids'): only those columns are read, and the first of equal maxima is the
-    same column either way."""
+def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, reads) -> torch.Tensor:
+    """masked(logits, allowed).argmax(-1) [R] when every id a narrow row allows is in the ids
+    ``reads`` (read_ids') names: only those columns are read there, and the first of equal
+    maxima is the same column either way; a wide row is read whole."""
+    ids, wide = split_reads(reads, logits.shape[0])
     cols = torch.from_numpy(ids)
-    part = logits.index_select(1, cols.to(logits.device)).cpu().numpy()                       # [R, n]
-    best = np.where(allowed[:, ids], part, np.float32(-np.inf)).argmax(1)                    # [R]
-    return cols[torch.from_numpy(best)]
+    narrow = np.flatnonzero(~wide)
+    part = logits.index_select(1, cols.to(logits.device)).cpu().numpy()[narrow]                 # [r, n]
+    best = np.empty(logits.shape[0], np.int64)                                                  # [R]
+    best[narrow] = ids[np.where(allowed[np.ix_(narrow, ids)], part, np.float32(-np.inf)).argmax(1)]
+    if wide.any():
+        rows = np.flatnonzero(wide)
+        whole = logits[torch.from_numpy(rows)].cpu().numpy()                                   # [w, V]
+        best[rows] = np.where(allowed[rows], whole, np.float32(-np.inf)).argmax(1)
+    return torch.from_numpy(best)
 
 
 class Constraint(ABC):

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .constraint import TimedConstraint, masked, masked_argmax, read_ids
+from .constraint import TimedConstraint, masked, masked_argmax, narrow_share, read_ids
 from .errors import ThorError
 from .kv_cache import KVScales
 from .prefix_cache import PrefixCache
@@ -250,7 +250,7 @@ class Runtime:
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:
                         cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s,
-                                     cols is not None, members, time.perf_counter() - t_a, len(committed))
+                                     narrow_share(cols, len(rows)), members, time.perf_counter() - t_a, len(committed))
                         budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
                                                            cost)
                     stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_v,

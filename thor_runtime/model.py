@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .attention import apply_rope, attend, rms_norm, rope_inv_freq
 from .config import WEIGHT_LAYOUTS, ModelConfig
+from .constraint import reads_part
 from .errors import ThorError
 from .kv_cache import KVCache
 from .lowbit import GROUP, Int4Weight
@@ -382,8 +383,8 @@ class TargetModel:
         attention per row. So greedy speculative decoding commits exactly the tokens plain
         decoding commits, whatever the KV dtype — no tolerance: an fp8 cache holds the same
         bytes either way. Plain decoding is this with T = 1."""
-        parts = [self.forward(ids[s:s + EXACT_ROWS], cache, taps, exact=True, cols=cols)
-                 for s in range(0, ids.shape[0], EXACT_ROWS)]
+        parts = [self.forward(ids[s:s + EXACT_ROWS], cache, taps, exact=True,
+                              cols=reads_part(cols, s, s + EXACT_ROWS)) for s in range(0, ids.shape[0], EXACT_ROWS)]
         if len(parts) == 1:
             return parts[0]
         return ForwardOut(torch.cat([p.logits for p in parts]),

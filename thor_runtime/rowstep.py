@@ -34,6 +34,7 @@ import torch
 from .exactness import EXACT_ROWS
 from .errors import ThorError
 from .fileio import default_cache_dir
+from .constraint import RowReads, reads_part, split_reads
 from .lowbit_ort import NBitsWeight
 from .lowbit_step import in_calls
 from .threads import FitWatch, adapt_mode
@@ -130,8 +131,8 @@ def _bind(path: Path):
     lib.rowstep_forward.argtypes = [_P, _P, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.rowstep_forward_rows.restype = _I
     lib.rowstep_forward_rows.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
-    lib.rowstep_head.restype = _I
-    lib.rowstep_head.argtypes = [_P, _P, _P, _I, _P, _P, _I]
+    lib.rowstep_head_at.restype = _I
+    lib.rowstep_head_at.argtypes = [_P, _P, _P, _I, _P, _P, _P, _I]
     lib.rowstep_unit.restype = _I
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
@@ -228,20 +229,41 @@ class RowStep:
     def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None),
                  cols=None):
         # rows are row-invariant: any split gives the same bits
-        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want, cols), h.shape[0], rows, MAX_ROWS,
-                        tuple(taps))
+        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want, reads_part(cols, s, e)),
+                        h.shape[0], rows, MAX_ROWS, tuple(taps))
 
-    def _units(self, cols, R: int):
-        """-> (units [U] int32 covering ``cols``, logits [R, V] to write into): the head's
-        outputs a caller reads (``cols``: token ids, None = all). An id outside them stays at
-        -inf; one inside has the bits the whole head gives it (each output's operations are
-        its own, rowstep.c)."""
-        V = self.model.cfg.vocab_size
-        if cols is None:
-            return None, torch.empty(R, V)
-        units = np.unique(np.asarray(cols, np.int64) // self.unit).astype(np.int32)          # [U]
+    def _heads(self, cols, T: int, want: np.ndarray) -> tuple[list, torch.Tensor]:
+        """The head's work for rows ``want`` [R] of a T-row forward whose rows read ``cols``
+        (read_ids'): the rows that read some ids over those ids' units, the rows that read every
+        id over all, each into its own rows of one logits [R, V]. An id a row does not read stays
+        at -inf; one it reads has the bits the whole head gives it (each output's operations are
+        its own, rowstep.c). -> ([(rows of h [r], their logits rows [r], units [U] int32 or
+        None: all)], logits)."""
+        ids, wide = split_reads(cols, T)
+        wide = wide[want]                                                           # [R]
         # filled by numpy: torch's fill of this size wakes its thread pool (see _residual)
-        return units, torch.from_numpy(np.full((R, V), -np.inf, np.float32))
+        logits = np.empty((len(want), self.model.cfg.vocab_size), np.float32)       # [R, V]
+        heads = []
+        if not wide.all():
+            narrow = np.flatnonzero(~wide)
+            if wide.any():
+                logits[narrow] = -np.inf
+            else:
+                logits.fill(-np.inf)
+            heads.append((want[narrow], narrow, np.unique(ids // self.unit).astype(np.int32)))
+        if wide.any():
+            rows = np.flatnonzero(wide)
+            heads.append((want[rows], rows, None))
+        return heads, torch.from_numpy(logits)
+
+    def _run_heads(self, h: torch.Tensor, heads: list, logits: torch.Tensor) -> int:
+        """The head calls after a forward that computed none (its rows left in ``h``)."""
+        rc = 0
+        for rows, at, units in heads:
+            rows, at = np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(at, np.int64)
+            rc = rc or self._lib.rowstep_head_at(self._h, h.data_ptr(), rows.ctypes.data, len(rows), logits.data_ptr(),
+                                                 at.ctypes.data, *_units_arg(units))
+        return rc
 
     def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None):
         """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none);
@@ -251,14 +273,18 @@ class RowStep:
         h = _residual(h)                                                            # [T, D]
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
-        r = torch.from_numpy(np.ascontiguousarray(want if want is not None else [], np.int64))
-        units, logits = self._units(cols, len(r)) if want is not None else (None, None)
+        heads, logits = self._heads(cols, T, want) if want is not None else ([], None)
+        # one head: in the forward, rows in order; two (rows inside a string beside others): after it
+        r, units = (heads[0][0], heads[0][2]) if len(heads) == 1 else (np.empty(0, np.int64), None)
+        r = np.ascontiguousarray(r, np.int64)
         cos, sin = self.model.cos, self.model.sin
         with self._one:
             self._fit()
             rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
-                                           cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.data_ptr(),
+                                           cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.ctypes.data,
                                            len(r), None if logits is None else logits.data_ptr(), *_units_arg(units))
+            if len(heads) > 1:
+                rc = rc or self._run_heads(h, heads, logits)
         if rc != 0:
             raise RuntimeError(f"rowstep: {T} rows at position {start} do not fit the kernel")
         cache.lengths = [start + T] * self.n
@@ -284,33 +310,24 @@ class RowStep:
         tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
         tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
         firsts = np.cumsum([0] + list(counts[:-1]))                                 # each sequence's first row
-        # one head per kind of read: the sequences that read every logit share a full one, the
-        # others one over their ids only (else a wide forward computes all 152 k ids for every
-        # row as soon as one sequence needs them); the first runs with the layers, any other
-        # after them on the rows they left
-        heads = []
-        for want, seqs in _head_groups(cols):
-            rows = np.concatenate([np.arange(firsts[j], firsts[j] + counts[j]) for j in seqs]).astype(np.int64)
-            heads.append((seqs, rows, *self._units(want, len(rows))))                 # logits [R, V]
+        # rows that read every logit (a sequence reading all, or rows inside a string) share one
+        # full head, the others one over the union of their ids (else a wide forward computes all
+        # 152 k ids for every row as soon as one row needs them)
+        heads, logits = self._heads(_joined_reads(cols, counts), N, np.arange(N))
+        r, units = (heads[0][0], heads[0][2]) if len(heads) == 1 else (np.empty(0, np.int64), None)
+        r = np.ascontiguousarray(r, np.int64)
         with self._one:
             self._fit()
-            _, rows, units, logits = heads[0]
             rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
                                                 self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                                rows.ctypes.data, len(rows), logits.data_ptr(), *_units_arg(units))
-            for seqs, rows, units, logits in heads[1:]:
-                rc = rc or self._lib.rowstep_head(self._h, h.data_ptr(), rows.ctypes.data, len(rows),
-                                                  logits.data_ptr(), *_units_arg(units))
+                                                r.ctypes.data, len(r), logits.data_ptr(), *_units_arg(units))
+            if len(heads) > 1:
+                rc = rc or self._run_heads(h, heads, logits)
         if rc != 0:
             raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
         for c, s, n in zip(caches, starts, counts):
             c.lengths = [s + n] * self.n
-        out: list = [None] * len(caches)
-        for seqs, _, _, logits in heads:
-            a = 0
-            for j in seqs:
-                out[j], a = logits[a:a + counts[j]], a + counts[j]
-        return tap_out, out
+        return tap_out, [logits[a:a + n] for a, n in zip(firsts, counts)]
 
 
 def _residual(h: torch.Tensor) -> torch.Tensor:
@@ -325,15 +342,15 @@ def _units_arg(units: np.ndarray | None) -> tuple:
     return (None, 0) if units is None else (units.ctypes.data, len(units))
 
 
-def _head_groups(cols: list) -> list[tuple[np.ndarray | None, list[int]]]:
-    """(ids to compute or None for all, the sequences that read them): one group of those that
-    read every logit, one of the others over the union of their ids."""
-    full = [j for j, c in enumerate(cols) if c is None]
-    some = [j for j, c in enumerate(cols) if c is not None]
-    groups = [(None, full)] if full else []
-    if some:
-        groups.append((np.unique(np.concatenate([np.asarray(cols[j], np.int64) for j in some])), some))
-    return groups
+def _joined_reads(cols: list, counts: list[int]):
+    """Several sequences' reads (read_ids' each, over its ``counts[j]`` rows) as one over their
+    rows in order: the rows that read every logit, and the union of the others' ids."""
+    parts = [split_reads(c, n) for c, n in zip(cols, counts)]
+    wide = np.concatenate([w for _, w in parts])                                    # [N]
+    if wide.all():
+        return None
+    ids = np.unique(np.concatenate([i for i, w in parts if i is not None and not w.all()]))
+    return RowReads(ids, wide) if wide.any() else ids
 
 
 def kernel_dir() -> Path:

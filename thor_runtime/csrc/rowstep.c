@@ -94,10 +94,12 @@ static void matmul(Engine *e, const Proj *w, const QRows *x, float *y) {
     pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, (w->N + 15) / 16));
 }
 
-/* only the outputs of units[0..n) (UNIT outputs each); an output's bits are matmul's */
-static void matmul_units(Engine *e, const Proj *w, const QRows *x, float *y, const int32_t *units, int n) {
-    MatmulTask t = {w, x, y, units, n};
-    pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, n));
+/* only the outputs of units[0..n) (UNIT outputs each; all when units is NULL), input row r to
+   output row at[r] (at NULL: r); an output's bits are matmul's */
+static void matmul_units(Engine *e, const Proj *w, const QRows *x, float *y, const int32_t *units, int n,
+                         const int64_t *at) {
+    MatmulTask t = {w, x, y, units, n, at};
+    pool_run(&e->pool, matmul_task, &t, pool_parts(&e->pool, units ? n : (w->N + 15) / 16));
 }
 
 #define SCRATCH_ROWS 64      /* rows a call: a verify's, several sequences', or a prompt chunk */
@@ -216,16 +218,16 @@ int rowstep_set_head(void *h, const float *final_norm, const void *blob, const f
     return set_proj(&e->head, proj(blob, s, m, NULL, e->V, e->D, bits));
 }
 
-/* the final norm and the head for rows [R] of h: logits [R, V] (units: see below) */
-static void head_rows(Engine *e, const float *h, const int64_t *rows, int R, float *logits, const int32_t *units,
-                      int U) {
+/* the final norm and the head for rows [R] of h: logits [R, V], or row r to logits row at[r]
+   (units: see below) */
+static void head_rows(Engine *e, const float *h, const int64_t *rows, int R, float *logits, const int64_t *at,
+                      const int32_t *units, int U) {
     QRows qr;
     int D = e->D;
     if (R <= 0) return;
     for (int r = 0; r < R; r++) rms_norm_row(h + (size_t)rows[r] * D, e->final_norm, D, e->eps, e->x + (size_t)r * D);
     quantize_rows(e, e->x, R, D, e->head.bits == 4, &qr);
-    if (U > 0) matmul_units(e, &e->head, &qr, logits, units, U);
-    else matmul(e, &e->head, &qr, logits);                                         /* [R, V] */
+    matmul_units(e, &e->head, &qr, logits, U > 0 ? units : NULL, U, at);           /* [R, V] */
 }
 
 /* h [T, D] (embedded rows, overwritten with the last layer's output); row t sits at position
@@ -281,7 +283,7 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
         for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
         if (taps && taps[i]) memcpy(taps[i], h, sizeof(float) * T * D);
     }
-    head_rows(e, h, rows, R, logits, units, U);
+    head_rows(e, h, rows, R, logits, NULL, units, U);
     pool_active(&e->pool, 0);
     return 0;
 }
@@ -289,12 +291,15 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
 /* The head alone, on rows of h [*, D] that a forward above left: rows [R] -> logits [R, V],
    units as above. The operations rowstep_forward_rows runs for them, so the same bits: a
    shared forward gives each sequence's rows the head (all ids, or only its own) it would get
-   alone. Returns 0, or -1 when R does not fit the scratch. */
-int rowstep_head(void *hd, const float *h, const int64_t *rows, int R, float *logits, const int32_t *units, int U) {
+   alone. at [R] (or NULL: r): the logits row that row r's go to, so heads over different ids
+   (a verify's rows inside a string read every id, the others a few) fill one [*, V] array.
+   Returns 0, or -1 when R does not fit the scratch. */
+int rowstep_head_at(void *hd, const float *h, const int64_t *rows, int R, float *logits, const int64_t *at,
+                    const int32_t *units, int U) {
     Engine *e = hd;
     if (R < 0 || R > e->maxrows) return -1;
     pool_active(&e->pool, 1);
-    head_rows(e, h, rows, R, logits, units, U);
+    head_rows(e, h, rows, R, logits, at, units, U);
     pool_active(&e->pool, 0);
     return 0;
 }

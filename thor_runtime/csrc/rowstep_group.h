@@ -21,7 +21,7 @@
 #define GPF 8         /* blocks ahead the first pass prefetches */
 
 static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
-                                                         int g0, const int G, float *y, int ldy) {
+                                                         int g0, const int G, float *y, int ldy, const int64_t *at) {
     int nb = w->K / BLK, words = BLK * w->bits / 32;
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 acc[GT][GRT];
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
         for (int r = 0; r < R; r++) {
             __m512 o = acc[g][r];
             if (w->bias) o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(keep, w->bias + (size_t)(g0 + g) * GROUP));
-            _mm512_mask_storeu_ps(y + (size_t)r * ldy + (size_t)g * GROUP, keep, o);
+            _mm512_mask_storeu_ps(OUT_ROW(y, at, r, ldy) + (size_t)g * GROUP, keep, o);
         }
     }
 }
@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
 #define GPF 8
 
 static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRows *x, int r0, const int R,
-                                                         int g0, const int G, float *y, int ldy) {
+                                                         int g0, const int G, float *y, int ldy, const int64_t *at) {
     int nb = w->K / BLK, words = BLK * w->bits / 32;
     const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[GT][RT];
@@ -149,7 +149,7 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
         for (int r = 0; r < R; r++) {
             __m256 o = acc[g][r];
             if (w->bias) o = _mm256_add_ps(o, _mm256_maskload_ps(w->bias + (size_t)(g0 + g) * GROUP, keep));
-            _mm256_maskstore_ps(y + (size_t)r * ldy + (size_t)g * GROUP, keep, o);
+            _mm256_maskstore_ps(OUT_ROW(y, at, r, ldy) + (size_t)g * GROUP, keep, o);
         }
     }
 }

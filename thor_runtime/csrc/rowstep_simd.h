@@ -223,8 +223,14 @@ typedef struct {            /* the quantized rows of one input */
 } QRows;
 
 /* units: NULL, every output; else the nunits output units (UNIT outputs each, in order) whose
-   outputs are wanted, the others left as they are (a head's logits the grammar allows) */
-typedef struct { const Proj *w; const QRows *x; float *y; const int32_t *units; int nunits; } MatmulTask;
+   outputs are wanted, the others left as they are (a head's logits the grammar allows).
+   at: NULL, input row r writes output row r; else output row at[r] (a head's rows placed among
+   rows another head call fills) */
+typedef struct { const Proj *w; const QRows *x; float *y; const int32_t *units; int nunits; const int64_t *at; } MatmulTask;
+
+/* where row r of a tile writes: y is row 0's (at NULL) or the whole output's (at: the tile's
+   part of the row map) */
+#define OUT_ROW(y, at, r, ldy) ((y) + (size_t)((at) ? (at)[r] : (r)) * (ldy))
 
 /* outputs per tile (independent accumulation chains) and rows per pass: a weight block is
    unpacked once for up to RT rows (the interleaved layout: NEON and plain C) */
@@ -238,7 +244,8 @@ typedef struct { const Proj *w; const QRows *x; float *y; const int32_t *units; 
 
 /* y[r0 + r, n0 + j] for R rows and NT outputs. Each (row, output) sum runs over the blocks in
    order with the same operations whatever R is: a row's bits do not depend on the others. */
-static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy) {
+static inline __attribute__((always_inline)) void tile(const Proj *w, const QRows *x, int r0, const int R, int n0, float *y, int ldy,
+                                                        const int64_t *at) {
     int nb = w->K / BLK, bytes = BLK * w->bits / 8;
 #if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
     /* signed dot products: 4-bit codes are 0..15 as they are; 8-bit codes q + 128 become q,
@@ -276,7 +283,7 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
     }
     for (int j = 0; j < NT; j++)
         for (int r = 0; r < R; r++)
-            y[(size_t)r * ldy + j] = vaddvq_f32(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+            OUT_ROW(y, at, r, ldy)[j] = vaddvq_f32(acc[j][r]) + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
 #else
     for (int j = 0; j < NT; j++)
         for (int r = 0; r < R; r++) {
@@ -287,7 +294,7 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
                 acc = fmaf((float)block_dot(w->blob + at * bytes, q + b * BLK, w->bits) * x->sx[(size_t)(r0 + r) * nb + b],
                            w->s[at], acc);
             }
-            y[(size_t)r * ldy + j] = acc + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
+            OUT_ROW(y, at, r, ldy)[j] = acc + dot_f32(w->m + (size_t)(n0 + j) * nb, x->zs + (size_t)(r0 + r) * nb, nb);
         }
 #endif
 }
@@ -304,7 +311,8 @@ static inline __attribute__((always_inline)) void gtiles(const MatmulTask *t, in
     const Proj *w = t->w;
     int M = t->x->M;
     for (int r = 0; r < M;) {
-        float *y = t->y + (size_t)r * w->N + (size_t)g * GROUP;
+        const int64_t *at = t->at ? t->at + r : NULL;
+        float *y = t->y + (at ? 0 : (size_t)r * w->N) + (size_t)g * GROUP;
         int R = M - r;
         /* constant shapes: unrolled, in registers; a lane's operations are the same in each */
 #if GRT > RT
@@ -312,10 +320,10 @@ static inline __attribute__((always_inline)) void gtiles(const MatmulTask *t, in
             R = R < GRT ? R : GRT;
             for (int k = 0; k < G; k++)
                 switch (R) {
-                    case 5: gtile(w, t->x, r, 5, g + k, 1, y + k * GROUP, w->N); break;
-                    case 6: gtile(w, t->x, r, 6, g + k, 1, y + k * GROUP, w->N); break;
-                    case 7: gtile(w, t->x, r, 7, g + k, 1, y + k * GROUP, w->N); break;
-                    default: gtile(w, t->x, r, 8, g + k, 1, y + k * GROUP, w->N); break;
+                    case 5: gtile(w, t->x, r, 5, g + k, 1, y + k * GROUP, w->N, at); break;
+                    case 6: gtile(w, t->x, r, 6, g + k, 1, y + k * GROUP, w->N, at); break;
+                    case 7: gtile(w, t->x, r, 7, g + k, 1, y + k * GROUP, w->N, at); break;
+                    default: gtile(w, t->x, r, 8, g + k, 1, y + k * GROUP, w->N, at); break;
                 }
             r += R;
             continue;
@@ -323,10 +331,10 @@ static inline __attribute__((always_inline)) void gtiles(const MatmulTask *t, in
 #endif
         R = R < RT ? R : RT;
         switch (R) {
-            case 1: gtile(w, t->x, r, 1, g, G, y, w->N); break;
-            case 2: gtile(w, t->x, r, 2, g, G, y, w->N); break;
-            case 3: gtile(w, t->x, r, 3, g, G, y, w->N); break;
-            default: gtile(w, t->x, r, 4, g, G, y, w->N); break;
+            case 1: gtile(w, t->x, r, 1, g, G, y, w->N, at); break;
+            case 2: gtile(w, t->x, r, 2, g, G, y, w->N, at); break;
+            case 3: gtile(w, t->x, r, 3, g, G, y, w->N, at); break;
+            default: gtile(w, t->x, r, 4, g, G, y, w->N, at); break;
         }
         r += R;
     }
@@ -357,16 +365,17 @@ static inline void ntiles(const MatmulTask *t, int n) {
     const Proj *w = t->w;
     int M = t->x->M;
     for (int r = 0; r < M; r += RT) {
-        float *y = t->y + (size_t)r * w->N + n;
+        const int64_t *at = t->at ? t->at + r : NULL;
+        float *y = t->y + (at ? 0 : (size_t)r * w->N) + n;
         switch (M - r < RT ? M - r : RT) {     /* constant row counts: unrolled, in registers */
-            case 1: tile(w, t->x, r, 1, n, y, w->N); break;
-            case 2: tile(w, t->x, r, 2, n, y, w->N); break;
-            case 3: tile(w, t->x, r, 3, n, y, w->N); break;
-            default: tile(w, t->x, r, 4, n, y, w->N); break;
+            case 1: tile(w, t->x, r, 1, n, y, w->N, at); break;
+            case 2: tile(w, t->x, r, 2, n, y, w->N, at); break;
+            case 3: tile(w, t->x, r, 3, n, y, w->N, at); break;
+            default: tile(w, t->x, r, 4, n, y, w->N, at); break;
         }
         if (w->bias)
-            for (int rr = r; rr < r + RT && rr < M; rr++)
-                for (int j = 0; j < NT; j++) t->y[(size_t)rr * w->N + n + j] += w->bias[n + j];
+            for (int rr = 0; rr < RT && r + rr < M; rr++)
+                for (int j = 0; j < NT; j++) OUT_ROW(y, at, rr, w->N)[j] += w->bias[n + j];
     }
 }
 

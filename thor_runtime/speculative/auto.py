@@ -28,7 +28,7 @@ on a few bad requests. A probe request drafts on every cycle: it is there to mea
 A fallback candidate (lookup beside a drafter on plans) runs only where the others fall behind
 plain decoding, and is not probed.
 A plan's verify often computes only the logits its rows may commit (cost.py's ``by_id``
-curve): each class weighs the two curves by the share of its verifies that did.
+curve): each class weighs the two curves by the share of its verify rows that did.
 
 Drafts never decide which token is committed: all of this changes speed, never output.
 """
@@ -135,7 +135,7 @@ class _Class:
     name: str
     arms: list[Arm]
     forced: float = 0.0           # grammar-forced tokens per cycle, running mean
-    by_id: float = 0.0            # share of its verifies that read only some logits, running mean
+    by_id: float = 0.0            # share of its verify rows that read only some logits, running mean
     shared_rate: float = 0.0      # tokens per 1-row step of a whole shared round, running mean (0: none yet)
 
     def curve(self, curve: CostCurve) -> CostCurve:

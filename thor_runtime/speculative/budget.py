@@ -38,7 +38,7 @@ class Cycle:
     verify_s: float = 0.0
     draft_s: float = 0.0       # the proposer's propose call (0 when it was not asked)
     keep_s: float = 0.0        # the proposer's commit (its window update)
-    by_id: bool = False        # the verify computed only the logits of the ids its rows allow
+    by_id: float = 0.0         # share of the verify's rows that computed only the logits of the ids they allow
     members: int = 1           # sequences whose rows shared the verify's forward (inflight.py)
     cycle_s: float = 0.0       # the whole cycle, from choosing drafts to committing
     committed: int = 0         # tokens it committed
