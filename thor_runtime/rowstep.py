@@ -134,6 +134,11 @@ def _bind(path: Path):
     lib.rowstep_head_at.restype = _I
     lib.rowstep_head_at.argtypes = [_P, _P, _P, _I, _P, _P, _P, _I]
     lib.rowstep_unit.restype = _I
+    lib.rowstep_proj_new.restype = _P
+    lib.rowstep_proj_new.argtypes = [_P, _P, _P, _I, _I, _I]
+    lib.rowstep_proj_free.argtypes = [_P]
+    lib.rowstep_linear.restype = _I
+    lib.rowstep_linear.argtypes = [_P, _P, _P, _I, _P]
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
     return lib

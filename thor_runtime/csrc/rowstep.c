@@ -22,7 +22,7 @@ typedef struct {
     Proj *qkv, *o, *gu, *down, head;
     Pool pool;
     /* scratch, sized for MAXROWS rows */
-    int maxrows, maxpos;
+    int maxrows, maxpos, wide;             /* wide: the longest row a scratch row holds */
     float *x, *y, *big, *att, *scores;     /* scores: [nth, SC_SLOT] */
     int8_t *qx;
     float *sx, *zs;
@@ -116,6 +116,7 @@ void *rowstep_new(int L, int D, int H, int Hkv, int Dh, int I, int V, float eps,
     int wide = (H + 2 * Hkv) * Dh;
     if (2 * I > wide) wide = 2 * I;
     if (D > wide) wide = D;
+    e->wide = wide;
     e->x = malloc(sizeof(float) * SCRATCH_ROWS * wide);
     e->y = malloc(sizeof(float) * SCRATCH_ROWS * wide);
     e->big = malloc(sizeof(float) * SCRATCH_ROWS * wide);
@@ -313,4 +314,38 @@ int rowstep_forward(void *hd, float *h, int T, int start, float *k, float *v, in
     if (T < 1 || T > SCRATCH_ROWS) return -1;
     for (int t = 0; t < T; t++) { pos[t] = start + t; ks[t] = k; vs[t] = v; Ss[t] = S; }
     return rowstep_forward_rows(hd, h, T, pos, ks, vs, Ss, cos, sin, taps, rows, R, logits, units, U);
+}
+
+/* ---- projections outside the model's layers (a drafter's), on the engine's pool and scratch:
+   the same int8 blocks and kernels as a layer's, so a 16-row call runs compute-bound on the
+   integer dot products where a framework's small float matmul does not */
+
+/* W [N, K] as MatMulNBits blocks (bits 4 or 8) -> a handle for rowstep_linear, or NULL (no
+   memory, or K not whole blocks). The arrays must outlive the handle unless regrouped. */
+void *rowstep_proj_new(const void *blob, const float *s, const float *m, int N, int K, int bits) {
+    if (N < 1 || K < BLK || K % BLK || (bits != 4 && bits != 8)) return NULL;
+    Proj *p = malloc(sizeof(Proj));
+    if (!p) return NULL;
+    *p = proj(blob, s, m, NULL, N, K, bits);
+    if (GROUP && !p->own) { free(p); return NULL; }
+    return p;
+}
+
+void rowstep_proj_free(void *p) {
+    if (p) free(((Proj *)p)->own);
+    free(p);
+}
+
+/* y [M, N] = x [M, K] W^T for a rowstep_proj_new handle. Returns 0, or -1 when M or K does
+   not fit the scratch. */
+int rowstep_linear(void *hd, const void *pp, const float *x, int M, float *y) {
+    Engine *e = hd;
+    const Proj *w = pp;
+    if (M < 1 || M > e->maxrows || w->K > e->wide) return -1;
+    QRows qr;
+    pool_active(&e->pool, 1);
+    quantize_rows(e, x, M, w->K, w->bits == 4, &qr);
+    matmul(e, w, &qr, y);
+    pool_active(&e->pool, 0);
+    return 0;
 }

@@ -240,7 +240,7 @@ class DFlashDrafter(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.hidden_norm.weight.dtype       # the projections may be the row kernel's (row_linear.py)
 
     def rope(self, pos: torch.Tensor):
         """pos [..., T] long -> cos, sin [..., T, Dh] in the drafter dtype (angles in fp32)."""
@@ -298,6 +298,8 @@ class DFlashDrafter(nn.Module):
         # W @ h^T rather than h @ W^T: on CPU (MKL) h @ W^T re-streams the [V, D] head for
         # row counts that are not a multiple of 16 (15 rows measured ~2x slower); W @ h^T
         # reads it once whatever n is, and the head read is most of a propose.
+        if isinstance(head, nn.Module):           # the draft head's rows on the row kernel
+            return head(hn).float()
         w = self.lm_head_w if head is None else head
         return torch.mm(w, hn.t()).t().float()                                        # [n, V]
 
