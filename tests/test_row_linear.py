@@ -71,6 +71,12 @@ def test_a_drafter_beside_the_row_kernel_drafts_on_it_and_output_stays_plain(tin
     assert p.drafter.dtype == torch.float32
     spec = rt.generate(prompt, SamplingParams(max_tokens=24), speculation=Speculation(p, 4, DraftBudget()))
     assert spec.token_ids == plain
+    # the draft head is a gather of the target's own 8-bit head blocks: its math to fp32 rounding
+    ids = p._ids
+    assert isinstance(p._head, RowLinear) and p._head.out_features == len(ids)
+    x = torch.randn(5, m.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    want = _reference(x, m.head_w.dequantize()[ids])
+    assert (p._head(x).double() - want).abs().max() <= 1e-5 * want.abs().max()
     # the drafter's logits are its fp32 math up to the int8 rounding
     torch_copy.float().bind_target(m.embed_w, m.lm_head)
     head = m.lm_head[torch.tensor(short)].float()

@@ -35,11 +35,13 @@ class RowLinear(nn.Module):
     """y [..., N] = x [..., K] W^T (fp32) with W [N, K] as 8-bit blocks on ``rows``' pool and
     scratch (one call at a time with its forwards: its lock)."""
 
-    def __init__(self, rows, weight: torch.Tensor):
+    def __init__(self, rows, weight: torch.Tensor | NBitsWeight):
         super().__init__()
         from .rowstep import MAX_ROWS
 
-        w = NBitsWeight.from_dense_int8(weight.detach().float())
+        w = weight if isinstance(weight, NBitsWeight) else NBitsWeight.from_dense_int8(weight.detach().float())
+        if w.bits != 8 or w.corr is not None:
+            raise ValueError("RowLinear takes symmetric 8-bit blocks")
         self.out_features, self.in_features = w.shape
         self.rows, self.max_rows = rows, MAX_ROWS
         # w = s q + m with unsigned codes: m = -128 s (rowstep.c); kept alive for a build that
@@ -72,6 +74,16 @@ class RowLinear(nn.Module):
         if getattr(self, "_h", None):
             self.rows._lib.rowstep_proj_free(self._h)
             self._h = None
+
+
+def head_rows(rows, target, ids: torch.Tensor, dense: torch.Tensor) -> RowLinear:
+    """The head's rows ``ids`` on ``rows``: a gather of the target's own 8-bit head blocks where
+    it has them (the bits the target scores with), else ``dense`` [len(ids), D] rounded."""
+    w = getattr(target, "head_w", None)
+    if isinstance(w, NBitsWeight) and w.bits == 8 and w.corr is None:
+        at = ids.cpu()
+        return RowLinear(rows, NBitsWeight(w.blob.index_select(0, at), w.scale.index_select(0, at), None, 8))
+    return RowLinear(rows, dense)
 
 
 def on_rows(drafter, rows) -> None:

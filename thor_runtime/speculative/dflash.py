@@ -30,7 +30,7 @@ import torch
 
 from ..device import cpu_bf16
 from ..errors import ThorError
-from ..row_linear import RowLinear, on_rows, row_kernel
+from ..row_linear import head_rows, on_rows, row_kernel
 from .base import Proposer
 from .dflash_graph import GraphedBlock
 from .dflash_io import check_fits
@@ -72,6 +72,7 @@ class DFlashProposer(Proposer):
             # with its own head rows, the drafter's projections run on the target's row kernel
             # where it has one (row_linear.py)
             self._rows = row_kernel(target) if shortlist else None
+            self._target = target if self._rows is not None else None
             if self._rows is not None:
                 on_rows(drafter, self._rows)
             else:
@@ -80,7 +81,7 @@ class DFlashProposer(Proposer):
         elif drafter.embed_w is None:
             raise ThorError("dflash: pass the target model (its embedding and lm_head are shared)")
         else:
-            self._rows = None
+            self._rows = self._target = None
         self.window = cfg.window if window is None else int(window)
         self.block_size = cfg.block_size if block_size is None else int(block_size)
         if self.window < 0:
@@ -165,7 +166,7 @@ class DFlashProposer(Proposer):
             self._ids = self.vocab.with_tokens(prompt_ids).to(self._pos.device)                # [V']
             self._head = self.drafter.lm_head_w.index_select(0, self._ids).to(self.drafter.dtype)  # [V', D]
             if self._rows is not None:
-                self._head = RowLinear(self._rows, self._head)
+                self._head = head_rows(self._rows, self._target, self._ids, self._head)
         if self.seed_window and prompt_taps:
             raw = self.drafter.concat_taps(prompt_taps)                                       # [T, n_taps*D]
             T = raw.shape[0]
