@@ -12,6 +12,7 @@ from test_rowstep import _with_rows
 from tiny import random_drafter
 from torch import nn
 
+from thor_runtime.errors import ThorError
 from thor_runtime.generate import Runtime
 from thor_runtime.lowbit_kernels import int4_kernels
 from thor_runtime.row_linear import ENV, RowLinear
@@ -19,6 +20,7 @@ from thor_runtime.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.dflash_io import save_drafter
 from thor_runtime.speculative.draft_vocab import DraftVocab
 
 pytestmark = pytest.mark.skipif(not int4_kernels()["ort"].available(),
@@ -55,7 +57,7 @@ def _drafter(loaded, ids):
     return d
 
 
-def test_a_drafter_beside_the_row_kernel_drafts_on_it_and_output_stays_plain(tiny_llama, monkeypatch):
+def test_a_drafter_beside_the_row_kernel_drafts_on_it_and_output_stays_plain(tiny_llama, monkeypatch, tmp_path):
     m = _with_rows(tiny_llama)
     tok = tiny_llama.tokenizer
     rt = Runtime(m, tok)
@@ -83,6 +85,10 @@ def test_a_drafter_beside_the_row_kernel_drafts_on_it_and_output_stays_plain(tin
     a = p.drafter.draft_block(None, plain[0], 7, 4, head=RowLinear(m.runner.rows, head))     # [4, V']
     b = torch_copy.draft_block(None, plain[0], 7, 4, head=head)
     assert (a - b).abs().max() <= 3e-2 * b.abs().max()
+    # its float projections are gone: saving it is refused, not written without them
+    with pytest.raises(ThorError, match="row kernel"):
+        save_drafter(p.drafter, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
     # THOR_DRAFTER_ROWS=0 keeps torch's matmuls
     monkeypatch.setenv(ENV, "0")
     q = DFlashProposer(_drafter(tiny_llama, short), m, window=16)

@@ -3,7 +3,7 @@
 Why. A DFlash block is 16 rows through small projections (896 -> 1024 and the like). torch's
 matmul at that shape runs at ~40 G multiply-adds/s on one Zen 4 core in bf16, and a propose is
 two thirds such matmuls; the row kernel's 8-bit blocks run them on the integer dot products, on
-its own thread pool, compute-bound at 16 rows (docs/performance.md, the drafter on the row
+its own thread pool, compute-bound at 16 rows (docs/speculative-decoding.md, the drafter on the row
 kernel). The weights become symmetric 8-bit blocks of 32 (absmax / 127) and each activation row
 int8 per block, the target's own scheme: drafts move by that rounding, never the committed
 tokens, which the target's verify decides.

@@ -127,6 +127,18 @@ class DFlashProposer(Proposer):
                                    device=dev)                                                # [L, 2, Hkv, W, Dh]
         self._count = 0       # entries ever appended (ring write cursor = count % W)
         self._next_pos = 0    # absolute position of the next token to commit
+        # committed rows not yet in the window: (raw taps [n, n_taps*D], first position). They go
+        # in at the next propose, several cycles' in one call, in the forward's turn: a window
+        # update on the row kernel would otherwise wait for other sequences' shared rounds
+        self._pending: list[tuple[torch.Tensor, int]] = []
+
+    def _flush(self) -> None:
+        if self._pending:
+            raw = torch.cat([r for r, _ in self._pending]) if len(self._pending) > 1 else self._pending[0][0]
+            first = self._pending[0][1]
+            self._pending = []
+            with torch.inference_mode():
+                self._append(raw, first)
 
     def _append(self, raw: torch.Tensor, first_pos: int) -> None:
         """raw [n, n_taps*D]: taps of consecutive tokens at positions first_pos.. in order."""
@@ -147,6 +159,7 @@ class DFlashProposer(Proposer):
 
     @property
     def window_len(self) -> int:
+        self._flush()
         return min(self._count, self.window)
 
     def window_entries(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +172,7 @@ class DFlashProposer(Proposer):
     # ---- Proposer contract
     @torch.inference_mode()
     def start(self, prompt_ids, prompt_taps):
-        self._count = 0
+        self._count, self._pending = 0, []
         self._next_pos = len(prompt_ids)
         if self.vocab is not None:
             # Per request: the shortlist plus this prompt's tokens, gathered once.
@@ -229,5 +242,7 @@ class DFlashProposer(Proposer):
     def commit(self, n_rows, taps):
         if taps and self.window:
             raw = self.drafter.concat_taps(taps)[:n_rows]                                     # [n_rows, n_taps*D]
-            self._append(raw, self._next_pos)
+            self._pending.append((raw, self._next_pos))
+            while sum(r.shape[0] for r, _ in self._pending[1:]) >= self.window:
+                self._pending.pop(0)  # the newest W rows alone reach the window
         self._next_pos += n_rows

@@ -65,6 +65,12 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     """Write our layout; files are replaced atomically."""
     from safetensors.torch import save_file
 
+    from ..row_linear import RowLinear
+
+    if any(isinstance(m, RowLinear) for m in drafter.modules()):
+        # its projections now live as the row kernel's 8-bit blocks: a checkpoint would lack them
+        raise ThorError("dflash: this drafter drafts on the row kernel (a proposer was built from it); "
+                        "save it before building a proposer, or load it again")
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, **asdict(drafter.cfg)}
