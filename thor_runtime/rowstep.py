@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .constraint import RowReads, reads_part, split_reads
 from .exactness import EXACT_ROWS
 from .errors import ThorError
 from .fileio import default_cache_dir
-from .constraint import RowReads, reads_part, split_reads
 from .lowbit_ort import NBitsWeight
 from .lowbit_step import in_calls
 from .threads import FitWatch, adapt_mode
