@@ -218,11 +218,12 @@ def _run_check(tmp_path, name, cc, flags, runner):
 @pytest.mark.parametrize("build", BUILDS[1:], ids=[b[0] for b in BUILDS[1:]])
 def test_kernel_code_paths_agree(build, tmp_path):
     """Each code path (AVX-512/VNNI or whatever this CPU has, AVX2, plain C, NEON dot product
-    under qemu, plain C on aarch64): verify rows are 1-row steps bit for bit, and the logits
-    of a random tiny model equal the native build's to float rounding."""
+    under qemu, plain C on aarch64): verify rows are 1-row steps bit for bit, heads through a
+    row map and a projection's rows keep their bits, and the logits of a random tiny model and
+    a projection's outputs equal the native build's to float rounding."""
     ref = _run_check(tmp_path, *BUILDS[0])
     got = _run_check(tmp_path, *build)
-    assert got.shape == ref.shape == (80,)
+    assert got.shape == ref.shape == (80 + 48,)            # the last step's logits, a projection's outputs
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 

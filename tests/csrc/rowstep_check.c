@@ -1,9 +1,11 @@
 /* A self-check of csrc/rowstep.c on a random tiny model, for any CPU the kernel compiles for
    (tests/test_rowstep.py runs it natively and, where a cross compiler and qemu are installed,
    as aarch64 code). Verifies rows against 1-row steps bit for bit, then prints the logits of
-   the last step, one per line, for the test to compare across builds. Exit 0: rows equal, and
-   a verify asked for some units of the head's outputs writes those with the same bits and
-   leaves every other logit as it was. */
+   the last step and a projection's outputs (rowstep_linear), one per line, for the test to
+   compare across builds. Exit 0: rows equal, a verify asked for some units of the head's
+   outputs writes those with the same bits and leaves every other logit as it was, a head
+   through a row map writes each row's logits where the map says with the same bits, and a
+   projection's rows have the same bits alone and together. */
 #include <stdio.h>
 #include "../../thor_runtime/csrc/rowstep.c"
 
@@ -72,7 +74,30 @@ int main(void) {
             same &= !memcmp(k1 + at, k2 + at, sizeof(float) * (START + T) * DH);
             same &= !memcmp(v1 + at, v2 + at, sizeof(float) * (START + T) * DH);
         }
+    /* the head again on rows {5, 0, 3} the forward left in hs, into logits rows {2, 6, 0} */
+    static float lm[T][V];
+    int64_t from[3] = {5, 0, 3}, to[3] = {2, 6, 0};
+    for (int t = 0; t < T; t++) for (int i = 0; i < V; i++) lm[t][i] = -1e30f;
+    if (rowstep_head_at(e, hs, from, 3, &lm[0][0], to, NULL, 0)) return 2;
+    for (int t = 0; t < T; t++) {
+        int r = t == 2 ? 5 : t == 6 ? 0 : t == 0 ? 3 : -1;
+        for (int i = 0; i < V; i++) same &= r >= 0 ? !memcmp(&lm[t][i], &lv[r][i], sizeof(float)) : lm[t][i] == -1e30f;
+    }
+    /* a projection outside the layers: 5 rows together, then each alone */
+    enum { PN = 48, PK = 64, PM = 5 };
+    static uint8_t pb[PN * PK];
+    static float ps[PN * PK / 32], pm[PN * PK / 32], px[PM][PK], py[PM][PN], p1[PN];
+    fill_proj(pb, ps, pm, PN, PK, 8);
+    for (int r = 0; r < PM; r++) for (int i = 0; i < PK; i++) px[r][i] = urand();
+    void *pj = rowstep_proj_new(pb, ps, pm, PN, PK, 8);
+    if (!pj || rowstep_linear(e, pj, &px[0][0], PM, &py[0][0])) return 2;
+    for (int r = 0; r < PM; r++) {
+        if (rowstep_linear(e, pj, px[r], 1, p1)) return 2;
+        same &= !memcmp(p1, py[r], sizeof p1);
+    }
+    rowstep_proj_free(pj);
     for (int i = 0; i < V; i++) printf("%.7g\n", ls[T - 1][i]);
+    for (int i = 0; i < PN; i++) printf("%.7g\n", py[PM - 1][i]);
     rowstep_free(e);
     fprintf(stderr, same ? "rows equal steps\n" : "rows differ from steps\n");
     return same ? 0 : 1;
