@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .lowbit_ort import NBitsWeight
+from .rowstep import MAX_ROWS
 
 ENV = "THOR_DRAFTER_ROWS"
 
@@ -37,19 +38,17 @@ class RowLinear(nn.Module):
 
     def __init__(self, rows, weight: torch.Tensor | NBitsWeight):
         super().__init__()
-        from .rowstep import MAX_ROWS
-
         w = weight if isinstance(weight, NBitsWeight) else NBitsWeight.from_dense_int8(weight.detach().float())
         if w.bits != 8 or w.corr is not None:
             raise ValueError("RowLinear takes symmetric 8-bit blocks")
         self.out_features, self.in_features = w.shape
         self.rows, self.max_rows = rows, MAX_ROWS
-        # w = s q + m with unsigned codes: m = -128 s (rowstep.c); kept alive for a build that
-        # reads them in place (a regrouping build copies them)
-        self._arrays = (w.blob.contiguous(), w.scale.contiguous(), (-128.0 * w.scale).contiguous())
-        blob, s, m = self._arrays
+        # w = s q + m with unsigned codes: m = -128 s (rowstep.c)
+        blob, s, m = w.blob.contiguous(), w.scale.contiguous(), (-128.0 * w.scale).contiguous()
         self._h = rows._lib.rowstep_proj_new(blob.data_ptr(), s.data_ptr(), m.data_ptr(), self.out_features,
                                              self.in_features, 8)
+        # a regrouping build copied them; one that reads them in place needs them kept
+        self._arrays = None if rows.group else (blob, s, m)
         if not self._h:
             raise MemoryError("rowstep: no memory for a projection's copy of its weights")
 
@@ -76,14 +75,13 @@ class RowLinear(nn.Module):
             self._h = None
 
 
-def head_rows(rows, target, ids: torch.Tensor, dense: torch.Tensor) -> RowLinear:
+def head_rows(rows, target, ids: torch.Tensor, table: torch.Tensor) -> RowLinear:
     """The head's rows ``ids`` on ``rows``: a gather of the target's own 8-bit head blocks where
-    it has them (the bits the target scores with), else ``dense`` [len(ids), D] rounded."""
-    w = getattr(target, "head_w", None)
+    it has them (the bits the target scores with), else those rows of ``table`` [V, D] rounded."""
+    w, at = getattr(target, "head_w", None), ids.cpu()
     if isinstance(w, NBitsWeight) and w.bits == 8 and w.corr is None:
-        at = ids.cpu()
         return RowLinear(rows, NBitsWeight(w.blob.index_select(0, at), w.scale.index_select(0, at), None, 8))
-    return RowLinear(rows, dense)
+    return RowLinear(rows, table.index_select(0, at))
 
 
 def on_rows(drafter, rows) -> None:

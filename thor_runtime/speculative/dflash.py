@@ -177,9 +177,10 @@ class DFlashProposer(Proposer):
         if self.vocab is not None:
             # Per request: the shortlist plus this prompt's tokens, gathered once.
             self._ids = self.vocab.with_tokens(prompt_ids).to(self._pos.device)                # [V']
-            self._head = self.drafter.lm_head_w.index_select(0, self._ids).to(self.drafter.dtype)  # [V', D]
             if self._rows is not None:
-                self._head = head_rows(self._rows, self._target, self._ids, self._head)
+                self._head = head_rows(self._rows, self._target, self._ids, self.drafter.lm_head_w)
+            else:
+                self._head = self.drafter.lm_head_w.index_select(0, self._ids).to(self.drafter.dtype)  # [V', D]
         if self.seed_window and prompt_taps:
             raw = self.drafter.concat_taps(prompt_taps)                                       # [T, n_taps*D]
             T = raw.shape[0]

@@ -28,6 +28,7 @@ from ..config import ModelConfig
 from ..errors import ThorError
 from ..fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
 from ..loading.hf_weights import read_safetensors
+from ..row_linear import RowLinear
 from .dflash_model import DFlashConfig, DFlashDrafter
 from .draft_vocab import FILENAME, load_draft_vocab
 
@@ -64,8 +65,6 @@ def default_tap_layers(num_target_layers: int, n: int) -> tuple[int, ...]:
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
     """Write our layout; files are replaced atomically."""
     from safetensors.torch import save_file
-
-    from ..row_linear import RowLinear
 
     if any(isinstance(m, RowLinear) for m in drafter.modules()):
         # its projections now live as the row kernel's 8-bit blocks: a checkpoint would lack them
