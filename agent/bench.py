@@ -56,17 +56,22 @@ WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "pro
 
 
 def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
-               limit: int | None = None, cases: list[tuple] | None = None) -> list[dict]:
+               limit: int | None = None, cases: list[tuple] | None = None, fresh: bool = False) -> list[dict]:
     """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
+    fresh: every plan starts as in a new `thor plan` process: the runtime's recent prompts
+    forgotten (its pinned starts kept) and a new planner, whose ``auto`` has seen no request.
 
     The specs take turns request by request (each case runs under every spec before the next
     case, the first spec rotating), so a machine whose speed drifts during the run moves
     every spec alike: the ratios between them are paired, not minutes apart. Each spec keeps
     its own planner (``auto`` learns from its own requests only)."""
     cases = plan_cases(limit) if cases is None else cases
-    planners = [Planner(runtime, tokenizer, build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
-                                                              plan_format=plan_format_fingerprint()),
-                        max_tokens=max_tokens, attempts=0) for spec in specs]
+    def planner(spec):
+        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+                                        plan_format=plan_format_fingerprint())
+        return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
+
+    planners = [planner(spec) for spec in specs]
     runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
     turn = 0
     for r in range(repeats):
@@ -74,6 +79,10 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
             for j in range(len(specs)):
                 i = (turn + j) % len(specs)
                 print(f"bench plan: spec={specs[i]} {name}: {task}", file=sys.stderr)
+                if fresh:
+                    if runtime.prefixes is not None:
+                        runtime.prefixes.forget()
+                    planners[i] = planner(specs[i])
                 res = planners[i].plan(task, world, skills)
                 s, run = res.stats, runs[i]
                 run["lat"].append(s["plan_latency_s"])

@@ -176,3 +176,21 @@ def test_bench_plan_says_where_each_plan_went(default_model):
     assert first["prompt_tokens_computed"] > 0 and first["time_prefill_s"] > 0 and first["time_decode_s"] > 0
     # the same request again: its prompt comes from the recent prompts kept in memory
     assert second["prompt_tokens_from_memory"] > 0 and second["prompt_tokens_computed"] < first["prompt_tokens_computed"]
+
+
+def test_bench_plan_fresh_starts_each_plan_as_a_new_process(default_model, tmp_path):
+    """`--plan-start process`: every plan prefills world and task again from the pinned start
+    alone (the recent prompts forgotten), with a new planner; the plans are the same."""
+    from agent.bench import plan_bench, plan_cases
+
+    rt = _runtime(default_model)
+    skills = plan_cases(1)[0][3]
+    attach_prefix(rt, default_model.tokenizer, skills, tmp_path)
+    pinned = len(rt.prefixes.pinned()[0])
+    row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1, fresh=True)[0]
+    for p in row["per_plan"]:
+        assert p["prompt_tokens_from_disk"] == pinned and p["prompt_tokens_from_memory"] == 0
+        assert p["prompt_tokens_computed"] > 0
+    assert len(rt.prefixes) == 1 and len(rt.prefixes.pinned()) == 1     # forget keeps the pinned start
+    kept = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1)[0]
+    assert kept["per_plan"][1]["prompt_tokens_from_memory"] > pinned       # without it, the recent copy

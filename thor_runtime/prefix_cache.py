@@ -73,6 +73,11 @@ class PrefixCache:
         ids = tuple(ids)
         self._pinned = [e for e in self._pinned if e.ids != ids] + [_Entry(ids, cache)]
 
+    def forget(self) -> None:
+        """Drop the recent prompts, keep the pinned starts: what a new process that restored
+        them from disk holds."""
+        self._items.clear()
+
     def pinned(self) -> list[tuple[int, ...]]:
         return [e.ids for e in self._pinned]
 

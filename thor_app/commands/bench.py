@@ -16,7 +16,7 @@ from pathlib import Path
 
 from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES, PlannerSettings
+from thor_runtime.runtime_config import ENGINE_BACKENDS, KV_DTYPES, ModelSettings, PlannerSettings
 from thor_runtime.speculative import SPEC_METHODS
 
 from .bench_report import BENCH_WEIGHTS, device_info
@@ -79,6 +79,11 @@ def register(sub) -> None:
                         "evaluation set's worlds and task wordings (--eval-dir, --eval-limit, default 8 tasks); "
                         "eval = the held-out evaluation (agent/evalsets/): task success, refusals, unsafe plans "
                         "per model")
+    p.add_argument("--plan-start", choices=["whole", "process", "service"], default="whole",
+                   help="--plan (sample, wordings): where each plan's prompt starts from: whole = prefilled whole "
+                        "(--prefix-cache, default 0); process = as a new `thor plan` process: the skills' shared "
+                        "prefix from disk, the rest prefilled, auto with no history; service = as `thor serve`: "
+                        "that prefix and the recent prompts in memory (--prefix-cache, default the service's)")
     p.add_argument("--models", default=None, help="--plan-set eval: comma list of models (default: --model)")
     p.add_argument("--solver", choices=["both", "on", "off"], default="both",
                    help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both")
@@ -171,7 +176,7 @@ def run(args) -> int:
 
         return run_serve(args)
     if args.prefix_cache is None:
-        args.prefix_cache = 0
+        args.prefix_cache = ModelSettings().prefix_cache if args.plan and args.plan_start != "whole" else 0
     if args.plan:
         from .bench_plan import run_plan
 

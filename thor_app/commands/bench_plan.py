@@ -79,8 +79,27 @@ def _plan_config(args, wdt: str, kv: str):
                          model__prefix_cache=args.prefix_cache)
 
 
+def _pin_prefixes(args, config, rt, tokenizer, cases) -> list[dict]:
+    """--plan-start process or service: each skill set's shared prompt start, from disk (or built
+    and stored once), as `thor plan` and `thor serve` attach it."""
+    from thor_app.prefix import attach_prefix, prefix_dir
+
+    if args.plan_start == "whole":
+        return []
+    if rt.prefixes is None:
+        raise ThorError(f"--plan-start {args.plan_start} keeps the shared prefix in the prefix cache: "
+                        "give --prefix-cache 1 or more")
+    out, seen = [], set()
+    for _name, _task, _world, skills in cases:
+        if skills.source not in seen:
+            seen.add(skills.source)
+            info = attach_prefix(rt, tokenizer, skills, prefix_dir(config))
+            out.append({k: v for k, v in info.items() if k != "path"})
+    return out
+
+
 def run_plan(args, specs) -> int:
-    from agent.bench import eval_cases, plan_bench
+    from agent.bench import eval_cases, plan_bench, plan_cases
 
     if args.plan_set == "eval":
         return run_eval(args, specs)
@@ -93,10 +112,14 @@ def run_plan(args, specs) -> int:
     if args.plan_set == "wordings":         # held-out worlds and wordings, timed as the sample ones
         eval_dir, where = _eval_dir(args.eval_dir)
         cases = eval_cases(eval_dir, args.eval_limit or WORDINGS_LIMIT)
+    cases = plan_cases() if cases is None else cases
+    prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
     rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
-                      cases=cases)
+                      cases=cases, fresh=args.plan_start == "process")
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
-           "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_rows": rows, "peak_rss_mb": peak_rss_mb()}
+           "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_start": args.plan_start,
+           "prefix_cache": args.prefix_cache, "shared_prefixes": prefixes, "plan_rows": rows,
+           "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
