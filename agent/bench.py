@@ -64,14 +64,19 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     The specs take turns request by request (each case runs under every spec before the next
     case, the first spec rotating), so a machine whose speed drifts during the run moves
     every spec alike: the ratios between them are paired, not minutes apart. Each spec keeps
-    its own planner (``auto`` learns from its own requests only)."""
+    its own planner (``auto`` learns from its own requests only) and, unless fresh, its own
+    recent prompts, as a service running it alone would: a prompt one spec prefilled does not
+    start warm for the next (and a DFlash request needs taps that a lookup one does not keep)."""
     cases = plan_cases(limit) if cases is None else cases
+
     def planner(spec):
         speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
                                         plan_format=plan_format_fingerprint())
         return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
 
     planners = [planner(spec) for spec in specs]
+    shared = runtime.prefixes
+    memories = [shared.sibling() if shared is not None else None for _ in specs]
     runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
     turn = 0
     for r in range(repeats):
@@ -79,9 +84,10 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
             for j in range(len(specs)):
                 i = (turn + j) % len(specs)
                 print(f"bench plan: spec={specs[i]} {name}: {task}", file=sys.stderr)
+                runtime.prefixes = memories[i]
                 if fresh:
-                    if runtime.prefixes is not None:
-                        runtime.prefixes.forget()
+                    if memories[i] is not None:
+                        memories[i].forget()
                     planners[i] = planner(specs[i])
                 res = planners[i].plan(task, world, skills)
                 s, run = res.stats, runs[i]
@@ -94,6 +100,7 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                     run["valid"] += bool(res.valid)
                     run["plans"].append(res.text)
             turn += 1
+    runtime.prefixes = shared
     rows = []
     for spec, run in zip(specs, runs):
         lat = run["lat"]

@@ -103,20 +103,27 @@ class _Seeded:
 def test_drafter_seed_rows_come_from_an_entry_that_kept_them(tiny_llama):
     """The prompt tail whose taps seed the drafter's window is prefilled unless the entry holding
     the shared start kept the taps of those rows: then only the rows after the shared start run,
-    and the window gets the same taps a whole prefill gives."""
+    and the window gets the same taps a whole prefill gives. An entry keeps TAP_MARGIN rows more
+    than the window, so a prompt whose window starts a little earlier is covered too."""
+    from thor_runtime.generate import TAP_MARGIN
+
     m = tiny_llama.model
     rt = Runtime(m, tiny_llama.tokenizer, prefix_cache=2)
     a, b, _ = _prompts(m.cfg.vocab_size)                    # 48 shared, then 9 and 6 of their own
     c = a[:48] + [int(t) for t in torch.randint(5, m.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(9))]
     p = _Seeded()
     sp = dataclasses.replace(build_speculation(SpecOptions(method="none"), m), proposer=p, k=4)
-    rt.generate(a, GREEDY, sp)                              # keeps the taps of a's rows 37..56
-    r = rt.generate(b, GREEDY, sp)                          # b's seed rows start at 34: not kept
-    assert r.stats.cached_prompt_tokens == len(b) - 20 and p.seed_taps == 20
-    rt.prefixes = PrefixCache(2)
-    rt.generate(a, GREEDY, sp)
-    r = rt.generate(c, GREEDY, sp)                          # c's start at 40: kept from 40 to 48
+    assert len(a) - 20 - TAP_MARGIN <= 34
+    rt.generate(a, GREEDY, sp)                              # keeps the taps of a's rows from 57 - 20 - margin
+    r = rt.generate(b, GREEDY, sp)                          # b's seed rows start at 34: kept by the margin
     assert r.stats.cached_prompt_tokens == 48 and p.seed_taps == 20
+    warm_b = p.taps[0]
+    cold_b = Runtime(m, tiny_llama.tokenizer).generate(b, GREEDY, sp)
+    assert torch.allclose(warm_b, p.taps[0], atol=1e-5) and cold_b.token_ids == r.token_ids
+    rt.prefixes = PrefixCache(2)
+    rt.generate(a, GREEDY)                                  # no drafter: its copy keeps no taps
+    r = rt.generate(c, GREEDY, sp)                          # c's seed rows start at 40: not kept
+    assert r.stats.cached_prompt_tokens == 40 and p.seed_taps == 20
     warm_taps = p.taps[0]
     cold = Runtime(m, tiny_llama.tokenizer).generate(c, GREEDY, sp)       # no cache: all 60 rows run
     cold_taps = p.taps[0]

@@ -28,6 +28,9 @@ from .speculative.accept import (accept_greedy, accept_relaxed_at, accept_sampli
 from .stats import Stats
 from .target import Target
 
+# rows of drafter taps a kept prompt holds beyond the drafter's seed window (prefix_cache.py)
+TAP_MARGIN = 64
+
 
 @dataclass
 class Result:
@@ -187,12 +190,16 @@ class Runtime:
                                                                   P - seed_rows if seed_rows else None)
                                      if self.prefixes is not None else (0, {}))
                 stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
-            out = self._prefill(ids[reused:], cache, taps, min(seed_rows, P - reused), on_prefill)
-            seed = ({i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()} if head_taps
-                    else out.taps) or None                                       # layer -> [seed_rows, D]
+            # the kept copy holds the taps of TAP_MARGIN rows more than the seed: the next task in
+            # the same world differs by a few tokens, so its seed rows start a little earlier
+            kept_rows = min(seed_rows + TAP_MARGIN, P) if seed_rows and self.prefixes is not None else seed_rows
+            out = self._prefill(ids[reused:], cache, taps, min(kept_rows, P - reused), on_prefill)
+            kept = ({i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()} if head_taps
+                    else out.taps) or None                                       # layer -> [>= seed_rows, D]
+            seed = {i: t[-seed_rows:] for i, t in kept.items()} if kept else None   # layer -> [seed_rows, D]
             if self.prefixes is not None:
                 with self._shared:
-                    self.prefixes.store(prompt_ids, cache, seed)
+                    self.prefixes.store(prompt_ids, cache, kept)
             stats.cached_prompt_tokens = reused
             drafting = self._drafting(proposer)
             if proposer is not None:

@@ -78,6 +78,13 @@ class PrefixCache:
         them from disk holds."""
         self._items.clear()
 
+    def sibling(self) -> "PrefixCache":
+        """An empty cache of the same size sharing this one's pinned starts (read-only, so shared
+        safely): another service's memory on the same stored prefixes."""
+        other = PrefixCache(self.entries, self.min_tokens)
+        other._pinned = list(self._pinned)
+        return other
+
     def pinned(self) -> list[tuple[int, ...]]:
         return [e.ids for e in self._pinned]
 
