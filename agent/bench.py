@@ -79,28 +79,30 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     memories = [shared.sibling() if shared is not None else None for _ in specs]
     runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
     turn = 0
-    for r in range(repeats):
-        for name, task, world, skills in cases:
-            for j in range(len(specs)):
-                i = (turn + j) % len(specs)
-                print(f"bench plan: spec={specs[i]} {name}: {task}", file=sys.stderr)
-                runtime.prefixes = memories[i]
-                if fresh:
-                    if memories[i] is not None:
-                        memories[i].forget()
-                    planners[i] = planner(specs[i])
-                res = planners[i].plan(task, world, skills)
-                s, run = res.stats, runs[i]
-                run["lat"].append(s["plan_latency_s"])
-                run["dec"].append(s["decode_tok_s"])
-                run["acc"].append(s["accept_length_mean"])
-                run["where"].append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
-                if r == 0:
-                    run["jf"] += s["jump_forward_tokens"]
-                    run["valid"] += bool(res.valid)
-                    run["plans"].append(res.text)
-            turn += 1
-    runtime.prefixes = shared
+    try:
+        for r in range(repeats):
+            for name, task, world, skills in cases:
+                for j in range(len(specs)):
+                    i = (turn + j) % len(specs)
+                    print(f"bench plan: spec={specs[i]} {name}: {task}", file=sys.stderr)
+                    runtime.prefixes = memories[i]
+                    if fresh:
+                        if memories[i] is not None:
+                            memories[i].forget()
+                        planners[i] = planner(specs[i])
+                    res = planners[i].plan(task, world, skills)
+                    s, run = res.stats, runs[i]
+                    run["lat"].append(s["plan_latency_s"])
+                    run["dec"].append(s["decode_tok_s"])
+                    run["acc"].append(s["accept_length_mean"])
+                    run["where"].append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
+                    if r == 0:
+                        run["jf"] += s["jump_forward_tokens"]
+                        run["valid"] += bool(res.valid)
+                        run["plans"].append(res.text)
+                turn += 1
+    finally:                              # the runtime's own memory back, whatever happened
+        runtime.prefixes = shared
     rows = []
     for spec, run in zip(specs, runs):
         lat = run["lat"]
