@@ -67,10 +67,21 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     assert b["plans_identical"] is True and b["tasks"] == len(LOAD_TASKS)
     assert [r["clients"] for r in b["levels"]] == [1, 2] and all(r["req_per_s_ratio"] > 0 for r in b["levels"])
 
+    # the cores' ceiling: rows a plan needs (generated + computed prompt tokens) at the cheapest
+    # measured seconds a row, beside 2x one-at-a-time's rate at the goal's client count (2 here: none)
+    c = doc["ceiling"]
+    rows = [p["generated_tokens"] + p["prompt_tokens_computed"] for p in pairs]
+    assert c["plans"] == len(pairs) and c["rows_per_plan"] == pytest.approx(statistics.mean(rows), abs=0.05)
+    assert c["context"] == round(statistics.mean(p["prompt_tokens"] for p in pairs))
+    assert set(c["s_per_row"]) == {"4", "8", "16", "32", "64"} and c["best_s_per_row"] == min(c["s_per_row"].values())
+    assert c["s_per_row"][str(c["best_rows"])] == c["best_s_per_row"] > 0
+    assert c["plans_per_s"] == pytest.approx(1 / (c["rows_per_plan"] * c["best_s_per_row"]), rel=2e-3)
+    assert "goal_plans_per_s" not in c
+
     md = out.with_suffix(".md").read_text()
     assert f"| prefix_cache | {ModelSection().prefix_cache} | {ModelSection().prefix_cache} |" in md
     assert "| overhead (HTTP / in-process - 1), median of pairs |" in md and "| clients | requests |" in md
-    assert "req/s ratio" in md
+    assert "req/s ratio" in md and f"compute ceiling: {c['plans_per_s']} plans/s" in md
     assert md in capsys.readouterr().out
 
 
@@ -81,3 +92,17 @@ def test_sides_on_different_settings_are_refused():
         check_same_settings(a, {**a, "prefix_cache": 0})
     with pytest.raises(ThorError, match="reported none"):
         check_same_settings({}, {})
+
+
+def test_the_ceiling_sets_the_goal_against_one_at_a_time_at_four_clients():
+    from thor_app.commands.bench_ceiling import against, ceiling
+
+    floor = {"context": 900, "s_per_row": {"16": 0.001}, "best_rows": 16, "best_s_per_row": 0.001}
+    stats = [{"generated_tokens": 140, "prompt_tokens_computed": 10},
+             {"generated_tokens": 90, "prompt_tokens_computed": 10}]
+    c = ceiling(floor, stats)
+    assert c["rows_per_plan"] == 125 and c["plans_per_s"] == 8.0
+    one = [{"clients": 1, "req_per_s": 3.0}, {"clients": 4, "req_per_s": 2.5}]
+    g = against(c, one)
+    assert g["goal_clients"] == 4 and g["goal_plans_per_s"] == 5.0 and g["ceiling_over_goal"] == 1.6
+    assert against(c, one[:1]) == c                  # no 4-client level: nothing to weigh

@@ -218,7 +218,8 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
                     "server_reported_s": round(st["plan_latency_s"] + st["grammar_compile_s"], 4),
                     "same_plan": doc["plan"] == res.plan and doc["valid"] == res.valid
                     and st["generated_tokens"] == res.stats["generated_tokens"],
-                    "generated_tokens": st["generated_tokens"]})
+                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
+                    "prompt_tokens_computed": st["prompt_tokens_computed"]})
         for r in range(repeats):
             if r % 2 == 0:
                 h, i = await _http_ttft(s, base), inproc.ttft()
@@ -310,6 +311,9 @@ def markdown(doc: dict) -> str:
                    f"{o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | {ratio.get(r['clients'])} |")
     out += ["", f"p99 at 4 clients / p50 at 1 client (batched): {cmp['p99_4_over_p50_1']}; "
             f"every task answered with one plan in both modes: {cmp['plans_identical']} ({cmp['tasks']} tasks)"]
+    if doc.get("ceiling"):
+        from .bench_ceiling import markdown_line
+        out += ["", markdown_line(doc["ceiling"])]
     return "\n".join(out) + "\n"
 
 
@@ -361,6 +365,7 @@ def run_serve(args) -> int:
     from thor_app.server.config import LimitsSection, load_config
     from thor_runtime.runtime_config import ModelSettings
 
+    from .bench_ceiling import against, ceiling, row_floor
     from .bench_report import device_info
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
@@ -390,6 +395,9 @@ def run_serve(args) -> int:
             _log(f"{args.repeats} x {len(TASKS)} paired plans and {args.repeats} paired TTFTs ...")
             pairs, ttft = asyncio.run(_paired(base, inproc, world, args.max_tokens, args.repeats))
             local = inproc.settings
+            _log("the cores' ceiling: seconds per verify row at a plan's context ...")
+            context = round(statistics.mean(p["prompt_tokens"] for p in pairs))
+            ceil = ceiling(row_floor(inproc.hosted.runtime, context), pairs)
             del inproc                                    # its memory: not beside the load runs
             rows = _level_rows(base, levels, args.repeats, world, args.max_tokens, plans, "batched", warm)
             proc.terminate()
@@ -411,7 +419,8 @@ def run_serve(args) -> int:
            "batch": batch, "load_tasks": list(LOAD_TASKS),
            "settings": {"server": served, "in_process": local, "identical": served == local},
            "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows,
-           "levels_one_at_a_time": one, "warm_plans": warm, "batching": compare_levels(rows, one, plans)}
+           "levels_one_at_a_time": one, "warm_plans": warm, "batching": compare_levels(rows, one, plans),
+           "ceiling": against(ceil, one)}
     out = Path(args.json_out)
     out.write_text(json.dumps(doc, indent=1))
     md = out.with_suffix(".md")

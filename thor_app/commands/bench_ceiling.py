@@ -1,0 +1,73 @@
+"""`thor bench --serve`'s ceiling: the most plans/s any batching could give on this machine.
+
+A verified row commits at most one token and a computed prompt token costs a row too, so a plan
+needs at least (tokens generated + prompt tokens computed) rows, whoever shares its forwards.
+The cheapest a row gets is the best seconds per row of one forward at a plan's context, over
+the widths a shared round can take, with logits read by id as most of a plan's rows read them.
+One over (rows per plan x that) is a plans/s no scheduler passes: it leaves out every rejected
+draft, the drafter, the grammar and the Python between rounds, which only add to a plan's time.
+Where it is below what a goal asks (2x one-at-a-time serving), batching cannot meet the goal
+on these cores."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+WIDTHS = (4, 8, 16, 32, 64)      # rows of one forward: a lone verify up to four sequences' rounds
+READ_IDS = 64                    # logits a row reads by id (as cost.py times them)
+REPEATS = 5                      # the fastest of these per width: a busy moment only adds time
+
+
+def row_floor(runtime, context: int, widths=WIDTHS, repeats: int = REPEATS) -> dict:
+    """Seconds per row of one verify of R rows at ``context`` cached tokens, R in ``widths``
+    (the runtime's own verify, as a request's rounds run it), and the cheapest of them."""
+    model, top = runtime.model, max(widths)
+    vocab = model.cfg.vocab_size
+    ids = torch.arange(context + top, dtype=torch.long) * 7919 % vocab                 # [context + top]
+    cache = runtime.decode.cache(runtime.new_cache, context + top, top)
+    model.prefill(ids[:context], cache, runtime.prefill_chunk)
+    cols = np.arange(min(READ_IDS, vocab), dtype=np.int64)                               # [n] ascending
+    per_row = {}
+    for R in widths:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            runtime.verify(ids[context:context + R], cache, cols=cols)
+            best = min(best, time.perf_counter() - t)
+            cache.crop(context)
+        per_row[R] = best / R
+    runtime.decode.release(cache)
+    rows = min(per_row, key=per_row.get)
+    return {"context": context, "s_per_row": {str(r): round(s, 6) for r, s in per_row.items()},
+            "best_rows": rows, "best_s_per_row": round(per_row[rows], 6)}
+
+
+def ceiling(floor: dict, plan_stats: list[dict]) -> dict:
+    """The plans/s ceiling from ``row_floor``'s result and the plans' stats (generated and
+    computed prompt tokens, as a plan's result reports them)."""
+    rows = [s["generated_tokens"] + s["prompt_tokens_computed"] for s in plan_stats]
+    per_plan = sum(rows) / len(rows)
+    return {**floor, "plans": len(rows), "rows_per_plan": round(per_plan, 1),
+            "plans_per_s": round(1.0 / (per_plan * floor["best_s_per_row"]), 3)}
+
+
+def against(ceil: dict, one_at_a_time: list[dict], clients: int = 4, goal: float = 2.0) -> dict:
+    """The ceiling beside what the goal asks: ``goal`` times one-at-a-time plans/s at ``clients``."""
+    row = next((r for r in one_at_a_time if r["clients"] == clients), None)
+    if row is None:
+        return ceil
+    asked = goal * row["req_per_s"]
+    return {**ceil, "goal_clients": clients, "goal_plans_per_s": round(asked, 3),
+            "ceiling_over_goal": round(ceil["plans_per_s"] / asked, 3)}
+
+
+def markdown_line(ceil: dict) -> str:
+    line = (f"compute ceiling: {ceil['plans_per_s']} plans/s ({ceil['rows_per_plan']} rows a plan at "
+            f"{ceil['best_s_per_row'] * 1e3:.3f} ms a row, the cheapest width {ceil['best_rows']} at context "
+            f"{ceil['context']})")
+    if "goal_plans_per_s" in ceil:
+        line += (f"; 2x one-at-a-time at {ceil['goal_clients']} clients asks {ceil['goal_plans_per_s']} "
+                 f"(ceiling / asked: {ceil['ceiling_over_goal']})")
+    return line
