@@ -76,6 +76,10 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     assert set(c["s_per_row"]) == {"4", "8", "16", "32", "64"} and c["best_s_per_row"] == min(c["s_per_row"].values())
     assert c["s_per_row"][str(c["best_rows"])] == c["best_s_per_row"] > 0
     assert c["plans_per_s"] == pytest.approx(1 / (c["rows_per_plan"] * c["best_s_per_row"]), rel=2e-3)
+    other = statistics.mean(p["drafter_and_between_s"] for p in pairs)
+    assert c["drafter_and_between_s"] == pytest.approx(other, abs=1e-4) and other > 0
+    assert c["plans_per_s_with_them"] == pytest.approx(
+        1 / (c["rows_per_plan"] * c["best_s_per_row"] + other), rel=5e-3) and c["plans_per_s_with_them"] < c["plans_per_s"]
     assert "goal_plans_per_s" not in c
 
     md = out.with_suffix(".md").read_text()
@@ -98,11 +102,13 @@ def test_the_ceiling_sets_the_goal_against_one_at_a_time_at_four_clients():
     from thor_app.commands.bench_ceiling import against, ceiling
 
     floor = {"context": 900, "s_per_row": {"16": 0.001}, "best_rows": 16, "best_s_per_row": 0.001}
-    stats = [{"generated_tokens": 140, "prompt_tokens_computed": 10},
-             {"generated_tokens": 90, "prompt_tokens_computed": 10}]
+    stats = [{"generated_tokens": 140, "prompt_tokens_computed": 10, "drafter_and_between_s": 0.1},
+             {"generated_tokens": 90, "prompt_tokens_computed": 10, "drafter_and_between_s": 0.05}]
     c = ceiling(floor, stats)
     assert c["rows_per_plan"] == 125 and c["plans_per_s"] == 8.0
+    assert c["drafter_and_between_s"] == 0.075 and c["plans_per_s_with_them"] == 5.0
     one = [{"clients": 1, "req_per_s": 3.0}, {"clients": 4, "req_per_s": 2.5}]
     g = against(c, one)
     assert g["goal_clients"] == 4 and g["goal_plans_per_s"] == 5.0 and g["ceiling_over_goal"] == 1.6
+    assert g["with_them_over_goal"] == 1.0
     assert against(c, one[:1]) == c                  # no 4-client level: nothing to weigh

@@ -219,7 +219,8 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
                     "same_plan": doc["plan"] == res.plan and doc["valid"] == res.valid
                     and st["generated_tokens"] == res.stats["generated_tokens"],
                     "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
-                    "prompt_tokens_computed": st["prompt_tokens_computed"]})
+                    "prompt_tokens_computed": st["prompt_tokens_computed"],
+                    "drafter_and_between_s": round(st["time_draft_s"] + st["time_rest_s"], 6)})
         for r in range(repeats):
             if r % 2 == 0:
                 h, i = await _http_ttft(s, base), inproc.ttft()
