@@ -8,8 +8,8 @@ One over (rows per plan x that) is a plans/s no scheduler passes: it leaves out 
 draft, the drafter, the grammar and the Python between rounds, which only add to a plan's time.
 A second figure adds what a plan spent outside its verifies while decoding (its drafter's
 forwards and the grammar, selection and cache upkeep between them, from the plan's own stats),
-which each sequence still does for itself when rounds are shared. Where these are below what a goal asks (2x one-at-a-time serving), batching cannot meet the goal
-on these cores."""
+which each sequence still does for itself when rounds are shared. Where these are below what
+a goal asks (2x one-at-a-time serving), batching cannot meet the goal on these cores."""
 from __future__ import annotations
 
 import time
@@ -42,8 +42,8 @@ def row_floor(runtime, context: int, widths=WIDTHS, repeats: int = REPEATS) -> d
         per_row[R] = best / R
     runtime.decode.release(cache)
     rows = min(per_row, key=per_row.get)
-    return {"context": context, "s_per_row": {str(r): round(s, 6) for r, s in per_row.items()},
-            "best_rows": rows, "best_s_per_row": round(per_row[rows], 6)}
+    return {"context": context, "s_per_row": {str(r): s for r, s in per_row.items()},
+            "best_rows": rows, "best_s_per_row": per_row[rows]}
 
 
 def ceiling(floor: dict, plan_stats: list[dict]) -> dict:
