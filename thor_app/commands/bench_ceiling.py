@@ -12,35 +12,20 @@ which each sequence still does for itself when rounds are shared. Where these ar
 a goal asks (2x one-at-a-time serving), batching cannot meet the goal on these cores."""
 from __future__ import annotations
 
-import time
-
-import numpy as np
-import torch
+from thor_runtime.speculative.cost import timed_verifies, verify_calls
 
 WIDTHS = (4, 8, 16, 32, 64)      # rows of one forward: a lone verify up to four sequences' rounds
-READ_IDS = 64                    # logits a row reads by id (as cost.py times them)
-REPEATS = 5                      # the fastest of these per width: a busy moment only adds time
 
 
-def row_floor(runtime, context: int, widths=WIDTHS, repeats: int = REPEATS) -> dict:
-    """Seconds per row of one verify of R rows at ``context`` cached tokens, R in ``widths``
-    (the runtime's own verify, as a request's rounds run it), and the cheapest of them."""
-    model, top = runtime.model, max(widths)
-    vocab = model.cfg.vocab_size
-    ids = torch.arange(context + top, dtype=torch.long) * 7919 % vocab                 # [context + top]
-    cache = runtime.decode.cache(runtime.new_cache, context + top, top)
-    model.prefill(ids[:context], cache, runtime.prefill_chunk)
-    cols = np.arange(min(READ_IDS, vocab), dtype=np.int64)                               # [n] ascending
-    per_row = {}
-    for R in widths:
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            runtime.verify(ids[context:context + R], cache, cols=cols)
-            best = min(best, time.perf_counter() - t)
-            cache.crop(context)
-        per_row[R] = best / R
-    runtime.decode.release(cache)
+def row_floor(runtime, context: int, widths=WIDTHS) -> dict:
+    """Seconds per row of one verify of R rows at ``context`` cached tokens, R in ``widths``, with
+    logits read by id (the verify cost curve's timing, speculative/cost.py), and the cheapest."""
+    cache = runtime.decode.cache(runtime.new_cache, context + verify_calls(widths) + max(widths), max(widths))
+    try:
+        _, by_id = timed_verifies(runtime, cache, context, widths)
+    finally:
+        runtime.decode.release(cache)
+    per_row = {r: s / r for r, s in zip(widths, by_id)}
     rows = min(per_row, key=per_row.get)
     return {"context": context, "s_per_row": {str(r): s for r, s in per_row.items()},
             "best_rows": rows, "best_s_per_row": per_row[rows]}

@@ -166,42 +166,50 @@ def read_cached(path: Path, key: dict) -> CostCurve | None:
 def measure(rt, rows: int) -> CostCurve:
     """Time ``rt.verify`` for 1..rows rows at ``CONTEXT`` cached tokens (see the module doc)."""
     m = rt.model
-    calls = (MAX_ROUNDS + 1) * rows * 2                        # each keeps its anchor row, as a cycle does
+    calls = verify_calls(range(rows))
     ctx = max(1, min(CONTEXT, m.cfg.max_position_embeddings - calls - rows - 1))
     cache = rt.decode.cache(rt.new_cache, ctx + calls, rows - 1)
     try:
-        full, by_id = _timed(rt, cache, ctx, rows)
+        full, by_id = timed_verifies(rt, cache, ctx, range(1, rows + 1))
         return normalise(full, by_id=by_id)
     finally:
         rt.decode.release(cache)
 
 
-def _timed(rt, cache, ctx: int, rows: int) -> tuple[list[float], list[float]]:
-    """The fastest of each verify's timings, R = 1 .. rows, on ``cache`` (empty) at ``ctx``
-    tokens: every logit, and ``READ_IDS`` of them (spread over the vocabulary)."""
+def verify_calls(widths) -> int:
+    """Verifies ``timed_verifies`` may run over ``widths``: each leaves its anchor row in the
+    cache, as a cycle does, so the cache needs this many rows beyond the context and the widest."""
+    return (MAX_ROUNDS + 1) * len(widths) * 2
+
+
+def timed_verifies(rt, cache, ctx: int, widths) -> tuple[list[float], list[float]]:
+    """The fastest of each verify's timings, one per row count in ``widths``, on ``cache``
+    (empty) at ``ctx`` tokens: every logit, and ``READ_IDS`` of them (spread over the vocabulary)."""
     m = rt.model
+    widths = list(widths)
     vocab = m.cfg.vocab_size
-    ids = (torch.arange(ctx + rows, dtype=torch.long) * 7919 + 13) % vocab          # [ctx + rows], any tokens
+    ids = (torch.arange(ctx + max(widths), dtype=torch.long) * 7919 + 13) % vocab   # [ctx + rows], any tokens
     few = np.unique(np.linspace(0, vocab - 1, min(READ_IDS, vocab)).astype(np.int64))  # [n] ascending
     with torch.inference_mode():
         m.prefill(ids[:ctx], cache, rt.prefill_chunk)
-        seconds = {c: [[] for _ in range(rows)] for c in (False, True)}
+        seconds = {c: [[] for _ in widths] for c in (False, True)}
         pos, spent, start = ctx, 0.0, time.perf_counter()
         for rnd in range(MAX_ROUNDS + 1):                      # round 0 warms each shape up
             if (rnd > REPEATS and spent >= MIN_S) or (rnd > 1 and time.perf_counter() - start > MAX_S):
                 break
             # every other round backwards, so a drift in the machine's speed does not tilt the curve
-            for r in (range(1, rows + 1) if rnd % 2 else range(rows, 0, -1)):
+            order = range(len(widths)) if rnd % 2 else range(len(widths) - 1, -1, -1)
+            for j in order:
                 for by_id in (False, True):
                     t0 = time.perf_counter()
-                    out = rt.verify(ids[ctx:ctx + r], cache, cols=few if by_id else None)   # logits [r, V]
+                    out = rt.verify(ids[ctx:ctx + widths[j]], cache, cols=few if by_id else None)   # logits [r, V]
                     if out.logits.is_cuda:
                         torch.cuda.synchronize(out.logits.device)
                     dt = time.perf_counter() - t0
                     pos += 1
                     cache.crop(pos)                            # the anchor stays, the drafts go
                     if rnd:
-                        seconds[by_id][r - 1].append(dt)
+                        seconds[by_id][j].append(dt)
                         spent += dt
     return [min(s) for s in seconds[False]], [min(s) for s in seconds[True]]
 
