@@ -55,7 +55,8 @@ def read_ids(allowed: np.ndarray | None) -> np.ndarray | RowReads | None:
     if allowed is None:
         return None
     limit = READ_SHARE * allowed.shape[1]
-    wide = np.count_nonzero(allowed, axis=1) > limit                                        # [R]
+    # a row at a time: count_nonzero with an axis takes ~10x as long over [16, 152 k]
+    wide = np.array([np.count_nonzero(row) for row in allowed]) > limit                      # [R]
     if wide.all():
         return None
     ids = np.flatnonzero(allowed[~wide].any(axis=0) if wide.any() else allowed.any(axis=0))

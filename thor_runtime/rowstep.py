@@ -141,6 +141,16 @@ def _bind(path: Path):
     lib.rowstep_linear.argtypes = [_P, _P, _P, _I, _P]
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
+    lib.rowstep_dflash_new.restype = _P                  # a drafter's forwards (speculative/dflash_rows.py)
+    lib.rowstep_dflash_new.argtypes = [_I] * 6 + [_F, _P, _P, _P]
+    lib.rowstep_dflash_set_layer.argtypes = [_P, _I] + [_P] * 9
+    lib.rowstep_dflash_free.argtypes = [_P]
+    lib.rowstep_dflash_fits.restype = _I
+    lib.rowstep_dflash_fits.argtypes = [_P, _P]
+    lib.rowstep_dflash_append.restype = _I
+    lib.rowstep_dflash_append.argtypes = [_P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _P]
+    lib.rowstep_dflash_block.restype = _I
+    lib.rowstep_dflash_block.argtypes = [_P, _P, _P, _I, _I, _P, _I, _I, _P, _P]
     return lib
 
 

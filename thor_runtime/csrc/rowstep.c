@@ -349,3 +349,5 @@ int rowstep_linear(void *hd, const void *pp, const float *x, int M, float *y) {
     pool_active(&e->pool, 0);
     return 0;
 }
+
+#include "rowstep_dflash.h"   /* a DFlash drafter's block and window updates on this engine */

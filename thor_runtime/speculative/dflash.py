@@ -96,6 +96,8 @@ class DFlashProposer(Proposer):
         self.gen = torch.Generator(device=drafter.embed_w.device)
         self.gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
         self.vocab = None if full_vocab else drafter.draft_vocab
+        # the block and window updates as row-kernel calls (dflash_rows.py), where they fit
+        self._fast = drafter.row_block if self._rows is not None and self.window > 0 else None
         self._ids: torch.Tensor | None = None      # [V'] token ids the head scores (None = all)
         self._head: torch.Tensor | None = None     # [V', D] their lm_head rows
         self._alloc()
@@ -120,11 +122,13 @@ class DFlashProposer(Proposer):
     def _alloc(self) -> None:
         c, W = self.drafter.cfg, self.window
         dev, dt = self.drafter.embed_w.device, self.drafter.dtype
+        # the C block writes its own K/V after the window's entries: block_size slots more
+        S = W + (self.block_size if self._fast is not None else 0)
         with torch.inference_mode():
             self._feats = torch.zeros(W, c.hidden_size, dtype=dt, device=dev)                  # [W, D]
             self._pos = torch.zeros(W, dtype=torch.long, device=dev)                          # [W]
-            self._kv = torch.zeros(c.num_layers, 2, c.num_kv_heads, W, c.head_dim, dtype=dt,
-                                   device=dev)                                                # [L, 2, Hkv, W, Dh]
+            self._kv = torch.zeros(c.num_layers, 2, c.num_kv_heads, S, c.head_dim, dtype=dt,
+                                   device=dev)                                                # [L, 2, Hkv, S, Dh]
         self._count = 0       # entries ever appended (ring write cursor = count % W)
         self._next_pos = 0    # absolute position of the next token to commit
         # committed rows not yet in the window: (raw taps [n, n_taps*D], first position). They go
@@ -149,12 +153,15 @@ class DFlashProposer(Proposer):
             raw, first_pos, n = raw[n - W:], first_pos + n - W, W
         d = self.drafter
         pos = torch.arange(first_pos, first_pos + n, device=self._pos.device)                 # [n]
-        feats = d.project(raw)                                                                # [n, D]
-        kv = d.context_kv(feats, pos)                                                         # [L, 2, Hkv, n, Dh]
         slots = (torch.arange(n, device=self._pos.device) + self._count) % W                  # [n]
-        self._feats.index_copy_(0, slots, feats)
+        if self._fast is not None:
+            self._fast.append(raw, pos, slots, self._kv, self._feats)
+        else:
+            feats = d.project(raw)                                                            # [n, D]
+            kv = d.context_kv(feats, pos)                                                     # [L, 2, Hkv, n, Dh]
+            self._feats.index_copy_(0, slots, feats)
+            self._kv[:, :, :, :W].index_copy_(3, slots, kv)
         self._pos.index_copy_(0, slots, pos)
-        self._kv.index_copy_(3, slots, kv)
         self._count += n
 
     @property
@@ -216,7 +223,10 @@ class DFlashProposer(Proposer):
         if k <= 0:
             return [], None, none
         n = self.window_len
-        if self._block is not None:
+        if self._fast is not None:
+            hn = self._fast.block(self._block_rows(seq[anchor_pos]), anchor_pos, self._kv, n)  # [B, D]
+            logits = self.drafter.score(hn[1:m + k + 1], self._head)[m:]                      # [k, V']
+        elif self._block is not None:
             hn = self._block.run(seq[anchor_pos], anchor_pos, n)[:m + k]                      # [m+k, D]
             logits = self.drafter.score(hn, self._head)[m:]                                   # [k, V']
         else:
@@ -238,6 +248,13 @@ class DFlashProposer(Proposer):
         full = q.new_zeros(k, self.drafter.lm_head_w.shape[0])                                # [k, V]
         full.index_copy_(1, self._ids, q)     # q is zero off the shortlist: those are never drafted
         return self._ids[drafts].tolist(), full, conf
+
+    def _block_rows(self, anchor_id: int) -> torch.Tensor:
+        """[B, D]: the anchor's embedding, then the mask token's (draft_block's input)."""
+        d = self.drafter
+        if d._mask_emb is None:
+            d._mask_emb = d.embed_w[d.cfg.mask_token_id].to(d.dtype)                         # [D]
+        return torch.cat([d.embed_w[anchor_id].to(d.dtype)[None], d._mask_emb.expand(self.block_size - 1, -1)])
 
     @torch.inference_mode()
     def commit(self, n_rows, taps):
