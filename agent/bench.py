@@ -56,10 +56,13 @@ WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "pro
 
 
 def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
-               limit: int | None = None, cases: list[tuple] | None = None, fresh: bool = False) -> list[dict]:
+               limit: int | None = None, cases: list[tuple] | None = None, fresh: bool = False,
+               shelves: list | None = None) -> list[dict]:
     """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
     fresh: every plan starts as in a new `thor plan` process: the runtime's recent prompts
     forgotten (its pinned starts kept) and a new planner, whose ``auto`` has seen no request.
+    shelves: one world-start shelf per spec (thor_runtime/prefix_shelf.py; empty at the start),
+    written after each plan as `thor plan` does once its plan is out, or None: none.
 
     The specs take turns request by request (each case runs under every spec before the next
     case, the first spec rotating), so a machine whose speed drifts during the run moves
@@ -72,7 +75,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     def planner(spec):
         speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
                                         plan_format=plan_format_fingerprint())
-        return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0)
+        return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0,
+                       shelf=shelves[specs.index(spec)] if shelves else None)
 
     planners = [planner(spec) for spec in specs]
     shared = runtime.prefixes
@@ -91,6 +95,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                             memories[i].forget()
                         planners[i] = planner(specs[i])
                     res = planners[i].plan(task, world, skills)
+                    if shelves:
+                        shelves[i].flush()
                     s, run = res.stats, runs[i]
                     run["lat"].append(s["plan_latency_s"])
                     run["dec"].append(s["decode_tok_s"])

@@ -32,7 +32,7 @@ from .free_text import drop_free_text, trailing_free_text
 from .goal_choice import INFEASIBLE, REACHABLE, UNREACHED, Candidate, Choice, GoalChooser
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
-from .prompt import build_messages
+from .prompt import build_messages, system_prompt
 from .reading import TaskReading, read_task
 from .solver import complete as solve_from_goal
 from .solver import goal_reasons, goal_stop, stated_goal
@@ -153,7 +153,7 @@ class Planner:
                  thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True,
-                 goal_choice: int = PlannerSettings.goal_choice, words: str = "all"):
+                 goal_choice: int = PlannerSettings.goal_choice, words: str = "all", shelf=None):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -177,6 +177,10 @@ class Planner:
                                     getattr(runtime, "prefill_chunk", 0), _prefix_restore(runtime))
                         if goal_choice > 0 and model is not None and not model.is_hybrid else None)
         self.words = words           # where the task's word rules act (WORD_RULES; an ablation)
+        # world starts on disk (thor_runtime/prefix_shelf.py): fetched before a first attempt,
+        # kept after it; the caller flushes them once the plan is out
+        self.shelf = shelf
+        self._starts: dict[str, tuple[int, ...]] = {}      # system prompt -> the ids every task shares
 
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
                 task: str | None = None) -> PreparedRequest:
@@ -212,7 +216,12 @@ class Planner:
             # a goal that alone shows the task cannot be done ends the plan before its steps
             stop = goal_stop(world, skills, _max_items(req.schema))
             constraint = req.grammar.constraint(stop, free if self.relaxed_spans else ())
+            start = self._world_start(ids, world, skills) if attempt == 0 and self.shelf is not None else ()
+            if start:
+                self.shelf.fetch(self.rt, start)
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
+            if start:
+                self.shelf.keep(self.rt, start)
             stats.append(res.stats)
             if self.chooser is not None:
                 res, choice = self._choose(ids, res, req, task, stats, on_token)
@@ -273,6 +282,21 @@ class Planner:
         goal = parsed[0]
         return PlanResult(gate.plan, gate.valid, gate.report(), merged, len(stats), history[-1]["text"],
                           tuple(history), completed, tuple(stats), tuple(goal.expansion()) if goal else ())
+
+    def _world_start(self, ids: list[int], world: World, skills: SkillSet) -> tuple[int, ...]:
+        """The start of ``ids`` that every task's prompt in this world shares: two prompts that
+        differ only in the task, rendered once per world, and their common start."""
+        from thor_runtime.prefix_cache import common_prefix
+
+        text = system_prompt(world, skills)
+        start = self._starts.get(text)
+        if start is None:
+            a, b = (self.tok.encode_chat(build_messages(t, world, skills)) for t in ("a", "b"))
+            start = tuple(a[:common_prefix(a, b)])
+            if len(self._starts) >= 8:
+                self._starts.clear()
+            self._starts[text] = start
+        return start[:common_prefix(start, ids)]
 
     def _choose(self, ids: list[int], res, req: PreparedRequest, task: str, stats: list, on_token):
         """-> (the attempt's result, the Choice or None): the greedy result, or the chosen goal's

@@ -192,10 +192,14 @@ def assembled_with(config: RuntimeConfig, loaded, runtime, backend=None) -> Asse
 
 
 def make_planner(a: Assembled, on_progress=None, **kw):
-    """A Planner over an assembled runtime with the config's planner settings."""
+    """A Planner over an assembled runtime with the config's planner settings and its shelf of
+    world starts (the caller flushes ``planner.shelf`` once a plan is out)."""
     from agent.planner import Planner
 
+    from .prefix import world_shelf
+
     p = a.config.planner
+    kw.setdefault("shelf", world_shelf(a.config))
     return Planner(a.runtime, a.loaded.tokenizer, a.speculation, max_tokens=p.max_tokens, attempts=p.attempts,
                    thinking=p.think, max_steps=p.max_steps or None, on_progress=on_progress, complete=p.solver,
                    goal_choice=p.goal_choice,

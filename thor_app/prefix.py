@@ -19,6 +19,16 @@ def prefix_dir(config) -> Path | None:
     return (default_cache_dir() if where == "auto" else Path(where)) / "prefixes"
 
 
+def world_shelf(config):
+    """The world starts kept on disk (thor_runtime/prefix_shelf.py) under the prefix directory,
+    or None: model.world_starts 0, or no cache directory."""
+    from thor_runtime.prefix_shelf import PrefixShelf
+
+    where = prefix_dir(config)
+    n = config.model.world_starts
+    return PrefixShelf(where / "worlds", n) if where is not None and n > 0 else None
+
+
 def shared_prefix_ids(tokenizer, skills) -> list[int]:
     """The token ids every planning prompt on ``skills`` starts with. Two prompts that differ
     only past the shared text are rendered and their common start taken, so the chat template's

@@ -189,7 +189,7 @@ class Runtime:
                 reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
                                                                   P - seed_rows if seed_rows else None)
                                      if self.prefixes is not None else (0, {}))
-                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_pinned else 0
+                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_from_disk else 0
             # the kept copy holds the taps of TAP_MARGIN rows more than the seed: the next task in
             # the same world differs by a few tokens, so its seed rows start a little earlier
             kept_rows = min(seed_rows + TAP_MARGIN, P) if seed_rows and self.prefixes is not None else seed_rows

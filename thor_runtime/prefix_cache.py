@@ -32,6 +32,7 @@ class _Entry:
     cache: KVCache
     taps: dict | None = None        # layer -> [T, D]: the taps of the prompt's last T rows
     tap_start: int = 0              # the position of their first row
+    stored: bool = False            # read from disk (a world start: prefix_shelf.py)
 
     def taps_cover(self, start: int, end: int) -> bool:
         return self.taps is not None and self.tap_start <= start and end <= len(self.ids)
@@ -60,7 +61,7 @@ class PrefixCache:
         self._items: list[_Entry] = []          # most recently used last
         self._pinned: list[_Entry] = []
         self.hits = self.tokens_reused = 0
-        self.last_pinned = False                # the last restore came from a pinned entry
+        self.last_from_disk = False             # the last restore came from a pinned or stored start
 
     def __len__(self) -> int:
         return len(self._items)
@@ -105,11 +106,11 @@ class PrefixCache:
                 m = taps_from
             if m > n:
                 best, n = e, m
-        self.last_pinned = False
+        self.last_from_disk = False
         if best is None or n < self.min_tokens:
             return 0, {}
         taps = best.taps_between(taps_from, n) if taps_from is not None and n > taps_from else {}
-        self.last_pinned = best in self._pinned
+        self.last_from_disk = best in self._pinned or best.stored
         cache.load_prefix(best.cache, n)
         if best in self._items:
             self._items.remove(best)
@@ -117,6 +118,31 @@ class PrefixCache:
         self.hits += 1
         self.tokens_reused += n
         return n, taps
+
+    def covers(self, ids) -> bool:
+        """Whether an entry (pinned or recent) starts with all of ``ids``."""
+        ids = tuple(ids)
+        return any(e.ids[:len(ids)] == ids for e in self._pinned + self._items)
+
+    def start_of(self, ids) -> tuple[KVCache, dict] | None:
+        """The K/V of ``ids`` from a recent prompt that starts with them (a view of its copy: the
+        first len(ids) positions) and its taps of those rows ({} when it kept none there);
+        None when no recent prompt does."""
+        ids = tuple(ids)
+        e = next((e for e in reversed(self._items) if e.ids[:len(ids)] == ids), None)
+        if e is None:
+            return None
+        taps = e.taps_between(e.tap_start, len(ids)) if e.taps is not None and e.tap_start < len(ids) else {}
+        return e.cache, taps
+
+    def add(self, ids, cache: KVCache, taps: dict | None = None) -> None:
+        """``cache`` (holding the K/V of exactly ``ids``, a stored start) as the most recent
+        prompt, with ``taps`` {layer: [T, D]} of its last T rows; not copied (restores copy)."""
+        ids = tuple(ids)
+        rows = next(iter(taps.values())).shape[0] if taps else 0
+        self._items = [e for e in self._items if e.ids != ids]
+        self._items.append(_Entry(ids, cache, dict(taps) if rows else None, len(ids) - rows, stored=True))
+        del self._items[:-self.entries]
 
     def store(self, ids, cache: KVCache, taps: dict | None = None) -> None:
         """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's), and the

@@ -8,7 +8,8 @@ the in-memory prefix cache's hit (prefix_cache.py): the same bytes a chunked pre
 that start as its first chunk would leave in the cache.
 
 The file is safetensors: ``k`` and ``v`` [L, Hkv, n, Dh] in the cache's storage dtype, ``ids``
-[n] int64, and the key in the metadata. The key covers what the bytes depend on: the model's
+[n] int64, the key in the metadata and, for a world's start (``PrefixShelf``), ``tap.<layer>``
+[T, D]: the drafter taps of its last T rows. The key covers what the bytes depend on: the model's
 weights file (path, size, mtime), weights dtype and form, KV dtype and scales, torch and the CPU
 kernels it dispatches to, the kernel that runs prompt rows (and the row kernel's build), the
 prefill chunk, and the exact token ids. A file whose key, ids, shapes or length do
@@ -87,8 +88,9 @@ def prefix_path(directory: str | Path, key: dict) -> Path:
     return Path(directory) / f"{name}.safetensors"
 
 
-def save(path: str | Path, cache: KVCache, ids, key: dict) -> None:
-    """The first ``len(ids)`` positions of ``cache``, written atomically to ``path``."""
+def save(path: str | Path, cache: KVCache, ids, key: dict, taps: dict | None = None) -> None:
+    """The first ``len(ids)`` positions of ``cache`` (and ``taps`` {layer: [T, D]}, those of the
+    last T of them), written atomically to ``path``."""
     from safetensors.torch import save_file
 
     n = len(ids)
@@ -97,7 +99,8 @@ def save(path: str | Path, cache: KVCache, ids, key: dict) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tensors = {"k": cache.k[:, :, :n].contiguous(), "v": cache.v[:, :, :n].contiguous(),
-               "ids": torch.tensor(list(ids), dtype=torch.int64)}
+               "ids": torch.tensor(list(ids), dtype=torch.int64),
+               **{f"tap.{i}": t.float().contiguous() for i, t in (taps or {}).items()}}
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     os.close(fd)
     try:
@@ -122,6 +125,12 @@ def _read_header(mm) -> tuple[dict, int]:
 def load(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales) -> KVCache | None:
     """The stored prefix as a read-only cache over the memory-mapped file, or None when there is
     none or it does not match ``key``, ``ids`` and the model's shapes (the caller rebuilds it)."""
+    got = read(path, key, ids, cfg, kv_dtype, compute_dtype, scales)
+    return got[0] if got is not None else None
+
+
+def read(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales) -> tuple[KVCache, dict] | None:
+    """``load``, with the stored taps ({layer: [T, D]} of the last T rows; {} without any)."""
     try:
         with open(path, "rb") as f:
             # a private mapping: torch wants a writable buffer, and nothing is ever written back
@@ -131,7 +140,8 @@ def load(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, sc
     try:
         header, base = _read_header(mm)
         meta = header.pop("__metadata__", {})
-        if meta != key or set(header) != {"k", "v", "ids"}:
+        taps = {n for n in header if n.startswith("tap.") and n[4:].isdigit()}
+        if meta != key or set(header) - taps != {"k", "v", "ids"}:
             return None
         if base + max(h["data_offsets"][1] for h in header.values()) != len(mm):
             return None                                           # truncated, or trailing bytes
@@ -143,10 +153,15 @@ def load(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, sc
     store = KV_DTYPES[kv_dtype]
     if (t["ids"].tolist() != list(ids) or any(t[x].shape != shape or t[x].dtype != store for x in "kv")):
         return None
+    tap = {int(name[4:]): t[name] for name in taps}
+    if len({x.shape for x in tap.values()}) > 1 or any(
+            x.dim() != 2 or x.shape[0] > n or x.shape[1] != cfg.hidden_size or x.dtype != torch.float32
+            for x in tap.values()):
+        return None                                               # taps of one row count, [T <= n, D]
     cache = KVCache(cfg, 0, kv_dtype, compute_dtype, scales)     # 1 slot; its tensors replaced below
     cache.k, cache.v, cache.max_len, cache.lengths = t["k"], t["v"], n, [n] * cfg.num_layers
     cache.mapped = mm                                              # the views need the mapping alive
-    return cache
+    return cache, tap
 
 
 def _view(mm, base: int, h: dict) -> torch.Tensor:

@@ -116,6 +116,9 @@ class ModelSettings:
     prefix_cache: int = setting(2, "keep the K/V of this many recent prompts; a prompt that starts like one of "
                                 "them prefills only the rest (a repair, another task in the same world); 0 = off",
                                 "--prefix-cache", low=0)
+    world_starts: int = setting(16, "keep on disk, beside the weight cache, the K/V of the prompt start of this many "
+                                "worlds: a new process planning in one of them prefills only the task; 0 = off",
+                                "--world-starts", low=0)
     weight_cache: str = setting("auto", "prepared low-bit weight cache dir (auto = $THOR_CACHE_DIR or "
                                 "$XDG_CACHE_HOME/thor-runtime/weights; '' = no cache)", "--cache-dir")
     int4_kernel: str = setting("auto", "what int4 weights run on (auto: the fastest available)", "--int4-kernel")

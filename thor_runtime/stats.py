@@ -11,7 +11,7 @@ class Stats:
     kv_bytes: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0     # of those, taken from the prefix cache instead of prefilled
-    pinned_prompt_tokens: int = 0     # of those, from a pinned shared prefix (on disk, memory-mapped)
+    pinned_prompt_tokens: int = 0     # of those, from disk (a pinned shared prefix or a stored world start)
     generated: int = 0
     ttft_s: float = 0.0
     prefill_s: float = 0.0

@@ -4,11 +4,13 @@ held-out evaluation sets (task success, refusals, unsafe plans per model)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from thor_app.assembly import load_model, make_runtime, with_settings
 from thor_app.flags import config_from_args
 from thor_runtime.errors import ThorError
+from thor_runtime.prefix_shelf import PrefixShelf
 
 from .bench_report import device_info, peak_rss_mb, print_table
 
@@ -114,11 +116,15 @@ def run_plan(args, specs) -> int:
         cases = eval_cases(eval_dir, args.eval_limit or WORDINGS_LIMIT)
     cases = plan_cases() if cases is None else cases
     prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
-    rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
-                      cases=cases, fresh=args.plan_start == "process")
+    # as `thor plan` and `thor serve` keep world starts on disk: each spec its own, empty at first
+    starts = config.model.world_starts if args.plan_start != "whole" else 0
+    with tempfile.TemporaryDirectory(prefix="thor-world-starts-") as d:
+        shelves = [PrefixShelf(Path(d) / str(i), starts) for i in range(len(specs))] if starts else None
+        rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
+                          cases=cases, fresh=args.plan_start == "process", shelves=shelves)
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
            "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_start": args.plan_start,
-           "prefix_cache": args.prefix_cache, "shared_prefixes": prefixes, "plan_rows": rows,
+           "prefix_cache": args.prefix_cache, "shared_prefixes": prefixes, "world_starts": starts, "plan_rows": rows,
            "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",

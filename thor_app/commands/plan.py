@@ -96,6 +96,9 @@ def run(args) -> int:
         sys.stdout.write(plan_text)
     for line in res.expansion:              # what a set in the goal came to in this world
         _log(f"goal: {line}")
+    if planner.shelf is not None:           # the world's start for the next process, after the plan is out
+        for problem in planner.shelf.flush():
+            _log(f"world start not stored: {problem}")
     s = res.stats
     _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
          f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")

@@ -114,6 +114,8 @@ class ModelHost:
         self.on_status: Callable[[str, str], None] | None = None   # each phase, as it begins
         self.concurrency = 1           # requests the runtime may generate at once (set when ready)
         self._lock = threading.Lock()
+        from thor_app.prefix import world_shelf
+        self.shelf = world_shelf(cfg.runtime)     # world starts on disk, for the next start of the service
 
     @property
     def ready(self) -> bool:
@@ -257,8 +259,12 @@ class ModelHost:
         def run(ctx: JobContext):
             planner = Planner(_Checked(h.runtime, ctx), h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
                               attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
-                              grammar_tokenizer=self.gtok)
-            return planner.plan(prepared, on_token=ctx.check)
+                              grammar_tokenizer=self.gtok, shelf=self.shelf)
+            res = planner.plan(prepared, on_token=ctx.check)
+            if self.shelf is not None:        # a world's first plan: its start goes to disk (~40 ms)
+                for problem in self.shelf.flush():
+                    log.warning("world start not stored: %s", problem)
+            return res
         return run
 
 
