@@ -350,3 +350,24 @@ def test_fixed_k_keeps_autos_fixed_rule(tiny_llama):
     sp = build_speculation(SpecOptions(method="auto", fixed_k=True), tiny_llama.model)
     assert sp.auto is None and isinstance(sp.proposer, NgramProposer) and sp.budget is None
     assert sp.free_text is not None and sp.free_text.proposer.cfg.min_n == 3
+
+
+def test_what_a_cycle_spends_besides_its_verify_makes_longer_blocks_worth_it():
+    """A cycle's grammar, selection and commit cost time whatever its K: counted (the class's
+    running ``rest``), they make each cycle dearer and so longer blocks better, as measured."""
+    arm = _fed(0.5, 0.8)
+    curve = CostCurve([1.0 + 0.25 * r for r in range(16)])          # a verify row: a quarter of a step
+    alone, heavy = arm.best_k(curve, 15, 0, 0)[0], arm.best_k(curve, 15, 0, 0, rest=2.0)[0]
+    assert heavy > alone
+    # the budget learns it from the cycles it sees: their time beyond verify, drafting and upkeep
+    policy = AutoPolicy([Arm("p", object(), 15, 0.8), Arm("none", None, 0)], [Arm("none", None, 0)])
+    cls = policy.classes["constrained"]
+    b = CostBudget(policy, cls, cls.arms[0], curve)
+    policy.step_s = 0.01
+    st = b.start()
+    for _ in range(60):
+        b.cap(15, st)
+        # 5 rows verified in 0.02 s (the curve's 2 steps: a step is 0.01 s), drafting 0.002,
+        # upkeep 0.001, the whole cycle 0.043: 0.02 s (2 steps) besides
+        st = b.update(st, 4, 2, Cycle(5, 0, 0.02, 0.002, 0.001, 0.0, 1, 0.043, 3))
+    assert cls.rest == pytest.approx(2.0, rel=0.05)

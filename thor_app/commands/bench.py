@@ -25,7 +25,7 @@ from .common import non_negative_int, positive_int
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark prefill/decode against transformers (JSON + table)")
-    add_config_args(p, ("model",), only={"model.name", "model.device", "model.weight_cache"})
+    add_config_args(p, ("model",), only={"model.name", "model.device", "model.weight_cache", "model.world_starts"})
     p.add_argument("--configs", default="fp32/fp32,fp32/fp8,bf16/fp32,bf16/fp8,int8/bf16,int8/fp8",
                    help="comma list of WEIGHTS/KV dtype pairs")
     p.add_argument("--spec", default="none", help=f"comma list of {'|'.join(SPEC_METHODS)}")
