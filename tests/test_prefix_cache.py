@@ -155,3 +155,21 @@ def test_plans_in_one_world_reuse_its_prompt_and_stay_the_same(default_model):
         assert w.text == cold.plan(task, world, skills).text
         shared = w.stats["cached_prompt_tokens"]
         assert (shared > 100) if i else shared == 0, (i, shared)
+
+
+def test_the_taps_margin_survives_a_prompt_that_was_itself_restored(tiny_llama):
+    """A prompt restored from an entry takes that entry's margin of taps along (not only its own
+    seed rows'), so the prompt after it, whose seed starts a little earlier, is restored too."""
+    m = tiny_llama.model
+    rt = Runtime(m, tiny_llama.tokenizer, prefix_cache=2)
+    a, b, _ = _prompts(m.cfg.vocab_size)                    # 48 shared, then 9 and 6 of their own
+    e = b[:52] + [b[3]]                                     # 52 shared with b, 48 with a; seed from 33
+    p = _Seeded()
+    sp = dataclasses.replace(build_speculation(SpecOptions(method="none"), m), proposer=p, k=4)
+    rt.generate(a, GREEDY, sp)
+    assert rt.generate(b, GREEDY, sp).stats.cached_prompt_tokens == 48
+    r = rt.generate(e, GREEDY, sp)                          # b kept a's taps from before its own seed
+    assert r.stats.cached_prompt_tokens == 52 and p.seed_taps == 20
+    warm = p.taps[0]
+    cold = Runtime(m, tiny_llama.tokenizer).generate(e, GREEDY, sp)
+    assert torch.allclose(warm, p.taps[0], atol=1e-5) and cold.token_ids == r.token_ids

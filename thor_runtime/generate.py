@@ -182,17 +182,18 @@ class Runtime:
             ids = torch.tensor(prompt_ids, dtype=torch.long)
             P = len(prompt_ids)
             seed_rows = min(proposer.window, P) if proposer is not None and taps else 0
-            # a start some recent prompt shared comes from the prefix cache, with the taps of its
-            # rows among the drafter's seed rows where that prompt kept them (else the start
-            # ends before those rows); the last row (its logits) always runs
-            with self._shared:
-                reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
-                                                                  P - seed_rows if seed_rows else None)
-                                     if self.prefixes is not None else (0, {}))
-                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_from_disk else 0
             # the kept copy holds the taps of TAP_MARGIN rows more than the seed: the next task in
             # the same world differs by a few tokens, so its seed rows start a little earlier
             kept_rows = min(seed_rows + TAP_MARGIN, P) if seed_rows and self.prefixes is not None else seed_rows
+            # a start some recent prompt shared comes from the prefix cache, with the taps of its
+            # rows among the drafter's seed rows (and the margin's, where it kept them) where that
+            # prompt kept them (else the start ends before those rows); the last row always runs
+            with self._shared:
+                reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
+                                                                  P - seed_rows if seed_rows else None,
+                                                                  P - kept_rows if seed_rows else None)
+                                     if self.prefixes is not None else (0, {}))
+                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_from_disk else 0
             out = self._prefill(ids[reused:], cache, taps, min(kept_rows, P - reused), on_prefill)
             kept = ({i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()} if head_taps
                     else out.taps) or None                                       # layer -> [>= seed_rows, D]

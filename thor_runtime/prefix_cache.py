@@ -94,11 +94,14 @@ class PrefixCache:
         that an entry holds; returns how many positions it now has (0: none was good enough)."""
         return self.restore_seeded(ids, cache, limit)[0]
 
-    def restore_seeded(self, ids, cache: KVCache, limit: int, taps_from: int | None = None) -> tuple[int, dict]:
+    def restore_seeded(self, ids, cache: KVCache, limit: int, taps_from: int | None = None,
+                       keep_from: int | None = None) -> tuple[int, dict]:
         """``restore`` for a caller that needs the taps of rows ``taps_from``.. of the prompt: a
         start past ``taps_from`` comes only from an entry holding the taps of its rows from
-        there, returned as {layer: [n - taps_from, D]}; otherwise the start stops at
-        ``taps_from``. -> (positions restored, taps)."""
+        there, returned as {layer: [n - s, D]}, s = ``taps_from``, or as far back as
+        ``keep_from`` where the entry has them (a caller that keeps a margin of taps for the
+        next prompt, whose seed may start earlier); otherwise the start stops at ``taps_from``.
+        -> (positions restored, taps)."""
         best, n = None, 0
         for e in self._pinned + self._items:    # on a tie the earlier (pinned: memory-mapped) wins
             m = min(common_prefix(e.ids, ids), limit)
@@ -109,7 +112,8 @@ class PrefixCache:
         self.last_from_disk = False
         if best is None or n < self.min_tokens:
             return 0, {}
-        taps = best.taps_between(taps_from, n) if taps_from is not None and n > taps_from else {}
+        first = taps_from if keep_from is None else max(min(keep_from, taps_from or 0), best.tap_start)
+        taps = best.taps_between(first, n) if taps_from is not None and n > taps_from else {}
         self.last_from_disk = best in self._pinned or best.stored
         cache.load_prefix(best.cache, n)
         if best in self._items:
