@@ -7,12 +7,13 @@ and the rows say whether it did.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
 
 from thor_runtime.runtime_config import PlannerSettings
-from thor_runtime.speculative import SpecOptions, build_speculation
+from thor_runtime.speculative import SpecOptions, auto_state, build_speculation
 
 from .evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
 from .files import load_skills, load_world, resolve_skills_path
@@ -60,7 +61,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                shelves: list | None = None) -> list[dict]:
     """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
     fresh: every plan starts as in a new `thor plan` process: the runtime's recent prompts
-    forgotten (its pinned starts kept) and a new planner, whose ``auto`` has seen no request.
+    forgotten (its pinned starts kept) and a new planner, whose ``auto`` starts from what the
+    spec's previous plan left (as `thor plan` reads it from disk: speculative/auto_state.py).
     shelves: one world-start shelf per spec (thor_runtime/prefix_shelf.py; empty at the start),
     written after each plan as `thor plan` does once its plan is out, or None: none.
 
@@ -93,7 +95,12 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                     if fresh:
                         if memories[i] is not None:
                             memories[i].forget()
+                        # a new process: what auto learned comes through its file (auto_state.py)
+                        learned = json.loads(json.dumps(auto_state.state(planners[i].speculation.auto))) \
+                            if planners[i].speculation.auto is not None else None
                         planners[i] = planner(specs[i])
+                        if learned is not None:
+                            auto_state.restore(planners[i].speculation.auto, learned)
                     res = planners[i].plan(task, world, skills)
                     if shelves:
                         shelves[i].flush()

@@ -85,6 +85,8 @@ def run(args) -> int:
     # the prompt start this skill library shares, from disk when an earlier run stored it
     attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills, prefix_dir(config), _log)
     planner = make_planner(assembled, on_progress=_log)
+    from thor_runtime.speculative import auto_state
+    auto_state.load(assembled.runtime, assembled.speculation)      # what --spec auto learned before
     res = planner.plan(planner.compile(request))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:
@@ -99,6 +101,10 @@ def run(args) -> int:
     if planner.shelf is not None:           # the world's start for the next process, after the plan is out
         for problem in planner.shelf.flush():
             _log(f"world start not stored: {problem}")
+    try:
+        auto_state.save(assembled.runtime, assembled.speculation)
+    except OSError as e:
+        _log(f"what --spec auto learned was not stored: {e.strerror or e}")
     s = res.stats
     _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
          f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")

@@ -55,6 +55,8 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     from thor_app.prefix import attach_skill_sets
     from .config import skills_path
     attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
+    from thor_runtime.speculative import auto_state
+    auto_state.load(a.runtime, a.speculation)          # what --spec auto learned in its last run
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
@@ -253,6 +255,7 @@ class ModelHost:
         """The job for a request prepared by ``prepare_plan``: every committed token goes through
         the job's check (cancellation, deadline, progress)."""
         from agent.planner import Planner
+        from thor_runtime.speculative import auto_state
 
         h = self.hosted
 
@@ -264,6 +267,10 @@ class ModelHost:
             if self.shelf is not None:        # a world's first plan: its start goes to disk (~40 ms)
                 for problem in self.shelf.flush():
                     log.warning("world start not stored: %s", problem)
+            try:                              # what auto learned, for the service's next start
+                auto_state.save(h.runtime, h.speculation)
+            except OSError as e:
+                log.warning("what --spec auto learned was not stored: %s", e.strerror or e)
             return res
         return run
 
