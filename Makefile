@@ -36,7 +36,8 @@ test: $(STAMP)
 # hold on every CPU, not only on the one that runs `make test`.
 EXACT_TESTS := tests/test_exact.py tests/test_layouts.py tests/test_spec.py tests/test_core.py \
 	tests/test_dflash.py tests/test_combined.py tests/test_lowbit.py tests/test_prefix_cache.py tests/test_fixed_shape.py \
-	tests/test_inflight.py tests/test_rowstep.py tests/test_read_ids.py tests/test_row_linear.py
+	tests/test_inflight.py tests/test_rowstep.py tests/test_read_ids.py tests/test_row_linear.py \
+	tests/test_dflash_rows.py tests/test_prefix_shelf.py
 # THOR_EXPECT_CPU_CAPABILITY: tests/conftest.py stops the run if ATen did not take the setting.
 AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 THOR_EXPECT_CPU_CAPABILITY=AVX2
 test-exact-cpus: $(STAMP)
