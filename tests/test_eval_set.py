@@ -280,8 +280,8 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert {c[0] for c in cases}.isdisjoint(TASKS)
     assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
     seen = []
-    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, drafter=None, cases=None, fresh=False:
-                        seen.append((specs, cases, fresh)) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, drafter=None, cases=None, fresh=False,
+                        shelves=None: seen.append((specs, cases, fresh, shelves)) or [{"spec": s} for s in specs])
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
         model=SimpleNamespace(layout="dense"), tokenizer=None))
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
@@ -289,8 +289,9 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
                  "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
                  "--json", str(out)]) == 0
-    (specs, got, fresh), = seen
+    (specs, got, fresh, shelves), = seen
     assert specs == ["none", "auto"] and [c[:2] for c in got] == [c[:2] for c in eval_cases(EVAL_B, 4)]
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"
     assert not fresh and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
+    assert shelves is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either

@@ -85,19 +85,14 @@ def head_rows(rows, target, ids: torch.Tensor, table: torch.Tensor) -> RowLinear
 
 
 def on_rows(drafter, rows) -> None:
-    """The drafter's projections (fc and every layer's) on ``rows``, the rest in fp32, and its
-    whole block and window updates as row-kernel calls where they fit (``drafter.row_block``,
-    speculative/dflash_rows.py; else None). Once per drafter: one already moved stays as it is."""
-    from .speculative.dflash_rows import fused_weights, row_drafter
-
+    """The drafter's projections (fc and every layer's) on ``rows``, the rest in fp32. Once per
+    drafter: one already moved stays as it is."""
     if isinstance(drafter.fc, RowLinear):
         return
     drafter.float()
-    fused = fused_weights(drafter)
     drafter.fc = RowLinear(rows, drafter.fc.weight)
     for layer in drafter.layers:
         for mod in (layer.self_attn, layer.mlp):
             for name, child in list(mod.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(mod, name, RowLinear(rows, child.weight))
-    drafter.row_block = row_drafter(rows, drafter, fused)

@@ -30,11 +30,12 @@ import torch
 
 from ..device import cpu_bf16
 from ..errors import ThorError
-from ..row_linear import head_rows, on_rows, row_kernel
+from ..row_linear import RowLinear, head_rows, on_rows, row_kernel
 from .base import Proposer
 from .dflash_graph import GraphedBlock
 from .dflash_io import check_fits
 from .dflash_model import DFlashDrafter
+from .dflash_rows import fused_weights, row_drafter
 
 
 def draft_dtype(target) -> torch.dtype:
@@ -74,7 +75,12 @@ class DFlashProposer(Proposer):
             self._rows = row_kernel(target) if shortlist else None
             self._target = target if self._rows is not None else None
             if self._rows is not None:
+                # the whole block and window updates as row-kernel calls where they fit
+                # (dflash_rows.py), from the float weights, read before on_rows replaces them
+                fused = fused_weights(drafter) if not isinstance(drafter.fc, RowLinear) else None
                 on_rows(drafter, self._rows)
+                if fused is not None:
+                    drafter.row_block = row_drafter(self._rows, drafter, fused)
             else:
                 drafter.to(device=target.device, dtype=draft_dtype(target) if shortlist else target.embed_w.dtype)
             drafter.bind_target(target.embed_w, target.lm_head)

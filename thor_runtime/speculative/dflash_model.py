@@ -221,7 +221,7 @@ class DFlashDrafter(nn.Module):
         self.lm_head_w: torch.Tensor | None = None             # [V, D] target's, frozen
         self._mask_emb: torch.Tensor | None = None             # [D] cached embedding of the mask token
         self.draft_vocab = None                                # DraftVocab | None: the head's shortlist
-        self.row_block = None                                  # dflash_rows.RowDrafter (row_linear.on_rows)
+        self.row_block = None                                  # dflash_rows.RowDrafter (set by DFlashProposer)
 
     # ---- the shared, frozen target pieces
     def bind_target(self, embed_w: torch.Tensor, lm_head_w: torch.Tensor) -> "DFlashDrafter":

@@ -23,8 +23,8 @@ ENV = "THOR_DRAFTER_BLOCK"
 
 
 def fused_weights(drafter) -> list[dict]:
-    """Per layer, the float weights of the fused projections, read before on_rows replaces the
-    layers' nn.Linear modules: q k v, k v (window entries), gate up."""
+    """Per layer, the float weights of the fused projections, read before row_linear.on_rows
+    replaces the layers' nn.Linear modules: q k v, k v (window entries), gate up."""
     out = []
     for lay in drafter.layers:
         a, m = lay.self_attn, lay.mlp
@@ -35,8 +35,9 @@ def fused_weights(drafter) -> list[dict]:
 
 
 class RowDrafter:
-    """The C side of one drafter on ``rows`` (rowstep.RowStep). Built by row_linear.on_rows
-    from the fused weights, after its projections became RowLinear (fc, o and down are shared)."""
+    """The C side of one drafter on ``rows`` (rowstep.RowStep). Built by the DFlash proposer
+    from the fused weights, after on_rows made its projections RowLinear (fc, o and down are
+    shared)."""
 
     def __init__(self, rows, drafter, fused: list[dict]):
         c = drafter.cfg
