@@ -216,7 +216,8 @@ class Planner:
             # a goal that alone shows the task cannot be done ends the plan before its steps
             stop = goal_stop(world, skills, _max_items(req.schema))
             constraint = req.grammar.constraint(stop, free if self.relaxed_spans else ())
-            start = self._world_start(ids, world, skills) if attempt == 0 and self.shelf is not None else ()
+            start = (self._world_start(ids, world, skills) if attempt == 0 and self.shelf is not None
+                     and self.shelf.usable(self.rt) else ())
             if start:
                 self.shelf.fetch(self.rt, start)
             res = self.rt.generate(ids, params, self.speculation, constraint=constraint, on_token=on_token)
