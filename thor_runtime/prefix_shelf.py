@@ -31,6 +31,7 @@ class PrefixShelf:
             raise ValueError(f"a prefix shelf keeps at least one start, got {keep}")
         self.dir, self.limit = Path(directory), keep
         self._pending: list[tuple] = []
+        self._rows: dict[Path, int] = {}       # files this shelf read or wrote: the taps rows they hold
         self._queue = threading.Lock()         # requests of a service keep and flush at once
         self._write = threading.Lock()
 
@@ -44,6 +45,11 @@ class PrefixShelf:
         scales = runtime.kv_scales or _unit(runtime.model.cfg)
         return prefix_key(runtime.model, runtime.kv_dtype, scales, ids, runtime.prefill_chunk)
 
+    @staticmethod
+    def _read(runtime, path: Path, key: dict, ids):
+        m = runtime.model
+        return read(path, key, ids, m.cfg, runtime.kv_dtype, m.dtype, runtime.kv_scales or _unit(m.cfg))
+
     def fetch(self, runtime, ids) -> bool:
         """Before a prompt that starts with ``ids``: the stored start into the runtime's recent
         prompts, unless one of them (or a pinned start) already covers it. -> whether it came."""
@@ -55,10 +61,10 @@ class PrefixShelf:
                 return False
         key = self._key(runtime, ids)
         path = prefix_path(self.dir, key)
-        m = runtime.model
-        got = read(path, key, ids, m.cfg, runtime.kv_dtype, m.dtype, runtime.kv_scales or _unit(m.cfg))
+        got = self._read(runtime, path, key, ids)
         if got is None:
             return False
+        self._rows[path] = _rows(got[1])
         with contextlib.suppress(OSError):
             os.utime(path)                       # used now: the last to go
         with lock:
@@ -77,11 +83,12 @@ class PrefixShelf:
             return
         key = self._key(runtime, ids)
         path = prefix_path(self.dir, key)
-        if path.exists():
-            m = runtime.model
-            old = read(path, key, ids, m.cfg, runtime.kv_dtype, m.dtype, runtime.kv_scales or _unit(m.cfg))
-            if old is not None and _rows(old[1]) >= _rows(got[1]):
-                return
+        if path not in self._rows and path.exists():     # another process's: read once
+            old = self._read(runtime, path, key, ids)
+            if old is not None:
+                self._rows[path] = _rows(old[1])
+        if self._rows.get(path, -1) >= _rows(got[1]):
+            return
         with self._queue:
             if all(p != path for p, *_ in self._pending):
                 self._pending.append((path, got[0], tuple(ids), key, got[1]))
@@ -99,12 +106,14 @@ class PrefixShelf:
         for path, cache, ids, key, taps in pending:
             try:
                 save(path, cache, ids, key, taps)
+                self._rows[path] = _rows(taps)
             except OSError as e:
                 problems.append(f"{path.name}: {e.strerror or e}")
         try:
             files = sorted(self.dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
             for old in files[self.limit:]:
                 old.unlink(missing_ok=True)
+                self._rows.pop(old, None)
         except OSError as e:
             problems.append(f"{self.dir}: {e.strerror or e}")
         return problems

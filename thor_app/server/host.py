@@ -25,6 +25,9 @@ STARTUP = ("starting", "loading", "warming_up", "self_test")
 # the watchdog's progress mark are checked between chunks. 256 is the prefill size TensorRT
 # engines are built for when the chunk is 0, so the engine cache key does not change.
 SERVICE_PREFILL_CHUNK = 256
+# at most one write a minute of what --spec auto learned (speculative/auto_state.py): a request
+# does not wait for a synced file each time, and a restart loses at most a minute's learning
+LEARNED_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class ModelHost:
         self._lock = threading.Lock()
         from thor_app.prefix import world_shelf
         self.shelf = world_shelf(cfg.runtime)     # world starts on disk, for the next start of the service
+        self._learned_at = -LEARNED_EVERY_S       # when auto's state was last written (the first plan writes)
 
     @property
     def ready(self) -> bool:
@@ -267,10 +271,13 @@ class ModelHost:
             if self.shelf is not None:        # a world's first plan: its start goes to disk (~40 ms)
                 for problem in self.shelf.flush():
                     log.warning("world start not stored: %s", problem)
-            try:                              # what auto learned, for the service's next start
-                auto_state.save(h.runtime, h.speculation)
-            except OSError as e:
-                log.warning("what --spec auto learned was not stored: %s", e.strerror or e)
+            now = time.monotonic()
+            if now - self._learned_at >= LEARNED_EVERY_S:   # what auto learned, for the next start:
+                self._learned_at = now                      # a synced write, not on every request
+                try:
+                    auto_state.save(h.runtime, h.speculation)
+                except OSError as e:
+                    log.warning("what --spec auto learned was not stored: %s", e.strerror or e)
             return res
         return run
 

@@ -231,6 +231,25 @@ static void head_rows(Engine *e, const float *h, const int64_t *rows, int R, flo
     matmul_units(e, &e->head, &qr, logits, U > 0 ? units : NULL, U, at);           /* [R, V] */
 }
 
+/* h [T, D] += down(silu(gate) * up) of each row's norm (the gate's I outputs, then the up's, in
+   gu): a layer's MLP with its residual, the drafter's too. Inputs are split for 4-bit weights. */
+static void mlp_rows(Engine *e, float *h, int T, int D, const float *norm, float eps, const Proj *gu,
+                     const Proj *down, int I) {
+    QRows qr;
+    for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, norm, D, eps, e->x + (size_t)t * D);
+    quantize_rows(e, e->x, T, D, gu->bits == 4, &qr);
+    matmul(e, gu, &qr, e->big);                                                    /* [T, 2I] */
+    for (int t = 0; t < T; t++) {
+        float *g = e->big + (size_t)t * 2 * I, *u = g + I, *a = e->x + (size_t)t * I;
+        for (int j = 0; j < I; j++) a[j] = -g[j];
+        vexp(a, I);
+        for (int j = 0; j < I; j++) a[j] = g[j] / (1.f + a[j]) * u[j];
+    }
+    quantize_rows(e, e->x, T, I, down->bits == 4, &qr);
+    matmul(e, down, &qr, e->y);                                                    /* [T, D] */
+    for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
+}
+
 /* h [T, D] (embedded rows, overwritten with the last layer's output); row t sits at position
    pos[t] of its own sequence, whose cache k[t]/v[t] is [L, Hkv, S[t], Dh]: rows of several
    sequences share the projections, each attends only its own keys 0..pos[t]. A sequence's rows
@@ -270,18 +289,7 @@ int rowstep_forward_rows(void *hd, float *h, int T, const int *pos, float *const
         quantize_rows(e, e->att, T, H * Dh, 1, &qr);
         matmul(e, &e->o[i], &qr, e->y);                                            /* [T, D] */
         for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
-        for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, e->mlp_norm[i], D, e->eps, e->x + (size_t)t * D);
-        quantize_rows(e, e->x, T, D, 1, &qr);
-        matmul(e, &e->gu[i], &qr, e->big);                                         /* [T, 2I] */
-        for (int t = 0; t < T; t++) {
-            float *g = e->big + (size_t)t * 2 * I, *u = g + I, *a = e->x + (size_t)t * I;
-            for (int j = 0; j < I; j++) a[j] = -g[j];
-            vexp(a, I);
-            for (int j = 0; j < I; j++) a[j] = g[j] / (1.f + a[j]) * u[j];
-        }
-        quantize_rows(e, e->x, T, I, 1, &qr);
-        matmul(e, &e->down[i], &qr, e->y);                                         /* [T, D] */
-        for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
+        mlp_rows(e, h, T, D, e->mlp_norm[i], e->eps, &e->gu[i], &e->down[i], I);
         if (taps && taps[i]) memcpy(taps[i], h, sizeof(float) * T * D);
     }
     head_rows(e, h, rows, R, logits, NULL, units, U);

@@ -144,18 +144,7 @@ int rowstep_dflash_block(void *hd, void *dd, float *h, int B, int p0, float *kv,
         quantize_rows(e, e->att, B, H * Dh, 0, &qr);
         matmul(e, l->o, &qr, e->y);                                                /* [B, D] */
         for (size_t j = 0; j < (size_t)B * D; j++) h[j] += e->y[j];
-        for (int t = 0; t < B; t++) rms_norm_row(h + (size_t)t * D, l->post_norm, D, d->eps, e->x + (size_t)t * D);
-        quantize_rows(e, e->x, B, D, 0, &qr);
-        matmul(e, l->gu, &qr, e->big);                                             /* [B, 2I] */
-        for (int t = 0; t < B; t++) {
-            float *g = e->big + (size_t)t * 2 * I, *u = g + I, *a = e->x + (size_t)t * I;
-            for (int j = 0; j < I; j++) a[j] = -g[j];
-            vexp(a, I);
-            for (int j = 0; j < I; j++) a[j] = g[j] / (1.f + a[j]) * u[j];
-        }
-        quantize_rows(e, e->x, B, I, 0, &qr);
-        matmul(e, l->down, &qr, e->y);                                             /* [B, D] */
-        for (size_t j = 0; j < (size_t)B * D; j++) h[j] += e->y[j];
+        mlp_rows(e, h, B, D, l->post_norm, d->eps, l->gu, l->down, I);
     }
     for (int t = 0; t < B; t++) rms_norm_row(h + (size_t)t * D, d->final_norm, D, d->eps, h + (size_t)t * D);
     pool_active(&e->pool, 0);
