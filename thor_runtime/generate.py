@@ -185,9 +185,9 @@ class Runtime:
             # the kept copy holds the taps of TAP_MARGIN rows more than the seed: the next task in
             # the same world differs by a few tokens, so its seed rows start a little earlier
             kept_rows = min(seed_rows + TAP_MARGIN, P) if seed_rows and self.prefixes is not None else seed_rows
-            # a start some recent prompt shared comes from the prefix cache, with the taps of its
-            # rows among the drafter's seed rows (and the margin's, where it kept them) where that
-            # prompt kept them (else the start ends before those rows); the last row always runs
+            # a start some recent prompt shared comes from the prefix cache, with the taps that
+            # prompt kept of the rows among the drafter's seed rows and of the margin before them
+            # (without the seed rows' taps the start ends before those rows); the last row always runs
             with self._shared:
                 reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
                                                                   P - seed_rows if seed_rows else None,
