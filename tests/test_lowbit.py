@@ -3,6 +3,7 @@ stated tolerance of fp32, speculation exactly plain decoding, and the prepared-w
 (a hit equals a build; a mismatching key or file hash is refused and rebuilt)."""
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 
@@ -123,16 +124,30 @@ def test_int4_tiny_requantized_is_exact(tiny_llama, kernel):
 
 
 @pytest.mark.slow
+def _load_counting_probes(src: str, quant: str, cache: str):
+    """load() with every row-invariance probe counted. -> (loaded, probed kernel modules)."""
+    from thor_runtime.loading import load
+
+    probes = []
+    with pytest.MonkeyPatch.context() as mp:
+        for mod in ("thor_runtime.exactness", "thor_runtime.lowbit_step"):
+            real = importlib.import_module(mod).rows_invariant
+            mp.setattr(f"{mod}.rows_invariant", lambda *a, _r=real, _m=mod: probes.append(_m) or _r(*a))
+        return load(src, quant, cache_dir=cache), probes
+
+
 def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
     from thor_runtime.loading import default_model_path, load
 
     src = tmp_path / "m.gguf"
     shutil.copyfile(default_model_path(), src)
     cache = tmp_path / "cache"
-    first = load(str(src), "int4", cache_dir=str(cache))
-    assert first.model.cache_hit is False
+    first, probes = _load_counting_probes(str(src), "int4", str(cache))
+    assert first.model.cache_hit is False and probes
     (entry,) = [p for p in cache.iterdir() if p.is_dir()]
-    hit = load(str(src), "auto", cache_dir=str(cache))  # auto: a quantized GGUF runs int4
+    # the probe verdicts are kept per CPU environment: a hit probes nothing
+    hit, probes = _load_counting_probes(str(src), "auto", str(cache))  # auto: a quantized GGUF runs int4
+    assert probes == []
     assert hit.model.cache_hit is True and hit.model.quant == "int4"
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     ref = _logits(first.model, ids)
@@ -140,9 +155,8 @@ def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
     assert hit.tokenizer.encode(PROMPT) == default_model.tokenizer.encode(PROMPT)
     assert hit.tokenizer.encode_chat([{"role": "user", "content": "hi"}]) == \
         default_model.tokenizer.encode_chat([{"role": "user", "content": "hi"}])
-    # the probe verdicts are kept per CPU environment: a hit probes nothing
     meta = json.loads((entry / "key.json").read_text())
-    assert meta["verdicts"] and hit.model.probe_s < first.model.probe_s
+    assert meta["verdicts"]
 
     # a key that does not match (another torch wrote it) -> refused, rebuilt
     meta["torch"] = "0.0.0"
