@@ -173,6 +173,13 @@ def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
     assert rebuilt.model.cache_hit is False
     assert torch.equal(_logits(rebuilt.model, ids), ref)
 
+    # a damaged header (the mapping itself fails while the hash is still running) -> rebuilt too
+    data = bytearray(f.read_bytes())
+    data[0:8] = (len(data) * 2).to_bytes(8, "little")
+    f.write_bytes(bytes(data))
+    assert load(str(src), "int4", cache_dir=str(cache)).model.cache_hit is False
+    assert load(str(src), "int4", cache_dir=str(cache)).model.cache_hit is True
+
     # a changed source file gets its own entry (its hash differs), never the old weights
     raw = bytearray(src.read_bytes())
     raw[-1] ^= 0x01
@@ -227,6 +234,7 @@ def test_step_graph_is_the_layer_path(arch, request):
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
     m.runner.rows = None               # verifies on the graph too (the row kernel: test_rowstep.py)
+    _ = m.runner.step                  # built on first ask where a regrouping row kernel runs
     key = next(k for k in m.row_verdicts if k.startswith("StepGraph"))
     assert (m.runner.step is not None) == m.row_verdicts[key]
     if m.runner.step is None:

@@ -133,6 +133,23 @@ def test_token_bytes(tok):
         assert b"".join(tb[i] for i in tok.encode(text)) == text.encode("utf-8")
 
 
+def test_byte_level_pieces_spelled_as_char_by_char():
+    """The translate-table spelling of a byte-level piece is the per-char one: alphabet chars
+    as their byte, every other char as its UTF-8 (below 256 through the table, past it through
+    the fallback)."""
+    from thor_runtime.loading.tokenizer import _BYTE_TO_CHAR, _CHAR_TO_BYTE, _byte_level_bytes
+
+    def by_char(piece):
+        return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
+
+    outside = [chr(cp) for cp in range(0x250) if chr(cp) not in _CHAR_TO_BYTE]
+    assert any(ord(c) < 256 for c in outside) and any(ord(c) > 255 for c in outside)
+    pieces = ["".join(_BYTE_TO_CHAR.values()), "".join(outside), "\u0120the\u00a0caf\u00e9",
+              "\u65e5\u672c", "\U0001f916x", ""] + [_BYTE_TO_CHAR[b] + c for b in (0, 65, 255) for c in outside]
+    for p in pieces:
+        assert _byte_level_bytes(p) == by_char(p), p
+
+
 def _write_tokenizer_gguf(path: Path, src, *, model="gpt2", pre="smollm", add_bos=False, bos=1):
     """A tokenizer-only GGUF: the default model's vocab under another tokenizer model / pre type."""
     def c(k):

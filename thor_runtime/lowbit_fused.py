@@ -212,7 +212,7 @@ def prepare_sessions(model, kernels) -> None:
     from .mapped_pages import release_pages
 
     n = model.cfg.num_layers
-    step, fused = kernels.step, kernels.fused
+    step, fused = kernels.built_step, kernels.fused
     layers = () if step is not None else range(n) if fused is None else (0, n - 1)
     head = [] if step is not None and step.head else [model.head_w]
     for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
@@ -223,6 +223,22 @@ def prepare_sessions(model, kernels) -> None:
     # kernel has its minima apart)
     alone = None if kernels.rows is None or kernels.rows.group else {"corr"}
     release_pages([t for w in ort_weights(model, kernels) for k, t in w.tensors().items() if alone is None or k in alone])
+    _trim_heap()
+
+
+def release_copied(model) -> None:
+    """Hand back the mapped pages of every MatMulNBits weight once a regrouping row kernel
+    holds its own copy of them: read once to regroup, then only by rare paths (a session or
+    graph built on first use, dequantize), which fault them in again."""
+    from .mapped_pages import release_pages
+
+    weights = [model.head_w] + [getattr(L, f) for L in model.layers for f in ("wqkv", "wo", "w_gate_up", "w_down")]
+    weights = [getattr(w, "w", w) for w in weights]          # a RowLoop's own weight
+    release_pages([t for w in weights if isinstance(w, NBitsWeight) for t in w.tensors().values()])
+    _trim_heap()
+
+
+def _trim_heap() -> None:
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -236,9 +252,10 @@ def ort_weights(model, kernels) -> list[NBitsWeight]:
     n = model.cfg.num_layers
     fused = set() if kernels.fused is None else \
         {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
-    if kernels.step is not None:
+    step = kernels.built_step
+    if step is not None:
         fused = {(i, f) for i in range(n) for f in ("wqkv", "wo", "w_gate_up", "w_down")}
-    in_step = kernels.step is not None and kernels.step.head
+    in_step = step is not None and step.head
     out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and (w._session is not None or in_step)]
     for i, L in enumerate(model.layers):
         for f in ("wqkv", "wo", "w_gate_up", "w_down"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
-from .lowbit_fused import fuse_layers, prepare_sessions
+from .lowbit_fused import fuse_layers, prepare_sessions, release_copied
 from .lowbit_step import step_graph
 from .prefill_choice import prefill_on_rows
 from .rowstep import row_step
@@ -86,9 +86,31 @@ class Runner:
     def __init__(self, model, kernels: tuple[Forward, ...] = FORWARD):
         self.model, self.kernels = model, kernels
         self.rows, self.rows_why = None, "weights are not MatMulNBits blocks"
-        self.step = self.fused = None
+        self.fused = None
         self.prefill_on_rows = False
+        self._step, self._step_built = None, True
         self._fused_built = False
+
+    @property
+    def step(self):
+        """The ORT step graph, or None. Where the row kernel runs every fp32 forward it is
+        built on first ask only (~0.5 s of ORT session start and a second copy of the
+        weights): nothing reaches it there but a test or a rare path."""
+        if not self._step_built:
+            self._step_built = True
+            self._step = step_graph(self.model, self.model.row_verdicts)
+            if self._step is not None:
+                prepare_sessions(self.model, self)
+        return self._step
+
+    @property
+    def built_step(self):
+        """The step graph if built, else None (never builds it)."""
+        return self._step if self._step_built else None
+
+    @step.setter
+    def step(self, graph) -> None:
+        self._step, self._step_built = graph, True
 
     def pick(self, cache, T: int, exact: bool) -> Forward:
         return next(k for k in self.kernels if k.fits(self, cache, T, exact))
@@ -135,13 +157,21 @@ def attach(model):
         # MatMulNBits models: the whole forward as one graph for fp32 KV caches, one graph per
         # layer boundary for the others, each where row-invariant; the row kernel for steps
         # and verifies where it builds.
-        r.step = step_graph(model, model.row_verdicts)
-        if r.step is None:
-            r._build_fused()
         r.rows, r.rows_why = row_step(model, model.row_verdicts)
-        r.prefill_on_rows = prefill_on_rows(model, r.rows, r.step, model.row_verdicts)
-        if r.step is not None:
-            prepare_sessions(model, r)
+        if r.rows is not None and r.rows.group > 0:
+            # a regrouping build runs every prompt, step and verify row of an fp32 cache
+            # (prefill_choice.py): the step graph waits for a caller, the per-boundary graphs
+            # for a bf16 or fp8 cache
+            r._step_built = False
+            r.prefill_on_rows = True
+            release_copied(model)
+        else:
+            r.step = step_graph(model, model.row_verdicts)
+            if r.step is None:
+                r._build_fused()
+            r.prefill_on_rows = prefill_on_rows(model, r.rows, r.step, model.row_verdicts)
+            if r.step is not None:
+                prepare_sessions(model, r)
     model.runner = r
     model.probe_s += time.perf_counter() - t0
     return model

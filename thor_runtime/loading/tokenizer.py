@@ -58,6 +58,20 @@ def _byte_alphabet() -> dict[int, str]:
 
 _BYTE_TO_CHAR = _byte_alphabet()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+# A piece's bytes through str.translate: each alphabet char to its byte, each other char below
+# 256 to its UTF-8 bytes, all as latin-1 chars; a char past 255 outside the alphabet is left
+# as it is and fails the latin-1 encode (the slow path then spells it)
+_PIECE_TO_LATIN1 = {**{cp: chr(cp).encode("utf-8").decode("latin-1") for cp in range(256)},
+                    **{ord(c): chr(b) for c, b in _CHAR_TO_BYTE.items()}}
+_ALPHABET = frozenset(_CHAR_TO_BYTE)
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    """A byte-level piece's bytes: alphabet chars as their byte, any other char as UTF-8."""
+    try:
+        return piece.translate(_PIECE_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
 
 
 def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
@@ -127,8 +141,7 @@ class Tokenizer:
             elif i in added:             # added tokens are stored as literal text
                 out.append(piece.encode("utf-8"))
             elif byte_level:
-                out.append(b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8")
-                                    for c in piece))
+                out.append(_byte_level_bytes(piece))
             elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
                 out.append(bytes([int(piece[3:5], 16)]))     # sentencepiece byte-fallback token
             else:
@@ -190,7 +203,7 @@ class Tokenizer:
         # converters write some in plain UTF-8, so respell those. Added tokens stay literal.
         vocab = {}
         for i, (t, ty) in enumerate(zip(tokens, types)):
-            if ty not in (_CONTROL, _USER_DEFINED) and not all(c in _CHAR_TO_BYTE for c in t):
+            if ty not in (_CONTROL, _USER_DEFINED) and not _ALPHABET.issuperset(t):
                 t = "".join(_BYTE_TO_CHAR[b] for b in t.encode("utf-8"))
             vocab[t] = i
         try:

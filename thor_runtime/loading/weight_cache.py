@@ -8,8 +8,9 @@ row-invariance verdicts per CPU environment). A hit is memory-mapped (safetensor
 ``safe_open``): pages are read on first use and no second copy is made.
 
 Integrity: the source's sha256 is computed once per (path, size, mtime) and remembered in
-``sources.json``; every hit re-hashes the safetensors file and compares it and the key with
-what the entry says. Any mismatch (another torch, a damaged or edited file, a stale source)
+``sources.json``; every hit re-hashes the safetensors file (on a second thread, while the
+model is built on the mapped file; nothing is handed out before it matches) and compares it
+and the key with what the entry says. Any mismatch (another torch, a damaged or edited file, a stale source)
 refuses the entry and rebuilds it. Writes go to a temporary directory renamed into place.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -86,18 +88,40 @@ def entry_key(source_sha: str, mode: str) -> dict:
     return {"format": FORMAT, "mode": mode, "torch": torch.__version__, "source_sha256": source_sha}
 
 
-def _check_entry(entry: Path, key: dict) -> dict | None:
-    """-> the entry's key.json when it is whole and matches ``key``, else None (refused)."""
+def _entry_meta(entry: Path, key: dict) -> dict | None:
+    """-> the entry's key.json when it matches ``key`` and names a weights file that is there,
+    else None (refused). The file's hash is the caller's to check (_HashCheck)."""
     try:
         meta = json.loads((entry / "key.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in key.items()):
         return None
-    f = entry / "weights.safetensors"
-    if not f.is_file() or meta.get("weights_sha256") != sha256_file(f):
+    if not (entry / "weights.safetensors").is_file() or not isinstance(meta.get("weights_sha256"), str):
         return None
     return meta
+
+
+class _HashCheck:
+    """The weights file's sha256, computed on a thread of its own while the model is built on the
+    mapped file (hashlib lets go of the GIL: ~0.5 s of a start on a second core); ``ok()`` waits
+    for it. Nothing built from the file is handed out before ``ok()`` says it is the file the
+    entry wrote."""
+
+    def __init__(self, path: Path, want: str):
+        self.want, self.digest = want, None
+        self._t = threading.Thread(target=self._run, args=(path,), name="thor-weights-sha256", daemon=True)
+        self._t.start()
+
+    def _run(self, path: Path) -> None:
+        try:
+            self.digest = sha256_file(path)
+        except OSError:
+            self.digest = None
+
+    def ok(self) -> bool:
+        self._t.join()
+        return self.digest == self.want
 
 
 def _weight_tensors(prefix: str, w) -> dict[str, torch.Tensor]:
@@ -268,16 +292,23 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     mode = f"int4-{kernel}"
     key = entry_key(source_sha256(root, path), mode)
     entry = root / f"{key['source_sha256'][:24]}-{mode}"
-    meta = _check_entry(entry, key)
+    meta = _entry_meta(entry, key)
     ek = env_key(torch.float32 if kernel == "ort" else torch.bfloat16, kernel)
     if meta is not None:
+        hashed = _HashCheck(entry / "weights.safetensors", meta["weights_sha256"])
         try:
             cfg = ModelConfig(**meta["config"])
             tok = Tokenizer.from_gguf_fields(CachedFields(meta["tokenizer"]))
+            model = _model_from_entry(path, entry, meta, cfg, ek, layout, kernel, hashed)
         except (KeyError, TypeError, ValueError, ThorError):
-            meta = None
-    if meta is not None:
-        return Loaded(_model_from_entry(path, entry, meta, cfg, ek, layout, kernel), tok, cfg, str(path))
+            model = None
+        except Exception:
+            if hashed.ok():
+                raise
+            model = None                   # a damaged file the mapping or the kernel choked on
+        if hashed.ok() and model is not None:
+            return Loaded(model, tok, cfg, str(path))
+        model = None                       # refused: rebuilt below
     reader, cfg, tok = gguf_config_and_tokenizer(path)
     model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
                                quant="int4", layout=layout, int4_kernel=kernel))     # its probes go in the entry
@@ -308,8 +339,11 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     return Loaded(model, tok, cfg, str(path))
 
 
-def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout: str, kernel: str):
-    """The int4 TargetModel on a checked entry's memory-mapped weights."""
+def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout: str, kernel: str,
+                      hashed: _HashCheck | None = None):
+    """The int4 TargetModel on an entry's memory-mapped weights. hashed: the file's check under
+    way (None: the file was just written); the verdicts of a new CPU environment are added to
+    key.json only once it passed."""
     from safetensors import safe_open
 
     from ..model import TargetModel
@@ -322,7 +356,7 @@ def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout:
     model = attach(TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
                                quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel))
     model.cache_hit = True
-    if set(verdicts) != known:  # a new CPU environment: remember its probes too
+    if set(verdicts) != known and (hashed is None or hashed.ok()):  # a new CPU environment: remember its probes too
         meta.setdefault("verdicts", {})[ek] = verdicts
         _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
     return model
