@@ -15,7 +15,8 @@ steps, because two kinds of kernel own different things:
 
 A fit reads the model (its weights' kernel, the device, an attached backend), the cache (its
 dtype and length: a kernel binds to fp32 buffers) and the row count. Kernels are built by
-``attach`` at load, the fused graphs on first use, as each needs its own probes.
+``attach`` at load, the fused graphs on first use, as each needs its own probes; where the
+regrouped row kernel takes every fp32 row, the step graph too.
 """
 from __future__ import annotations
 
