@@ -273,6 +273,7 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     import thor_runtime.loading
     from agent.bench import TASKS, eval_cases
     from thor_app.cli import main
+    from thor_app.commands import bench_plan
 
     cases = eval_cases(EVAL_B, 8)
     tasks, worlds = load_eval_set(EVAL_B)
@@ -285,6 +286,9 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
         model=SimpleNamespace(layout="dense"), tokenizer=None))
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
+    readings = iter([{"context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5},
+                     {"context": 1, "step_ms": 3.0, "verify_rows": 16, "verify_ms": 6.0, "verify_in_steps": 2.0}])
+    monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: next(readings))
     out = tmp_path / "plan.json"
     assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
                  "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
@@ -295,3 +299,5 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert doc["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"
     assert not fresh and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
     assert shelves is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
+    # the machine read before and after the plans, in that order
+    assert [doc["step_and_verify"][k]["step_ms"] for k in ("before", "after")] == [2.0, 3.0]

@@ -112,3 +112,17 @@ def test_the_ceiling_sets_the_goal_against_one_at_a_time_at_four_clients():
     assert g["goal_clients"] == 4 and g["goal_plans_per_s"] == 5.0 and g["ceiling_over_goal"] == 1.6
     assert g["with_them_over_goal"] == 1.0
     assert against(c, one[:1]) == c                  # no 4-client level: nothing to weigh
+
+
+def test_step_and_verify_says_where_the_machine_stood(tiny_llama):
+    """The plan bench's machine reading: a 1-row step and a 16-row verify at a context the
+    model's positions allow, both timed, the verify in steps their ratio."""
+    from thor_app.commands.bench_ceiling import step_and_verify
+    from thor_runtime.generate import Runtime
+
+    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
+    m = step_and_verify(rt, context=10**6)
+    assert 0 < m["context"] < tiny_llama.cfg.max_position_embeddings - 16      # cut to what fits
+    assert m["verify_rows"] == 16 and m["step_ms"] > 0 and m["verify_ms"] > 0
+    assert m["verify_in_steps"] == pytest.approx(m["verify_ms"] / m["step_ms"], rel=1e-2)
+    assert step_and_verify(rt, context=8)["context"] == 8

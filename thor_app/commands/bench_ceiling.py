@@ -31,6 +31,18 @@ def row_floor(runtime, context: int, widths=WIDTHS) -> dict:
             "best_rows": rows, "best_s_per_row": per_row[rows]}
 
 
+def step_and_verify(runtime, context: int = 1024, rows: int = 16) -> dict:
+    """Where the machine stands for a speculation ratio: ms of a 1-row step and of a ``rows``-row
+    verify at ``context`` cached tokens (at most what the model's positions allow), logits read
+    by id, and the verify in steps. A plain step is bound by memory, a wide verify by the cores'
+    dot products: the ratios between specs move with this, run to run, on a shared machine."""
+    most = runtime.model.cfg.max_position_embeddings - verify_calls((1, rows)) - rows - 1
+    floor = row_floor(runtime, max(1, min(context, most)), (1, rows))
+    step, wide = floor["s_per_row"]["1"], floor["s_per_row"][str(rows)] * rows
+    return {"context": floor["context"], "step_ms": round(step * 1e3, 3), "verify_rows": rows,
+            "verify_ms": round(wide * 1e3, 3), "verify_in_steps": round(wide / step, 3)}
+
+
 def ceiling(floor: dict, plan_stats: list[dict]) -> dict:
     """The plans/s ceiling from ``row_floor``'s result and the plans' stats (generated and
     computed prompt tokens, as a plan's result reports them)."""

@@ -12,6 +12,7 @@ from thor_app.flags import config_from_args
 from thor_runtime.errors import ThorError
 from thor_runtime.prefix_shelf import PrefixShelf
 
+from .bench_ceiling import step_and_verify
 from .bench_report import device_info, peak_rss_mb, print_table
 
 
@@ -118,15 +119,20 @@ def run_plan(args, specs) -> int:
     prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
     # as `thor plan` and `thor serve` keep world starts on disk: each spec its own, empty at first
     starts = config.model.world_starts if args.plan_start != "whole" else 0
+    before = step_and_verify(rt)     # where the machine stood: the ratios move with it
     with tempfile.TemporaryDirectory(prefix="thor-world-starts-") as d:
         shelves = [PrefixShelf(Path(d) / str(i), starts) for i in range(len(specs))] if starts else None
         rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
                           cases=cases, fresh=args.plan_start == "process", shelves=shelves)
+    machine = {"before": before, "after": step_and_verify(rt)}
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
            "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_start": args.plan_start,
            "prefix_cache": args.prefix_cache, "shared_prefixes": prefixes, "world_starts": starts, "plan_rows": rows,
-           "peak_rss_mb": peak_rss_mb()}
+           "step_and_verify": machine, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
                        "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
+    print("machine, before / after: " + " / ".join(
+        f"1-row step {m['step_ms']} ms, {m['verify_rows']}-row verify {m['verify_ms']} ms ({m['verify_in_steps']} steps)"
+        for m in machine.values()) + f" at {before['context']} cached tokens, logits read by id")
     return 0
