@@ -32,7 +32,7 @@ from .free_text import drop_free_text, trailing_free_text
 from .goal_choice import INFEASIBLE, REACHABLE, UNREACHED, Candidate, Choice, GoalChooser
 from .grammar import Grammar, GrammarTokenizer
 from .grounding import grounding_findings
-from .prompt import build_messages, system_prompt
+from .prompt import build_messages, shared_start, system_prompt
 from .reading import TaskReading, read_task
 from .solver import complete as solve_from_goal
 from .solver import goal_reasons, goal_stop, stated_goal
@@ -285,15 +285,14 @@ class Planner:
                           tuple(history), completed, tuple(stats), tuple(goal.expansion()) if goal else ())
 
     def _world_start(self, ids: list[int], world: World, skills: SkillSet) -> tuple[int, ...]:
-        """The start of ``ids`` that every task's prompt in this world shares: two prompts that
-        differ only in the task, rendered once per world, and their common start."""
+        """The start of ``ids`` that every task's prompt in this world shares (rendered once per
+        world)."""
         from thor_runtime.prefix_cache import common_prefix
 
         text = system_prompt(world, skills)
         start = self._starts.get(text)
         if start is None:
-            a, b = (self.tok.encode_chat(build_messages(t, world, skills)) for t in ("a", "b"))
-            start = tuple(a[:common_prefix(a, b)])
+            start = tuple(shared_start(self.tok, lambda task: build_messages(task, world, skills)))
             if len(self._starts) >= 8:
                 self._starts.clear()
             self._starts[text] = start

@@ -160,6 +160,16 @@ def system_prompt(world: World, skills: SkillSet) -> str:
     return shared_instructions(skills) + "\n" + describe_world(world, skills)
 
 
+def shared_start(tokenizer, messages) -> list[int]:
+    """The token ids that every prompt ``messages(x)`` renders to starts with, whatever x is: two
+    renderings (x = "a", "b") and their common start, so the chat template's tokens and any
+    merge at the boundary are accounted for, whatever the tokenizer."""
+    from thor_runtime.prefix_cache import common_prefix
+
+    a, b = (tokenizer.encode_chat(messages(x)) for x in ("a", "b"))
+    return a[:common_prefix(a, b)]
+
+
 def format_errors(errors) -> str:
     """errors: gate findings as dicts {step, check, message} (or plain strings)."""
     lines = []

@@ -30,17 +30,12 @@ def world_shelf(config):
 
 
 def shared_prefix_ids(tokenizer, skills) -> list[int]:
-    """The token ids every planning prompt on ``skills`` starts with. Two prompts that differ
-    only past the shared text are rendered and their common start taken, so the chat template's
-    tokens and any merge at the boundary are accounted for, whatever the tokenizer."""
-    from agent.prompt import shared_instructions
-    from thor_runtime.prefix_cache import common_prefix
+    """The token ids every planning prompt on ``skills`` starts with, whatever its world and task."""
+    from agent.prompt import shared_instructions, shared_start
 
     text = shared_instructions(skills)
-    a, b = ([{"role": "system", "content": f"{text}\nWorld: {w}"}, {"role": "user", "content": f"Task: {w}"}]
-            for w in ("a", "b"))
-    ids_a = tokenizer.encode_chat(a)
-    return ids_a[:common_prefix(ids_a, tokenizer.encode_chat(b))]
+    return shared_start(tokenizer, lambda w: [{"role": "system", "content": f"{text}\nWorld: {w}"},
+                                              {"role": "user", "content": f"Task: {w}"}])
 
 
 def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) -> dict:
