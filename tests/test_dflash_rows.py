@@ -52,7 +52,7 @@ def test_the_c_block_is_the_torch_forward_over_the_same_projections(tiny_llama):
     for _ in range(3):
         n, at = fast.window_len, fast._next_pos
         assert slow.window_len == n            # both windows take in the committed rows
-        hn = fast._fast.block(fast._block_rows(seq[at]), at, fast._kv, n)                   # [B, D]
+        hn = fast._fast.block(fast.drafter.block_input(seq[at], fast.block_size), at, fast._kv, n)  # [B, D]
         a = fast.drafter.score(hn[1:5], fast._head)                                          # [4, V']
         b = slow.drafter.draft_block(slow._kv[:, :, :, :n], seq[at], at, 4, slow.block_size, head=slow._head)
         assert (a - b).abs().max() <= 5e-2 * b.abs().max()          # each is ~5% off a float64 forward

@@ -230,7 +230,8 @@ class DFlashProposer(Proposer):
             return [], None, none
         n = self.window_len
         if self._fast is not None:
-            hn = self._fast.block(self._block_rows(seq[anchor_pos]), anchor_pos, self._kv, n)  # [B, D]
+            hn = self._fast.block(self.drafter.block_input(seq[anchor_pos], self.block_size), anchor_pos,
+                                  self._kv, n)                                                # [B, D]
             logits = self.drafter.score(hn[1:m + k + 1], self._head)[m:]                      # [k, V']
         elif self._block is not None:
             hn = self._block.run(seq[anchor_pos], anchor_pos, n)[:m + k]                      # [m+k, D]
@@ -254,13 +255,6 @@ class DFlashProposer(Proposer):
         full = q.new_zeros(k, self.drafter.lm_head_w.shape[0])                                # [k, V]
         full.index_copy_(1, self._ids, q)     # q is zero off the shortlist: those are never drafted
         return self._ids[drafts].tolist(), full, conf
-
-    def _block_rows(self, anchor_id: int) -> torch.Tensor:
-        """[B, D]: the anchor's embedding, then the mask token's (draft_block's input)."""
-        d = self.drafter
-        if d._mask_emb is None:
-            d._mask_emb = d.embed_w[d.cfg.mask_token_id].to(d.dtype)                         # [D]
-        return torch.cat([d.embed_w[anchor_id].to(d.dtype)[None], d._mask_emb.expand(self.block_size - 1, -1)])
 
     @torch.inference_mode()
     def commit(self, n_rows, taps):

@@ -53,10 +53,8 @@ class GraphedBlock:
 
     def _forward(self) -> torch.Tensor:
         d, Bk = self.drafter, self.block
-        if d._mask_emb is None:
-            d._mask_emb = d.embed_w[d.cfg.mask_token_id].to(d.dtype)               # [D]
         anchor = torch.nn.functional.embedding(self.anchor_id, d.embed_w).to(d.dtype)   # [1, D]
-        h = torch.cat([anchor, d._mask_emb.expand(Bk - 1, -1)])[None]              # [1, Bk, D]
+        h = torch.cat([anchor, d.mask_embedding().expand(Bk - 1, -1)])[None]       # [1, Bk, D]
         cos, sin = d.rope((self.anchor_pos + self.rows)[None])                     # [1, Bk, Dh]
         ctx = (self.slots < self.filled).expand(Bk, -1)                            # [Bk, W]
         mask = torch.cat([ctx, self.own], dim=1)[None, None]                       # [1, 1, Bk, W + Bk]

@@ -272,6 +272,16 @@ class DFlashDrafter(nn.Module):
                for layer in self.layers]                                             # L x [2, Hkv, C, Dh]
         return torch.stack(out)
 
+    def mask_embedding(self) -> torch.Tensor:
+        """[D]: the mask token's embedding, the input of a block's rows after the anchor (kept)."""
+        if self._mask_emb is None:
+            self._mask_emb = self.embed_w[self.cfg.mask_token_id].to(self.dtype)
+        return self._mask_emb
+
+    def block_input(self, anchor_id: int, Bk: int) -> torch.Tensor:
+        """[Bk, D]: a block's embedded rows, the anchor's then Bk - 1 mask tokens'."""
+        return torch.cat([self.embed_w[anchor_id].to(self.dtype)[None], self.mask_embedding().expand(Bk - 1, -1)])
+
     def draft_block(self, ctx_kv: torch.Tensor | None, anchor_id: int, anchor_pos: int, n: int,
                     block_size: int | None = None, head: torch.Tensor | None = None) -> torch.Tensor:
         """ctx_kv [L, 2, Hkv, C, Dh] or None (block attends to itself only) -> logits [n, V]
@@ -282,10 +292,7 @@ class DFlashDrafter(nn.Module):
         if not 1 <= n <= Bk - 1:
             raise ThorError(f"dflash: can draft 1..{Bk - 1} tokens per block, asked for {n}")
         dev = self.embed_w.device
-        if self._mask_emb is None:
-            self._mask_emb = self.embed_w[self.cfg.mask_token_id].to(self.dtype)     # [D]
-        h = torch.cat([self.embed_w[anchor_id].to(self.dtype)[None],
-                       self._mask_emb.expand(Bk - 1, -1)])[None]                     # [1, Bk, D]
+        h = self.block_input(anchor_id, Bk)[None]                                    # [1, Bk, D]
         cos, sin = self.rope(torch.arange(anchor_pos, anchor_pos + Bk, device=dev)[None])  # [1, Bk, Dh]
         if ctx_kv is None:
             Hk, Dh = self.cfg.num_kv_heads, self.cfg.head_dim
