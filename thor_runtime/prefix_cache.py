@@ -42,6 +42,11 @@ class _Entry:
         return {i: t[start - self.tap_start:end - self.tap_start] for i, t in self.taps.items()}
 
 
+def tap_rows(taps: dict | None) -> int:
+    """T of taps {layer: [T, D]} (the same for every layer); 0 for none."""
+    return next(iter(taps.values())).shape[0] if taps else 0
+
+
 def common_prefix(a, b) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -143,7 +148,7 @@ class PrefixCache:
         """``cache`` (holding the K/V of exactly ``ids``, a stored start) as the most recent
         prompt, with ``taps`` {layer: [T, D]} of its last T rows; not copied (restores copy)."""
         ids = tuple(ids)
-        rows = next(iter(taps.values())).shape[0] if taps else 0
+        rows = tap_rows(taps)
         self._items = [e for e in self._items if e.ids != ids]
         self._items.append(_Entry(ids, cache, dict(taps) if rows else None, len(ids) - rows, stored=True))
         del self._items[:-self.entries]
@@ -152,7 +157,7 @@ class PrefixCache:
         """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's), and the
         taps of its last rows ({layer: [T, D]}, T the same for every layer) when given."""
         ids = tuple(ids)
-        rows = next(iter(taps.values())).shape[0] if taps else 0
+        rows = tap_rows(taps)
         same = next((e for e in self._items if e.ids == ids), None)
         if same is not None:            # the same prompt again: its copy is already here
             self._items.remove(same)

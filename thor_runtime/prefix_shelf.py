@@ -20,6 +20,7 @@ import os
 import threading
 from pathlib import Path
 
+from .prefix_cache import tap_rows
 from .prefix_store import prefix_key, prefix_path, read, save
 
 KEEP = 16          # world starts kept on disk (~23 MB each for the planner model in fp32)
@@ -64,7 +65,7 @@ class PrefixShelf:
         got = self._read(runtime, path, key, ids)
         if got is None:
             return False
-        self._rows[path] = _rows(got[1])
+        self._rows[path] = tap_rows(got[1])
         with contextlib.suppress(OSError):
             os.utime(path)                       # used now: the last to go
         with lock:
@@ -86,8 +87,8 @@ class PrefixShelf:
         if path not in self._rows and path.exists():     # another process's: read once
             old = self._read(runtime, path, key, ids)
             if old is not None:
-                self._rows[path] = _rows(old[1])
-        if self._rows.get(path, -1) >= _rows(got[1]):
+                self._rows[path] = tap_rows(old[1])
+        if self._rows.get(path, -1) >= tap_rows(got[1]):
             return
         with self._queue:
             if all(p != path for p, *_ in self._pending):
@@ -106,7 +107,7 @@ class PrefixShelf:
         for path, cache, ids, key, taps in pending:
             try:
                 save(path, cache, ids, key, taps)
-                self._rows[path] = _rows(taps)
+                self._rows[path] = tap_rows(taps)
             except OSError as e:
                 problems.append(f"{path.name}: {e.strerror or e}")
         try:
@@ -123,7 +124,3 @@ def _unit(cfg):
     from .kv_cache import KVScales
 
     return KVScales.unit(cfg)
-
-
-def _rows(taps: dict) -> int:
-    return next(iter(taps.values())).shape[0] if taps else 0
