@@ -53,13 +53,18 @@ def measure(model, rows, step) -> dict[str, float]:
     return best
 
 
+def settled_by_build(rows) -> bool:
+    """Whether the row kernel's build alone says it runs every prompt row (it regroups)."""
+    return rows is not None and rows.group > 0
+
+
 def prefill_on_rows(model, rows, step, verdict: dict[str, bool]) -> bool:
     """Whether the row kernel runs every prompt row of ``model``: with no step graph it is the
     fastest left; a regrouping build runs them; otherwise measured when ``verdict`` has no
     answer for this build of the row kernel."""
     if rows is None or step is None:
         return rows is not None
-    if rows.group > 0:
+    if settled_by_build(rows):
         return True
     key = f"PrefillOnRows:{rows.build}"
     if key not in verdict:

@@ -27,7 +27,7 @@ from typing import Callable
 from .fixed_shape import STEP_ROWS, FixedShapeDecoder, PaddedVerify
 from .lowbit_fused import fuse_layers, prepare_sessions, release_copied
 from .lowbit_step import step_graph
-from .prefill_choice import prefill_on_rows
+from .prefill_choice import prefill_on_rows, settled_by_build
 from .rowstep import row_step
 
 
@@ -159,7 +159,7 @@ def attach(model):
         # layer boundary for the others, each where row-invariant; the row kernel for steps
         # and verifies where it builds.
         r.rows, r.rows_why = row_step(model, model.row_verdicts)
-        if r.rows is not None and r.rows.group > 0:
+        if settled_by_build(r.rows):
             # a regrouping build runs every prompt, step and verify row of an fp32 cache
             # (prefill_choice.py): the step graph waits for a caller, the per-boundary graphs
             # for a bf16 or fp8 cache
