@@ -10,8 +10,9 @@ row-invariance verdicts per CPU environment). A hit is memory-mapped (safetensor
 Integrity: the source's sha256 is computed once per (path, size, mtime) and remembered in
 ``sources.json``; every hit re-hashes the safetensors file (on a second thread, while the
 model is built on the mapped file; nothing is handed out before it matches) and compares it
-and the key with what the entry says. Any mismatch (another torch, a damaged or edited file, a stale source)
-refuses the entry and rebuilds it. Writes go to a temporary directory renamed into place.
+and the key with what the entry says. Any mismatch (another torch, a damaged or edited file, a
+stale source) refuses the entry and rebuilds it. Writes go to a temporary directory renamed
+into place.
 """
 from __future__ import annotations
 
@@ -308,7 +309,7 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
             model = None                   # a damaged file the mapping or the kernel choked on
         if hashed.ok() and model is not None:
             return Loaded(model, tok, cfg, str(path))
-        model = None                       # refused: rebuilt below
+        model = None                       # refused: its memory goes before the rebuild below
     reader, cfg, tok = gguf_config_and_tokenizer(path)
     model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
                                quant="int4", layout=layout, int4_kernel=kernel))     # its probes go in the entry
