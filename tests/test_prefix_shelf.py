@@ -8,6 +8,7 @@ import pytest
 from test_agent import world_and_skills
 
 from agent.planner import Planner
+from agent.prompt import build_messages
 from thor_runtime.generate import Runtime
 from thor_runtime.prefix_shelf import PrefixShelf
 from thor_runtime.speculative import SpecOptions, build_speculation
@@ -35,7 +36,7 @@ def test_a_world_start_stored_by_one_process_is_restored_by_the_next(default_mod
     shelf = PrefixShelf(tmp_path)
     first, planner = _plan(default_model, TASKS[0], shelf=shelf, spec=spec)
     w, s = world_and_skills("kitchen")
-    ids = default_model.tokenizer.encode_chat(planner_messages(TASKS[1], w, s))
+    ids = default_model.tokenizer.encode_chat(build_messages(TASKS[1], w, s))
     start = planner._world_start(ids, w, s)
     assert 32 < len(start) < len(ids) - 4 and ids[:len(start)] == list(start)     # the world, not the task
     files = list(tmp_path.glob("*.safetensors"))
@@ -49,12 +50,6 @@ def test_a_world_start_stored_by_one_process_is_restored_by_the_next(default_mod
     # with a drafter its window's seed rows came with the start (no tap-less fallback prefill)
     if spec:
         assert st["prompt_tokens_computed"] < 32
-
-
-def planner_messages(task, w, s):
-    from agent.prompt import build_messages
-
-    return build_messages(task, w, s)
 
 
 def test_the_most_recent_worlds_stay_and_a_damaged_file_is_refused(default_model, tmp_path):
