@@ -34,11 +34,44 @@ typedef struct {
 #define SC_LD(n) ((((size_t)(n) + 15) & ~(size_t)15) + 16)
 #define SC_SLOT(e) ((size_t)((e)->H / (e)->Hkv) * (SC_LD((e)->maxpos) + 1))   /* a thread's scratch */
 
-static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
-    for (int r = 0; r < M; r++)
-        quantize_row(x + (size_t)r * K, K, split, e->qx + (size_t)r * K, e->sx + (size_t)r * (K / BLK),
-                     e->zs + (size_t)r * (K / BLK), e->is + (size_t)r * (K / BLK));
+/* Rows x [M, K] -> int8 blocks, on the pool: a unit is QCHUNK blocks of one row (a block's
+   bits depend on its own 32 inputs, so any split gives the same). ``act``: x is [M, 2K], each
+   row the MLP's gate then up, and the rows quantized are silu(gate) * up, formed chunk by chunk
+   into scratch [M, K] (the same operations on each element whatever the split). */
+#define QCHUNK 8
+typedef struct { const float *x; float *scratch; int M, K, split, act; const QRows *q; Engine *e; } QuantTask;
+
+static void quant_task(void *arg, int part, int nparts, int slot) {
+    const QuantTask *t = arg;
+    int per = (t->K / BLK + QCHUNK - 1) / QCHUNK, lo, hi;
+    (void)slot;
+    share(t->M * per, 1, part, nparts, &lo, &hi);
+    for (int u = lo; u < hi; u++) {
+        int r = u / per, b0 = u % per * QCHUNK, b1 = b0 + QCHUNK < t->K / BLK ? b0 + QCHUNK : t->K / BLK;
+        int j0 = b0 * BLK, n = (b1 - b0) * BLK;
+        const float *x = t->x + (size_t)r * t->K + j0;
+        if (t->act) {
+            const float *g = t->x + (size_t)r * 2 * t->K + j0, *up = g + t->K;
+            float *a = t->scratch + (size_t)r * t->K + j0;
+            for (int j = 0; j < n; j++) a[j] = -g[j];
+            vexp(a, n);
+            for (int j = 0; j < n; j++) a[j] = g[j] / (1.f + a[j]) * up[j];
+            x = a;
+        }
+        size_t at = QS_AT(t->q, r, b0);
+        quantize_row(x, n, t->split, t->e->qx + QX_OFF(t->q, r, b0), t->e->sx + at, t->e->zs + at, t->e->is + at,
+                     QS_STEP(t->q));
+    }
+}
+
+static void quantize_into(Engine *e, const float *x, float *scratch, int M, int K, int split, int act, QRows *out) {
     out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->is = e->is; out->M = M; out->K = K;
+    QuantTask t = {x, scratch, M, K, split, act, out, e};
+    pool_run(&e->pool, quant_task, &t, pool_parts(&e->pool, M * ((K / BLK + QCHUNK - 1) / QCHUNK)));
+}
+
+static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
+    quantize_into(e, x, NULL, M, K, split, 0, out);
 }
 
 typedef struct {
@@ -239,13 +272,7 @@ static void mlp_rows(Engine *e, float *h, int T, int D, const float *norm, float
     for (int t = 0; t < T; t++) rms_norm_row(h + (size_t)t * D, norm, D, eps, e->x + (size_t)t * D);
     quantize_rows(e, e->x, T, D, gu->bits == 4, &qr);
     matmul(e, gu, &qr, e->big);                                                    /* [T, 2I] */
-    for (int t = 0; t < T; t++) {
-        float *g = e->big + (size_t)t * 2 * I, *u = g + I, *a = e->x + (size_t)t * I;
-        for (int j = 0; j < I; j++) a[j] = -g[j];
-        vexp(a, I);
-        for (int j = 0; j < I; j++) a[j] = g[j] / (1.f + a[j]) * u[j];
-    }
-    quantize_rows(e, e->x, T, I, down->bits == 4, &qr);
+    quantize_into(e, e->big, e->x, T, I, down->bits == 4, 1, &qr);                /* silu(gate) * up */
     matmul(e, down, &qr, e->y);                                                    /* [T, D] */
     for (size_t j = 0; j < (size_t)T * D; j++) h[j] += e->y[j];
 }

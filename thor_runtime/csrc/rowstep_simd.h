@@ -157,7 +157,7 @@ static inline void axpy(float *y, float a, const float *x, int n) {   /* y += a 
 
 /* one row x [K] -> qx [K] int8 (4-bit weights: per block the even inputs, then the odd, as a
    block's nibbles unpack), sx [K/32] = absmax / 127, zs [K/32] = sx * sum(qx) */
-static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs, int32_t *is) {
+static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx, float *zs, int32_t *is, int step) {
     int b = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     /* the same bits as the loop below (a max is exact; the products and their rounding to
@@ -175,10 +175,10 @@ static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx
             __m512i e = _mm512_permutex2var_epi32(i0, even, i1), o = _mm512_permutex2var_epi32(i0, odd, i1);
             i0 = e; i1 = o;
         }
-        _mm_storeu_si128((__m128i *)(qx + b * BLK), _mm512_cvtepi32_epi8(i0));
-        _mm_storeu_si128((__m128i *)(qx + b * BLK + 16), _mm512_cvtepi32_epi8(i1));
+        _mm_storeu_si128((__m128i *)(qx + (size_t)b * step * BLK), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qx + (size_t)b * step * BLK + 16), _mm512_cvtepi32_epi8(i1));
         int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-        sx[b] = d; zs[b] = d * (float)sum; is[b] = sum;
+        sx[(size_t)b * step] = d; zs[(size_t)b * step] = d * (float)sum; is[(size_t)b * step] = sum;
     }
 #endif
     for (; b < K / BLK; b++) {
@@ -187,14 +187,14 @@ static void quantize_row(const float *x, int K, int split, int8_t *qx, float *sx
         for (int i = 0; i < BLK; i++) { float a = fabsf(p[i]); amax = a > amax ? a : amax; }   /* no libm call */
         float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         int s = 0;
-        int8_t *q = qx + b * BLK;
+        int8_t *q = qx + (size_t)b * step * BLK;
         for (int j = 0; j < BLK / 2; j++) {
             int e = (int)nearbyintf(p[2 * j] * id), o = (int)nearbyintf(p[2 * j + 1] * id);
             if (split) { q[j] = (int8_t)e; q[j + BLK / 2] = (int8_t)o; }
             else { q[2 * j] = (int8_t)e; q[2 * j + 1] = (int8_t)o; }
             s += e + o;
         }
-        sx[b] = d; zs[b] = d * (float)s; is[b] = s;
+        sx[(size_t)b * step] = d; zs[(size_t)b * step] = d * (float)s; is[(size_t)b * step] = s;
     }
 }
 
@@ -298,6 +298,19 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
         }
 #endif
 }
+
+/* where row r's block b of a QRows sits (QX_OFF: in qx, QS_AT: in the scales): the regrouped
+   builds keep a block's rows together (block-major [K/32][M][32], scales [K/32][M]) so a
+   tile's rows are fixed offsets from one pointer; the others row-major [M][K], [M][K/32] */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) || defined(__AVX2__) && defined(__FMA__)
+#define QS_AT(x, r, b) ((size_t)(b) * (x)->M + (r))
+#define QS_STEP(x) ((x)->M)
+#else
+#define QS_AT(x, r, b) ((size_t)(r) * ((x)->K / BLK) + (b))
+#define QS_STEP(x) 1
+#endif
+#define QX_OFF(x, r, b) (QS_AT(x, r, b) * BLK)
+#define QX_AT(x, r, b) ((x)->qx + QX_OFF(x, r, b))
 
 #include "rowstep_group.h"   /* GROUP: the regrouped layout's gtile, where the CPU has one */
 
