@@ -34,8 +34,9 @@ typedef struct {
 #define SC_LD(n) ((((size_t)(n) + 15) & ~(size_t)15) + 16)
 #define SC_SLOT(e) ((size_t)((e)->H / (e)->Hkv) * (SC_LD((e)->maxpos) + 1))   /* a thread's scratch */
 
-/* Rows x [M, K] -> int8 blocks, on the pool: a unit is QCHUNK blocks of one row (a block's
-   bits depend on its own 32 inputs, so any split gives the same). ``act``: x is [M, 2K], each
+/* Rows x [M, K] -> int8 blocks, on the pool: a unit is QCHUNK blocks of one row, the units
+   chunk by chunk so that two threads seldom write the same lines of the block-major arrays (a
+   block's bits depend on its own 32 inputs, so any split gives the same). ``act``: x is [M, 2K], each
    row the MLP's gate then up, and the rows quantized are silu(gate) * up, formed chunk by chunk
    into scratch [M, K] (the same operations on each element whatever the split). */
 #define QCHUNK 8
@@ -47,7 +48,7 @@ static void quant_task(void *arg, int part, int nparts, int slot) {
     (void)slot;
     share(t->M * per, 1, part, nparts, &lo, &hi);
     for (int u = lo; u < hi; u++) {
-        int r = u / per, b0 = u % per * QCHUNK, b1 = b0 + QCHUNK < t->K / BLK ? b0 + QCHUNK : t->K / BLK;
+        int r = u % t->M, b0 = u / t->M * QCHUNK, b1 = b0 + QCHUNK < t->K / BLK ? b0 + QCHUNK : t->K / BLK;
         int j0 = b0 * BLK, n = (b1 - b0) * BLK;
         const float *x = t->x + (size_t)r * t->K + j0;
         if (t->act) {
