@@ -5,11 +5,12 @@
    compare across builds. Exit 0: rows equal, a verify asked for some units of the head's
    outputs writes those with the same bits and leaves every other logit as it was, a head
    through a row map writes each row's logits where the map says with the same bits, and a
-   projection's rows have the same bits alone and together. */
+   projection's rows have the same bits alone and together. I = 288: the MLP's activations
+   quantized in chunks of 8 blocks, the last one short; T = 10: a verify past one 8-row tile. */
 #include <stdio.h>
 #include "../../thor_runtime/csrc/rowstep.c"
 
-enum { L = 2, D = 64, H = 4, HKV = 2, DH = 64, I = 96, V = 80, S = 32, START = 3, T = 7, W = (H + 2 * HKV) * DH };
+enum { L = 2, D = 64, H = 4, HKV = 2, DH = 64, I = 288, V = 80, S = 32, START = 3, T = 10, W = (H + 2 * HKV) * DH };
 
 static uint32_t rng = 12345;
 static float urand(void) { rng = rng * 1664525u + 1013904223u; return (float)(rng >> 8) / 16777216.f - 0.5f; }
