@@ -64,6 +64,8 @@ def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
     assert int(want[5]) == 0
     allowed[[1, 4], 100:1900] = True                                    # two rows inside a string
     logits[4, 1500] = 50.0                                              # beyond the narrow rows' ids
+    # row 4's first maximum is allowed (taken as it is), row 1's is not (the row masked, ties kept)
+    assert allowed[4, int(logits[4].argmax())] and not allowed[1, int(logits[1].argmax())]
     reads = read_ids(allowed)
     assert isinstance(reads, RowReads) and reads.wide.tolist() == [False, True, False, False, True, False]
     want = masked(logits, allowed).argmax(-1)

@@ -105,7 +105,12 @@ def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, reads) -> torch.Ten
     if wide.any():
         rows = np.flatnonzero(wide)
         whole = logits[torch.from_numpy(rows)].cpu().numpy()                                   # [w, V]
-        best[rows] = np.where(allowed[rows], whole, np.float32(-np.inf)).argmax(1)
+        top = whole.argmax(1)                                                                  # [w]
+        # an allowed first maximum is the first allowed maximum too: no masked copy of the row
+        ok = allowed[rows, top]
+        best[rows[ok]] = top[ok]
+        if not ok.all():
+            best[rows[~ok]] = np.where(allowed[rows[~ok]], whole[~ok], np.float32(-np.inf)).argmax(1)
     return torch.from_numpy(best)
 
 
