@@ -6,6 +6,27 @@
 #define ROWSTEP_GROUP_H
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GROUP 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define GROUP 8
+#else
+#define GROUP 0
+#endif
+
+/* where row r's block b of a QRows sits (QX_OFF: in qx, QS_AT: in the scales): the regrouped
+   builds keep a block's rows together (block-major [K/32][M][32], scales [K/32][M]) so a
+   tile's rows are fixed offsets from one pointer; the others row-major [M][K], [M][K/32] */
+#if GROUP
+#define QS_AT(x, r, b) ((size_t)(b) * (x)->M + (r))
+#define QS_STEP(x) ((x)->M)
+#else
+#define QS_AT(x, r, b) ((size_t)(r) * ((x)->K / BLK) + (b))
+#define QS_STEP(x) 1
+#endif
+#define QX_OFF(x, r, b) (QS_AT(x, r, b) * BLK)
+#define QX_AT(x, r, b) ((x)->qx + QX_OFF(x, r, b))
+
+#if GROUP == 16
 /* ---- grouped layout (rowstep_layout() == GROUP): with a row's int8 block in registers as
    eight 4-byte words, one dpbusd against 16 outputs' matching words sums 4 inputs of each of
    16 outputs; eight of them finish a block with its sums already in the 16 lanes of the output
@@ -15,7 +36,6 @@
    bytes 4i..4i+3 of output n's MatMulNBits block (low nibbles: split inputs 4i..4i+3, high:
    16 + 4i..), 8-bit: eight, vector k's word n the bytes 4k..4k+3; s and m [N/16, nb, 16]; N is
    padded to whole groups (zero weights), the padding never stored. */
-#define GROUP 16
 #define GT 2          /* output groups per tile of up to RT rows */
 #define GRT 8         /* rows per tile of one group: more accumulator chains in flight (gtiles) */
 #define GPF 32        /* blocks ahead the first pass prefetches: 8 KB of 4-bit codes, a DRAM latency's worth at
@@ -81,7 +101,7 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
     }
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif GROUP == 8
 /* ---- the same regrouped words on AVX2, 8 outputs a group (one 256-bit vector). AVX2 has no
    dpbusd: maddubs sums pairs of u8 x s8 products into int16 lanes. With 4-bit codes (0..15) and
    |qx| <= 127 a pair is at most 3810, so a block's eight pair vectors add up in int16 (at most
@@ -90,7 +110,6 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
    which a pair cannot hold: their top bit goes apart (as 128 times the inputs where it is set),
    each vector widened on its own. Integer sums are exact, and every (row, group) runs the same
    float operations whatever R and G are. */
-#define GROUP 8
 #define GT 1          /* 16 vector registers: one group of up to RT rows at a time */
 #define GRT RT
 #define GPF 8
@@ -159,8 +178,6 @@ static inline __attribute__((always_inline)) void gtile(const Proj *w, const QRo
     }
 }
 
-#else
-#define GROUP 0
 #endif
 
 #endif

@@ -299,19 +299,6 @@ static inline __attribute__((always_inline)) void tile(const Proj *w, const QRow
 #endif
 }
 
-/* where row r's block b of a QRows sits (QX_OFF: in qx, QS_AT: in the scales): the regrouped
-   builds keep a block's rows together (block-major [K/32][M][32], scales [K/32][M]) so a
-   tile's rows are fixed offsets from one pointer; the others row-major [M][K], [M][K/32] */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) || defined(__AVX2__) && defined(__FMA__)
-#define QS_AT(x, r, b) ((size_t)(b) * (x)->M + (r))
-#define QS_STEP(x) ((x)->M)
-#else
-#define QS_AT(x, r, b) ((size_t)(r) * ((x)->K / BLK) + (b))
-#define QS_STEP(x) 1
-#endif
-#define QX_OFF(x, r, b) (QS_AT(x, r, b) * BLK)
-#define QX_AT(x, r, b) ((x)->qx + QX_OFF(x, r, b))
-
 #include "rowstep_group.h"   /* GROUP: the regrouped layout's gtile, where the CPU has one */
 
 #if GROUP
