@@ -48,7 +48,9 @@ def test_read_ids_only_when_few():
     assert read_ids(None) is None
 
 
-def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
+def _argmax_cases():
+    """(logits [6, 2000], allowed, reads) with many equal maxima: narrow rows only, then two rows
+    inside a string, one whose first maximum is allowed and one whose is not."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 3, (6, 2000), generator=gen).float()    # [6, 2000], many equal maxima
     allowed = np.zeros((6, 2000), bool)
@@ -59,17 +61,31 @@ def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
     logits[5, [0, 1999]] = 9.0                                          # a tie between them: the first
     ids = read_ids(allowed)
     assert ids is not None
-    want = masked(logits, allowed).argmax(-1)
-    assert torch.equal(masked_argmax(logits, allowed, ids), want)
-    assert int(want[5]) == 0
+    yield logits, allowed.copy(), ids
     allowed[[1, 4], 100:1900] = True                                    # two rows inside a string
     logits[4, 1500] = 50.0                                              # beyond the narrow rows' ids
     # row 4's first maximum is allowed (taken as it is), row 1's is not (the row masked, ties kept)
     assert allowed[4, int(logits[4].argmax())] and not allowed[1, int(logits[1].argmax())]
     reads = read_ids(allowed)
     assert isinstance(reads, RowReads) and reads.wide.tolist() == [False, True, False, False, True, False]
-    want = masked(logits, allowed).argmax(-1)
-    assert torch.equal(masked_argmax(logits, allowed, reads), want) and int(want[4]) == 1500
+    yield logits, allowed, reads
+
+
+def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():
+    wants = []
+    for logits, allowed, reads in _argmax_cases():
+        want = masked(logits, allowed).argmax(-1)
+        assert torch.equal(masked_argmax(logits, allowed, reads), want)
+        wants.append(want)
+    assert int(wants[0][5]) == 0 and int(wants[1][4]) == 1500
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: run `make test-gpu` on a GPU")
+def test_argmax_over_the_read_ids_on_a_gpu_is_the_cpus():
+    """Logits on a GPU take the other path (only the columns and rows read cross to the host)."""
+    for logits, allowed, reads in _argmax_cases():
+        assert torch.equal(masked_argmax(logits.cuda(), allowed, reads), masked_argmax(logits, allowed, reads))
 
 
 def test_logits_read_by_id_have_the_whole_heads_bits(tiny_llama):
