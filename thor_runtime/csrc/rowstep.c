@@ -42,15 +42,17 @@ typedef struct {
 #define QCHUNK 8
 typedef struct { const float *x; float *scratch; int M, K, split, act; const QRows *q; Engine *e; } QuantTask;
 
+static int quant_units(int M, int K) { return M * ((K / BLK + QCHUNK - 1) / QCHUNK); }
+
 static void quant_task(void *arg, int part, int nparts, int slot) {
     const QuantTask *t = arg;
-    int per = (t->K / BLK + QCHUNK - 1) / QCHUNK, lo, hi;
+    int nb = t->K / BLK, lo, hi;
     (void)slot;
-    share(t->M * per, 1, part, nparts, &lo, &hi);
+    share(quant_units(t->M, t->K), 1, part, nparts, &lo, &hi);
     for (int u = lo; u < hi; u++) {
-        int r = u % t->M, b0 = u / t->M * QCHUNK, b1 = b0 + QCHUNK < t->K / BLK ? b0 + QCHUNK : t->K / BLK;
+        int r = u % t->M, b0 = u / t->M * QCHUNK, b1 = b0 + QCHUNK < nb ? b0 + QCHUNK : nb;
         int j0 = b0 * BLK, n = (b1 - b0) * BLK;
-        const float *x = t->x + (size_t)r * t->K + j0;
+        const float *x;
         if (t->act) {
             const float *g = t->x + (size_t)r * 2 * t->K + j0, *up = g + t->K;
             float *a = t->scratch + (size_t)r * t->K + j0;
@@ -58,6 +60,8 @@ static void quant_task(void *arg, int part, int nparts, int slot) {
             vexp(a, n);
             for (int j = 0; j < n; j++) a[j] = g[j] / (1.f + a[j]) * up[j];
             x = a;
+        } else {
+            x = t->x + (size_t)r * t->K + j0;
         }
         size_t at = QS_AT(t->q, r, b0);
         quantize_row(x, n, t->split, t->e->qx + QX_OFF(t->q, r, b0), t->e->sx + at, t->e->zs + at, t->e->is + at,
@@ -68,7 +72,7 @@ static void quant_task(void *arg, int part, int nparts, int slot) {
 static void quantize_into(Engine *e, const float *x, float *scratch, int M, int K, int split, int act, QRows *out) {
     out->qx = e->qx; out->sx = e->sx; out->zs = e->zs; out->is = e->is; out->M = M; out->K = K;
     QuantTask t = {x, scratch, M, K, split, act, out, e};
-    pool_run(&e->pool, quant_task, &t, pool_parts(&e->pool, M * ((K / BLK + QCHUNK - 1) / QCHUNK)));
+    pool_run(&e->pool, quant_task, &t, pool_parts(&e->pool, quant_units(M, K)));
 }
 
 static void quantize_rows(Engine *e, const float *x, int M, int K, int split, QRows *out) {
