@@ -68,7 +68,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
 
     The specs take turns request by request (each case runs under every spec before the next
     case, the first spec rotating), so a machine whose speed drifts during the run moves
-    every spec alike: the ratios between them are paired, not minutes apart. Each spec keeps
+    every spec alike: the ratios between them are paired, not minutes apart
+    (``decode_vs_first_paired``: the median of the per-request ratios). Each spec keeps
     its own planner (``auto`` learns from its own requests only) and, unless fresh, its own
     recent prompts, as a service running it alone would: a prompt one spec prefilled does not
     start warm for the next (and a DFlash request needs taps that a lookup one does not keep)."""
@@ -108,7 +109,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                     run["lat"].append(s["plan_latency_s"])
                     run["dec"].append(s["decode_tok_s"])
                     run["acc"].append(s["accept_length_mean"])
-                    run["where"].append({"case": name, **{k: s[k] for k in WHERE_TIME_GOES}})
+                    run["where"].append({"case": name, "decode_tok_s": s["decode_tok_s"],
+                                         **{k: s[k] for k in WHERE_TIME_GOES}})
                     if r == 0:
                         run["jf"] += s["jump_forward_tokens"]
                         run["valid"] += bool(res.valid)
@@ -128,9 +130,18 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
             row["plans_identical_to_first"] = run["plans"] == runs[0]["plans"]
         rows.append(row)
     base = rows[0]["decode_tok_s"] if rows else 0
-    for row in rows[1:]:
+    for row, run in zip(rows[1:], runs[1:]):
         row["decode_vs_first"] = round(row["decode_tok_s"] / base, 2) if base else None
+        row["decode_vs_first_paired"] = _paired(run["dec"], runs[0]["dec"])
     return rows
+
+
+def _paired(dec: list[float], first: list[float]) -> float | None:
+    """The median over requests of one spec's decode tok/s over the first spec's on the same
+    request, planned right after it: each ratio holds the request's length and wording and the
+    machine's speed of that moment alike, where a ratio of medians compares different plans."""
+    ratios = [d / f for d, f in zip(dec, first) if f > 0]
+    return round(statistics.median(ratios), 2) if ratios else None
 
 
 def _spread(tasks: list, limit: int | None) -> list:

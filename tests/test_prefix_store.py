@@ -172,7 +172,7 @@ def test_bench_plan_says_where_each_plan_went(default_model):
     rt = _runtime(default_model)
     row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1)[0]
     first, second = row["per_plan"]
-    assert set(first) == {"case", *WHERE_TIME_GOES} and first["case"] == second["case"]
+    assert set(first) == {"case", "decode_tok_s", *WHERE_TIME_GOES} and first["case"] == second["case"]
     assert first["prompt_tokens_computed"] > 0 and first["time_prefill_s"] > 0 and first["time_decode_s"] > 0
     # the same request again: its prompt comes from the recent prompts kept in memory
     assert second["prompt_tokens_from_memory"] > 0 and second["prompt_tokens_computed"] < first["prompt_tokens_computed"]
@@ -199,3 +199,7 @@ def test_bench_plan_fresh_starts_each_plan_as_a_new_process(default_model, tmp_p
         assert alone["prompt_tokens_from_memory"] == 0 and alone["prompt_tokens_from_disk"] == pinned
         assert again["prompt_tokens_from_memory"] > pinned                   # its own copy, the second time
     assert first.get("plans_identical_to_first", True) and second["plans_identical_to_first"]
+    # the paired ratio: the median of the per-request ratios, request by request
+    ratios = sorted(b["decode_tok_s"] / a["decode_tok_s"] for a, b in zip(first["per_plan"], second["per_plan"]))
+    assert second["decode_vs_first_paired"] == round((ratios[0] + ratios[1]) / 2, 2)
+    assert "decode_vs_first_paired" not in first

@@ -131,7 +131,8 @@ def run_plan(args, specs) -> int:
            "step_and_verify": machine, "peak_rss_mb": peak_rss_mb()}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
-                       "decode_vs_first", "accept_length_mean", "jump_forward_tokens", "plans_identical_to_first"])
+                       "decode_vs_first", "decode_vs_first_paired", "accept_length_mean", "jump_forward_tokens",
+                       "plans_identical_to_first"])
     print("machine, before / after: " + " / ".join(
         f"1-row step {m['step_ms']} ms, {m['verify_rows']}-row verify {m['verify_ms']} ms ({m['verify_in_steps']} steps)"
         for m in machine.values()) + f" at {before['context']} cached tokens, logits read by id")
