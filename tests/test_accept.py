@@ -10,6 +10,7 @@ from thor_runtime.speculative.accept import (
     accept_sampling,
     accept_strict,
     in_thinking,
+    rows_argmax,
 )
 
 V = 8
@@ -43,6 +44,18 @@ def test_strict_mid_miss_ignores_later_matches():
 def test_strict_no_drafts_is_plain_decoding():
     n, out = accept_strict(rows(7), torch.empty(0, dtype=torch.long))
     assert n == 0 and out == [7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rows_argmax_is_torchs_first_maximum(dtype):
+    """The cycle's argmax (numpy's on a CPU, torch's for bf16) takes each row's first maximum, as
+    torch.argmax does: wide rows with ties, a row of one value, a non-contiguous view."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (5, 151_936), generator=g).to(dtype)       # many ties per row
+    x[1] = 2.0
+    for view in (x, x[::2], x[:, 7:]):
+        got = rows_argmax(view)
+        assert got.dtype == torch.long and torch.equal(got, view.argmax(-1))
 
 
 B, E = 6, 7  # <think>, </think>

@@ -268,19 +268,55 @@ def test_a_probe_request_measures_its_proposer_every_cycle():
     assert cycles_drafted(probe) == 40 and cycles_drafted(plain) <= 6
 
 
-def test_the_share_of_hot_cycles_outlives_one_requests_tail():
-    """How often a cycle follows an accepting one is a property of the text over many
-    requests: one request ending on a run of accepting cycles barely moves it."""
-    arm = Arm("ngram", NgramProposer(), 8, 0.8)
+def _run(budget: CostBudget, cycles: int, offer: tuple, first: tuple, rng: random.Random, kmax: int = 8
+         ) -> float:
+    """``cycles`` cycles of ``budget`` on text where, cold / hot, a draft comes with probability
+    offer[h] and each draft holds with probability first[h] (the next too, while they hold):
+    -> the share of cycles that ran hot."""
+    st, hot = budget.start(), 0
+    for _ in range(cycles):
+        hot += st.hot
+        cap = budget.cap(kmax, st)
+        drafted = cap if cap and rng.random() < offer[st.hot] else 0
+        accepted = 0
+        while accepted < drafted and rng.random() < first[st.hot]:
+            accepted += 1
+        st = budget.update(st, drafted, accepted, Cycle(1 + drafted, 0, 0.01, 0.001 if cap else 0.0))
+    return hot / cycles
+
+
+@pytest.mark.parametrize("offer, first, paused_cold", [((0.5, 0.8), (0.8, 0.85), False),    # lookup copying
+                                                       ((1.0, 1.0), (0.05, 0.9), True)])    # paused cold
+def test_the_share_of_hot_cycles_is_the_one_its_k_lead_to(offer, first, paused_cold):
+    """A request's rate weighs cold and hot cycles by the share the K chosen in each lead to,
+    which is the share the budget then runs, also where cold cycles pause."""
+    arm = Arm("p", object(), 8, 0.5)
     policy = AutoPolicy([arm, Arm("none", None, 0)], [Arm("none", None, 0)])
     b = CostBudget(policy, policy.classes["constrained"], arm, STEEP)
-    st = b.start()
-    for i in range(400):                                        # 1 in 5 cycles accepts
-        st = b.update(st, 4, int(i % 5 == 0), Cycle(5, 0, 0.01, 0.001))
-    before = arm.hot
-    for _ in range(10):                                         # a request's tail that copies
-        st = b.update(st, 4, 4, Cycle(5, 0, 0.01, 0.001))
-    assert 0.15 < before < 0.25 and arm.hot - before < 0.15
+    _run(b, 3000, offer, first, random.Random(0))                  # learn the text
+    ran = _run(b, 6000, offer, first, random.Random(1))
+    k0, k1 = arm.best_k(STEEP, 8, 0, 0)[0], arm.best_k(STEEP, 8, 1, 0)[0]
+    assert (k0 == 0) == paused_cold and k1 > 0
+    assert arm.hot_share(k0, k1) == pytest.approx(ran, abs=0.08)     # from decayed, noisy estimates
+    if paused_cold:
+        assert ran < 0.15
+
+
+def test_a_probe_that_drafts_every_cycle_leaves_lookup_the_best():
+    """Chat: a drafter that is right only after lookup-like hot cycles looks hot often in its probe
+    request, which drafts on every cycle; as the best it would pause cold and stay there, so lookup,
+    which runs as well as the probe looked, stays the best."""
+    lookup = Arm("ngram", object(), 8, 0.8)
+    drafter = Arm("combined", object(), 8, 0.3, draft_cost=0.1)
+    policy = AutoPolicy([Arm("none", None, 0)], [lookup, drafter, Arm("none", None, 0)])
+    free, rng = policy.classes["free"], random.Random(0)
+    for _ in range(4):                                              # requests with lookup
+        _run(CostBudget(policy, free, lookup, STEEP), 90, (0.3, 0.8), (0.7, 0.85), rng)
+    probe = CostBudget(policy, free, drafter, STEEP, probe=True)
+    _run(probe, 90, (1.0, 1.0), (0.15, 0.9), rng)
+    assert policy.choice(False, STEEP) is lookup
+    # what the drafter does as the best: paused cold, it runs as plain decoding nearly throughout
+    assert _run(CostBudget(policy, free, drafter, STEEP), 300, (1.0, 1.0), (0.15, 0.9), rng) < 0.1
 
 
 def _auto_with_drafter(tiny_llama, tmp_path):

@@ -22,7 +22,8 @@ cycle look cheaper than it is and longer blocks less worth their rows: on the pl
 (``CostBudget``, which takes the draft budget's place under auto); K = 0 pauses the proposer,
 with probes on the draft budget's schedule (``budget.probe_due``) so that a paused proposer can
 show it is right again. Acceptance is kept apart after a cycle that accepted nothing (cold)
-and one that accepted drafts (hot): lookup that is copying a span keeps being right.
+and one that accepted drafts (hot): lookup that is copying a span keeps being right. A request's
+rate weighs the two by the share of hot cycles their K lead to (``Arm.hot_share``).
 
 Each request runs the candidate of its class with the largest expected rate; plain decoding is
 a candidate (rate 1 / c(1 + f)), and every other one is probed 4, 12, 28 and 60 requests after
@@ -54,9 +55,9 @@ DRAFTER_COST_PRIOR = 0.25     # its forward per cycle, in 1-row steps, until mea
 PRIOR_WEIGHT = 2.0            # pseudo-observations behind each position's prior
 DECAY = 1 - 1 / 64            # older observations fade: about the last 64 count per position
 EWMA = 0.1                    # weight of the newest cycle in the running costs and rates
-# ... and in the shares that describe the text (how often a cycle follows an accepting one, how
-# often the proposer has a draft): these differ between requests far more than costs do, and
-# at 0.1 they held the last ~10 cycles of one request, which is what the next request was judged on
+# ... and in the share that describes the text (how often the proposer has a draft): it differs
+# between requests far more than costs do, and at 0.1 it held the last ~10 cycles of one
+# request, which is what the next request was judged on
 SHARE_EWMA = 1 / 64
 LOW_K = 2                     # drafts per probing cycle
 PROBE_EVERY, PROBE_GAP = 4, 32    # cycles (within a request) or requests (between them)
@@ -89,7 +90,6 @@ class Arm:
         # decoding, and is never probed otherwise (with_cost_policy says why)
         self.fallback = fallback
         self.tracks = tuple(_Track([0.0] * self.kmax, [0.0] * self.kmax) for _ in range(2))  # cold, hot
-        self.hot = 0.5                # share of cycles that follow an accepting one
         self.draft = draft_cost       # steps per cycle it is asked to draft
         self.keep = 0.0               # steps per cycle (commit: the drafter's window)
         self.since_best = 0           # requests of its class since it was last the best
@@ -120,11 +120,27 @@ class Arm:
         return best
 
     def rate(self, curve: CostCurve, forced: float, rest: float = 0.0) -> float:
-        """Expected tokens per step over a request: cold and hot cycles, each at its best K."""
-        _, e0, t0 = self.best_k(curve, self.kmax, 0, forced, rest)
-        _, e1, t1 = self.best_k(curve, self.kmax, 1, forced, rest)
-        h = self.hot if self.proposer is not None else 0.0
+        """Expected tokens per step over a request: cold and hot cycles, each at its best K, in
+        the shares those K lead to (``hot_share``)."""
+        k0, e0, t0 = self.best_k(curve, self.kmax, 0, forced, rest)
+        k1, e1, t1 = self.best_k(curve, self.kmax, 1, forced, rest)
+        h = self.hot_share(k0, k1) if self.proposer is not None else 0.0
         return ((1 - h) * e0 + h * e1) / ((1 - h) * t0 + h * t1)
+
+    def hot_share(self, k0: int, k1: int) -> float:
+        """The share of hot cycles when cold ones verify k0 drafts and hot ones k1: a cycle turns
+        hot when a draft comes and its first is accepted, so a proposer paused when cold (k0 = 0)
+        turns hot only on the pause's probe cycles (budget.probe_due: one in PROBE_GAP at
+        length). Measured as it ran instead, the share counted the cycles of probe requests too,
+        which draft on every cycle: on chat a probe of the combination showed it hot a quarter
+        of the time and level with lookup, the next request ran it as the best, paused and cold
+        nearly throughout, at 0.77x lookup (docs/speculative-decoding.md)."""
+        def turns_hot(track: _Track) -> float:
+            return track.offer * track.rates(self.prior)[0] if self.kmax else 0.0
+        cold, hot = self.tracks
+        up = turns_hot(cold) * (1.0 if k0 else 1 / PROBE_GAP)
+        stay = turns_hot(hot) if k1 else 0.0
+        return up / (up + 1 - stay) if up > 0 else 0.0
 
     def observe(self, hot: int, drafted: int, accepted: int) -> None:
         """A verified cycle: positions 1..accepted were accepted, the next one (if drafted) not."""
@@ -296,7 +312,6 @@ class CostBudget:
                 if drafted:
                     arm.observe(state.hot, drafted, accepted)
             arm.keep = (1 - EWMA) * arm.keep + EWMA * cycle.keep_s / step
-            arm.hot = (1 - SHARE_EWMA) * arm.hot + SHARE_EWMA * state.hot
         if state.cap:
             state.ks[state.cap] += 1
         # a failed probe keeps the pause going, so the next probe waits twice as long

@@ -24,7 +24,7 @@ from ..fileio import write_json_atomic
 from .cost import cost_dir, curve_key
 
 FORMAT = 1
-_NUMS = ("hot", "draft", "keep", "since_best")
+_NUMS = ("draft", "keep", "since_best")
 _CLASS_NUMS = ("forced", "by_id", "rest")
 
 
