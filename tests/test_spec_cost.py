@@ -303,9 +303,9 @@ def test_the_share_of_hot_cycles_is_the_one_its_k_lead_to(offer, first, paused_c
 
 
 def test_a_probe_that_drafts_every_cycle_leaves_lookup_the_best():
-    """Chat: a drafter that is right only after lookup-like hot cycles looks hot often in its probe
-    request, which drafts on every cycle; as the best it would pause cold and stay there, so lookup,
-    which runs as well as the probe looked, stays the best."""
+    """Chat: a drafter that is right mainly after an accepting cycle looks hot often in its probe
+    request, which drafts on every cycle; as the best it would pause when cold and stay cold, so
+    lookup stays the best."""
     lookup = Arm("ngram", object(), 8, 0.8)
     drafter = Arm("combined", object(), 8, 0.3, draft_cost=0.1)
     policy = AutoPolicy([Arm("none", None, 0)], [lookup, drafter, Arm("none", None, 0)])
