@@ -50,7 +50,8 @@ def test_read_ids_only_when_few():
 
 def _argmax_cases():
     """(logits [6, 2000], allowed, reads) with many equal maxima: narrow rows only, then two rows
-    inside a string, one whose first maximum is allowed and one whose is not."""
+    inside a string, one whose first maximum is allowed and one whose is not; then every row
+    inside one (every logit read: reads None)."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 3, (6, 2000), generator=gen).float()    # [6, 2000], many equal maxima
     allowed = np.zeros((6, 2000), bool)
@@ -69,6 +70,9 @@ def _argmax_cases():
     reads = read_ids(allowed)
     assert isinstance(reads, RowReads) and reads.wide.tolist() == [False, True, False, False, True, False]
     yield logits, allowed, reads
+    allowed[:, 100:1900] = True                                         # every row inside a string
+    assert read_ids(allowed) is None
+    yield logits, allowed, None
 
 
 def test_argmax_over_the_read_ids_is_the_masked_rows_argmax():

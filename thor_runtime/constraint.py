@@ -95,19 +95,22 @@ def masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
 def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, reads) -> torch.Tensor:
     """masked(logits, allowed).argmax(-1) [R] when every id a narrow row allows is in the ids
     ``reads`` (read_ids') names: only those columns are read there, and the first of equal
-    maxima is the same column either way; a wide row is read whole."""
+    maxima is the same column either way; a wide row is read whole (every row, reads None)."""
     ids, wide = split_reads(reads, logits.shape[0])
     narrow, rows = np.flatnonzero(~wide), np.flatnonzero(wide)
     if logits.device.type == "cpu":
         # numpy on the tensor's own memory: torch's gathers of this size wake its thread pool,
         # which then spins on the cores the next verify needs
         host = logits.detach().float().numpy()                                                  # [R, V]
-        part, whole = host[np.ix_(narrow, ids)], host[rows]                                     # [r, n], [w, V]
+        part = host[np.ix_(narrow, ids)] if len(narrow) else None                              # [r, n]
+        whole = host if len(rows) == len(host) else host[rows]                                  # [w, V], no copy of all
     else:                 # only the columns and rows read cross to the host
-        part = logits.index_select(1, torch.from_numpy(ids).to(logits.device)).float().cpu().numpy()[narrow]
+        part = (logits.index_select(1, torch.from_numpy(ids).to(logits.device)).float().cpu().numpy()[narrow]
+                if len(narrow) else None)
         whole = logits[torch.from_numpy(rows).to(logits.device)].float().cpu().numpy() if len(rows) else None
     best = np.empty(logits.shape[0], np.int64)                                                  # [R]
-    best[narrow] = ids[np.where(allowed[np.ix_(narrow, ids)], part, np.float32(-np.inf)).argmax(1)]
+    if len(narrow):
+        best[narrow] = ids[np.where(allowed[np.ix_(narrow, ids)], part, np.float32(-np.inf)).argmax(1)]
     if len(rows):
         top = whole.argmax(1)                                                                  # [w]
         # an allowed first maximum is the first allowed maximum too: no masked copy of the row

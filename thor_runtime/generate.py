@@ -318,9 +318,10 @@ class Runtime:
                 cols=None):
         """cols: the ids the verify computed (read_ids of ``allowed``), None: all."""
         relax = self._relaxable(drafts, seq, relaxed, constraint) if params.greedy and relaxed is not None else []
-        if params.greedy and not any(relax) and cols is not None:
-            # the few legal columns only: masking and an argmax over the whole vocabulary took
-            # ~3 ms of a 16-row cycle on CPU
+        if params.greedy and not any(relax) and allowed is not None and (cols is not None or not logits.is_cuda):
+            # the few legal columns only, and a row read whole masked only where its maximum is
+            # illegal: masking and an argmax over the whole vocabulary took ~3 ms of a 16-row
+            # cycle on CPU (a GPU's rows, all read whole, are masked and reduced on the device)
             return accept_greedy(masked_argmax(logits, allowed, cols), drafts)
         if allowed is not None:
             logits = masked(logits, allowed)                                  # [K+1, V], -inf where illegal
