@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from thor_runtime.runtime_config import PlannerSettings
@@ -56,10 +57,12 @@ WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "pro
                    "prompt_tokens_computed", "time_prefill_s", "time_decode_s", "time_grammar_s", "time_check_s")
 
 
-def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, drafter=None,
+def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, options: SpecOptions | None = None,
                limit: int | None = None, cases: list[tuple] | None = None, fresh: bool = False,
                shelves: list | None = None) -> list[dict]:
-    """cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
+    """options: the speculation settings every spec runs with (the drafter, --block-size,
+    --window, ...: thor_app's ``spec_options``), each spec replacing only the method; None: the
+    defaults. cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
     fresh: every plan starts as in a new `thor plan` process: the runtime's recent prompts
     forgotten (its pinned starts kept) and a new planner, whose ``auto`` starts from what the
     spec's previous plan left (as `thor plan` reads it from disk: speculative/auto_state.py).
@@ -75,8 +78,10 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     start warm for the next (and a DFlash request needs taps that a lookup one does not keep)."""
     cases = plan_cases(limit) if cases is None else cases
 
+    base = options or SpecOptions()
+
     def planner(spec):
-        speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+        speculation = build_speculation(replace(base, method=spec), runtime.model,
                                         plan_format=plan_format_fingerprint())
         return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0,
                        shelf=shelves[specs.index(spec)] if shelves else None)
@@ -162,18 +167,19 @@ def _spread(tasks: list, limit: int | None) -> list:
     return out
 
 
-def eval_bench(runtime, tokenizer, spec: str = "none", drafter=None, solver_modes=(True, False),
+def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | None = None, solver_modes=(True, False),
                attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None,
                directory=None, goal_choice: int = PlannerSettings.goal_choice, words: str = "all") -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
-    (pddl_check.py) every plan is also checked by the independent validator. ``goal_choice``
-    and ``words``: the Planner's (goal_choice.py; where the word rules act, planner.WORD_RULES)."""
+    (pddl_check.py) every plan is also checked by the independent validator. ``options``: as
+    plan_bench's. ``goal_choice`` and ``words``: the Planner's (goal_choice.py; where the word
+    rules act, planner.WORD_RULES)."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
     # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines it)
-    speculation = build_speculation(SpecOptions(method=spec, drafter=drafter), runtime.model,
+    speculation = build_speculation(replace(options or SpecOptions(), method=spec), runtime.model,
                                     plan_format=plan_format_fingerprint())
     out = []
     for solver in solver_modes:

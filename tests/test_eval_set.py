@@ -239,10 +239,11 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     import thor_runtime.loading
     from thor_app.cli import main
 
-    seen = []
+    seen, opts = [], []
 
-    def fake_eval_bench(rt, tok, spec, drafter, modes, attempts, limit=None, directory=None, **planner_kw):
+    def fake_eval_bench(rt, tok, spec, options, modes, attempts, limit=None, directory=None, **planner_kw):
         seen.append(directory)
+        opts.append(options)
         return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
 
     monkeypatch.setattr(agent.bench, "eval_bench", fake_eval_bench)
@@ -250,9 +251,10 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
     out = tmp_path / "eval.json"
     assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward", "--model", "m",
-                 "--configs", "fp32/fp32", "--json", str(out)]) == 0
+                 "--configs", "fp32/fp32", "--window", "48", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "agent/evalsets/2-bakery-library-repair-ward"
+    assert opts[0].window == 48        # the speculation flags reach the planner's speculation
     assert doc["eval_rows"][0]["tasks"] == 44
     assert main(["bench", "--plan", "--plan-set", "eval", "--model", "m", "--configs", "fp32/fp32",
                  "--json", str(out)]) == 0
@@ -281,8 +283,8 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert {c[0] for c in cases}.isdisjoint(TASKS)
     assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
     seen = []
-    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, drafter=None, cases=None, fresh=False,
-                        shelves=None: seen.append((specs, cases, fresh, shelves)) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, options=None, cases=None, fresh=False,
+                        shelves=None: seen.append((specs, cases, fresh, shelves, options)) or [{"spec": s} for s in specs])
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
         model=SimpleNamespace(layout="dense"), tokenizer=None))
     monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
@@ -292,8 +294,10 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     out = tmp_path / "plan.json"
     assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
                  "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
-                 "--json", str(out)]) == 0
-    (specs, got, fresh, shelves), = seen
+                 "--window", "48", "--block-size", "8", "--json", str(out)]) == 0
+    (specs, got, fresh, shelves, options), = seen
+    # every spec runs with the speculation flags given (before, the plan benches dropped them)
+    assert (options.window, options.block_size) == (48, 8)
     assert specs == ["none", "auto"] and [c[:2] for c in got] == [c[:2] for c in eval_cases(EVAL_B, 4)]
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"

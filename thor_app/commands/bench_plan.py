@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from thor_app.assembly import load_model, make_runtime, with_settings
+from thor_app.assembly import load_model, make_runtime, spec_options, with_settings
 from thor_app.flags import config_from_args
 from thor_runtime.errors import ThorError
 from thor_runtime.prefix_shelf import PrefixShelf
@@ -63,7 +63,7 @@ def run_eval(args, specs) -> int:
     for m in models:
         loaded = load_model(config, name=m)
         rt = make_runtime(config, loaded)
-        for r in eval_bench(rt, loaded.tokenizer, specs[0], config.speculation.drafter or None, modes, args.attempts,
+        for r in eval_bench(rt, loaded.tokenizer, specs[0], spec_options(config), modes, args.attempts,
                             limit=args.eval_limit, directory=eval_dir, goal_choice=config.planner.goal_choice,
                             words=args.word_rules):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
@@ -122,7 +122,7 @@ def run_plan(args, specs) -> int:
     before = step_and_verify(rt)     # where the machine stood: the ratios move with it
     with tempfile.TemporaryDirectory(prefix="thor-world-starts-") as d:
         shelves = [PrefixShelf(Path(d) / str(i), starts) for i in range(len(specs))] if starts else None
-        rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, drafter=config.speculation.drafter or None,
+        rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, options=spec_options(config),
                           cases=cases, fresh=args.plan_start == "process", shelves=shelves)
     machine = {"before": before, "after": step_and_verify(rt)}
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,

@@ -143,7 +143,7 @@ def run_thor(spec: dict) -> dict:
     import torch
 
     from agent.bench import plan_bench
-    from thor_app.assembly import build_speculation, load_model, make_runtime, with_settings
+    from thor_app.assembly import build_speculation, load_model, make_runtime, spec_options, with_settings
     from thor_runtime.sampling import SamplingParams
 
     torch.set_num_threads(spec["threads"])
@@ -192,7 +192,7 @@ def run_thor(spec: dict) -> dict:
                accept_by_position=[sum(v) / len(v) for _, v in sorted(per_pos.items())])
     if spec["requests"]["plans"]:
         rows = plan_bench(rt, loaded.tokenizer, [method], repeats=1, max_tokens=spec["plan_max_tokens"],
-                          limit=len(spec["requests"]["plans"]))
+                          options=spec_options(config), limit=len(spec["requests"]["plans"]))
         out["plan_latency_s"] = rows[0]["latencies_s"]
         out["plan_accept_length"] = rows[0]["accept_length_mean"]
         # the peak RSS of the configuration itself; the warm measure's kept prompts are apart
