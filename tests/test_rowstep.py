@@ -284,23 +284,61 @@ int main(void) {
 """
 
 
-@pytest.mark.parametrize("march", ["native", "haswell", "x86-64"])
-def test_grouped_attention_is_each_head_alone(march, tmp_path):
+def _run_inline_check(source: str, march: str, tmp_path) -> None:
+    """Compile a check that includes the kernel's source (ROWSTEP_C) for ``march`` and run it:
+    exit 0 or the assertion shows what it printed."""
     import platform
-    import subprocess
-
     import shutil
+    import subprocess
 
     if march != "native" and platform.machine() != "x86_64":
         pytest.skip("an x86-64 build")
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (the kernel then runs on the step graph)")
-    src = tmp_path / "attn_check.c"
-    src.write_text(ATTN_CHECK.replace("ROWSTEP_C", str(CHECK.parents[2] / "thor_runtime" / "csrc" / "rowstep.c")))
-    exe = tmp_path / "attn_check"
+    src = tmp_path / "check.c"
+    src.write_text(source.replace("ROWSTEP_C", str(CHECK.parents[2] / "thor_runtime" / "csrc" / "rowstep.c")))
+    exe = tmp_path / "check"
     subprocess.run(["cc", "-O3", f"-march={march}", "-pthread", "-o", str(exe), str(src), "-lm"], check=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("march", ["native", "haswell", "x86-64"])
+def test_grouped_attention_is_each_head_alone(march, tmp_path):
+    _run_inline_check(ATTN_CHECK, march, tmp_path)
+
+
+# The MLP's activation (silu_mul: SiLU(gate) times up, 16 lanes at a time where AVX-512 is
+# built) against its definition element by element, exp_poly's bits: every length (the tails
+# run the 8-lane and scalar loops) and inputs past exp's clamps.
+SILU_CHECK = r"""
+#include <stdio.h>
+#include "ROWSTEP_C"
+int main(void) {
+    enum { N = 4864 };
+    static float g[N], up[N], a[N];
+    uint32_t r = 99;
+    for (int i = 0; i < N; i++) {
+        r = r * 1664525u + 1013904223u; g[i] = ((float)(r >> 8) / 16777216.f - 0.5f) * (i % 31 ? 16.f : 400.f);
+        r = r * 1664525u + 1013904223u; up[i] = (float)(r >> 8) / 16777216.f - 0.5f;
+    }
+    int bad = 0;
+    for (int n = 1; n <= N; n += n < 64 ? 1 : 97) {
+        silu_mul(g, up, a, n);
+        for (int i = 0; i < n; i++) {
+            float want = g[i] / (1.f + exp_poly(-g[i])) * up[i];
+            bad += memcmp(&want, &a[i], sizeof want) != 0;
+        }
+    }
+    fprintf(stderr, bad ? "%d elements differ\n" : "every element its definition\n", bad);
+    return bad != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("march", ["native", "haswell", "x86-64"])
+def test_the_activation_is_its_definition_bit_for_bit(march, tmp_path):
+    _run_inline_check(SILU_CHECK, march, tmp_path)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")

@@ -56,9 +56,7 @@ static void quant_task(void *arg, int part, int nparts, int slot) {
         if (t->act) {
             const float *g = t->x + (size_t)r * 2 * t->K + j0, *up = g + t->K;
             float *a = t->scratch + (size_t)r * t->K + j0;
-            for (int j = 0; j < n; j++) a[j] = -g[j];
-            vexp(a, n);
-            for (int j = 0; j < n; j++) a[j] = g[j] / (1.f + a[j]) * up[j];
+            silu_mul(g, up, a, n);
             x = a;
         } else {
             x = t->x + (size_t)r * t->K + j0;

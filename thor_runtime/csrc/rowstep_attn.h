@@ -23,8 +23,24 @@ static inline float exp_poly(float x) {
     return u.f;
 }
 
+#if defined(__AVX512F__)
+/* exp_poly on 16 lanes: its operations, element for element */
+static inline __m512 exp16(__m512 v) {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_LO), _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_HI), v));
+    __m512 p = _mm512_set1_ps(EXP_C[0]);
+    for (int k = 1; k < 7; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C[k]));
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nn), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
+#endif
+
 static void vexp(float *x, int n) {
     int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     for (; i + 8 <= n; i += 8) {
         __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
@@ -39,18 +55,24 @@ static void vexp(float *x, int n) {
     for (; i < n; i++) x[i] = exp_poly(x[i]);
 }
 
+/* a[j] = g[j] / (1 + exp(-g[j])) * up[j], j < n (SiLU(gate) times up): negate, vexp, add, divide,
+   multiply, in that order for every element, so the 16-lane pass has the bits of the loops */
+static void silu_mul(const float *g, const float *up, float *a, int n) {
+    int j = 0;
 #if defined(__AVX512F__)
-/* exp_poly on 16 lanes: vexp's operations, element for element */
-static inline __m512 exp16(__m512 v) {
-    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 nn = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_LO), _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_LN2_HI), v));
-    __m512 p = _mm512_set1_ps(EXP_C[0]);
-    for (int k = 1; k < 7; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C[k]));
-    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(nn), 23);
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
-}
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    for (; j + 16 <= n; j += 16) {
+        __m512 gv = _mm512_loadu_ps(g + j);
+        __m512 e = exp16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(gv), sign)));
+        _mm512_storeu_ps(a + j, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e)),
+                                              _mm512_loadu_ps(up + j)));
+    }
 #endif
+    for (int i = j; i < n; i++) a[i] = -g[i];
+    vexp(a + j, n - j);
+    for (; j < n; j++) a[j] = g[j] / (1.f + a[j]) * up[j];
+}
+
 
 /* sc[p] = exp(sc[p] scale - max) in place -> their sum (the softmax's numerators and
    denominator). With AVX-512 the max and the sum run 16 lanes wide (the sum in another order
