@@ -1,7 +1,8 @@
-/* The attention's arithmetic for the row kernel (included by rowstep_simd.h): exp, the softmax's
-   parts, the scores q . K of one head or of the query heads that share a KV head, and the
-   weighed value sums, each with AVX-512 / AVX2 paths and a plain C one. Every (row, head)'s
-   results are the same bits whichever path, block size or head grouping computes them. */
+/* The attention's arithmetic for the row kernel (included by rowstep_simd.h): exp (and the MLP's
+   activation, which shares it), the softmax's parts, the scores q . K of one head or of the
+   query heads that share a KV head, and the weighed value sums, each with AVX-512 / AVX2 paths
+   and a plain C one. Every (row, head)'s results are the same bits whichever path, block size or
+   head grouping computes them. */
 #ifndef ROWSTEP_ATTN_H
 #define ROWSTEP_ATTN_H
 /* x[i] = exp(x[i]) in place. One polynomial for every element (vector lanes and tail
