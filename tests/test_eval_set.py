@@ -267,6 +267,44 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     assert "--eval-dir" in err and "tasks.json" in err and err.count("\n") == 1 and len(seen) == 2
 
 
+def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, tmp_path):
+    """--plan-set heldout times plan_bench on the first requests of the generator's held-out split
+    (the drafters' kind of request, never trained on), and --plan-start process pins the shared
+    prefix of each of their skill sets: generated ones, which share one source label."""
+    import agent.bench
+    import thor_runtime.generate
+    import thor_runtime.loading
+    from agent.prompt import shared_instructions
+    from calib.prompts import robot_requests, split_of
+    from thor_app.cli import main
+    from thor_app.commands import bench_plan
+    import thor_app.prefix
+
+    cases = bench_plan.heldout_cases(12)
+    reqs = robot_requests("heldout", 12)
+    assert [c[1] for c in cases] == [r.task for r in reqs] and all(split_of(r.messages) == "heldout" for r in reqs)
+    kinds = {shared_instructions(c[3]) for c in cases}
+    assert len({c[3].source for c in cases}) == 1 < len(kinds)     # one label, several skill sets
+    seen, pinned = [], []
+    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, options=None, cases=None, fresh=False,
+                        shelves=None: seen.append((cases, fresh)) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
+        model=SimpleNamespace(layout="dense"), tokenizer=None))
+    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: SimpleNamespace(prefixes=object()))
+    monkeypatch.setattr(thor_app.prefix, "attach_prefix", lambda rt, tok, skills, d: pinned.append(
+        shared_instructions(skills)) or {"source": "built", "tokens": 1, "path": "p"})
+    monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: {
+        "context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5})
+    out = tmp_path / "plan.json"
+    assert main(["bench", "--plan", "--plan-set", "heldout", "--eval-limit", "12", "--plan-start", "process",
+                 "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32", "--json", str(out)]) == 0
+    (got, fresh), = seen
+    assert [c[:2] for c in got] == [c[:2] for c in cases] and fresh
+    assert sorted(pinned) == sorted(kinds)           # each skill set's prefix once, none left out
+    doc = json.loads(out.read_text())
+    assert doc["plan_set"] == "calib held-out requests" and len(doc["shared_prefixes"]) == len(kinds)
+
+
 def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_path):
     """--plan-set wordings times plan_bench on an evenly spread subset of an evaluation set's
     tasks: other worlds and wordings than the sample ones, every world of the set."""

@@ -74,13 +74,15 @@ def register(sub) -> None:
     p.add_argument("--ks", default="3,7,15", help="with --rollback: comma list of K (drafts per cycle)")
     p.add_argument("--accept", default="half", choices=("half", "none", "all-but-one"),
                    help="with --rollback: drafts accepted per cycle (K//2, 0 or K-1)")
-    p.add_argument("--plan-set", choices=["sample", "wordings", "eval"], default="sample",
+    p.add_argument("--plan-set", choices=["sample", "wordings", "heldout", "eval"], default="sample",
                    help="--plan: sample = latency per --spec on the sample worlds; wordings = the same on an "
                         "evaluation set's worlds and task wordings (--eval-dir, --eval-limit, default 8 tasks); "
+                        "heldout = the same on the request generator's held-out split, the drafters' own kind "
+                        "of request never trained on (--eval-limit, default 12); "
                         "eval = the held-out evaluation (agent/evalsets/): task success, refusals, unsafe plans "
                         "per model")
     p.add_argument("--plan-start", choices=["whole", "process", "service"], default="whole",
-                   help="--plan (sample, wordings): where each plan's prompt starts from: whole = prefilled whole "
+                   help="--plan (sample, wordings, heldout): where each plan's prompt starts from: whole = prefilled whole "
                         "(--prefix-cache, default 0); process = as a new `thor plan` process: the skills' shared "
                         "prefix from disk, the rest prefilled, auto with no history; service = as `thor serve`: "
                         "that prefix and the recent prompts in memory (--prefix-cache, default the service's)")
@@ -90,7 +92,7 @@ def register(sub) -> None:
     p.add_argument("--attempts", type=int, default=PlannerSettings.attempts,
                    help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None,
-                   help="--plan-set eval or wordings: an evenly spread subset")
+                   help="--plan-set eval or wordings: an evenly spread subset; heldout: the first N requests")
     add_config_args(p, ("planner",), only={"planner.goal_choice"})
     p.add_argument("--word-rules", default="all", choices=["all", "grammar", "gate", "none"],
                    help="--plan-set eval: where the task's word rules act, an ablation: the goal grammar's "

@@ -1,6 +1,7 @@
 """`thor bench --plan`: constrained planning on the sample worlds (latency per proposer), the same
-on an evaluation set's worlds and wordings (--plan-set wordings), or with --plan-set eval the
-held-out evaluation sets (task success, refusals, unsafe plans per model)."""
+on an evaluation set's worlds and wordings (--plan-set wordings) or on the request generator's
+held-out split (--plan-set heldout), or with --plan-set eval the held-out evaluation sets (task
+success, refusals, unsafe plans per model)."""
 from __future__ import annotations
 
 import json
@@ -41,6 +42,17 @@ def _eval_dir(given: str | None) -> tuple[Path, str]:
 
 # --plan-set wordings: tasks of an evaluation set timed per --spec, when --eval-limit is not given
 WORDINGS_LIMIT = 8
+# --plan-set heldout: the generator's held-out requests timed per --spec, when --eval-limit is not given
+HELDOUT_LIMIT = 12
+
+
+def heldout_cases(n: int) -> list[tuple]:
+    """plan_cases' tuples for the first ``n`` requests of the request generator's held-out split
+    (calib/prompts.py): the worlds, skills and wordings the drafters are distilled from, in
+    requests no drafter trained on; the same ones `thor calib eval-drafter --n N` decodes."""
+    from calib.prompts import robot_requests
+
+    return [(r.world.name, r.task, r.world, r.skills) for r in robot_requests("heldout", n)]
 
 
 def run_eval(args, specs) -> int:
@@ -92,10 +104,14 @@ def _pin_prefixes(args, config, rt, tokenizer, cases) -> list[dict]:
     if rt.prefixes is None:
         raise ThorError(f"--plan-start {args.plan_start} keeps the shared prefix in the prefix cache: "
                         "give --prefix-cache 1 or more")
+    from agent.prompt import shared_instructions
+
     out, seen = [], set()
     for _name, _task, _world, skills in cases:
-        if skills.source not in seen:
-            seen.add(skills.source)
+        # by what the prefix is made of: generated skill sets have no file to tell them apart
+        key = shared_instructions(skills)
+        if key not in seen:
+            seen.add(key)
             info = attach_prefix(rt, tokenizer, skills, prefix_dir(config))
             out.append({k: v for k, v in info.items() if k != "path"})
     return out
@@ -115,6 +131,8 @@ def run_plan(args, specs) -> int:
     if args.plan_set == "wordings":         # held-out worlds and wordings, timed as the sample ones
         eval_dir, where = _eval_dir(args.eval_dir)
         cases = eval_cases(eval_dir, args.eval_limit or WORDINGS_LIMIT)
+    elif args.plan_set == "heldout":
+        cases, where = heldout_cases(args.eval_limit or HELDOUT_LIMIT), "calib held-out requests"
     cases = plan_cases() if cases is None else cases
     prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
     # as `thor plan` and `thor serve` keep world starts on disk: each spec its own, empty at first
