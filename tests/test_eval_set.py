@@ -267,39 +267,50 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     assert "--eval-dir" in err and "tasks.json" in err and err.count("\n") == 1 and len(seen) == 2
 
 
+def _stub_plan_run(monkeypatch, runtime=None) -> list[dict]:
+    """`thor bench --plan` with no model: the loader, the Runtime (``runtime``) and plan_bench
+    stubbed, the machine read twice (2.0 then 3.0 ms a step). -> plan_bench's calls, each its
+    keyword arguments with the specs."""
+    import agent.bench
+    import thor_runtime.generate
+    import thor_runtime.loading
+    from thor_app.commands import bench_plan
+
+    seen = []
+    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, **kw: seen.append(
+        {"specs": specs, **kw}) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
+        model=SimpleNamespace(layout="dense"), tokenizer=None))
+    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: runtime)
+    readings = iter([{"context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5},
+                     {"context": 1, "step_ms": 3.0, "verify_rows": 16, "verify_ms": 6.0, "verify_in_steps": 2.0}])
+    monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: next(readings))
+    return seen
+
+
 def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, tmp_path):
     """--plan-set heldout times plan_bench on the first requests of the generator's held-out split
     (the drafters' kind of request, never trained on), and --plan-start process pins the shared
     prefix of each of their skill sets: generated ones, which share one source label."""
-    import agent.bench
-    import thor_runtime.generate
-    import thor_runtime.loading
+    import thor_app.prefix
     from agent.prompt import shared_instructions
     from calib.prompts import robot_requests, split_of
     from thor_app.cli import main
     from thor_app.commands import bench_plan
-    import thor_app.prefix
 
     cases = bench_plan.heldout_cases(12)
     reqs = robot_requests("heldout", 12)
     assert [c[1] for c in cases] == [r.task for r in reqs] and all(split_of(r.messages) == "heldout" for r in reqs)
     kinds = {shared_instructions(c[3]) for c in cases}
     assert len({c[3].source for c in cases}) == 1 < len(kinds)     # one label, several skill sets
-    seen, pinned = [], []
-    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, options=None, cases=None, fresh=False,
-                        shelves=None: seen.append((cases, fresh)) or [{"spec": s} for s in specs])
-    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
-        model=SimpleNamespace(layout="dense"), tokenizer=None))
-    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: SimpleNamespace(prefixes=object()))
+    seen, pinned = _stub_plan_run(monkeypatch, SimpleNamespace(prefixes=object())), []
     monkeypatch.setattr(thor_app.prefix, "attach_prefix", lambda rt, tok, skills, d: pinned.append(
         shared_instructions(skills)) or {"source": "built", "tokens": 1, "path": "p"})
-    monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: {
-        "context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5})
     out = tmp_path / "plan.json"
     assert main(["bench", "--plan", "--plan-set", "heldout", "--eval-limit", "12", "--plan-start", "process",
                  "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32", "--json", str(out)]) == 0
-    (got, fresh), = seen
-    assert [c[:2] for c in got] == [c[:2] for c in cases] and fresh
+    call, = seen
+    assert [c[:2] for c in call["cases"]] == [c[:2] for c in cases] and call["fresh"]
     assert sorted(pinned) == sorted(kinds)           # each skill set's prefix once, none left out
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "calib held-out requests" and len(doc["shared_prefixes"]) == len(kinds)
@@ -308,38 +319,26 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
 def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_path):
     """--plan-set wordings times plan_bench on an evenly spread subset of an evaluation set's
     tasks: other worlds and wordings than the sample ones, every world of the set."""
-    import agent.bench
-    import thor_runtime.generate
-    import thor_runtime.loading
     from agent.bench import TASKS, eval_cases
     from thor_app.cli import main
-    from thor_app.commands import bench_plan
 
     cases = eval_cases(EVAL_B, 8)
     tasks, worlds = load_eval_set(EVAL_B)
     assert len(cases) == 8 and {c[0] for c in cases} == set(worlds)
     assert {c[0] for c in cases}.isdisjoint(TASKS)
     assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
-    seen = []
-    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, options=None, cases=None, fresh=False,
-                        shelves=None: seen.append((specs, cases, fresh, shelves, options)) or [{"spec": s} for s in specs])
-    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
-        model=SimpleNamespace(layout="dense"), tokenizer=None))
-    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
-    readings = iter([{"context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5},
-                     {"context": 1, "step_ms": 3.0, "verify_rows": 16, "verify_ms": 6.0, "verify_in_steps": 2.0}])
-    monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: next(readings))
+    seen = _stub_plan_run(monkeypatch)
     out = tmp_path / "plan.json"
     assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
                  "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
                  "--window", "48", "--block-size", "8", "--json", str(out)]) == 0
-    (specs, got, fresh, shelves, options), = seen
+    call, = seen
     # every spec runs with the speculation flags given (before, the plan benches dropped them)
-    assert (options.window, options.block_size) == (48, 8)
-    assert specs == ["none", "auto"] and [c[:2] for c in got] == [c[:2] for c in eval_cases(EVAL_B, 4)]
+    assert (call["options"].window, call["options"].block_size) == (48, 8)
+    assert call["specs"] == ["none", "auto"] and [c[:2] for c in call["cases"]] == [c[:2] for c in eval_cases(EVAL_B, 4)]
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"
-    assert not fresh and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
-    assert shelves is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
+    assert not call["fresh"] and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
+    assert call["shelves"] is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
     # the machine read before and after the plans, in that order
     assert [doc["step_and_verify"][k]["step_ms"] for k in ("before", "after")] == [2.0, 3.0]
