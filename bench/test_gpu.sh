@@ -33,7 +33,7 @@ step "the CLI on the device: thor generate --device cuda, speculative"
 
 step "benchmark: thor bench --device cuda (every shape; this host's CPU beside it), then FP8 KV"
 "$PY" -m thor_app.cli bench --device cuda --repeats 3 --json "$OUT/bench-cuda.json" || status=1
-"$PY" -m thor_app.commands.bench_device --device cuda --kv-dtype fp8 --shapes qwen2.5-0.5b,qwen3-8b --repeats 3 \
+"$PY" -m thor_app.tools.bench_device --device cuda --kv-dtype fp8 --shapes qwen2.5-0.5b,qwen3-8b --repeats 3 \
   --json "$OUT/bench-cuda-fp8kv.json" || status=1
 rm -rf "$OUT/.tiny"
 step "done: status $status"

@@ -2,7 +2,7 @@
 
 A drafter is judged by how often its tokens equal the target's greedy tokens, so the labels
 are exactly those tokens (not human text). Free-text prompts are decoded in batches
-(``thor_runtime.batched``); robot prompts with ``--constrained`` as the planner decodes them.
+(``thor_runtime.engine.batched``); robot prompts with ``--constrained`` as the planner decodes them.
 The on-disk format is in ``shards.py``; ``generate_dataset`` resumes from the shards present.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from thor_runtime.batched import batched_greedy
+from thor_runtime.engine.batched import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.kv_cache import prompt_set_hash
+from thor_runtime.cache.kv_cache import prompt_set_hash
 
-from agent.plan_format import FORMAT_KEY, plan_format_fingerprint
+from agent.planner.plan_format import FORMAT_KEY, plan_format_fingerprint
 
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
 from .shards import DATA_FORMAT, read_manifest, read_shards, write_shard
@@ -39,8 +39,8 @@ class GenConfig:
 
 def plan_constraint(gtok, req: RobotRequest | None):
     """A fresh plan-grammar constraint for req, built exactly as the planner builds it (None for a
-    general instruction, which has no request). gtok: an ``agent.grammar.GrammarTokenizer``."""
-    from agent.planner import prepare_request
+    general instruction, which has no request). gtok: an ``agent.schema.grammar.GrammarTokenizer``."""
+    from agent.planner.planner import prepare_request
 
     if req is None:
         return None
@@ -55,8 +55,8 @@ class PlanGreedy:
     lookup) makes it faster and, being greedy and exact, does not change a token."""
 
     def __init__(self, model, tok, max_tokens: int, spec: str = "auto"):
-        from agent.grammar import GrammarTokenizer
-        from thor_runtime.generate import Runtime
+        from agent.schema.grammar import GrammarTokenizer
+        from thor_runtime.engine.generate import Runtime
         from thor_runtime.speculative import SpecOptions, build_speculation
 
         # Robot prompts share their instructions and skills: reuse that K/V across requests.
@@ -69,7 +69,7 @@ class PlanGreedy:
         return plan_constraint(self.gtok, req)
 
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
-        from thor_runtime.sampling import SamplingParams
+        from thor_runtime.engine.sampling import SamplingParams
 
         return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), self.speculation,
                                 constraint=self.constraint(req)).token_ids

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.runtime_config import SpeculationSettings
+from thor_runtime.config import SpeculationSettings
 from thor_runtime.speculative import weights_kind
 from thor_runtime.speculative.dflash_io import default_tap_layers, save_drafter
 from thor_runtime.speculative.dflash_model import (
@@ -51,7 +51,7 @@ from thor_runtime.speculative.draft_vocab import DraftVocab, response_counts
 
 from .ckpt import init_hash, init_weights, load_checkpoint, save_checkpoint
 from .features import build_features
-from agent.plan_format import FORMAT_KEY
+from agent.planner.plan_format import FORMAT_KEY
 
 from .shards import read_manifest, read_shards
 

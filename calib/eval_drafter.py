@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.runtime_config import SpeculationSettings as _Defaults
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.engine.sampling import SamplingParams
 
 from .datagen import plan_constraint
 from .prompts import general_prompts, robot_requests
@@ -71,8 +71,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
 
-    from agent.grammar import GrammarTokenizer
-    from agent.plan_format import plan_format_fingerprint
+    from agent.schema.grammar import GrammarTokenizer
+    from agent.planner.plan_format import plan_format_fingerprint
     from thor_runtime.speculative import SpecOptions, build_speculation
     from thor_runtime.speculative.dflash_io import load_drafter
     from thor_runtime.speculative.shipped import require_drafter_for

@@ -1,7 +1,7 @@
 """Calibration / distillation prompts: randomized robot-planning requests plus general instructions.
 
 Why synthetic: the drafter and the FP8 scales should see what the robot actually asks the
-target — the planner's system prompt (agent.prompt.build_messages) with a world, a skill list
+target — the planner's system prompt (agent.planner.prompt.build_messages) with a world, a skill list
 and a task — but with far more variety than the three sample worlds. Each prompt is built from
 its own ``random.Random`` seeded by (split, seed, index), so a prompt never depends on how many
 came before it and any subset can be regenerated exactly.
@@ -21,8 +21,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.files import AGENT_DIR, SkillSet, World, skills_from_dict, world_from_dict
-from agent.prompt import build_messages
+from agent.files.loader import AGENT_DIR, SkillSet, World, skills_from_dict, world_from_dict
+from agent.planner.prompt import build_messages
 from thor_runtime.errors import ThorError
 
 SPLITS = ("train", "heldout")

@@ -16,7 +16,7 @@ ETC=/etc/thor-runtime
 UNIT_DIR=/etc/systemd/system
 CACHE=/var/cache/thor-runtime
 ENGINE_CACHE="$CACHE/engines"   # the unit's THOR_ENGINE_CACHE
-PLANNER_MODEL=qwen2.5-coder-0.5b-instruct   # thor_runtime.models.PLANNER_DEFAULT
+PLANNER_MODEL=qwen2.5-coder-0.5b-instruct   # thor_runtime.catalog.PLANNER_DEFAULT
 TORCH_INDEX=""          # default: by the L4T release (R36 = JetPack 6, R38 = JetPack 7 / Thor)
 DRY=0
 ENGINES=1

@@ -8,4 +8,4 @@ tensorrt) are imported only where used.
 
 # The names of backend.BACKENDS, importable without torch (config checks that must be fast);
 # stated once, in the runtime's config table.
-from thor_runtime.runtime_config import ENGINE_BACKENDS as BACKEND_NAMES  # noqa: E402
+from thor_runtime.config import ENGINE_BACKENDS as BACKEND_NAMES  # noqa: E402

@@ -16,7 +16,7 @@ from thor_runtime.errors import ThorError
 from .segments import EXPORT_FORMAT, OPSET, SEGMENTS, graph_plan
 
 # stated once, in the runtime's config table
-from thor_runtime.runtime_config import ENGINE_PRECISIONS as PRECISIONS, ORT_OPT_LEVELS  # noqa: E402
+from thor_runtime.config import ENGINE_PRECISIONS as PRECISIONS, ORT_OPT_LEVELS  # noqa: E402
 
 
 # TensorRT's prefill profile when the runtime prefills in one pass: longer inputs run in pieces

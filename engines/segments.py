@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import ENGINE_FORMS
-from thor_runtime.model import Int8Weight, RowLoop, PackedWeight
+from thor_runtime.config import ENGINE_FORMS
+from thor_runtime.models.dense import Int8Weight, RowLoop, PackedWeight
 
 OPSET = 18
 # Bumped whenever the graphs change inputs, outputs or math: part of every cache key.

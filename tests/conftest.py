@@ -124,6 +124,6 @@ def tok(tiny_llama):
 
 @pytest.fixture(scope="module")
 def gtok(tok):
-    from agent.grammar import GrammarTokenizer
+    from agent.schema.grammar import GrammarTokenizer
 
     return GrammarTokenizer(tok)

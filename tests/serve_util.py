@@ -41,7 +41,7 @@ class SlowSelftest:
 
 
 def hosted_loader(loaded, spec: str = "none"):
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     hosted = Hosted(loaded, Runtime(loaded.model, loaded.tokenizer), build_speculation(SpecOptions(spec), loaded.model))

@@ -127,7 +127,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_llama):
     """The first committed token of a cycle is distributed as the target's p, for a
     deterministic proposer (one-hot q) and for a stochastic one (q from a softmax)."""
     ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup"))
-    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.cache.kv_cache import KVCache
 
     logits = tiny_llama.model.forward(ids, KVCache(tiny_llama.cfg, 64)).logits[-2:]   # [2, V]
     p = torch.softmax(logits / 0.7, -1)                                                # [2, V]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.files import (
+from agent.files.loader import (
     AGENT_DIR,
     base_plan_schema,
     load_skills,
@@ -18,14 +18,14 @@ from agent.files import (
     skills_from_dict,
     world_from_dict,
 )
-from agent.gate import CHECKS, check_plan, gate_findings
-from agent.planner import Planner
-from agent.prompt import build_messages
-from agent.specialize import PlanValidator, specialize
+from agent.symbolic.gate import CHECKS, check_plan, gate_findings
+from agent.planner.planner import Planner
+from agent.planner.prompt import build_messages
+from agent.schema.specialize import PlanValidator, specialize
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Result
+from thor_runtime.engine.generate import Result
 from thor_runtime.speculative import PLAIN
-from thor_runtime.stats import Stats
+from thor_runtime.engine.stats import Stats
 
 WORLDS = {n: AGENT_DIR / "worlds" / f"{n}.json" for n in ("kitchen", "warehouse", "lab_bench")}
 

@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from strategies import JSON, PROPERTY, SCHEMA, SKILLS, WORLD, mostly
 from test_agent import WORLDS, kitchen_dict, world_and_skills
 
-from agent.files import base_plan_schema
-from agent.gate import check_plan, gate_findings
-from agent.planner import Planner
-from agent.specialize import PlanValidator, specialize
-from agent.symbolic import symbolic_findings
+from agent.files.loader import base_plan_schema
+from agent.symbolic.gate import check_plan, gate_findings
+from agent.planner.planner import Planner
+from agent.schema.specialize import PlanValidator, specialize
+from agent.symbolic.executor import symbolic_findings
 from thor_app.cli import main
 from thor_app.assembly import assembled_with
 from thor_app.commands import plan as agent_cli
-from thor_runtime.generate import Runtime
+from thor_runtime.engine.generate import Runtime
 from thor_runtime.speculative import SpecOptions, build_speculation
 
 

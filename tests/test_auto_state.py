@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, auto_state, build_speculation
 from thor_runtime.speculative.budget import Cycle
 

@@ -35,7 +35,7 @@ def test_bench_rejects_bad_configs(capsys):
 def test_bench_specs_take_turns_and_keep_one_speculation_each(tiny_dirs, tmp_path, monkeypatch):
     """Each chat prompt runs under every spec before the next one (the first spec rotating),
     and a spec's speculation is the same object all run long (auto learns across prompts)."""
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
 
     calls, real = [], Runtime.generate
 

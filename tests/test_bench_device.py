@@ -9,14 +9,14 @@ import pytest
 
 @pytest.fixture
 def tiny_shape(monkeypatch):
-    from thor_app.commands import bench_device_shapes
+    from thor_app.tools import bench_device_shapes
 
     monkeypatch.setitem(bench_device_shapes.SHAPES, "tiny", ("llama", 64, 128, 3, 4, 2, 16, 320, True))
     return "tiny"
 
 
 def test_device_bench_rows_table_and_plot(tiny_shape, tmp_path):
-    from thor_app.commands.bench_device import COLUMNS, plot, run, table
+    from thor_app.tools.bench_device import COLUMNS, plot, run, table
 
     out = tmp_path / "bench.json"
     doc = run("cpu", [tiny_shape], "fp32", "bf16", 1, 6, out, weight_formats=False)
@@ -41,7 +41,7 @@ def test_device_bench_rows_table_and_plot(tiny_shape, tmp_path):
 def test_device_bench_batch_columns(tiny_shape, tmp_path):
     """Requests at once through a KV slot each, against one at a time on one slot: every
     client count reported, and each batched run's tokens counted against the one-slot ones."""
-    from thor_app.commands.bench_device import run, table
+    from thor_app.tools.bench_device import run, table
 
     doc = run("cpu", [tiny_shape], "fp32", "bf16", 1, 4, None, weight_formats=False, clients=(1, 2))
     b = doc["rows"][0]["batch"]

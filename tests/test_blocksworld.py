@@ -1,5 +1,5 @@
 """Objects as places (`on`, `clear`, agent/skills/blocks.json) in the executor, the gate, the task's
-reading and the solver; the Blocksworld set (agent/evalsets/8-blocksworld): its generator, its
+reading and the solver; the Blocksworld set (evals/sets/8-blocksworld): its generator, its
 translation, and every plan on it checked by the independent PDDL validator too."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import blocksworld as bw
-from agent.evaluation import load_eval_set, score, summarize
-from agent.files import AGENT_DIR, base_plan_schema, load_skills, world_from_dict
-from agent.gate import check_plan
-from agent.grounding import grounding_findings
-from agent.reading import read_task
-from agent.solver import complete
-from agent.specialize import PlanValidator, specialize
-from agent.symbolic import execute, goal_limits, reaches
+from evals import blocksworld as bw
+from evals.evaluation import load_eval_set, score, summarize
+from agent.files.loader import AGENT_DIR, base_plan_schema, load_skills, world_from_dict
+from agent.symbolic.gate import check_plan
+from agent.language.task_match import grounding_findings
+from agent.language.reading import read_task
+from agent.symbolic.solver import complete
+from agent.schema.specialize import PlanValidator, specialize
+from agent.symbolic.executor import execute, goal_limits, reaches
 from thor_runtime.errors import ThorError
 
 SKILLS = load_skills(AGENT_DIR / "skills" / "blocks.json")
@@ -111,7 +111,7 @@ def test_the_gate_names_an_unmet_on():
 
 
 def _goal(raw, world=W):
-    from agent.goals import parse_goal_items
+    from agent.symbolic.goals import parse_goal_items
     return parse_goal_items(raw, world, SKILLS)
 
 
@@ -231,7 +231,7 @@ def test_set_regenerates_byte_for_byte(tmp_path):
 # ---- the independent validator ----------------------------------------------------------------
 def test_pddl_validator_accepts_the_right_plan_and_rejects_a_wrong_one():
     pytest.importorskip("pyval")
-    from agent.pddl_check import load_binding, validate
+    from evals.pddl_check import load_binding, validate
 
     binding = load_binding(SET)
     solved = _solved()
@@ -257,7 +257,7 @@ def test_eval_bench_reports_the_validators_verdict(tiny_llama):
     solver completes it, or with the solver off the plan is refused) and with the solver's own
     steps; every plan's PDDL verdict beside the executor's, and no disagreement."""
     pytest.importorskip("pyval")
-    from agent.bench import eval_bench
+    from evals.plan_bench import eval_bench
     from test_agent import ScriptedRuntime
 
     solved = _solved()

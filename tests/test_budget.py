@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget

@@ -5,6 +5,8 @@ prompts are longer than the tiny models' context), except one parity check on th
 """
 from __future__ import annotations
 
+from evals.evaluation import SETS_DIR
+
 import json
 import random
 from dataclasses import replace
@@ -29,11 +31,11 @@ from calib.prompts import (
     training_names,
 )
 from calib.shards import read_shards
-from thor_runtime.batched import batched_greedy
+from thor_runtime.engine.batched import batched_greedy
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache, KVScales
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache, KVScales
+from thor_runtime.engine.sampling import SamplingParams
 
 
 def _general_ids(tok, n):
@@ -64,8 +66,8 @@ def test_requests_cover_other_trades_skill_sets_and_aliases():
     """The drafter's requests are not only the sample worlds renamed: other settings (with the
     tabletop skills the evaluation sets use), aliases in the world and in the task, and no name
     any evaluation set uses."""
-    from agent.evaluation import load_eval_set
-    from agent.files import AGENT_DIR
+    from evals.evaluation import load_eval_set
+    from agent.files.loader import AGENT_DIR
     reqs = robot_requests("train", 120, seed=5)
     sample = {n for names in WORLD_NAMES.values() for n in names}   # what a sample world is renamed to
     worlds = {r.world.name for r in reqs}
@@ -87,7 +89,7 @@ def test_requests_cover_other_trades_skill_sets_and_aliases():
     names = training_names(samples=False) | invented   # the sample vocabulary predates the later sets
     rng = random.Random(0)
     words = {invented_word(rng) for _ in range(20000)}
-    for d in sorted((AGENT_DIR / "evalsets").iterdir()):
+    for d in sorted((SETS_DIR).iterdir()):
         for w, _ in load_eval_set(d)[1].values():
             used = {w.name} | {o.name for o in w.objects} | {p.name for p in w.places}
             assert not used & names, (d.name, used & names)

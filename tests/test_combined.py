@@ -8,8 +8,8 @@ import torch
 from tiny import proposer_and_k, random_drafter
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer
@@ -127,7 +127,7 @@ def test_combined_greedy_identical_tiny(tiny_llama, tmp_path, kv):
 def test_combined_plans_identical_default(default_model):
     """The planner's decode on a held-out request, with the shipped drafter: identical to plain
     constrained decoding, and lookup takes part of the cycles."""
-    from agent.grammar import GrammarTokenizer
+    from agent.schema.grammar import GrammarTokenizer
     from calib.datagen import plan_constraint
     from calib.prompts import robot_requests
 

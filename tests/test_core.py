@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache, KVScales
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache, KVScales
+from thor_runtime.engine.sampling import SamplingParams
 
 PROMPTS = [
     "pick up the red cup and place it on the table",
@@ -73,7 +73,7 @@ def test_gguf_loader_undoes_permutation(qtype, tol, tiny_llama, tmp_path):
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, tiny_llama.cfg, hf_weights(__import__("pathlib").Path(src)), qtype)
     from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
-    from thor_runtime.model import TargetModel
+    from thor_runtime.models.dense import TargetModel
 
     r = open_reader(path)
     cfg = gguf_config(r, path)
@@ -143,7 +143,7 @@ def test_sampling_is_reproducible_with_seed(tiny_llama):
 def test_a_tiny_temperature_samples_the_greedy_tokens(tiny_llama, t):
     """logit / t overflowed to inf for a tiny t, and the softmax gave NaN (a 500 at the service);
     the limit of sampling as t -> 0 is greedy decoding."""
-    from thor_runtime.sampling import target_probs
+    from thor_runtime.engine.sampling import target_probs
 
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
     ids = tiny_llama.tokenizer.encode(PROMPTS[1])

@@ -14,8 +14,8 @@ from test_grammar import PLAN_LIKE
 from test_serve_plan import direct_plan
 from tiny import random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative import cost as cost_mod
 from thor_runtime.speculative.budget import DraftBudget
@@ -44,7 +44,7 @@ def speculations(loaded, tmp_path) -> dict:
 
 
 def test_cuda_constrained_spec_equals_plain(on_gpu, tmp_path):
-    from agent.grammar import Grammar, GrammarTokenizer
+    from agent.schema.grammar import Grammar, GrammarTokenizer
 
     tok = on_gpu.tokenizer
     rt = Runtime(on_gpu.model, tok, cost_cache=str(tmp_path / "cache"))
@@ -86,8 +86,8 @@ def test_cuda_cost_curve_is_measured_on_the_gpu_and_auto_stays_exact(on_gpu, tmp
 
 
 def test_cuda_plan_with_auto_equals_the_plain_plan(on_gpu, tmp_path):
-    from agent.files import AGENT_DIR, load_skills, load_world, resolve_skills_path
-    from agent.planner import Planner
+    from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
+    from agent.planner.planner import Planner
 
     world = load_world(AGENT_DIR / "worlds" / "kitchen.json")
     skills = load_skills(resolve_skills_path(world, None))
@@ -135,7 +135,7 @@ def test_cuda_slots_commit_what_each_commits_alone(on_gpu, tmp_path, kind, kv):
     speculative == plain in the batch."""
     import threading
 
-    from agent.grammar import Grammar, GrammarTokenizer
+    from agent.schema.grammar import Grammar, GrammarTokenizer
 
     tok = on_gpu.tokenizer
     g = Grammar(GrammarTokenizer(tok), PLAN_LIKE)

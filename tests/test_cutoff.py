@@ -6,10 +6,10 @@ import json
 
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 
-from agent.planner import Planner
-from agent.solver import goal_reasons, stated_goal
-from thor_runtime.generate import Result
-from thor_runtime.stats import Stats
+from agent.planner.planner import Planner
+from agent.symbolic.solver import goal_reasons, stated_goal
+from thor_runtime.engine.generate import Result
+from thor_runtime.engine.stats import Stats
 
 
 def cut(plan: dict, keep_steps_chars: int = 40) -> str:

@@ -15,9 +15,9 @@ from safetensors.torch import save_file
 from tiny import proposer_and_k, random_drafter
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer

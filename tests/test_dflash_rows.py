@@ -8,9 +8,9 @@ import torch
 from test_row_linear import _drafter
 from test_rowstep import _with_rows
 
-from thor_runtime.generate import Runtime
-from thor_runtime.lowbit_kernels import int4_kernels
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from tiny import random_drafter
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.model import attend
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.models.dense import attend
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer

@@ -15,10 +15,10 @@ import pytest
 import torch
 from tiny import random_drafter
 
-from agent.plan_format import plan_format_fingerprint, stale_reason
+from agent.planner.plan_format import plan_format_fingerprint, stale_reason
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, build_speculation, shipped
 from thor_runtime.speculative.combined import CombinedProposer
 from thor_runtime.speculative.dflash import DFlashProposer
@@ -115,7 +115,7 @@ def test_a_stale_drafter_is_declined_by_auto_and_run_by_dflash(tiny_llama, tmp_p
     assert capsys.readouterr().err == ""
 
     # the stats of what ran carry the note (a plan's stats merge it from their attempts)
-    from agent.planner import merge_stats
+    from agent.planner.planner import merge_stats
 
     ids = tiny_llama.tokenizer.encode("pick up the red cup")
     params = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -139,7 +139,7 @@ def test_no_plan_format_is_stale_for_the_planner_and_fine_for_free_text(tiny_lla
 def test_assembly_hands_the_plan_format_to_planning_runtimes(tiny_llama, tmp_path, capsys):
     from thor_app.assembly import build_speculation as assembled
     from thor_app.assembly import with_settings
-    from thor_runtime.runtime_config import RuntimeConfig
+    from thor_runtime.config import RuntimeConfig
 
     path = str(stamped(tiny_llama.cfg, tmp_path / "old", OTHER))
     config = with_settings(RuntimeConfig(), speculation__method="auto", speculation__drafter=path)
@@ -152,14 +152,14 @@ def test_assembly_hands_the_plan_format_to_planning_runtimes(tiny_llama, tmp_pat
 
 # ---------------------------------------------------------------- (c) the format moves
 def test_a_changed_prompt_format_makes_a_drafter_stale(tiny_llama, tmp_path, monkeypatch, capsys):
-    import agent.prompt
+    import agent.planner.prompt
 
     before = plan_format_fingerprint()
     path = str(stamped(tiny_llama.cfg, tmp_path / "then", before))
     assert isinstance(build_speculation(SpecOptions("auto", drafter=path), tiny_llama.model,
                                         plan_format=before).proposer, CombinedProposer)
-    original = agent.prompt.shared_instructions
-    monkeypatch.setattr(agent.prompt, "shared_instructions", lambda skills: original(skills) + "\nBe brief.")
+    original = agent.planner.prompt.shared_instructions
+    monkeypatch.setattr(agent.planner.prompt, "shared_instructions", lambda skills: original(skills) + "\nBe brief.")
     plan_format_fingerprint.cache_clear()
     try:
         now = plan_format_fingerprint()

@@ -15,8 +15,8 @@ pytest.importorskip("onnxruntime", reason="the onnx extra (onnx, onnxruntime) is
 from engines.backend import BACKENDS, BackendOptions, TorchBackend, make_backend, using  # noqa: E402
 from engines.selftest import THRESHOLDS, check_segments, run_selftest  # noqa: E402
 from thor_app.cli import main  # noqa: E402
-from thor_runtime.generate import Runtime  # noqa: E402
-from thor_runtime.sampling import SamplingParams  # noqa: E402
+from thor_runtime.engine.generate import Runtime  # noqa: E402
+from thor_runtime.engine.sampling import SamplingParams  # noqa: E402
 from thor_runtime.speculative import SpecOptions, build_speculation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_verify_on_onnxruntime_is_bitwise_one_row_steps(tiny_llama, tmp_path, kv
     stored K/V equal 1-row steps bit for bit, so speculation stays exact on ONNX Runtime."""
     from test_exact import PROMPT, _assert_same, _steps_vs_verify
 
-    from thor_runtime.model import RowWise
+    from thor_runtime.models.dense import RowWise
 
     m = tiny_llama.model
     b = make_backend("onnxruntime", m, BackendOptions(cache_dir=str(tmp_path)))
@@ -165,7 +165,7 @@ def test_hybrid_verify_on_a_backend_is_bitwise_one_row_steps(arch, which, reques
 def test_rowwise_backend_is_the_backend_row_by_row(tiny_llama):
     """RowWise over the torch segments: the same values as one batched call (to rounding), in the
     same layout, and each row exactly the backend's 1-row call."""
-    from thor_runtime.model import RowWise
+    from thor_runtime.models.dense import RowWise
 
     m, cfg = tiny_llama.model, tiny_llama.cfg
     g = torch.Generator().manual_seed(3)
@@ -264,7 +264,7 @@ def test_speculative_vs_plain_must_be_identical_at_every_precision(tiny_llama, m
     """Greedy tokens vs torch may differ by a judged tie outside fp32 (strict=False), but plain
     vs speculative decoding on one backend must be identical at every precision: a verify is
     exact by construction on every backend, so any divergence there is a bug."""
-    import thor_runtime.model as tm
+    import thor_runtime.models.dense as tm
     from engines.selftest import check_generation
     from thor_runtime.speculative import lossless
 

@@ -11,9 +11,9 @@ pytest.importorskip("onnxruntime", reason="the onnx extra (onnx, onnxruntime) is
 
 from test_agent import WORLDS, world_and_skills  # noqa: E402
 
-from agent.files import base_plan_schema  # noqa: E402
-from agent.gate import check_plan  # noqa: E402
-from agent.specialize import specialize  # noqa: E402
+from agent.files.loader import base_plan_schema  # noqa: E402
+from agent.symbolic.gate import check_plan  # noqa: E402
+from agent.schema.specialize import specialize  # noqa: E402
 from thor_app.cli import main  # noqa: E402
 
 

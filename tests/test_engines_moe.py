@@ -16,9 +16,9 @@ from engines.backend import BackendOptions, RowWiseGraphs, TorchBackend, make_ba
 from engines.segments import graph_plan
 from engines.selftest import THRESHOLDS, check_segments
 from thor_app.cli import main
-from thor_runtime.generate import Runtime
+from thor_runtime.engine.generate import Runtime
 from thor_runtime.loading import load
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import PLAIN, SpecOptions, build_speculation
 
 ARCHS = ("qwen3_next_moe", "qwen3_5_moe")

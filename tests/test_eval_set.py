@@ -1,7 +1,9 @@
-"""agent/evalsets/*: the six held-out evaluation sets are well formed, disjoint from what
+"""evals/sets/*: the six held-out evaluation sets are well formed, disjoint from what
 prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
 scoring judges plans by the task's own goal."""
 from __future__ import annotations
+
+from evals.evaluation import SETS_DIR
 
 import json
 import re
@@ -11,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.bench import _spread
-from agent.conditions import GOAL_KINDS, parse_conds
-from agent.evaluation import EVAL_DIR, REFUSALS, load_eval_set, score, summarize, unsafe_reasons
-from agent.files import AGENT_DIR, base_plan_schema, load_world
-from agent.gate import check_plan
-from agent.solver import complete
-from agent.specialize import specialize
-from agent.symbolic import execute, goal_limits, initial_state, reaches
+from evals.plan_bench import _spread
+from agent.symbolic.conditions import GOAL_KINDS, parse_conds
+from evals.evaluation import EVAL_DIR, REFUSALS, load_eval_set, score, summarize, unsafe_reasons
+from agent.files.loader import AGENT_DIR, base_plan_schema, load_world
+from agent.symbolic.gate import check_plan
+from agent.symbolic.solver import complete
+from agent.schema.specialize import specialize
+from agent.symbolic.executor import execute, goal_limits, initial_state, reaches
 from calib.prompts import training_names
 
 
@@ -104,7 +106,7 @@ def test_eval_tasks_file_is_plain_json():
 def test_eval_bench_wiring(tiny_llama):
     """eval_bench end to end with a scripted model that always says the task names a missing
     thing: every plan is refused with `object`, so only unknown-object tasks succeed."""
-    from agent.bench import eval_bench
+    from evals.plan_bench import eval_bench
     from test_agent import ScriptedRuntime
 
     text = json.dumps({"plan_id": "p1", "task": "t", "goal": [{"missing": "thing"}],
@@ -120,12 +122,12 @@ def test_eval_bench_wiring(tiny_llama):
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
 
-# ---- agent/evalsets/2-* .. 6-*: the later held-out sets ----------------------------------------------
-EVAL_B = AGENT_DIR / "evalsets" / "2-bakery-library-repair-ward"
-EVAL_C = AGENT_DIR / "evalsets" / "3-recycling-science-hotel-garage"
-EVAL_D = AGENT_DIR / "evalsets" / "4-florist-conservation-vet-baggage"
-EVAL_E = AGENT_DIR / "evalsets" / "5-watchmaker-bar-backstage-datahall"
-EVAL_F = AGENT_DIR / "evalsets" / "6-sushi-dental-brewery-firestation"
+# ---- evals/sets/2-* .. 6-*: the later held-out sets ----------------------------------------------
+EVAL_B = SETS_DIR / "2-bakery-library-repair-ward"
+EVAL_C = SETS_DIR / "3-recycling-science-hotel-garage"
+EVAL_D = SETS_DIR / "4-florist-conservation-vet-baggage"
+EVAL_E = SETS_DIR / "5-watchmaker-bar-backstage-datahall"
+EVAL_F = SETS_DIR / "6-sushi-dental-brewery-firestation"
 # in the order they were written: each set must be fresh against the first set and every set before it
 LATER_SETS = (EVAL_B, EVAL_C, EVAL_D, EVAL_E, EVAL_F)
 later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.name)
@@ -234,8 +236,8 @@ def test_later_eval_set_infeasible_for_their_reason(directory):
 def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
     """--eval-dir reaches eval_bench, the JSON names the set; a directory without a set is a
     one-line error before any model is loaded."""
-    import agent.bench
-    import thor_runtime.generate
+    import evals.plan_bench
+    import thor_runtime.engine.generate
     import thor_runtime.loading
     from thor_app.cli import main
 
@@ -246,20 +248,20 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
         opts.append(options)
         return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
 
-    monkeypatch.setattr(agent.bench, "eval_bench", fake_eval_bench)
+    monkeypatch.setattr(evals.plan_bench, "eval_bench", fake_eval_bench)
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(model=None, tokenizer=None))
-    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: None)
+    monkeypatch.setattr(thor_runtime.engine.generate, "Runtime", lambda *a, **k: None)
     out = tmp_path / "eval.json"
-    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward", "--model", "m",
+    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "evals/sets/2-bakery-library-repair-ward", "--model", "m",
                  "--configs", "fp32/fp32", "--window", "48", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "agent/evalsets/2-bakery-library-repair-ward"
+    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "evals/sets/2-bakery-library-repair-ward"
     assert opts[0].window == 48        # the speculation flags reach the planner's speculation
     assert doc["eval_rows"][0]["tasks"] == 44
     assert main(["bench", "--plan", "--plan-set", "eval", "--model", "m", "--configs", "fp32/fp32",
                  "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["eval_dir"] == "agent/evalsets/1-greenhouse-workshop-pharmacy-depot" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
+    assert doc["eval_dir"] == "evals/sets/1-greenhouse-workshop-pharmacy-depot" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
     capsys.readouterr()
     assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", str(tmp_path), "--model", "m",
                  "--json", str(out)]) == 2
@@ -271,17 +273,17 @@ def _stub_plan_run(monkeypatch, runtime=None) -> list[dict]:
     """`thor bench --plan` with no model: the loader, the Runtime (``runtime``) and plan_bench
     stubbed, the machine read twice (2.0 then 3.0 ms a step). -> plan_bench's calls, each its
     keyword arguments with the specs."""
-    import agent.bench
-    import thor_runtime.generate
+    import evals.plan_bench
+    import thor_runtime.engine.generate
     import thor_runtime.loading
-    from thor_app.commands import bench_plan
+    from thor_app.tools import bench_plan
 
     seen = []
-    monkeypatch.setattr(agent.bench, "plan_bench", lambda rt, tok, specs, repeats, **kw: seen.append(
+    monkeypatch.setattr(evals.plan_bench, "plan_bench", lambda rt, tok, specs, repeats, **kw: seen.append(
         {"specs": specs, **kw}) or [{"spec": s} for s in specs])
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
         model=SimpleNamespace(layout="dense"), tokenizer=None))
-    monkeypatch.setattr(thor_runtime.generate, "Runtime", lambda *a, **k: runtime)
+    monkeypatch.setattr(thor_runtime.engine.generate, "Runtime", lambda *a, **k: runtime)
     readings = iter([{"context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5},
                      {"context": 1, "step_ms": 3.0, "verify_rows": 16, "verify_ms": 6.0, "verify_in_steps": 2.0}])
     monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: next(readings))
@@ -293,10 +295,10 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
     (the drafters' kind of request, never trained on), and --plan-start process pins the shared
     prefix of each of their skill sets: generated ones, which share one source label."""
     import thor_app.prefix
-    from agent.prompt import shared_instructions
+    from agent.planner.prompt import shared_instructions
     from calib.prompts import robot_requests, split_of
     from thor_app.cli import main
-    from thor_app.commands import bench_plan
+    from thor_app.tools import bench_plan
 
     cases = bench_plan.heldout_cases(12)
     reqs = robot_requests("heldout", 12)
@@ -319,7 +321,7 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
 def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_path):
     """--plan-set wordings times plan_bench on an evenly spread subset of an evaluation set's
     tasks: other worlds and wordings than the sample ones, every world of the set."""
-    from agent.bench import TASKS, eval_cases
+    from evals.plan_bench import TASKS, eval_cases
     from thor_app.cli import main
 
     cases = eval_cases(EVAL_B, 8)
@@ -329,7 +331,7 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
     seen = _stub_plan_run(monkeypatch)
     out = tmp_path / "plan.json"
-    assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "agent/evalsets/2-bakery-library-repair-ward",
+    assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "evals/sets/2-bakery-library-repair-ward",
                  "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
                  "--window", "48", "--block-size", "8", "--json", str(out)]) == 0
     call, = seen
@@ -337,7 +339,7 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     assert (call["options"].window, call["options"].block_size) == (48, 8)
     assert call["specs"] == ["none", "auto"] and [c[:2] for c in call["cases"]] == [c[:2] for c in eval_cases(EVAL_B, 4)]
     doc = json.loads(out.read_text())
-    assert doc["plan_set"] == "agent/evalsets/2-bakery-library-repair-ward"
+    assert doc["plan_set"] == "evals/sets/2-bakery-library-repair-ward"
     assert not call["fresh"] and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
     assert call["shelves"] is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
     # the machine read before and after the plans, in that order

@@ -1,7 +1,9 @@
-"""agent/evalsets/7-* and 10-* to 18-*: tasks that are more than an end state (calls, order,
+"""evals/sets/7-* and 10-* to 18-*: tasks that are more than an end state (calls, order,
 repetition, sets), and, for every evaluation set, that each reference goal can be written under
 its task's grammar and reached (or is refused for its stated reason) from the goal alone."""
 from __future__ import annotations
+
+from evals.evaluation import SETS_DIR
 
 import json
 from itertools import permutations
@@ -10,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.evaluation import REFUSALS, load_eval_set, score, unsafe_reasons
-from agent.files import AGENT_DIR, base_plan_schema, load_world
-from agent.gate import check_plan
-from agent.grounding import grounding_findings
-from agent.solver import complete, goal_reasons
-from agent.specialize import PlanValidator, specialize
+from evals.evaluation import REFUSALS, load_eval_set, score, unsafe_reasons
+from agent.files.loader import AGENT_DIR, base_plan_schema, load_world
+from agent.symbolic.gate import check_plan
+from agent.language.task_match import grounding_findings
+from agent.symbolic.solver import complete, goal_reasons
+from agent.schema.specialize import PlanValidator, specialize
 from calib.prompts import training_names
 
-SETS = AGENT_DIR / "evalsets"
+SETS = SETS_DIR
 PROCESS = SETS / "7-printstudio-aquarium-museum-skihire"
 # sets written with calls, orders and sets in mind: the same shape, fresh against every other set
 SET_10 = SETS / "10-luthier-chocolatier-winery-cinema"

@@ -12,10 +12,10 @@ import pytest
 import torch
 from tiny import random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.model import EXACT_ROWS, RowLoop, TargetModel, rows_invariant
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.models.dense import EXACT_ROWS, RowLoop, TargetModel, rows_invariant
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
@@ -63,7 +63,7 @@ def test_verify_rows_are_one_row_steps_tiny(request, which, kv):
 def test_every_layout_is_exact(tiny_llama, layout):
     """Whatever the kernel, the probe decides: invariant kernels run batched, the others row by
     row (RowLoop) — and the verify is exact either way."""
-    from thor_runtime.model import PackedWeight
+    from thor_runtime.models.dense import PackedWeight
 
     if layout != "dense" and not PackedWeight.available(torch.float32, torch.device("cpu")):
         pytest.skip("this torch build has no oneDNN weight packing")
@@ -142,7 +142,7 @@ def test_one_row_attend_is_grouped_attention():
     are strided views of the verify's q) computes SDPA's grouped-query attention."""
     import torch.nn.functional as F
 
-    from thor_runtime.model import attend
+    from thor_runtime.models.dense import attend
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(6, 5, 16, generator=g)                        # [H, T, Dh]

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import random_drafter
 
-from thor_runtime.fixed_shape import KEY_BUCKET, FixedShapeDecoder, key_span
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.fixed_shape import KEY_BUCKET, FixedShapeDecoder, key_span
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation, SpecOptions, build_speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
@@ -234,7 +234,7 @@ def test_cuda_hybrid_slot_rollback_equals_padded_steps(tiny_hybrid_dirs):
     """A padded verify of K + 1 rows cropped to n accepted: the recurrent state, conv window and
     KV bytes are exactly those of n + 1 padded plain steps; the replay rollback (an unpadded
     re-forward, another shape) agrees within bf16 rounding."""
-    from thor_runtime.fixed_shape import PaddedVerify
+    from thor_runtime.engine.fixed_shape import PaddedVerify
 
     m = on_cuda(tiny_hybrid_dirs["qwen3_5"], "bf16").model
     pv, K, P = PaddedVerify(m, 16), 7, 30

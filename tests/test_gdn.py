@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.hybrid import gdn as G
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.models.hybrid import gdn as G
 from thor_runtime.loading import load
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer

@@ -129,7 +129,7 @@ def test_quantized_gguf_equals_its_dequantized_values(arch, qtype, dirs, tmp_pat
     import gguf
     import numpy as np
 
-    from thor_runtime.hybrid.model import HybridModel
+    from thor_runtime.models.hybrid.model import HybridModel
     from thor_runtime.loading.gguf_weights import open_reader
 
     q, f = tmp_path / "q.gguf", tmp_path / "f.gguf"
@@ -182,8 +182,8 @@ def test_bad_ssm_tensor_is_refused(arch, name, dirs, tmp_path):
 
 
 def test_cli_generates_from_a_hybrid_gguf(ggufs, dirs):
-    from thor_runtime.generate import Runtime
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine.sampling import SamplingParams
 
     r = _cli("generate", "pick up", "--max-tokens", "6", "--json", "--model", str(ggufs["qwen3_next"]))
     assert r.returncode == 0, r.stderr
@@ -238,7 +238,7 @@ def test_expert_tensors_come_back_fused(arch, moe):
     """The converter's stacking (and, for fused checkpoints, its gate / up split) is undone into
     the fused form: gate_up [E, 2 I, D] (gate rows first), down [E, D, I], router and shared
     expert as saved."""
-    from thor_runtime.hybrid.weights import canonical
+    from thor_runtime.models.hybrid.weights import canonical
     from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
 
     d, p = moe[arch]

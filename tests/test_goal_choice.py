@@ -1,4 +1,4 @@
-"""Choosing the plan's goal among the grammar's candidates (agent/goal_choice.py): scores are the
+"""Choosing the plan's goal among the grammar's candidates (agent/planner/goal_choice.py): scores are the
 grammar-masked log-likelihood of each goal's tokens, branches share the prompt's cache, and the
 choice never turns a refusal into a plan or a reachable goal into one that is not."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 from thor_runtime.errors import ThorError
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 
-from agent.files import base_plan_schema
-from agent.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, GoalChooser, head_span)
-from agent.grammar import Grammar, GrammarTokenizer
-from agent.planner import Planner, specialize_request
-from agent.solver import stated_goal
-from agent.specialize import specialize
+from agent.files.loader import base_plan_schema
+from agent.planner.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, GoalChooser, head_span)
+from agent.schema.grammar import Grammar, GrammarTokenizer
+from agent.planner.planner import Planner, specialize_request
+from agent.symbolic.solver import stated_goal
+from agent.schema.specialize import specialize
 
 TASK = "put the apple on the table"
 
@@ -167,7 +167,7 @@ def test_a_refused_goal_runs_no_forward(tiny_llama, monkeypatch):
 
 
 def test_off_by_default_and_without_word_rules_the_goal_is_held_to_no_words(tiny_llama):
-    from thor_runtime.runtime_config import PlannerSettings
+    from thor_runtime.config import PlannerSettings
 
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")

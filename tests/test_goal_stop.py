@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from test_agent import good_plan, world_and_skills
 
-from agent.files import base_plan_schema
-from agent.grammar import Grammar, GrammarTokenizer
-from agent.solver import goal_stop
-from agent.specialize import specialize
+from agent.files.loader import base_plan_schema
+from agent.schema.grammar import Grammar, GrammarTokenizer
+from agent.symbolic.solver import goal_stop
+from agent.schema.specialize import specialize
 
 
 # one arm move, as the planner model looped it on "move the apple to the table"
@@ -173,7 +173,7 @@ def test_drafts_that_end_a_plan_mask_as_committing_them_does(tiny_llama):
 
 
 def test_written_steps_read_before_the_opening_step():
-    from agent.solver import written_steps
+    from agent.symbolic.solver import written_steps
 
     head = '{"plan_id":"p1","goal":[],"steps":[ {"id":"s1","skill":"pick"} , {"id":"s2","skill":'
     assert written_steps(head) == [{"id": "s1", "skill": "pick"}]
@@ -192,7 +192,7 @@ def test_the_planner_ends_a_refused_goal_and_a_runaway_plan_early(tiny_llama):
     it ends past the cap and the solver's steps complete it."""
     from test_plan_request import Decoding
 
-    from agent.planner import Planner
+    from agent.planner.planner import Planner
 
     w, s = world_and_skills("kitchen")
     tok = tiny_llama.tokenizer

@@ -1,4 +1,4 @@
-"""Goals beyond an end state (agent/goals.py): required calls (`do`), order (`before`) and sets
+"""Goals beyond an end state (agent/symbolic/goals.py): required calls (`do`), order (`before`) and sets
 (`every`), through parsing, symbolic execution, the gate, the solver and the goal grammar."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from agent.files import AGENT_DIR, base_plan_schema, skills_from_dict, world_from_dict
-from agent.gate import check_plan
-from agent.goals import parse_goal_items
-from agent.grammar import check_schema
-from agent.solver import complete, goal_reasons
-from agent.specialize import PlanValidator, specialize
-from agent.symbolic import execute
+from agent.files.loader import AGENT_DIR, base_plan_schema, skills_from_dict, world_from_dict
+from agent.symbolic.gate import check_plan
+from agent.symbolic.goals import parse_goal_items
+from agent.schema.grammar import check_schema
+from agent.symbolic.solver import complete, goal_reasons
+from agent.schema.specialize import PlanValidator, specialize
+from agent.symbolic.executor import execute
 from thor_runtime.errors import ThorError
 
 WORLD = {
@@ -208,7 +208,7 @@ def test_base_schema_takes_the_new_forms():
 
 def test_every_goal_form_the_prompt_shows_is_a_goal_the_plan_schema_takes():
     """The prompt's examples are what a small model copies: each must be a goal the grammar allows."""
-    from agent.prompt import _GOAL_EXAMPLES, _PROCESS_EXAMPLES
+    from agent.planner.prompt import _GOAL_EXAMPLES, _PROCESS_EXAMPLES
 
     v = PlanValidator(base_plan_schema())
     good = plan([], step(1, "wait", duration=1))

@@ -1,4 +1,4 @@
-"""agent/grammar.py: the llguidance Constraint — masks, drafts, rollback, jump-forward, EOS,
+"""agent/schema/grammar.py: the llguidance Constraint — masks, drafts, rollback, jump-forward, EOS,
 schema checks, and greedy constrained speculative == greedy constrained plain decoding."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny import proposer_and_k, random_drafter
 
-from agent.grammar import Grammar, GrammarTokenizer, check_schema
+from agent.schema.grammar import Grammar, GrammarTokenizer, check_schema
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget

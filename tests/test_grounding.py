@@ -1,17 +1,19 @@
-"""The goal held to the task's words (agent/grounding.py), alone and inside the repair loop."""
+"""The goal held to the task's words (agent/language/task_match.py), alone and inside the repair loop."""
 from __future__ import annotations
+
+from evals.evaluation import SETS_DIR
 
 import json
 from itertools import permutations
 
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 
-from agent.evaluation import load_eval_set
-from agent.files import AGENT_DIR
-from agent.grounding import grounding_findings
-from agent.planner import Planner
-from agent.prompt import goal_forms, system_prompt
-from agent.reading import mentions, names, read_task, words
+from evals.evaluation import load_eval_set
+from agent.files.loader import AGENT_DIR
+from agent.language.task_match import grounding_findings
+from agent.planner.planner import Planner
+from agent.planner.prompt import goal_forms, system_prompt
+from agent.language.reading import mentions, names, read_task, words
 
 
 def with_goal(*conds) -> dict:
@@ -102,8 +104,8 @@ def test_prompt_shows_a_goal_for_each_kind_the_skills_can_reach():
 
 
 def test_goal_schema_is_focused_on_the_task():
-    from agent.files import base_plan_schema
-    from agent.specialize import PlanValidator, specialize
+    from agent.files.loader import base_plan_schema
+    from agent.schema.specialize import PlanValidator, specialize
 
     w, s = world_and_skills("kitchen")
     task = "put the apple and the red cup on the table"
@@ -131,8 +133,8 @@ def test_goal_schema_is_focused_on_the_task():
 
 
 def test_task_verbs_choose_the_kind():
-    from agent.files import base_plan_schema
-    from agent.specialize import PlanValidator, specialize
+    from agent.files.loader import base_plan_schema
+    from agent.schema.specialize import PlanValidator, specialize
 
     w, s = world_and_skills("kitchen")
 
@@ -243,10 +245,10 @@ UNNAMED = {
 def test_every_reference_goal_fits_its_task_schema():
     """The task-focused grammar must be able to write the answer each evaluation set counts as
     right, and the gate must accept it (both sets)."""
-    from agent.files import AGENT_DIR, base_plan_schema
-    from agent.specialize import PlanValidator, specialize
+    from agent.files.loader import AGENT_DIR, base_plan_schema
+    from agent.schema.specialize import PlanValidator, specialize
 
-    sets = sorted(d for d in (AGENT_DIR / "evalsets").iterdir() if (d / "tasks.json").is_file())
+    sets = sorted(d for d in (SETS_DIR).iterdir() if (d / "tasks.json").is_file())
     assert len(sets) >= 2
     for d in sets:
         tasks, worlds = load_eval_set(d)
@@ -272,9 +274,9 @@ def test_every_reference_goal_fits_its_task_schema():
             assert findings == [], t.id
 
 
-# ---- the task's reading (agent/reading.py) ----------------------------------------------------
+# ---- the task's reading (agent/language/reading.py) ----------------------------------------------------
 def _world(objects, places, robot_at=None):
-    from agent.files import world_from_dict
+    from agent.files.loader import world_from_dict
     return world_from_dict({
         "name": "t", "objects": [{"position": [0.1, 0.0, 0.9], "mass_kg": 0.5, **o} for o in objects],
         "places": [{"name": p, "position": [0.2, 0.1, 0.9]} for p in places],
@@ -341,7 +343,7 @@ def test_reading_verbs_and_tasks_about_places():
 
 
 def _arm_and_mobile_skills():
-    from agent.files import skills_from_dict
+    from agent.files.loader import skills_from_dict
 
     _, arm = world_and_skills("kitchen")
     return arm, skills_from_dict(json.loads((AGENT_DIR / "skills" / "mobile.json").read_text()))
@@ -349,8 +351,8 @@ def _arm_and_mobile_skills():
 
 def _goal_fits(default_skills):
     """-> ok(task, goal, skills=default_skills): the task-focused goal schema on LIB admits goal."""
-    from agent.files import base_plan_schema
-    from agent.specialize import PlanValidator, specialize
+    from agent.files.loader import base_plan_schema
+    from agent.schema.specialize import PlanValidator, specialize
 
     def ok(task, goal, skills=default_skills):
         spec = specialize(base_plan_schema(), LIB, skills, task=task)
@@ -389,8 +391,8 @@ def test_schema_and_gate_hold_the_goal_to_the_places_the_task_says():
 def test_missing_names_a_thing_the_task_says_never_a_world_name():
     import json as _json
 
-    from agent.files import base_plan_schema
-    from agent.specialize import PlanValidator, specialize
+    from agent.files.loader import base_plan_schema
+    from agent.schema.specialize import PlanValidator, specialize
 
     r = read_task("Today's newspaper goes on the returns desk.", LIB)
     assert r.unknown == ("newspaper",)                # no world name, type, verb or function word
@@ -405,7 +407,7 @@ def test_missing_names_a_thing_the_task_says_never_a_world_name():
     assert any(b["properties"].get("missing") == {"type": "string", "minLength": 1, "maxLength": 40}
                for b in free["items"]["anyOf"])
     # every evaluation set: what an infeasible task lacks is among the words `missing` may use
-    for d in sorted(x for x in (AGENT_DIR / "evalsets").iterdir() if (x / "tasks.json").is_file()):
+    for d in sorted(x for x in (SETS_DIR).iterdir() if (x / "tasks.json").is_file()):
         doc = _json.loads((d / "tasks.json").read_text())
         tasks, worlds = load_eval_set(d)
         lacks = {t["id"]: t["asks"][0]["missing"] for t in doc.get("tasks", doc) if "asks" in t

@@ -1,4 +1,4 @@
-"""In-flight batching (thor_runtime/inflight.py, batch_verify.py): the verifies of several
+"""In-flight batching (thor_runtime/engine/inflight.py, batch_verify.py): the verifies of several
 sequences as one forward give each sequence the bits its verify alone gives, on every batched
 form (the layer path, the row kernel); and sequences generated at once from several threads
 commit exactly what each commits alone — plain, speculative, constrained — while their
@@ -13,13 +13,13 @@ import torch
 from test_exact import PROMPT
 from tiny import random_drafter
 
-from thor_runtime.batch_verify import VerifyCall, verify_many
+from thor_runtime.engine.batch_verify import VerifyCall, verify_many
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.inflight import FairLock, StepBatch
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit_kernels import int4_kernels
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.inflight import FairLock, StepBatch
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
@@ -31,8 +31,8 @@ SHAPES = [(5, 1), (11, 3), (8, 17), (14, 1), (3, 6)]
 
 def _row_model(tiny):
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     if not int4_kernels()["ort"].available():
         pytest.skip("onnxruntime (the onnx extra) is not installed")
@@ -169,7 +169,7 @@ def _generate_all(rt, prompts, spec, constraint_for, concurrent):
 @pytest.mark.parametrize("kind", ["none", "ngram", "dflash", "auto"])
 @pytest.mark.parametrize("constrained", [False, True])
 def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind, constrained, monkeypatch):
-    from agent.grammar import Grammar
+    from agent.schema.grammar import Grammar
     from thor_runtime.speculative.auto import CostBudget
 
     shared_caps = []           # auto: the drafts it let ride in rounds shared with others
@@ -200,7 +200,7 @@ def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind
 
 
 def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
-    from thor_runtime.batch_verify import shares
+    from thor_runtime.engine.batch_verify import shares
 
     m = tiny_llama.model
     assert shares(m, m.verify)
@@ -217,7 +217,7 @@ def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind
     """The fixed-shape decoder (CUDA's) gets a KV slot per sequence and runs every slot's rows
     in each forward: four sequences at once commit what each commits alone through it, their
     drafts ride in the shared rounds, and every slot is given back."""
-    from agent.grammar import Grammar
+    from agent.schema.grammar import Grammar
 
     m, tok = tiny_llama.model, tiny_llama.tokenizer
     words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.model import DENSE_MAX_ROWS, PackedWeight, TargetModel
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.models.dense import DENSE_MAX_ROWS, PackedWeight, TargetModel
 
 needs_onednn = pytest.mark.skipif(not PackedWeight.available(torch.float32, torch.device("cpu")),
                                   reason="this torch build has no oneDNN weight packing")

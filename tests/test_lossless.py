@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative.lossless import first_divergence, judge, summarize
 
 

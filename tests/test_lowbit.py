@@ -13,11 +13,11 @@ import torch
 from test_exact import PROMPT, _assert_same, _steps_vs_verify
 from tiny import random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit import GROUP, q4_blocks, quantize_int4
-from thor_runtime.lowbit_kernels import int4_kernels
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.kernels.lowbit import GROUP, q4_blocks, quantize_int4
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
@@ -113,8 +113,8 @@ def test_int4_tiny_requantized_is_exact(tiny_llama, kernel):
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel))
     assert m.int4_kernel == kernel
@@ -130,7 +130,7 @@ def _load_counting_probes(src: str, quant: str, cache: str):
 
     probes = []
     with pytest.MonkeyPatch.context() as mp:
-        for mod in ("thor_runtime.exactness", "thor_runtime.lowbit_step"):
+        for mod in ("thor_runtime.engine.exactness", "thor_runtime.kernels.lowbit_step"):
             real = importlib.import_module(mod).rows_invariant
             mp.setattr(f"{mod}.rows_invariant", lambda *a, _r=real, _m=mod: probes.append(_m) or _r(*a))
         return load(src, quant, cache_dir=cache), probes
@@ -197,8 +197,8 @@ def test_fused_layer_graphs_are_the_projection_path(arch, request):
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
@@ -228,8 +228,8 @@ def test_step_graph_is_the_layer_path(arch, request):
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
     m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
@@ -269,8 +269,8 @@ def test_step_graph_at_the_end_of_the_context(tiny_llama):
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
     if m.runner.step is None:
@@ -299,9 +299,9 @@ def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
     from pathlib import Path
 
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.lowbit_step import CHUNK_ROWS
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.kernels.lowbit_step import CHUNK_ROWS
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
     if m.runner.step is None:

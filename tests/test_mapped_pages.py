@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from thor_runtime.lowbit_ort import NBitsWeight
-from thor_runtime.mapped_pages import file_mappings, release_pages
+from thor_runtime.kernels.lowbit_ort import NBitsWeight
+from thor_runtime.kernels.mapped_pages import file_mappings, release_pages
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc")
 PAGE = mmap.PAGESIZE
@@ -102,7 +102,7 @@ def test_cached_starts_hold_no_copy_of_ort_weights(models):
     corrections when the row kernel runs the steps (it reads the blobs and scales in place:
     those pages are its weights, not a copy). A regrouping row kernel builds no ORT graph
     until asked and hands back the pages it copied. Without a cache the weights stay in memory."""
-    from thor_runtime.lowbit_fused import ort_weights
+    from thor_runtime.kernels.lowbit_fused import ort_weights
 
     kept, cold, hit, graph = models
     for m in (cold, hit, graph):
@@ -130,7 +130,7 @@ def test_released_weights_serve_the_rare_paths(models):
     """dequantize(), a session built on first use (a fused layer's projection), the weight
     cache's view and the logits read the released bytes again: the same as the model that
     kept them in memory."""
-    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.cache.kv_cache import KVCache
     from thor_runtime.loading.weight_cache import prepared_tensors
 
     kept, cold, hit, _ = models

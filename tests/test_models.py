@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from thor_runtime.errors import ThorError
-from thor_runtime.models import CATALOG, CatalogModel, Part, lookup, model_path, pull, verified_path
+from thor_runtime.catalog import CATALOG, CatalogModel, Part, lookup, model_path, pull, verified_path
 
 SLICES = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 33, b"tail-bytes"]
 

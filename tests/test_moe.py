@@ -16,10 +16,10 @@ from test_gdn import Steered, _variant
 from tiny_hybrid import HYBRID_CONFIGS, hf_model, make_hybrid_dir
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.hybrid.config import hybrid_config_from_hf
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.models.hybrid.config import hybrid_config_from_hf
 from thor_runtime.loading import load
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer

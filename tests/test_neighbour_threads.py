@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from thor_app.commands import bench_neighbour
+from thor_app.tools import bench_neighbour
 from thor_app.cli import main
-from thor_runtime import threads
-from thor_runtime.threads import ThreadGovernor, fitting_threads
+from thor_runtime.engine import threads
+from thor_runtime.engine.threads import ThreadGovernor, fitting_threads
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_one_torch_thread_then_the_callers_count(monkeypatch, two_threads):
     own; a governor does not take the one for the caller's choice."""
     import threading
 
-    from thor_runtime.threads import one_torch_thread
+    from thor_runtime.engine.threads import one_torch_thread
 
     # a quiet machine, whatever else runs beside the test: a busy reading would shrink the pool
     # at start(), which is the governor's job and not what this test is about
@@ -146,8 +146,8 @@ def test_a_drafter_beside_the_row_kernel_drafts_on_one_thread(tiny_llama, monkey
     from test_rowstep import _with_rows
     from tiny import random_drafter
 
-    from thor_runtime.generate import Runtime
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine.sampling import SamplingParams
     from thor_runtime.speculative import Speculation
     from thor_runtime.speculative.dflash import DFlashProposer
 

@@ -1,4 +1,4 @@
-"""More ways a task says an order (agent/order_reading.py) and the goal that opens with it
+"""More ways a task says an order (agent/language/order_reading.py) and the goal that opens with it
 (task_leads._order_lead): "once you've ...", "after you've ...", "before you ..." (said second),
 an aside the words go on after, verbs in any form, a thing said again by another word, a pick-up
 and a turn by an angle in the order, "go and dock" as one going whose end state may be left out."""
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from agent.amounts import angles
-from agent.evaluation import load_eval_set
-from agent.files import alias_words
-from agent.reading import read_task
-from agent.solver import complete
-from agent.wording import tokens, verb_forms
+from agent.language.amounts import angles
+from evals.evaluation import load_eval_set
+from agent.files.loader import alias_words
+from agent.language.reading import read_task
+from agent.symbolic.solver import complete
+from agent.language.wording import tokens, verb_forms
 from test_order_rule import _events
 from test_set_reading import SET9, _fits
 

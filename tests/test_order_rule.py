@@ -5,22 +5,24 @@ And a call the task fixes with its numbers (a push with its length and direction
 N times) opens the goal the same way."""
 from __future__ import annotations
 
+from evals.evaluation import SETS_DIR
+
 import json
 from types import SimpleNamespace
 
 import pytest
 
-from agent.evaluation import load_eval_set, score
-from agent.files import AGENT_DIR, base_plan_schema
-from agent.gate import check_plan
-from agent.grounding import grounding_findings
-from agent.reading import read_task
-from agent.solver import complete, goal_reasons
-from agent.specialize import PlanValidator, specialize
-from agent.amounts import durations
-from agent.wording import tokens
+from evals.evaluation import load_eval_set, score
+from agent.files.loader import AGENT_DIR, base_plan_schema
+from agent.symbolic.gate import check_plan
+from agent.language.task_match import grounding_findings
+from agent.language.reading import read_task
+from agent.symbolic.solver import complete, goal_reasons
+from agent.schema.specialize import PlanValidator, specialize
+from agent.language.amounts import durations
+from agent.language.wording import tokens
 
-SETS = AGENT_DIR / "evalsets"
+SETS = SETS_DIR
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +184,7 @@ def test_an_older_look_then_place_task_still_reaches_its_plain_answer(directory,
 
 # ---- a call the task fixes with its own numbers (task_leads._call_lead) ----------------------
 def test_lengths_and_counts_in_words():
-    from agent.amounts import lengths, times_said
+    from agent.language.amounts import lengths, times_said
     assert lengths(tokens("a shove 5 cm to the right")) == [0.05] and lengths(tokens("3cm forward")) == [0.03]
     assert lengths(tokens("back a couple of centimetres")) == [0.02] and lengths(tokens("30 mm left")) == [0.03]
     assert lengths(tokens("put it on the second shelf")) == []

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.slow
 def test_peers_short_mode(tmp_path, monkeypatch):
-    from thor_app.peers.driver import run_peers
+    from thor_app.tools.peers.driver import run_peers
 
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "wcache"))  # workers inherit it
     lines = []
@@ -32,7 +32,7 @@ def test_peers_short_mode(tmp_path, monkeypatch):
 def test_peers_missing_engine_reason(tmp_path, monkeypatch):
     import sys
 
-    from thor_app.peers.driver import _has, peers_python
+    from thor_app.tools.peers.driver import _has, peers_python
 
     monkeypatch.delenv("THOR_PEERS_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -49,7 +49,7 @@ def test_llama_cpp_killed_by_a_signal_runs_again_without_extra_buffers(tmp_path)
     import stat
     import sys
 
-    from thor_app.peers.driver import _run
+    from thor_app.tools.peers.driver import _run
 
     fake = tmp_path / "python"            # stands for the peers' interpreter: -m worker SPEC OUT
     fake.write_text(f"""#!{sys.executable}
@@ -72,8 +72,8 @@ json.dump({{"version": "llama-cpp-python test"}}, open(sys.argv[4], "w"))
 def test_peers_beside_a_neighbour(tmp_path, monkeypatch):
     """--peers --neighbour: each configuration quiet and beside one busy process (started and
     reaped around that run only), its decode speed also as a share of the quiet one."""
-    from thor_app.commands import bench_neighbour
-    from thor_app.peers.driver import run_peers
+    from thor_app.tools import bench_neighbour
+    from thor_app.tools.peers.driver import run_peers
 
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "wcache"))
     spawned, real = [], bench_neighbour.start_neighbour
@@ -95,7 +95,7 @@ def test_peers_beside_a_neighbour(tmp_path, monkeypatch):
 
 
 def test_peers_configs_are_checked():
-    from thor_app.peers.driver import parse_configs
+    from thor_app.tools.peers.driver import parse_configs
     from thor_runtime.errors import ThorError
 
     assert parse_configs(None) is None

@@ -12,7 +12,7 @@ from thor_app.cli import build_parser, main
 from thor_app.commands import plan as plan_cli
 from thor_app.flags import config_from_args
 from thor_app.server.config import ServeConfig
-from thor_runtime.models import MODELS_DIR_ENV
+from thor_runtime.catalog import MODELS_DIR_ENV
 
 TASK = "put the apple on the table"
 
@@ -69,7 +69,7 @@ def test_the_demo_and_the_installer_plan_with_the_planner_model():
     import re
     from pathlib import Path
 
-    from thor_runtime.models import PLANNER_DEFAULT
+    from thor_runtime.catalog import PLANNER_DEFAULT
 
     root = Path(__file__).resolve().parents[1]
     make = (root / "Makefile").read_text()

@@ -11,11 +11,11 @@ import pytest
 from serve_util import config, hosted_loader, long_context_copy, passing, wait_health
 from test_agent import WORLDS, _mut, good_plan, world_and_skills
 
-import agent.planner as planner_mod
-from agent.planner import Planner, PlanResult
-from thor_runtime.generate import Result
+import agent.planner.planner as planner_mod
+from agent.planner.planner import Planner, PlanResult
+from thor_runtime.engine.generate import Result
 from thor_runtime.speculative import PLAIN
-from thor_runtime.stats import Stats
+from thor_runtime.engine.stats import Stats
 
 TASK = "put the apple on the table"
 HEAVY = json.dumps(_mut(lambda p: p["steps"][0]["args"].update(object="cast_iron_pan")))   # refused: payload
@@ -105,7 +105,7 @@ class Ctx:
 
 
 def test_the_service_plans_its_prepared_request_with_the_planner_itself(tiny_llama, monkeypatch):
-    from agent.grammar import GrammarTokenizer
+    from agent.schema.grammar import GrammarTokenizer
     from thor_app.server.host import Hosted, ModelHost
     from thor_app.server.jobs import Cancelled
     from thor_app.server.plan_api import parse_plan
@@ -176,11 +176,11 @@ async def test_the_cli_and_the_api_answer_one_document(tiny_long, aiohttp_client
 
 def _goal_spies(monkeypatch):
     """Count every parse_goal and read_task call, whichever agent module makes it."""
-    import agent.reading
-    import agent.symbolic
+    import agent.language.reading
+    import agent.symbolic.executor
 
     goals, reads = [], []
-    for fn, log in ((agent.symbolic.parse_goal, goals), (agent.reading.read_task, reads)):
+    for fn, log in ((agent.symbolic.executor.parse_goal, goals), (agent.language.reading.read_task, reads)):
         def spy(*a, _fn=fn, _log=log, **kw):
             _log.append(a)
             return _fn(*a, **kw)
@@ -238,8 +238,8 @@ def test_the_goal_check_during_decoding_and_the_plan_share_one_parse(tiny_llama,
 def test_a_plans_stats_keep_what_its_attempts_ran_on():
     """The merged stats name the device, KV dtype and note of the generations (a plan on CUDA
     once reported "cpu"), and sum their counters."""
-    from agent.planner import merge_stats
-    from thor_runtime.stats import Stats
+    from agent.planner.planner import merge_stats
+    from thor_runtime.engine.stats import Stats
 
     parts = [Stats(kv_dtype="fp8", device="cuda:0", generated=n, spec_note="stale") for n in (5, 7)]
     total = merge_stats(parts)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from test_qwen2 import QWEN_05B, _pulled_or_skip
 
-from agent.bench import eval_cases, plan_cases
+from evals.plan_bench import eval_cases, plan_cases
 from thor_app.assembly import build_runtime, load_model, make_planner, with_settings
-from thor_runtime.runtime_config import RuntimeConfig
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.config import RuntimeConfig
+from thor_runtime.engine.sampling import SamplingParams
 
 CHAT = [{"role": "user", "content": "In two sentences: why does a robot arm have a payload limit?"}]
 

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache, KVScales
-from thor_runtime.prefix_cache import PrefixCache
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache, KVScales
+from thor_runtime.cache.prefix_cache import PrefixCache
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, build_speculation
 
 GREEDY = SamplingParams(max_tokens=12)
@@ -105,7 +105,7 @@ def test_drafter_seed_rows_come_from_an_entry_that_kept_them(tiny_llama):
     the shared start kept the taps of those rows: then only the rows after the shared start run,
     and the window gets the same taps a whole prefill gives. An entry keeps TAP_MARGIN rows more
     than the window, so a prompt whose window starts a little earlier is covered too."""
-    from thor_runtime.generate import TAP_MARGIN
+    from thor_runtime.engine.generate import TAP_MARGIN
 
     m = tiny_llama.model
     rt = Runtime(m, tiny_llama.tokenizer, prefix_cache=2)
@@ -143,8 +143,8 @@ def test_hybrid_targets_keep_no_prefixes(tmp_path):
 def test_plans_in_one_world_reuse_its_prompt_and_stay_the_same(default_model):
     """Two tasks in one world: the second prefills only what follows the shared system prompt,
     and both plans are the ones a cold runtime writes."""
-    from agent.bench import plan_cases
-    from agent.planner import Planner
+    from evals.plan_bench import plan_cases
+    from agent.planner.planner import Planner
 
     cases = [c for c in plan_cases() if c[0] == "kitchen"][:2]
     m = default_model

@@ -1,4 +1,4 @@
-"""World starts on disk (thor_runtime/prefix_shelf.py): the first plan in a world stores the
+"""World starts on disk (thor_runtime/cache/prefix_shelf.py): the first plan in a world stores the
 prompt start every task there shares, with the drafter's taps; a new process restores it and
 prefills only the task, and its plan is byte-identical to one planned from nothing. The most
 recently used files stay, a damaged one is refused."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from test_agent import world_and_skills
 
-from agent.planner import Planner
-from agent.prompt import build_messages
-from thor_runtime.generate import Runtime
-from thor_runtime.prefix_shelf import PrefixShelf
+from agent.planner.planner import Planner
+from agent.planner.prompt import build_messages
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.prefix_shelf import PrefixShelf
 from thor_runtime.speculative import SpecOptions, build_speculation
 
 TASKS = ("put the apple on the table", "put the cup in the sink")

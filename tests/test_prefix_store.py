@@ -8,13 +8,13 @@ import os
 import pytest
 from test_agent import world_and_skills
 
-import thor_runtime.prefix_store as store
-from agent.planner import Planner
-from agent.prompt import build_messages
+import thor_runtime.cache.prefix_store as store
+from agent.planner.planner import Planner
+from agent.planner.prompt import build_messages
 from thor_app.prefix import attach_prefix, shared_prefix_ids
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVScales
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVScales
+from thor_runtime.engine.sampling import SamplingParams
 
 TASK = "put the apple on the table"
 
@@ -24,7 +24,7 @@ def small_skills():
     """Two skills: a shared start that fits the tiny models' 1024-token context."""
     import json
 
-    from agent.files import DEFAULT_SKILLS, skills_from_dict
+    from agent.files.loader import DEFAULT_SKILLS, skills_from_dict
 
     doc = json.loads(DEFAULT_SKILLS.read_text())
     return skills_from_dict({**doc, "skills": doc["skills"][:2]}, "two skills")
@@ -149,7 +149,7 @@ def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills,
     import json
     from types import SimpleNamespace
 
-    from agent.files import DEFAULT_SKILLS
+    from agent.files.loader import DEFAULT_SKILLS
     from thor_app import prefix
 
     skills_dir = tmp_path / "skills"
@@ -167,7 +167,7 @@ def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills,
 
 def test_bench_plan_says_where_each_plan_went(default_model):
     """`thor bench --plan` keeps, per plan, where its prompt came from and where its time went."""
-    from agent.bench import WHERE_TIME_GOES, plan_bench
+    from evals.plan_bench import WHERE_TIME_GOES, plan_bench
 
     rt = _runtime(default_model)
     row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1)[0]
@@ -181,7 +181,7 @@ def test_bench_plan_says_where_each_plan_went(default_model):
 def test_bench_plan_fresh_starts_each_plan_as_a_new_process(default_model, tmp_path):
     """`--plan-start process`: every plan prefills world and task again from the pinned start
     alone (the recent prompts forgotten), with a new planner; the plans are the same."""
-    from agent.bench import plan_bench, plan_cases
+    from evals.plan_bench import plan_bench, plan_cases
 
     rt = _runtime(default_model)
     skills = plan_cases(1)[0][3]

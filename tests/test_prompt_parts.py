@@ -1,4 +1,4 @@
-"""Where a plan prompt's tokens go (agent/prompt_parts.py, `thor bench --prompt-parts`): the
+"""Where a plan prompt's tokens go (agent/planner/prompt_parts.py, `thor bench --prompt-parts`): the
 parts cover the prompt, the shared ones are the stored prefix, and each moves with what it counts."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from test_agent import world_and_skills
 
-from agent.prompt_parts import PARTS, prompt_parts, summarize
+from agent.planner.prompt_parts import PARTS, prompt_parts, summarize
 from thor_app.cli import main
 from thor_app.prefix import shared_prefix_ids
 
@@ -45,7 +45,7 @@ def test_the_world_says_where_things_are_in_names_and_coordinates_only_where_the
     """Objects on a place or a support are located by its name; coordinates (the workspace, the
     places', an unplaced object's) appear only when a skill takes a position; mass only for what
     can be carried. The gate still checks reach and payload from the world file."""
-    from agent.prompt import describe_world
+    from agent.planner.prompt import describe_world
 
     w, s = world_and_skills("kitchen")                   # manipulation skills: move_arm takes a position
     text = describe_world(w, s)

@@ -42,8 +42,8 @@ def scales_file(calibrated, tmp_path_factory):
 
 # ---- calibration ----------------------------------------------------------------------------
 def test_calibration_records_the_input_of_each_projection(tiny_llama, calibrated):
-    from thor_runtime.kv_cache import KVCache
-    from thor_runtime.model import rms_norm
+    from thor_runtime.cache.kv_cache import KVCache
+    from thor_runtime.models.dense import rms_norm
 
     m, cfg = tiny_llama.model, tiny_llama.cfg
     L = cfg.num_layers

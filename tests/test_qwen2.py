@@ -9,9 +9,9 @@ import torch
 from test_core import _hf, _hf_greedy
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.engine.sampling import SamplingParams
 
 PROMPTS = ["pick up the red cup and place it on the table", "move the gripper to the shelf, then open the drawer"]
 
@@ -23,7 +23,7 @@ def _hf_logits(hf, ids):
 
 def _gguf_model(path):
     from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
-    from thor_runtime.model import TargetModel
+    from thor_runtime.models.dense import TargetModel
 
     r = open_reader(path)
     cfg = gguf_config(r, path)
@@ -63,7 +63,7 @@ def test_qwen2_bias_changes_the_output(tiny_qwen2):
 
 def test_qwen2_missing_bias_is_refused(tiny_qwen2_dir):
     from thor_runtime.loading.hf_weights import hf_config, hf_weights
-    from thor_runtime.model import TargetModel
+    from thor_runtime.models.dense import TargetModel
 
     w = hf_weights(Path(tiny_qwen2_dir))
     del w["model.layers.1.self_attn.k_proj.bias"]
@@ -100,8 +100,8 @@ def test_qwen2_gguf_k_quants_match_transformers(tmp_path):
     import gguf
     from gguf_writer import random_kquant, write_tiny_gguf
 
-    from thor_runtime.config import ModelConfig
-    from thor_runtime.model import _expected_shapes
+    from thor_runtime.models.config import ModelConfig
+    from thor_runtime.models.dense import _expected_shapes
 
     cfg = ModelConfig(arch="qwen2", vocab_size=300, hidden_size=256, intermediate_size=512, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=1e6, tie_word_embeddings=False,
@@ -163,7 +163,7 @@ QWEN_05B = "qwen2.5-coder-0.5b-instruct"
 
 
 def _pulled_or_skip(name: str):
-    from thor_runtime.models import CATALOG, is_pulled, models_dir
+    from thor_runtime.catalog import CATALOG, is_pulled, models_dir
 
     if not is_pulled(CATALOG[name], models_dir()):
         pytest.skip(f"{name} is not pulled (thor models pull {name}; ~{CATALOG[name].size // 10**6} MB)")
@@ -193,7 +193,7 @@ def test_real_qwen2_05b_greedy_matches_transformers():
 
 
 
-@pytest.mark.skipif(not __import__("thor_runtime.lowbit", fromlist=["Int4Weight"]).Int4Weight.available(),
+@pytest.mark.skipif(not __import__("thor_runtime.kernels.lowbit", fromlist=["Int4Weight"]).Int4Weight.available(),
                     reason="this torch has no CPU int4 kernel")
 def test_qwen2_int4_weight_cache_entry_keeps_the_biases(tiny_qwen2, tmp_path):
     """What an int4 weight-cache entry stores (prepared_tensors) and how a hit rebuilds the
@@ -205,8 +205,8 @@ def test_qwen2_int4_weight_cache_entry_keeps_the_biases(tiny_qwen2, tmp_path):
     from thor_runtime.loading.gguf_weights import gguf_config, open_reader
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.loading.weight_cache import prepared_tensors, weights_from_prepared
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     path = tmp_path / "q2-q4.gguf"
     write_tiny_gguf(path, tiny_qwen2.cfg, hf_weights(Path(tiny_qwen2.source)), "Q4_0", arch="qwen2")

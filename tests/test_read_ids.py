@@ -1,5 +1,5 @@
 """Logits read by id: under a grammar, a verify on the row kernel computes only the logits of
-the ids some row may commit (thor_runtime/constraint.py ``read_ids``). Each computed logit has
+the ids some row may commit (thor_runtime/engine/constraint.py ``read_ids``). Each computed logit has
 the bits the whole head gives it, so constrained decoding commits the same tokens, plain and
 speculative, alone and in a shared round."""
 from __future__ import annotations
@@ -10,14 +10,14 @@ import torch
 from test_grammar import PLAN_LIKE
 from test_rowstep import _with_rows
 
-from agent.grammar import Grammar
-from thor_runtime import constraint as constraint_mod
-from thor_runtime.batch_verify import VerifyCall, verify_many
-from thor_runtime.constraint import RowReads, masked, masked_argmax, read_ids
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.rowstep import RowStep
-from thor_runtime.sampling import SamplingParams
+from agent.schema.grammar import Grammar
+from thor_runtime.engine import constraint as constraint_mod
+from thor_runtime.engine.batch_verify import VerifyCall, verify_many
+from thor_runtime.engine.constraint import RowReads, masked, masked_argmax, read_ids
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.kernels.rowstep import RowStep
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
@@ -137,7 +137,7 @@ def test_a_sequence_longer_than_a_kernel_call_keeps_its_own_logits_and_taps(tiny
     """A verify of more rows than one kernel call takes (a long run of forced tokens) spans two
     calls of the round; its logits and taps come back whole and in order, beside a batch-mate
     that reads every logit."""
-    from thor_runtime.rowstep import MAX_ROWS
+    from thor_runtime.kernels.rowstep import MAX_ROWS
 
     m = _with_rows(tiny_llama)
     V = m.cfg.vocab_size

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from test_grounding import LIB, _arm_and_mobile_skills, _world, checks, with_goal
 
-from agent.files import world_from_dict
-from agent.grounding import grounding_findings
-from agent.prompt import describe_world
-from agent.reading import read_task
-from agent.specialize import goal_schema
+from agent.files.loader import world_from_dict
+from agent.language.task_match import grounding_findings
+from agent.planner.prompt import describe_world
+from agent.language.reading import read_task
+from agent.schema.specialize import goal_schema
 from thor_runtime.errors import ThorError
 
 CLINIC = _world([{"name": "guitar_case", "type": "case", "at": "reception"},

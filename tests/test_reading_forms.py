@@ -1,4 +1,4 @@
-"""Forms of a task the reading follows (agent/reading.py, order_reading.py, set_reading.py,
+"""Forms of a task the reading follows (agent/language/reading.py, order_reading.py, set_reading.py,
 task_leads.py), each on a small world of its own: an aside that goes on, a thing carried nowhere,
 "stay there", a going by the skill it names, a state kept for a time, a pour said from its
 source or over two sentences, of what is held, or from a named source with what it pours said
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.amounts import angles
-from agent.files import AGENT_DIR, load_skills, world_from_dict
-from agent.reading import read_task
-from agent.solver import complete
-from agent.wording import tokens
+from agent.language.amounts import angles
+from agent.files.loader import AGENT_DIR, load_skills, world_from_dict
+from agent.language.reading import read_task
+from agent.symbolic.solver import complete
+from agent.language.wording import tokens
 from test_order_rule import _events
 from test_set_reading import _fits, _set
 

@@ -15,15 +15,15 @@ import torch
 from test_agent import ScriptedRuntime, good_plan, world_and_skills
 from test_cutoff import BudgetRuntime
 
-from agent.files import base_plan_schema
-from agent.free_text import FreeTextTracker, drop_free_text, trailing_free_text
-from agent.grammar import Grammar
-from agent.planner import Planner
-from agent.specialize import specialize
-from agent.symbolic import execute, parse_goal
+from agent.files.loader import base_plan_schema
+from agent.schema.free_text import FreeTextTracker, drop_free_text, trailing_free_text
+from agent.schema.grammar import Grammar
+from agent.planner.planner import Planner
+from agent.schema.specialize import specialize
+from agent.symbolic.executor import execute, parse_goal
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative.accept import RelaxedConfig, accept_relaxed_at, in_thinking
 from thor_runtime.speculative.base import Proposer

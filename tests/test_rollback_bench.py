@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.hybrid.config import HybridConfig
-from thor_runtime.hybrid.rollback_bench import (
+from thor_runtime.models.hybrid.config import HybridConfig
+from thor_app.tools.rollback_bench import (
     BENCH_CONFIG,
     _cycle_times,
     bench_rollback,

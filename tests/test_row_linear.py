@@ -1,4 +1,4 @@
-"""A drafter's projections on the row kernel (thor_runtime/row_linear.py): the int8 math of the
+"""A drafter's projections on the row kernel (thor_runtime/kernels/row_linear.py): the int8 math of the
 target's own blocks, each row's bits independent of the rows beside it, and speculative output
 still plain decoding's."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ from tiny import random_drafter
 from torch import nn
 
 from thor_runtime.errors import ThorError
-from thor_runtime.generate import Runtime
-from thor_runtime.lowbit_kernels import int4_kernels
-from thor_runtime.row_linear import ENV, RowLinear
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.kernels.row_linear import ENV, RowLinear
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer

@@ -1,4 +1,4 @@
-"""The row kernel (thor_runtime/rowstep.py, csrc/rowstep.c): decode steps and verifies of
+"""The row kernel (thor_runtime/kernels/rowstep.py, csrc/rowstep.c): decode steps and verifies of
 MatMulNBits models, each row on its own. Its math is the step graph's to int8-activation
 rounding, its verify rows are 1-row steps bit for bit, speculation is plain decoding, and the
 compiled library is loaded only when its hash is the manifest's."""
@@ -12,11 +12,11 @@ import torch
 from test_exact import PROMPT, _assert_same, _steps_vs_verify
 from tiny import random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.kv_cache import KVCache
-from thor_runtime.lowbit_kernels import int4_kernels
-from thor_runtime.rowstep import build_library
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.kernels.rowstep import build_library
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(not int4_kernels()["ort"].available(),
 
 def _model(tiny):
     from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.model import TargetModel
-    from thor_runtime.runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     return attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
 
@@ -101,7 +101,7 @@ def test_grouped_attention_rows_are_one_row_steps(tiny_gqa7):
     each block of keys: each head's scores, softmax and weighed values must stay the operations
     of that head alone. 16 verify rows at 78..93 keys (blocks of 16 and 8 keys, every remainder
     of 16) against 16 one-row steps, on 1 thread and on 2: logits, taps and K/V bit for bit."""
-    from thor_runtime.rowstep import RowStep, kernel_dir
+    from thor_runtime.kernels.rowstep import RowStep, kernel_dir
 
     m = _with_rows(tiny_gqa7)
     assert (m.cfg.num_heads, m.cfg.num_kv_heads, m.cfg.head_dim) == (14, 2, 64)
@@ -342,7 +342,7 @@ def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
 
     import numpy as np
 
-    from thor_runtime.rowstep import RowStep, kernel_dir
+    from thor_runtime.kernels.rowstep import RowStep, kernel_dir
 
     m = _with_rows(tiny_llama)
     m.runner.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)     # the suite runs torch on 1
@@ -376,8 +376,8 @@ def test_threads_in_use_follow_the_idle_cores_and_change_no_bit(tiny_qwen2, monk
     """The kernel's pool uses the cores others leave idle (two agreeing readings, or one when
     told to take it as is); a forward on 1 of 3 threads gives the bits of one on all 3, since a
     part's outputs do not depend on the thread that computes it. THOR_ADAPT_THREADS=0 fixes it."""
-    from thor_runtime import threads
-    from thor_runtime.rowstep import row_step
+    from thor_runtime.engine import threads
+    from thor_runtime.kernels.rowstep import row_step
 
     m = _with_rows(tiny_qwen2)
     kernel, why = row_step(m, {}, threads=3)
@@ -410,7 +410,7 @@ def test_the_kernel_builds_for_an_avx2_only_cpu(monkeypatch, tmp_path):
     VNNI, into its own library; a bad value is refused by name."""
     import platform
 
-    from thor_runtime import rowstep
+    from thor_runtime.kernels import rowstep
     from thor_runtime.errors import ThorError
 
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -439,8 +439,8 @@ def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
     kept with the row-invariance probes). Any split of a prompt, calls past MAX_ROWS rows
     included, gives the same K/V bits, so a stored prefix changes nothing; and they are the
     step graph's math within the int8 rounding of activations."""
-    from thor_runtime.prefill_choice import prefill_on_rows
-    from thor_runtime.rowstep import MAX_ROWS
+    from thor_runtime.kernels.prefill_choice import prefill_on_rows
+    from thor_runtime.kernels.rowstep import MAX_ROWS
 
     m = _with_rows(tiny_qwen2)
     rows, step = m.runner.rows, m.runner.step

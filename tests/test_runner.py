@@ -1,12 +1,12 @@
-"""The runner (thor_runtime/runner.py): both target classes are one interface, and the kernel
+"""The runner (thor_runtime/engine/runner.py): both target classes are one interface, and the kernel
 registry is tried in order — per runtime for who owns decode, per forward for the rest."""
 from __future__ import annotations
 
 import torch
 
-from thor_runtime.generate import Runtime
-from thor_runtime.runner import DECODE, FORWARD, DecodeAsk, pick_decode
-from thor_runtime.target import Target
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.runner import DECODE, FORWARD, DecodeAsk, pick_decode
+from thor_runtime.models.target import Target
 
 
 def test_dense_and_hybrid_targets_are_one_interface(tiny_llama, tiny_qwen3_5):

@@ -17,7 +17,7 @@ from thor_app.cli import build_parser, main
 from thor_app.flags import config_from_args
 from thor_app.server.config import RUNTIME_TABLES, config_from_dict
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import SECTIONS, ModelSettings, RuntimeConfig, meta, toml_fields
+from thor_runtime.config import SECTIONS, ModelSettings, RuntimeConfig, meta, toml_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "thor.toml.example"
@@ -152,7 +152,7 @@ def test_the_assembly_builds_what_the_config_says(tiny_dirs):
 
 
 def test_the_service_loads_through_the_assembly_and_reports_its_device(tiny_dirs):
-    from thor_app.commands.bench import device_info
+    from thor_app.tools.bench import device_info
     from thor_app.server.host import default_loader, runtime_settings
 
     cfg = config_from_dict({"model": {"name": str(tiny_dirs["llama"]), "device": "cpu"},

@@ -9,7 +9,7 @@ import pytest
 from serve_util import config, failing, hosted_loader, is_error_body, passing, wait_health, SlowSelftest
 
 from thor_app.server.app import STATE, make_app
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import PLAIN
 
 MSG = [{"role": "user", "content": "pick up the red cup"}]
@@ -33,7 +33,7 @@ def start(aiohttp_client, tiny_llama):
 
 
 def direct(loaded, messages, max_tokens, **kw):
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
 
     rt = Runtime(loaded.model, loaded.tokenizer)
     ids = loaded.tokenizer.encode_chat(messages)
@@ -332,7 +332,7 @@ async def test_models_and_metrics(start):
 
 
 async def test_speculative_request_fills_prompt_tokens_and_acceptance_by_position(start, tiny_llama):
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     client = await start(spec="ngram")

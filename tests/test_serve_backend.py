@@ -31,8 +31,8 @@ async def test_onnxruntime_service_selftests_what_it_serves_and_answers_like_tor
                                                                                   tiny_llama, tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime", reason="the onnx extra (onnx, onnxruntime) is not installed")
     from thor_app.server.host import default_selftest
-    from thor_runtime.generate import Runtime
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine.sampling import SamplingParams
     from thor_runtime.speculative import PLAIN
 
     monkeypatch.setenv("THOR_ENGINE_CACHE", str(tmp_path))

@@ -25,8 +25,8 @@ def tiny_long(tiny_dirs, tmp_path_factory):
 
 
 def direct_chat(loaded, text, max_tokens, spec):
-    from thor_runtime.generate import Runtime
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine.sampling import SamplingParams
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     ids = loaded.tokenizer.encode_chat([{"role": "user", "content": text}])

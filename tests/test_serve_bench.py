@@ -9,10 +9,10 @@ import pytest
 from serve_util import long_context_copy
 
 from thor_app.cli import main
-from thor_app.commands.bench_serve import LOAD_TASKS, TASKS, check_same_settings
+from thor_app.tools.bench_serve import LOAD_TASKS, TASKS, check_same_settings
 from thor_app.server.config import LimitsSection
 from thor_app.server.host import SERVICE_PREFILL_CHUNK
-from thor_runtime.runtime_config import ModelSettings as ModelSection
+from thor_runtime.config import ModelSettings as ModelSection
 from thor_runtime.errors import ThorError
 
 
@@ -99,7 +99,7 @@ def test_sides_on_different_settings_are_refused():
 
 
 def test_the_ceiling_sets_the_goal_against_one_at_a_time_at_four_clients():
-    from thor_app.commands.bench_ceiling import against, ceiling
+    from thor_app.tools.bench_ceiling import against, ceiling
 
     floor = {"context": 900, "s_per_row": {"16": 0.001}, "best_rows": 16, "best_s_per_row": 0.001}
     stats = [{"generated_tokens": 140, "prompt_tokens_computed": 10, "drafter_and_between_s": 0.1},
@@ -117,8 +117,8 @@ def test_the_ceiling_sets_the_goal_against_one_at_a_time_at_four_clients():
 def test_step_and_verify_says_where_the_machine_stood(tiny_llama):
     """The plan bench's machine reading: a 1-row step and a 16-row verify at a context the
     model's positions allow, both timed, the verify in steps their ratio."""
-    from thor_app.commands.bench_ceiling import step_and_verify
-    from thor_runtime.generate import Runtime
+    from thor_app.tools.bench_ceiling import step_and_verify
+    from thor_runtime.engine.generate import Runtime
 
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
     m = step_and_verify(rt, context=10**6)

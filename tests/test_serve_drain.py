@@ -37,7 +37,7 @@ class SlowSteps:
 @pytest.fixture
 def server(aiohttp_client, tiny_llama):
     async def go():
-        from thor_runtime.generate import Runtime
+        from thor_runtime.engine.generate import Runtime
 
         hosted = Hosted(tiny_llama, Runtime(SlowSteps(tiny_llama.model), tiny_llama.tokenizer), PLAIN)
         app = make_app(config(limits={"batch": 1}), loader=lambda cfg: hosted, selftest=passing,

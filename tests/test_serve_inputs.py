@@ -69,7 +69,7 @@ async def test_inputs_that_were_500_are_400_before_queueing(client, name, route,
 
 def test_the_runtime_refuses_a_seed_it_cannot_take():
     from thor_runtime.errors import ThorError
-    from thor_runtime.sampling import make_generator
+    from thor_runtime.engine.sampling import make_generator
 
     make_generator(2 ** 64 - 1)
     with pytest.raises(ThorError, match="seed"):

@@ -36,9 +36,9 @@ def direct_plan(loaded, task, world_name, max_tokens, attempts, share: int = 1):
     """What `thor plan --json` computes for the same request (same runtime, plain greedy).
     ``share``: the runtime set up for that many requests at once, as the service's is (on CUDA
     its decode forwards then take that many sequences' rows: another shape)."""
-    from agent.files import AGENT_DIR, load_skills, load_world, resolve_skills_path
-    from agent.planner import Planner
-    from thor_runtime.generate import Runtime
+    from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
+    from agent.planner.planner import Planner
+    from thor_runtime.engine.generate import Runtime
 
     world = load_world(AGENT_DIR / "worlds" / f"{world_name}.json")
     skills = load_skills(resolve_skills_path(world, None))
@@ -68,7 +68,7 @@ async def test_no_valid_plan_is_422_with_the_report_as_thor_plan_json(start, tin
 
 
 async def test_inline_world_and_skills_plan_like_the_named_ones(start, tiny_llama_long):
-    from agent.files import AGENT_DIR
+    from agent.files.loader import AGENT_DIR
 
     client = await start(tiny_llama_long)
     world = json.loads((AGENT_DIR / "worlds" / "kitchen.json").read_text())

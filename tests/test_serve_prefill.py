@@ -10,7 +10,7 @@ from serve_util import config, is_error_body, passing, wait_health
 
 from thor_app.server.app import STATE, make_app
 from thor_app.server.host import Hosted
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import PLAIN, SpecOptions, build_speculation
 
 CHUNK = 16
@@ -33,7 +33,7 @@ class SlowPrefill:
 
 
 def test_the_prefill_hook_runs_between_chunks_and_changes_no_token(tiny_llama):
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
 
     ids = tiny_llama.tokenizer.encode_chat(LONG_MSG)
     assert len(ids) > 6 * CHUNK
@@ -48,7 +48,7 @@ def test_the_prefill_hook_runs_between_chunks_and_changes_no_token(tiny_llama):
 
 
 def test_raising_from_the_hook_stops_the_prefill_at_that_chunk(tiny_llama):
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
 
     slow = SlowPrefill(tiny_llama.model, 0.0)
     rt = Runtime(slow, tiny_llama.tokenizer, prefill_chunk=CHUNK)
@@ -66,7 +66,7 @@ def test_raising_from_the_hook_stops_the_prefill_at_that_chunk(tiny_llama):
 def slow_server(aiohttp_client, tiny_llama):
     """A service whose prefill takes ~0.15 s per 16-token chunk (about 2 s for LONG_MSG)."""
     async def go(**tables):
-        from thor_runtime.generate import Runtime
+        from thor_runtime.engine.generate import Runtime
 
         model = SlowPrefill(tiny_llama.model, 0.15)
         hosted = Hosted(tiny_llama, Runtime(model, tiny_llama.tokenizer, prefill_chunk=CHUNK), PLAIN)
@@ -146,7 +146,7 @@ def tiny_long(tiny_dirs, tmp_path_factory):
 async def test_a_plan_whose_client_leaves_during_prefill_frees_the_worker_within_a_chunk(aiohttp_client,
                                                                                          tiny_long):
     """The planner passes only on_token; the service's runtime view adds the prefill check."""
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
 
     model = SlowPrefill(tiny_long.model, 0.1)
     hosted = Hosted(tiny_long, Runtime(model, tiny_long.tokenizer, prefill_chunk=64), PLAIN)

@@ -228,8 +228,8 @@ def test_a_cancel_stops_the_generation_at_the_next_committed_token(tiny_llama, s
     import time
 
     from thor_app.server.jobs import Cancelled, Job, JobContext, JobQueue
-    from thor_runtime.generate import Runtime
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine.sampling import SamplingParams
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     jobs = JobQueue(1)

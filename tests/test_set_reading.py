@@ -1,18 +1,20 @@
-"""A set of things read from what the task's words say of its members (agent/set_reading.py) and
+"""A set of things read from what the task's words say of its members (agent/language/set_reading.py) and
 the goal that opens with it (task_leads._set_lead); a push repeated and the option said nearest
 its length (task_leads._call_lead); a going in an order written as the skill the clause names."""
 from __future__ import annotations
 
+from evals.evaluation import SETS_DIR
+
 import pytest
 
-from agent.evaluation import load_eval_set
-from agent.files import AGENT_DIR
-from agent.grounding import grounding_findings
-from agent.reading import read_task
-from agent.solver import complete
+from evals.evaluation import load_eval_set
+from agent.files.loader import AGENT_DIR
+from agent.language.task_match import grounding_findings
+from agent.language.reading import read_task
+from agent.symbolic.solver import complete
 from test_order_rule import _goal_schema
 
-SET9 = AGENT_DIR / "evalsets" / "9-cycleshop-pottery-sortingoffice-linenstore"
+SET9 = SETS_DIR / "9-cycleshop-pottery-sortingoffice-linenstore"
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from tiny import proposer_and_k, random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
@@ -156,7 +156,7 @@ def test_int8_weights_close_to_fp32_and_spec_identical(tiny_dirs):
     plain decoding in that mode (the verify rows use the same int8 kernel as decode)."""
     import torch
 
-    from thor_runtime.kv_cache import KVCache
+    from thor_runtime.cache.kv_cache import KVCache
     from thor_runtime.loading import load
 
     a, b = load(str(tiny_dirs["llama"])), load(str(tiny_dirs["llama"]), "int8")

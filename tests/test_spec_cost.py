@@ -11,8 +11,8 @@ import random
 import pytest
 from tiny import random_drafter
 
-from thor_runtime.generate import Runtime
-from thor_runtime.sampling import SamplingParams
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative import cost as cost_mod
 from thor_runtime.speculative.auto import LOW_K, Arm, AutoPolicy, CostBudget, request_probe_due
@@ -357,7 +357,7 @@ def test_auto_greedy_identical_to_plain_free_text(tiny_llama, tmp_path, monkeypa
 
 
 def test_auto_greedy_identical_to_plain_constrained(tiny_llama, tmp_path, measured):
-    from agent.grammar import Grammar, GrammarTokenizer
+    from agent.schema.grammar import Grammar, GrammarTokenizer
 
     schema = {"type": "object", "properties": {
         "skill": {"enum": ["pick", "place", "wait"]},

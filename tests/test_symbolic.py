@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from agent.conditions import Cond, parse_cond
-from agent.files import AGENT_DIR, base_plan_schema, load_skills, load_world, skills_from_dict, world_from_dict
-from agent.gate import check_plan, gate_findings
-from agent.planner import Planner
-from agent.solver import complete
-from agent.specialize import PlanValidator, specialize
-from agent.symbolic import execute, initial_state, symbolic_findings
+from agent.symbolic.conditions import Cond, parse_cond
+from agent.files.loader import AGENT_DIR, base_plan_schema, load_skills, load_world, skills_from_dict, world_from_dict
+from agent.symbolic.gate import check_plan, gate_findings
+from agent.planner.planner import Planner
+from agent.symbolic.solver import complete
+from agent.schema.specialize import PlanValidator, specialize
+from agent.symbolic.executor import execute, initial_state, symbolic_findings
 from test_agent import ScriptedRuntime, kitchen_dict, world_and_skills
 from thor_app.cli import main
 from thor_runtime.errors import ThorError

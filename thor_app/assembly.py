@@ -12,14 +12,14 @@ import sys
 from dataclasses import dataclass
 
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import RuntimeConfig
+from thor_runtime.config import RuntimeConfig
 
 
 @dataclass(frozen=True)
 class Assembled:
     config: RuntimeConfig
     loaded: object            # thor_runtime.loading.Loaded
-    runtime: object           # thor_runtime.generate.Runtime
+    runtime: object           # thor_runtime.engine.generate.Runtime
     speculation: object       # thor_runtime.speculative.Speculation
     backend: object = None    # engines.backend.GraphBackend attached to the model; None = torch
 
@@ -77,7 +77,7 @@ def plan_format(config: RuntimeConfig, plans: bool = True) -> str | None:
 
     if not plans or config.speculation.method not in DRAFTER_METHODS + ("hybrid",):
         return None
-    from agent.plan_format import plan_format_fingerprint
+    from agent.planner.plan_format import plan_format_fingerprint
 
     return plan_format_fingerprint()
 
@@ -152,8 +152,8 @@ def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | No
 
 def make_runtime(config: RuntimeConfig, loaded):
     """The Runtime over a loaded model: KV dtype and scales, prefill chunk, prefix cache."""
-    from thor_runtime.generate import Runtime
-    from thor_runtime.kv_cache import KVScales
+    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.cache.kv_cache import KVScales
 
     m = config.model
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
@@ -194,9 +194,9 @@ def assembled_with(config: RuntimeConfig, loaded, runtime, backend=None) -> Asse
 def make_planner(a: Assembled, on_progress=None, **kw):
     """A Planner over an assembled runtime with the config's planner settings and its shelf of
     world starts (the caller flushes ``planner.shelf`` once a plan is out)."""
-    from agent.planner import Planner
+    from agent.planner.planner import Planner
 
-    from .prefix import world_shelf
+    from thor_app.prefix import world_shelf
 
     p = a.config.planner
     kw.setdefault("shelf", world_shelf(a.config))

@@ -11,7 +11,8 @@ import sys
 
 from thor_runtime.errors import ThorError
 
-from .commands import bench, calib, engines, generate, models, plan, selftest, serve
+from thor_app.commands import calib, engines, generate, models, plan, selftest, serve
+from thor_app.tools import bench
 
 COMMANDS = (generate, plan, bench, calib, models, engines, selftest, serve)
 

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import fields
 
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import SECTIONS, RuntimeConfig, meta
+from thor_runtime.config import SECTIONS, RuntimeConfig, meta
 
 PREFIX = "cfg__"
 TITLES = {"model": "model", "engine": "engines (the dense segments)", "speculation": "speculative decoding",

@@ -1,7 +1,7 @@
 """The planner's persistent prefix: the K/V of the prompt start every world and task on a skill
 library shares, loaded from disk at start (or computed once and stored), so a new process and
 a new world prefill only the world and the task. `thor plan` and the service call this after
-building their runtime; the storage itself is thor_runtime/prefix_store.py.
+building their runtime; the storage itself is thor_runtime/cache/prefix_store.py.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def prefix_dir(config) -> Path | None:
 
 
 def world_shelf(config):
-    """The world starts kept on disk (thor_runtime/prefix_shelf.py) under the prefix directory,
+    """The world starts kept on disk (thor_runtime/cache/prefix_shelf.py) under the prefix directory,
     or None: model.world_starts 0, or no cache directory."""
-    from thor_runtime.prefix_shelf import PrefixShelf
+    from thor_runtime.cache.prefix_shelf import PrefixShelf
 
     where = prefix_dir(config)
     n = config.model.world_starts
@@ -31,7 +31,7 @@ def world_shelf(config):
 
 def shared_prefix_ids(tokenizer, skills) -> list[int]:
     """The token ids every planning prompt on ``skills`` starts with, whatever its world and task."""
-    from agent.prompt import shared_instructions, shared_start
+    from agent.planner.prompt import shared_instructions, shared_start
 
     text = shared_instructions(skills)
     return shared_start(tokenizer, lambda w: [{"role": "system", "content": f"{text}\nWorld: {w}"},
@@ -43,8 +43,8 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
     matching file is there, else computed and written there. -> what happened (tokens, source, s)."""
     import torch
 
-    from thor_runtime.kv_cache import KVScales
-    from thor_runtime.prefix_store import load, prefix_key, prefix_path, save
+    from thor_runtime.cache.kv_cache import KVScales
+    from thor_runtime.cache.prefix_store import load, prefix_key, prefix_path, save
 
     t0 = time.perf_counter()
     model = runtime.model
@@ -80,7 +80,7 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
 def attach_skill_sets(assembled, paths, log=None) -> list[dict]:
     """The prefix of every skill set in ``paths`` (files, or directories of *.json) — the service's
     warm-up, so a plan on any configured library starts from disk."""
-    from agent.files import load_skills
+    from agent.files.loader import load_skills
     from thor_runtime.errors import ThorError
 
     files = []

@@ -11,7 +11,7 @@ import platform
 import re
 from pathlib import Path
 
-from .errors import ThorError
+from thor_runtime.errors import ThorError
 
 DEVICE_DEFAULT = "auto"
 _SPELLING = re.compile(r"auto|cpu|cuda(:\d+)?")

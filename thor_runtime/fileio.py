@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import ThorError
+from thor_runtime.errors import ThorError
 
 # Where prepared weights and compiled kernels are kept (the weight cache, the row kernel).
 ENV_CACHE_DIR = "THOR_CACHE_DIR"

@@ -9,9 +9,9 @@ import json
 import sys
 
 from thor_app.flags import add_config_args, config_from_args
-from .common import positive_int
+from thor_app.commands.common import positive_int
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import SpeculationSettings
+from thor_runtime.config import SpeculationSettings
 
 
 def _nonneg_int(s: str) -> int:

@@ -13,7 +13,7 @@ import sys
 
 from thor_runtime.errors import ThorError
 from thor_app.flags import add_config_args, config_from_args
-from .common import add_engine_build_args
+from thor_app.commands.common import add_engine_build_args
 
 
 def register(sub) -> None:

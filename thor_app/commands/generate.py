@@ -6,7 +6,7 @@ import sys
 
 from thor_app.assembly import build_runtime
 from thor_app.flags import add_config_args, config_from_args
-from .common import positive_int
+from thor_app.commands.common import positive_int
 
 
 def register(sub) -> None:
@@ -46,7 +46,7 @@ class _Streamer:
 
 
 def run(args) -> int:
-    from thor_runtime.sampling import SamplingParams
+    from thor_runtime.engine.sampling import SamplingParams
 
     config = config_from_args(args)
     s = config.sampling

@@ -13,7 +13,7 @@ def _say(msg: str) -> None:
 
 
 def _list(args) -> int:
-    from thor_runtime.models import CATALOG, MODELS_DIR_ENV, human_size, is_pulled, model_path, models_dir
+    from thor_runtime.catalog import CATALOG, MODELS_DIR_ENV, human_size, is_pulled, model_path, models_dir
 
     root = models_dir(args.dir)
     rows = [("NAME", "SIZE", "STATUS", "DESCRIPTION")]
@@ -32,7 +32,7 @@ def _list(args) -> int:
 
 
 def _pull(args) -> int:
-    from thor_runtime.models import lookup, models_dir, pull
+    from thor_runtime.catalog import lookup, models_dir, pull
 
     entry = lookup(args.name)
     print(pull(entry, models_dir(args.dir), say=_say))

@@ -49,9 +49,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def _load_inputs(args, config):
-    from agent.files import load_schema, load_skills, load_world, resolve_skills_path
-    from agent.grammar import check_schema
-    from agent.planner import specialize_request
+    from agent.files.loader import load_schema, load_skills, load_world, resolve_skills_path
+    from agent.schema.grammar import check_schema
+    from agent.planner.planner import specialize_request
 
     spec = config.speculation
     # a given drafter is checked here; the shipped one is the target's, known once it is loaded

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .common import add_engine_build_args
+from thor_app.commands.common import add_engine_build_args
 
 
 def register(sub) -> None:
@@ -22,15 +22,15 @@ def register(sub) -> None:
 
 def plan_check(loaded, backend):
     """One constrained plan on the sample world, on the backend under test: valid or not."""
-    from agent.files import load_skills, load_world, resolve_skills_path
-    from agent.planner import Planner
-    from agent.prompt import build_messages
+    from agent.files.loader import load_skills, load_world, resolve_skills_path
+    from agent.planner.planner import Planner
+    from agent.planner.prompt import build_messages
     from engines.backend import using
     from engines.selftest import Check
-    from thor_runtime.generate import Runtime
+    from thor_runtime.engine.generate import Runtime
     from thor_runtime.speculative import PLAIN
 
-    from agent.files import __file__ as agent_files
+    from agent.files.loader import __file__ as agent_files
     from pathlib import Path
 
     world = load_world(Path(agent_files).parent / "worlds" / "kitchen.json")

@@ -19,16 +19,16 @@ from aiohttp import web
 
 from thor_runtime.errors import ThorError
 
-from .config import ServeConfig
-from .jobs import Cancelled, JobQueue, QueueFull
-from .errors import ApiError, bad_request, error_body, error_response
-from .host import ModelHost
-from .guard import allowed_hosts, check_host, check_json_type, check_model, model_names
-from .inputs import parse_body
-from .metrics import CONTENT_TYPE, Metrics
-from .notify import Notifier, watchdog_interval, watchdog_loop
-from .openai_api import chunk_body, completion_body, completion_id, parse_chat, usage
-from .plan_api import parse_plan
+from thor_app.server.config import ServeConfig
+from thor_app.server.jobs import Cancelled, JobQueue, QueueFull
+from thor_app.server.errors import ApiError, bad_request, error_body, error_response
+from thor_app.server.host import ModelHost
+from thor_app.server.guard import allowed_hosts, check_host, check_json_type, check_model, model_names
+from thor_app.server.inputs import parse_body
+from thor_app.server.metrics import CONTENT_TYPE, Metrics
+from thor_app.server.notify import Notifier, watchdog_interval, watchdog_loop
+from thor_app.server.openai_api import chunk_body, completion_body, completion_id, parse_chat, usage
+from thor_app.server.plan_api import parse_plan
 
 log = logging.getLogger("thor.serve")
 STATE = web.AppKey("thor_state", object)

@@ -1,7 +1,7 @@
 """`thor serve` configuration: one TOML file, one frozen dataclass per table.
 
 The runtime's tables ([model], [engine], [speculation], [planner]) are the sections of
-thor_runtime.runtime_config.RuntimeConfig, whose field table the CLI flags are derived from too;
+thor_runtime.config.RuntimeConfig, whose field table the CLI flags are derived from too;
 [server], [limits] and [auth] are the service's own. Every value is checked when the file is read, so a typo fails at start-up with the key's name
 (exit 2) instead of minutes later on the robot. Unknown tables and keys are refused for the same
 reason. The only environment variable is ``THOR_CONFIG``, which points at the file.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from thor_runtime.errors import ThorError
-from thor_runtime.runtime_config import PlannerSettings, RuntimeConfig, SECTIONS, section_from_table, toml_fields
+from thor_runtime.config import PlannerSettings, RuntimeConfig, SECTIONS, section_from_table, toml_fields
 
 CONFIG_ENV = "THOR_CONFIG"
 
@@ -88,13 +88,13 @@ class AuthSection:
 
 def worlds_path(p: PlannerSettings) -> Path:
     """planner.worlds_dir, else the shipped sample worlds."""
-    from agent.files import AGENT_DIR
+    from agent.files.loader import AGENT_DIR
 
     return Path(p.worlds_dir) if p.worlds_dir else AGENT_DIR / "worlds"
 
 
 def skills_path(p: PlannerSettings) -> Path:
-    from agent.files import AGENT_DIR
+    from agent.files.loader import AGENT_DIR
 
     return Path(p.skills_dir) if p.skills_dir else AGENT_DIR / "skills"
 

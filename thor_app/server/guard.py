@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ApiError
+from thor_app.server.errors import ApiError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

@@ -15,9 +15,9 @@ from typing import Callable
 
 from thor_runtime.errors import ThorError
 
-from .config import ServeConfig
-from .jobs import JobContext
-from .openai_api import ChatRequest, TextStreamer, check_max_tokens
+from thor_app.server.config import ServeConfig
+from thor_app.server.jobs import JobContext
+from thor_app.server.openai_api import ChatRequest, TextStreamer, check_max_tokens
 
 log = logging.getLogger("thor.serve")
 STARTUP = ("starting", "loading", "warming_up", "self_test")
@@ -35,7 +35,7 @@ class Hosted:
     """What a loader returns: the loaded model and the runtime and speculation over it, and the
     backend its dense segments run on (None: torch's own methods)."""
     loaded: object            # thor_runtime.loading.Loaded
-    runtime: object           # thor_runtime.generate.Runtime
+    runtime: object           # thor_runtime.engine.generate.Runtime
     speculation: object       # thor_runtime.speculative.Speculation
     backend: object = None    # engines.backend.GraphBackend, attached to the model
 
@@ -47,7 +47,7 @@ def default_loader(cfg: ServeConfig) -> Hosted:
 
     from thor_app.assembly import build_runtime
 
-    from .leftovers import cache_roots, remove_abandoned
+    from thor_app.server.leftovers import cache_roots, remove_abandoned
 
     remove_abandoned(cache_roots(cfg))      # before this start builds (and perhaps is killed) itself
     rc = cfg.runtime
@@ -56,7 +56,7 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     a = build_runtime(rc)
     # the planner prompt's shared start for each configured skill set: from disk, or stored there
     from thor_app.prefix import attach_skill_sets
-    from .config import skills_path
+    from thor_app.server.config import skills_path
     attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
     from thor_runtime.speculative import auto_state
     auto_state.load(a.runtime, a.speculation)          # what --spec auto learned in its last run
@@ -102,7 +102,7 @@ def default_selftest(loaded, backend):
 class PreparedChat:
     ids: list
     params: object            # SamplingParams
-    grammar: object | None    # agent.grammar.Grammar
+    grammar: object | None    # agent.schema.grammar.Grammar
 
 
 class ModelHost:
@@ -150,7 +150,7 @@ class ModelHost:
             t = time.perf_counter()
             self._set("loading", f"loading model {self.cfg.model.name}")
             hosted = self.loader(self.cfg)
-            from agent.grammar import GrammarTokenizer
+            from agent.schema.grammar import GrammarTokenizer
 
             gtok = GrammarTokenizer(hosted.loaded.tokenizer)
             self.startup_s["load"] = time.perf_counter() - t
@@ -192,8 +192,8 @@ class ModelHost:
     @staticmethod
     def warm_up(h: Hosted, gtok) -> None:
         """One short plain and one constrained generation: allocator, kernels, grammar engine."""
-        from agent.grammar import Grammar
-        from thor_runtime.sampling import SamplingParams
+        from agent.schema.grammar import Grammar
+        from thor_runtime.engine.sampling import SamplingParams
 
         tok = h.loaded.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": "Say hello."}])
@@ -204,8 +204,8 @@ class ModelHost:
     # ---- chat ---------------------------------------------------------------------------------
     def prepare_chat(self, req: ChatRequest) -> PreparedChat:
         """Tokenize, size and compile the grammar before queueing (a 400 costs no queue slot)."""
-        from agent.grammar import Grammar
-        from thor_runtime.sampling import SamplingParams
+        from agent.schema.grammar import Grammar
+        from thor_runtime.engine.sampling import SamplingParams
 
         h, lim = self.hosted, self.cfg.limits
         try:
@@ -244,7 +244,7 @@ class ModelHost:
     # ---- plan ---------------------------------------------------------------------------------
     def prepare_plan(self, req):
         """The specialized schema and its grammar: a bad schema or skill set is a 400 here."""
-        from agent.planner import prepare_request
+        from agent.planner.planner import prepare_request
 
         return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps, self._thinking(),
                                req.task)
@@ -258,7 +258,7 @@ class ModelHost:
     def plan_job(self, req, prepared):
         """The job for a request prepared by ``prepare_plan``: every committed token goes through
         the job's check (cancellation, deadline, progress)."""
-        from agent.planner import Planner
+        from agent.planner.planner import Planner
         from thor_runtime.speculative import auto_state
 
         h = self.hosted

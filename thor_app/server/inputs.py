@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .errors import ApiError, bad_request
+from thor_app.server.errors import ApiError, bad_request
 
 MAX_DEPTH = 64            # arrays/objects inside one another in a body (a plan's world is ~5 deep)
 MAX_SCHEMA_DEPTH = 32     # subschemas inside one another

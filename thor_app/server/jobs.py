@@ -1,6 +1,6 @@
 """The service's job queue: generation workers, threads that take jobs from a bounded queue,
 ``workers`` of them at once (``limits.batch``; their sequences share the target's forwards, see
-thor_runtime/inflight.py). (Not to be confused with engines/, the backends the model's segments
+thor_runtime/engine/inflight.py). (Not to be confused with engines/, the backends the model's segments
 run on.)
 
 Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering

@@ -10,8 +10,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .errors import ApiError, bad_request
-from .inputs import CHAT_PRIORITY, check_schema_shape, check_seed, priority
+from thor_app.server.errors import ApiError, bad_request
+from thor_app.server.inputs import CHAT_PRIORITY, check_schema_shape, check_seed, priority
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _REFUSED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")

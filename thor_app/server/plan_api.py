@@ -13,10 +13,10 @@ from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
-from .config import worlds_path, skills_path
-from thor_runtime.runtime_config import PlannerSettings
-from .errors import bad_request
-from .inputs import PLAN_PRIORITY, check_schema_shape, priority
+from thor_app.server.config import worlds_path, skills_path
+from thor_runtime.config import PlannerSettings
+from thor_app.server.errors import bad_request
+from thor_app.server.inputs import PLAN_PRIORITY, check_schema_shape, priority
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -24,8 +24,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 @dataclass(frozen=True)
 class PlanRequest:
     task: str
-    world: object                  # agent.files.World
-    skills: object                 # agent.files.SkillSet
+    world: object                  # agent.files.loader.World
+    skills: object                 # agent.files.loader.SkillSet
     schema: dict | None
     max_tokens: int
     attempts: int
@@ -55,9 +55,9 @@ def _int_field(body: dict, key: str, default, lo: int, hi: int):
 
 def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
     """Reads world/skills files (small JSON): call it off the event loop."""
-    from agent.files import (DEFAULT_SKILLS, load_skills, load_world, resolve_skills_path, skills_from_dict,
+    from agent.files.loader import (DEFAULT_SKILLS, load_skills, load_world, resolve_skills_path, skills_from_dict,
                              world_from_dict)
-    from agent.grammar import check_schema
+    from agent.schema.grammar import check_schema
 
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")

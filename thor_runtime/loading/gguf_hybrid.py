@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ThorError
-from ..hybrid.config import HybridConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.models.hybrid.config import HybridConfig
 
 # llama.cpp architecture -> our arch name (Qwen3.5-MoE has Qwen3.5's layers, as from HF)
 HYBRID_GGUF_ARCH = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5", "qwen3next": "qwen3_next"}
@@ -63,7 +63,7 @@ def _moe_layers(reader, arch: str, n: int) -> tuple[int, ...]:
 
 
 def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
-    from .gguf_fields import field_value
+    from thor_runtime.loading.gguf_fields import field_value
 
     def get(key, default=None):
         v = field_value(reader, f"{arch}.{key}", default)

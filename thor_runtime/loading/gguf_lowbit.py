@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import ModelConfig
-from ..errors import ThorError
-from ..lowbit import q4_blocks
-from .gguf_weights import _hf_name, _unpermute
+from thor_runtime.models.config import ModelConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.kernels.lowbit import q4_blocks
+from thor_runtime.loading.gguf_weights import _hf_name, _unpermute
 
 _PROJ_SUFFIXES = ("_proj.weight",)
 _Q4 = ("Q4_0", "Q4_1")

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import ModelConfig
-from ..errors import ThorError
-from .gguf_fields import field_value
+from thor_runtime.models.config import ModelConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.loading.gguf_fields import field_value
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -73,7 +73,7 @@ def gguf_architecture(path: str | Path) -> str | None:
 
 
 def gguf_config(reader, path: str | Path) -> ModelConfig:
-    from .gguf_hybrid import HYBRID_GGUF_ARCH, hybrid_gguf_config, is_hybrid_arch
+    from thor_runtime.loading.gguf_hybrid import HYBRID_GGUF_ARCH, hybrid_gguf_config, is_hybrid_arch
 
     arch = field_value(reader, "general.architecture")
     if is_hybrid_arch(arch):
@@ -130,9 +130,9 @@ def _hf_name(name: str) -> str | None:
 def gguf_weights(reader, cfg: ModelConfig, path: str | Path) -> dict[str, torch.Tensor]:
     from gguf import GGMLQuantizationType, quants
 
-    from ..hybrid import is_hybrid_config
+    from thor_runtime.models.hybrid import is_hybrid_config
     if is_hybrid_config(cfg):
-        from .gguf_hybrid import hybrid_gguf_weights
+        from thor_runtime.loading.gguf_hybrid import hybrid_gguf_weights
         return hybrid_gguf_weights(reader, cfg, path)
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
-from ..errors import ThorError
-from ..fileio import PICKLE_SUFFIXES, read_json
+from thor_runtime.models.config import ModelConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.fileio import PICKLE_SUFFIXES, read_json
 
 _HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2"}
 
@@ -19,7 +19,7 @@ _HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen2ForC
 def hf_config(d: Path) -> ModelConfig:
     c = read_json(d / "config.json", "model config")
     archs = c.get("architectures") or []
-    from ..hybrid.config import HF_HYBRID_ARCH, hybrid_config_from_hf
+    from thor_runtime.models.hybrid.config import HF_HYBRID_ARCH, hybrid_config_from_hf
     hybrid = next((a for a in archs if a in HF_HYBRID_ARCH), None)
     if hybrid is not None:
         return hybrid_config_from_hf(c, hybrid, f"{d}/config.json", str(c.get("_name_or_path") or d.name))

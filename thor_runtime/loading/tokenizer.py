@@ -16,7 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTok
 
-from ..errors import ThorError
+from thor_runtime.errors import ThorError
 
 # Split regexes, keyed by `tokenizer.ggml.pre`. BPE merges were learned on text cut into pieces by
 # one specific regex; cutting differently gives valid but different ids than the model saw in

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ThorError
-from ..fileio import ENV_CACHE_DIR, default_cache_dir
-from ..lowbit import FusedPart, Int4Weight
+from thor_runtime.errors import ThorError
+from thor_runtime.fileio import ENV_CACHE_DIR, default_cache_dir
+from thor_runtime.kernels.lowbit import FusedPart, Int4Weight
 
 FORMAT = 2   # 2: the int4 kernel is part of the mode; q/k/v biases (qwen2) are stored
 PROJECTIONS = {  # model field -> the HF tensors fused into it
@@ -127,8 +127,8 @@ class _HashCheck:
 
 def _weight_tensors(prefix: str, w) -> dict[str, torch.Tensor]:
     """One low-bit projection's stored tensors, named ``prefix.<part>``."""
-    from ..lowbit_ort import NBitsWeight
-    from ..model import Int8Weight
+    from thor_runtime.kernels.lowbit_ort import NBitsWeight
+    from thor_runtime.models.dense import Int8Weight
 
     w = getattr(w, "w", w) if not isinstance(w, (Int4Weight, NBitsWeight, Int8Weight)) else w  # RowLoop
     if isinstance(w, Int4Weight):
@@ -151,8 +151,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def _weight_from(t: dict[str, torch.Tensor], prefix: str, rows: int | None = None):
     """Inverse of _weight_tensors (rows: the output size, which torch's int4 packing hides)."""
-    from ..lowbit_ort import NBitsWeight
-    from ..model import Int8Weight
+    from thor_runtime.kernels.lowbit_ort import NBitsWeight
+    from thor_runtime.models.dense import Int8Weight
 
     if f"{prefix}.blob" in t:
         return NBitsWeight.from_tensors({k: t[f"{prefix}.{k}"] for k in ("blob", "scale", "corr")
@@ -190,7 +190,7 @@ def prepared_tensors(model) -> dict[str, torch.Tensor]:
 def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
     """Flat prepared tensors -> the HF-named weights dict TargetModel takes (FusedPart for
     projections, the head under PREPARED_HEAD)."""
-    from ..model import PREPARED_HEAD
+    from thor_runtime.models.dense import PREPARED_HEAD
 
     w: dict[str, object] = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["final_norm"],
                             PREPARED_HEAD: _weight_from(t, "head")}
@@ -270,13 +270,13 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
 
     from safetensors.torch import save_file
 
-    from ..config import ModelConfig
-    from ..lowbit_kernels import pick_int4_kernel
-    from ..model import TargetModel
-    from ..runner import attach
-    from .loaded import Loaded, gguf_config_and_tokenizer
-    from .gguf_lowbit import gguf_weights_int4
-    from .tokenizer import Tokenizer
+    from thor_runtime.models.config import ModelConfig
+    from thor_runtime.kernels.lowbit_kernels import pick_int4_kernel
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
+    from thor_runtime.loading.loaded import Loaded, gguf_config_and_tokenizer
+    from thor_runtime.loading.gguf_lowbit import gguf_weights_int4
+    from thor_runtime.loading.tokenizer import Tokenizer
 
     kernel = pick_int4_kernel(int4_kernel)
     root = cache_root(cache_dir)
@@ -347,8 +347,8 @@ def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout:
     key.json only once it passed."""
     from safetensors import safe_open
 
-    from ..model import TargetModel
-    from ..runner import attach
+    from thor_runtime.models.dense import TargetModel
+    from thor_runtime.engine.runner import attach
 
     with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
         tensors = {k: f.get_tensor(k) for k in f.keys()}

@@ -10,19 +10,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ThorError
-from ..runtime_config import NGRAM_SIZES, SPEC_METHODS, SpeculationSettings as _Defaults
-from .budget import DraftBudget
+from thor_runtime.errors import ThorError
+from thor_runtime.config import NGRAM_SIZES, SPEC_METHODS, SpeculationSettings as _Defaults
+from thor_runtime.speculative.budget import DraftBudget
 # drafter discovery and staleness (weights_kind and DRAFTERS_DIR are part of this package's API)
-from .shipped import DRAFTERS_DIR, drafter_for, pick_drafter, require_drafter_for, weights_kind
+from thor_runtime.speculative.shipped import DRAFTERS_DIR, drafter_for, pick_drafter, require_drafter_for, weights_kind
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
-    from .accept import RelaxedConfig
-    from .auto import AutoPolicy
-    from .base import Proposer
+    from thor_runtime.speculative.accept import RelaxedConfig
+    from thor_runtime.speculative.auto import AutoPolicy
+    from thor_runtime.speculative.base import Proposer
 
 # Earlier spellings, still accepted, and the method each names: "hybrid" was the drafter plus
-# prompt lookup until the word came to mean the Gated-DeltaNet models (thor_runtime/hybrid/).
+# prompt lookup until the word came to mean the Gated-DeltaNet models (thor_runtime/models/hybrid/).
 SPEC_ALIASES = {"hybrid": "combined"}
 # The drafter shipped for the embedded default target. Targets find theirs by their config
 # (shipped.py: ``drafter_for``); this name stays for the tests and tools that mean this one.
@@ -93,15 +93,15 @@ PLAIN = Speculation()
 
 
 def _ngram(opts: SpecOptions, model, drafter=None):
-    from .ngram import NgramConfig, NgramProposer
+    from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
     p = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
     return p, opts.ngram_k
 
 
 def _dflash(opts: SpecOptions, model, drafter=None):
-    from .dflash import DFlashProposer
-    from .dflash_io import load_drafter
+    from thor_runtime.speculative.dflash import DFlashProposer
+    from thor_runtime.speculative.dflash_io import load_drafter
 
     if drafter is None:
         path = Path(opts.drafter) if opts.drafter else require_drafter_for(model).path
@@ -116,7 +116,7 @@ def _dflash(opts: SpecOptions, model, drafter=None):
 
 def _combined(opts: SpecOptions, model, drafter=None):
     """DFlash, with prompt lookup taking the cycles where the drafter is unsure (combined.py)."""
-    from .combined import CombinedProposer
+    from thor_runtime.speculative.combined import CombinedProposer
 
     dflash, k = _dflash(opts, model, drafter)
     return CombinedProposer.around(dflash, opts.lookup_rate, opts.ngram_min, opts.ngram_max), k
@@ -140,7 +140,7 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
 
     drafter: a DFlash drafter already in memory (one just distilled, evaluated before it is
     saved), taken instead of loading ``opts.drafter``; only the DFlash-based methods use it.
-    plan_format: the planner's request-format fingerprint today (agent.plan_format), handed in
+    plan_format: the planner's request-format fingerprint today (agent.planner.plan_format), handed in
     by a caller that plans; a drafter recorded on another format is stale: auto declines it,
     dflash and combined run it, both say so on stderr (shipped.py). None: no check."""
     pick = pick_drafter(opts.method, opts.drafter, drafter, model, plan_format)
@@ -161,7 +161,7 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
         free = Speculation(lookup, lk, None if opts.fixed_k else DraftBudget(), relaxed)
     spec = Speculation(proposer, k, budget, relaxed, free, pick.note)
     if opts.method == "auto" and not opts.fixed_k:
-        from .auto import with_cost_policy
+        from thor_runtime.speculative.auto import with_cost_policy
 
         spec = with_cost_policy(spec, opts)   # the choice per request, from the cost curve (auto.py)
     return spec

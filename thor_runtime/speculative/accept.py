@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ThorError
-from ..runtime_config import RELAXED_MARGINS
-from ..runtime_config import SpeculationSettings as _Defaults
+from thor_runtime.errors import ThorError
+from thor_runtime.config import RELAXED_MARGINS
+from thor_runtime.config import SpeculationSettings as _Defaults
 
 
 def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:

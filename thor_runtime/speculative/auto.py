@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from .budget import Cycle, probe_due
-from .cost import CostCurve
+from thor_runtime.speculative.budget import Cycle, probe_due
+from thor_runtime.speculative.cost import CostCurve
 
 CLASSES = ("constrained", "free")
 # Prior per-position acceptance of a drafter-based proposer. On plans: the shipped drafters'
@@ -330,7 +330,7 @@ def with_cost_policy(spec, opts):
     """``spec``, auto's proposers as build_speculation chose them (the drafter-based one where a
     drafter fits, else lookup; lookup for free text), with the policy choosing
     among them and plain decoding per request. The named draft budget gives way to CostBudget."""
-    from .ngram import NgramConfig, NgramProposer
+    from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
     main, free = spec.proposer, spec.free_text
     rho = opts.lookup_rate

@@ -20,8 +20,8 @@ import json
 import math
 from pathlib import Path
 
-from ..fileio import write_json_atomic
-from .cost import cost_dir, curve_key
+from thor_runtime.fileio import write_json_atomic
+from thor_runtime.speculative.cost import cost_dir, curve_key
 
 FORMAT = 1
 _NUMS = ("draft", "keep", "since_best")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import ThorError
+from thor_runtime.errors import ThorError
 
 State = tuple[float, int, int]  # (running mean, paused cycles, drafts accepted last cycle)
 

@@ -1,5 +1,5 @@
 """Combined proposer (``--spec combined``; ``hybrid`` is its earlier name): the DFlash drafter,
-with prompt lookup taking over where it is unsure. (Not the hybrid models of thor_runtime/hybrid/.)
+with prompt lookup taking over where it is unsure. (Not the hybrid models of thor_runtime/models/hybrid/.)
 
 Why: on held-out planner requests the shipped drafter misses most where the target copies
 text out of the prompt — the task sentence into "task", object and place names into the
@@ -24,11 +24,11 @@ choice depends on the drafter's own draws only, never on the target's acceptance
 """
 from __future__ import annotations
 
-from ..errors import ThorError
-from ..runtime_config import SpeculationSettings as _Defaults
-from .base import Proposer
-from .dflash import DFlashProposer
-from .ngram import NgramConfig, NgramProposer
+from thor_runtime.errors import ThorError
+from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.speculative.base import Proposer
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
 
 class CombinedProposer(Proposer):

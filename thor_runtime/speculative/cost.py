@@ -16,7 +16,7 @@ another key. Measuring touches no request's cache and decides no
 token, so it never changes output.
 
 A plan's verify under its grammar often computes only the logits of the ids its rows may commit
-(``cols``, thor_runtime/constraint.py), which skips most of the head: such a verify costs less,
+(``cols``, thor_runtime/engine/constraint.py), which skips most of the head: such a verify costs less,
 and more so per extra row. So a second curve, ``by_id``, times the same verifies reading
 ``READ_IDS`` logits, in the same unit (a full 1-row step); auto weighs the two by the share of
 its constrained verifies that read by id (auto.py).
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..device import cpu_name
-from ..fileio import default_cache_dir, write_json_atomic
+from thor_runtime.device import cpu_name
+from thor_runtime.fileio import default_cache_dir, write_json_atomic
 
 ENV = "THOR_SPEC_COSTS"            # "default": no measuring, the linear curve; "measure": measure again
 FORMAT = 4

@@ -28,14 +28,14 @@ import copy
 
 import torch
 
-from ..device import cpu_bf16
-from ..errors import ThorError
-from ..row_linear import RowLinear, head_rows, on_rows, row_kernel
-from .base import Proposer
-from .dflash_graph import GraphedBlock
-from .dflash_io import check_fits
-from .dflash_model import DFlashDrafter
-from .dflash_rows import fused_weights, row_drafter
+from thor_runtime.device import cpu_bf16
+from thor_runtime.errors import ThorError
+from thor_runtime.kernels.row_linear import RowLinear, head_rows, on_rows, row_kernel
+from thor_runtime.speculative.base import Proposer
+from thor_runtime.speculative.dflash_graph import GraphedBlock
+from thor_runtime.speculative.dflash_io import check_fits
+from thor_runtime.speculative.dflash_model import DFlashDrafter
+from thor_runtime.speculative.dflash_rows import fused_weights, row_drafter
 
 
 def draft_dtype(target) -> torch.dtype:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
-from ..errors import ThorError
-from ..fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
-from ..loading.hf_weights import read_safetensors
-from ..row_linear import RowLinear
-from .dflash_model import DFlashConfig, DFlashDrafter
-from .draft_vocab import FILENAME, load_draft_vocab
+from thor_runtime.models.config import ModelConfig
+from thor_runtime.errors import ThorError
+from thor_runtime.fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
+from thor_runtime.loading.hf_weights import read_safetensors
+from thor_runtime.kernels.row_linear import RowLinear
+from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
+from thor_runtime.speculative.draft_vocab import FILENAME, load_draft_vocab
 
 FORMAT = "thor-dflash/1"
 # Tensors a z-lab export may carry that we do not use (the target's own are shared).

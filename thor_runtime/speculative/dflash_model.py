@@ -53,10 +53,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check_attention_dims
-from ..errors import ThorError
-from ..runtime_config import SpeculationSettings as _Defaults
-from ..model import apply_rope, attend, rms_norm
+from thor_runtime.models.config import check_attention_dims
+from thor_runtime.errors import ThorError
+from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.models.dense import apply_rope, attend, rms_norm
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class DFlashConfig:
     # The target's weight kind when its taps were recorded ("fp32", "bf16", "int8", "int4";
     # "" unknown): low-bit weights shift the taps, and with them what the drafter predicts.
     target_weights: str = ""
-    # The planner request format its training plans were written in (agent/plan_format.py;
+    # The planner request format its training plans were written in (agent/planner/plan_format.py;
     # "" = unrecorded): a format change leaves the drafter predicting a document that is gone.
     plan_format: str = ""
 

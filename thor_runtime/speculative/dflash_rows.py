@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from ..rowstep import MAX_ROWS
-from ..row_linear import RowLinear
+from thor_runtime.kernels.rowstep import MAX_ROWS
+from thor_runtime.kernels.row_linear import RowLinear
 
 ENV = "THOR_DRAFTER_BLOCK"
 

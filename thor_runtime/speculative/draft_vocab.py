@@ -19,8 +19,8 @@ from typing import Iterable
 
 import torch
 
-from ..errors import ThorError
-from ..fileio import read_json, write_json_atomic
+from thor_runtime.errors import ThorError
+from thor_runtime.fileio import read_json, write_json_atomic
 
 FORMAT = "thor-draft-vocab/1"
 FILENAME = "draft_vocab.json"

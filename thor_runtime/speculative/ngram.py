@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ThorError
-from ..runtime_config import NGRAM_SIZES
-from ..runtime_config import SpeculationSettings as _Defaults
-from .base import Proposer
+from thor_runtime.errors import ThorError
+from thor_runtime.config import NGRAM_SIZES
+from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.speculative.base import Proposer
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ unrecorded). Only config.json is read to choose, so a target without a drafter, 
 drafter ``auto`` declines, never loads drafter weights.
 
 Staleness: a drafter's config records ``plan_format``, the fingerprint of the planner request
-format its training plans were written in (agent/plan_format.py). When the planner's prompt or
+format its training plans were written in (agent/planner/plan_format.py). When the planner's prompt or
 schema changes, a drafter trained on the old format drafts a document that is gone and its
 acceptance collapses without any error. The runtime cannot compute today's fingerprint (the
 planner lives above it), so a caller that plans hands it in; ``None`` means the caller does not
@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ThorError
+from thor_runtime.errors import ThorError
 
 DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # The methods that run a DFlash drafter (``auto`` only when one fits and is current).

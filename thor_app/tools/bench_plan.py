@@ -1,0 +1,157 @@
+"""`thor bench --plan`: constrained planning on the sample worlds (latency per proposer), the same
+on an evaluation set's worlds and wordings (--plan-set wordings) or on the request generator's
+held-out split (--plan-set heldout), or with --plan-set eval the held-out evaluation sets (task
+success, refusals, unsafe plans per model)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from thor_app.assembly import load_model, make_runtime, spec_options, with_settings
+from thor_app.flags import config_from_args
+from thor_runtime.errors import ThorError
+from thor_runtime.cache.prefix_shelf import PrefixShelf
+
+from thor_app.tools.bench_ceiling import step_and_verify
+from thor_app.tools.bench_report import device_info, peak_rss_mb, print_table
+
+
+EVAL_COLUMNS = ["model", "solver", "tasks", "task_success", "feasible_success", "correct_refusals", "valid",
+                "executable", "completed_by_solver", "first_attempt_model_alone", "unsafe_on_exit0", "attempts_mean",
+                "goal_changed", "latency_median_s"]
+# a set with PDDL (evals/pddl_check.py): the independent validator's verdict beside the executor's
+PDDL_COLUMNS = ["pddl_valid", "pddl_disagree"]
+
+
+def _eval_dir(given: str | None) -> tuple[Path, str]:
+    """-> (the evaluation set's directory, how the results name it). A relative path that is
+    not under the working directory is looked up in the source tree, so `evals/sets/NAME` works
+    from anywhere."""
+    from evals.evaluation import EVAL_DIR
+
+    if given is None:
+        return EVAL_DIR, "evals/sets/1-greenhouse-workshop-pharmacy-depot"
+    p = Path(given)
+    if not p.is_dir() and not p.is_absolute() and (EVAL_DIR.parents[2] / p).is_dir():
+        p = EVAL_DIR.parents[2] / p
+    if not (p / "tasks.json").is_file():
+        raise ThorError(f"--eval-dir {given}: no tasks.json there (an evaluation set is tasks.json + worlds/)")
+    return p, given
+
+
+# --plan-set wordings: tasks of an evaluation set timed per --spec, when --eval-limit is not given
+WORDINGS_LIMIT = 8
+# --plan-set heldout: the generator's held-out requests timed per --spec, when --eval-limit is not given
+HELDOUT_LIMIT = 12
+
+
+def heldout_cases(n: int) -> list[tuple]:
+    """plan_cases' tuples for the first ``n`` requests of the request generator's held-out split
+    (calib/prompts.py): the worlds, skills and wordings the drafters are distilled from, in
+    requests no drafter trained on; the same ones `thor calib eval-drafter --n N` decodes."""
+    from calib.prompts import robot_requests
+
+    return [(r.world.name, r.task, r.world, r.skills) for r in robot_requests("heldout", n)]
+
+
+def run_eval(args, specs) -> int:
+    from evals.plan_bench import eval_bench
+    from evals.evaluation import load_eval_set
+    from evals.pddl_check import load_binding, require_validator
+
+    if args.attempts < 0:
+        raise ThorError(f"--attempts must be >= 0, got {args.attempts}")
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.solver]
+    eval_dir, eval_name = _eval_dir(args.eval_dir)
+    load_eval_set(eval_dir)             # a bad set fails here, before any model is loaded
+    pddl = load_binding(eval_dir) is not None
+    if pddl:
+        require_validator()
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    config = _plan_config(args, wdt, kv)
+    models = [m.strip() for m in (args.models or config.model.name).split(",") if m.strip()]
+    rows = []
+    for m in models:
+        loaded = load_model(config, name=m)
+        rt = make_runtime(config, loaded)
+        for r in eval_bench(rt, loaded.tokenizer, specs[0], spec_options(config), modes, args.attempts,
+                            limit=args.eval_limit, directory=eval_dir, goal_choice=config.planner.goal_choice,
+                            words=args.word_rules):
+            rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
+    doc = {"device": device_info(config), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
+           "prefix_cache": args.prefix_cache, "goal_choice": config.planner.goal_choice,
+           "word_rules": args.word_rules,
+           "eval_dir": eval_name, "eval_rows": rows}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, EVAL_COLUMNS[:-1] + (PDDL_COLUMNS if pddl else []) + EVAL_COLUMNS[-1:])
+    return 0
+
+
+def _plan_config(args, wdt: str, kv: str):
+    """The plan benches' runtime: the first --configs pair, --prefix-cache (default 0)."""
+    return with_settings(config_from_args(args), model__dtype=wdt, model__kv_dtype=kv,
+                         model__prefix_cache=args.prefix_cache)
+
+
+def _pin_prefixes(args, config, rt, tokenizer, cases) -> list[dict]:
+    """--plan-start process or service: each skill set's shared prompt start, from disk (or built
+    and stored once), as `thor plan` and `thor serve` attach it."""
+    from thor_app.prefix import attach_prefix, prefix_dir
+
+    if args.plan_start == "whole":
+        return []
+    if rt.prefixes is None:
+        raise ThorError(f"--plan-start {args.plan_start} keeps the shared prefix in the prefix cache: "
+                        "give --prefix-cache 1 or more")
+    from agent.planner.prompt import shared_instructions
+
+    out, seen = [], set()
+    for _name, _task, _world, skills in cases:
+        # by what the prefix is made of: generated skill sets have no file to tell them apart
+        key = shared_instructions(skills)
+        if key not in seen:
+            seen.add(key)
+            info = attach_prefix(rt, tokenizer, skills, prefix_dir(config))
+            out.append({k: v for k, v in info.items() if k != "path"})
+    return out
+
+
+def run_plan(args, specs) -> int:
+    from evals.plan_bench import eval_cases, plan_bench, plan_cases
+
+    if args.plan_set == "eval":
+        return run_eval(args, specs)
+
+    wdt, kv = args.configs.split(",")[0].strip().split("/")
+    config = _plan_config(args, wdt, kv)
+    loaded = load_model(config)
+    rt = make_runtime(config, loaded)
+    cases, where = None, "sample worlds"
+    if args.plan_set == "wordings":         # held-out worlds and wordings, timed as the sample ones
+        eval_dir, where = _eval_dir(args.eval_dir)
+        cases = eval_cases(eval_dir, args.eval_limit or WORDINGS_LIMIT)
+    elif args.plan_set == "heldout":
+        cases, where = heldout_cases(args.eval_limit or HELDOUT_LIMIT), "calib held-out requests"
+    cases = plan_cases() if cases is None else cases
+    prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
+    # as `thor plan` and `thor serve` keep world starts on disk: each spec its own, empty at first
+    starts = config.model.world_starts if args.plan_start != "whole" else 0
+    before = step_and_verify(rt)     # where the machine stood: the ratios move with it
+    with tempfile.TemporaryDirectory(prefix="thor-world-starts-") as d:
+        shelves = [PrefixShelf(Path(d) / str(i), starts) for i in range(len(specs))] if starts else None
+        rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, options=spec_options(config),
+                          cases=cases, fresh=args.plan_start == "process", shelves=shelves)
+    machine = {"before": before, "after": step_and_verify(rt)}
+    doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
+           "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_start": args.plan_start,
+           "prefix_cache": args.prefix_cache, "shared_prefixes": prefixes, "world_starts": starts, "plan_rows": rows,
+           "step_and_verify": machine, "peak_rss_mb": peak_rss_mb()}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1))
+    print_table(rows, ["spec", "plans", "valid", "latency_median_s", "latency_p90_s", "decode_tok_s",
+                       "decode_vs_first", "decode_vs_first_paired", "accept_length_mean", "jump_forward_tokens",
+                       "plans_identical_to_first"])
+    print("machine, before / after: " + " / ".join(
+        f"1-row step {m['step_ms']} ms, {m['verify_rows']}-row verify {m['verify_ms']} ms ({m['verify_in_steps']} steps)"
+        for m in machine.values()) + f" at {before['context']} cached tokens, logits read by id")
+    return 0
