@@ -47,25 +47,25 @@ test-exact-cpus: $(STAMP)
 	ATEN_CPU_CAPABILITY=default THOR_EXPECT_CPU_CAPABILITY=DEFAULT $(PY) -m pytest tests/test_exact.py
 
 # On a machine with an NVIDIA GPU: the CUDA tests, the device self-test and the device benchmark,
-# logs and JSON in $(GPU_OUT) (bench/test_gpu.sh). On a CPU machine the CUDA tests skip.
-GPU_OUT ?= gpu-results
+# logs and JSON in $(GPU_OUT) (scripts/test_gpu.sh). On a CPU machine the CUDA tests skip.
+GPU_OUT ?= results/gpu
 test-gpu:
-	GPU_OUT=$(GPU_OUT) bench/test_gpu.sh
+	GPU_OUT=$(GPU_OUT) scripts/test_gpu.sh
 
 bench: $(STAMP)
-	$(THOR) bench --spec none,ngram,dflash --json bench/results-cpu.json
+	$(THOR) bench --spec none,ngram,dflash --json results/results-cpu.json
 
 # llama.cpp (built from source for this CPU; the wheel is cached outside the repo) and
-# transformers side by side with thor on the default GGUF; results in bench/peers/.
+# transformers side by side with thor on the default GGUF; results written to results/peers/.
 bench-peers: $(STAMP)
-	PYTHON=$(PYTHON) bench/peers_setup.sh
-	$(THOR) bench --peers --peers-python .venv-peers/bin/python --out-dir bench/peers
+	PYTHON=$(PYTHON) scripts/peers_setup.sh
+	$(THOR) bench --peers --peers-python .venv-peers/bin/python --out-dir results/peers
 
 # The same on an AVX2-only CPU, emulated on any x86: llama.cpp built without AVX-512 or VNNI,
 # thor with ATen's AVX2 kernels and the row kernel built for AVX2 (THOR_CPU_ISA follows ATen).
 bench-peers-avx2: $(STAMP)
-	PEERS_ISA=avx2 PYTHON=$(PYTHON) bench/peers_setup.sh
-	$(AVX2_ENV) $(THOR) bench --peers --peers-python .venv-peers-avx2/bin/python --out-dir bench/peers-avx2
+	PEERS_ISA=avx2 PYTHON=$(PYTHON) scripts/peers_setup.sh
+	$(AVX2_ENV) $(THOR) bench --peers --peers-python .venv-peers-avx2/bin/python --out-dir results/peers-avx2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

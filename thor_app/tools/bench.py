@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--short", action="store_true", help="with --peers: tiny counts (a smoke run)")
     p.add_argument("--peers-python", default=None,
                    help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)")
-    p.add_argument("--out-dir", default="bench/peers", help="with --peers: where the results go")
+    p.add_argument("--out-dir", default="results/peers", help="with --peers: where the results go")
     p.add_argument("--threads", type=positive_int, default=2,
                    help="with --peers / --serve: threads of every engine (--serve: the server's and the "
                         "in-process side's)")

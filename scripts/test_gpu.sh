@@ -4,7 +4,7 @@
 # PY: the Python that has the project's dependencies (default: the venv's, else python3).
 # Exit status: non-zero when any of the three failed; each still runs.
 set -u
-OUT=${GPU_OUT:-gpu-results}
+OUT=${GPU_OUT:-results/gpu}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1      # one log of everything; JSON and the plot beside it
