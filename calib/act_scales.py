@@ -39,7 +39,7 @@ from engines.backend import GraphBackend
 from engines.qdq import SKIP, Fp8Scales, fake_fp8, projection_shapes, weight_scales
 from engines.segments import SEGMENTS, DenseView, graph_plan
 from thor_runtime.errors import ThorError
-from thor_runtime.cache.kv_cache import KVCache, prompt_set_hash
+from thor_runtime.cache import KVCache, prompt_set_hash
 
 from .kv_scales import scales_out_path, with_report
 from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts

@@ -117,7 +117,7 @@ def init_hash(path: str) -> str:
 
 def init_weights(drafter, path: str) -> None:
     """Start ``drafter`` from the drafter at ``path`` (same shape, else a clear error)."""
-    from thor_runtime.speculative.dflash_io import load_drafter
+    from thor_runtime.speculative import load_drafter
 
     start = load_drafter(path)
     diff = [k for k in _SHAPE_KEYS if getattr(start.cfg, k) != getattr(drafter.cfg, k)]

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from thor_runtime.engine.batched import batched_greedy
+from thor_runtime.engine import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.cache.kv_cache import prompt_set_hash
+from thor_runtime.cache import prompt_set_hash
 
 from agent.planner.plan_format import FORMAT_KEY, plan_format_fingerprint
 
@@ -56,7 +56,7 @@ class PlanGreedy:
 
     def __init__(self, model, tok, max_tokens: int, spec: str = "auto"):
         from agent.schema.grammar import GrammarTokenizer
-        from thor_runtime.engine.generate import Runtime
+        from thor_runtime.engine import Runtime
         from thor_runtime.speculative import SpecOptions, build_speculation
 
         # Robot prompts share their instructions and skills: reuse that K/V across requests.
@@ -69,7 +69,7 @@ class PlanGreedy:
         return plan_constraint(self.gtok, req)
 
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
-        from thor_runtime.engine.sampling import SamplingParams
+        from thor_runtime.engine import SamplingParams
 
         return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), self.speculation,
                                 constraint=self.constraint(req)).token_ids

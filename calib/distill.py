@@ -41,13 +41,9 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 from thor_runtime.config import SpeculationSettings
 from thor_runtime.speculative import weights_kind
-from thor_runtime.speculative.dflash_io import default_tap_layers, save_drafter
-from thor_runtime.speculative.dflash_model import (
-    DFlashConfig,
-    DFlashDrafter,
-    block_attention_mask,
-)
-from thor_runtime.speculative.draft_vocab import DraftVocab, response_counts
+from thor_runtime.speculative import default_tap_layers, save_drafter
+from thor_runtime.speculative import DFlashConfig, DFlashDrafter, block_attention_mask
+from thor_runtime.speculative import DraftVocab, response_counts
 
 from .ckpt import init_hash, init_weights, load_checkpoint, save_checkpoint
 from .features import build_features
@@ -452,7 +448,7 @@ def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_name: s
 
 def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: int) -> dict:
     """(Re)build the shortlist of an existing drafter from its training data."""
-    from thor_runtime.speculative.dflash_io import load_drafter
+    from thor_runtime.speculative import load_drafter
 
     d, data = Path(drafter_dir), Path(data_dir)
     load_drafter(d)                     # refuses anything that is not a drafter before writing into it

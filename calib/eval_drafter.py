@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine import Runtime
 from thor_runtime.config import SpeculationSettings as _Defaults
-from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.engine import SamplingParams
 
 from .datagen import plan_constraint
 from .prompts import general_prompts, robot_requests
@@ -74,8 +74,8 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     from agent.schema.grammar import GrammarTokenizer
     from agent.planner.plan_format import plan_format_fingerprint
     from thor_runtime.speculative import SpecOptions, build_speculation
-    from thor_runtime.speculative.dflash_io import load_drafter
-    from thor_runtime.speculative.shipped import require_drafter_for
+    from thor_runtime.speculative import load_drafter
+    from thor_runtime.speculative import require_drafter_for
 
     model, tok = loaded.model, loaded.tokenizer
     path = cfg.drafter

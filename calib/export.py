@@ -19,7 +19,7 @@ KEEP = ("report.json", "loss.png")   # copied as they are when present
 
 def export_drafter(src: str | Path, dst: str | Path, dtype: str = "bf16") -> dict:
     """-> summary. Refuses a source that is not a drafter and a destination that is a file."""
-    from thor_runtime.speculative.dflash_io import load_drafter, save_drafter
+    from thor_runtime.speculative import load_drafter, save_drafter
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if dtype not in dtypes:

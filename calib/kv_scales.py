@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.engine.generate import Runtime
-from thor_runtime.cache.kv_cache import FP8_MAX, KVCache, KVScales, prompt_set_hash
-from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.engine import Runtime
+from thor_runtime.cache import FP8_MAX, KVCache, KVScales, prompt_set_hash
+from thor_runtime.engine import SamplingParams
 
 from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts
 

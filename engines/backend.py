@@ -67,7 +67,7 @@ class RowWiseGraphs(GraphBackend):
 def rows_exact(model, backend: GraphBackend) -> GraphBackend:
     """``backend`` itself if each kind of graph in its plan gives each of 2..EXACT_ROWS rows the
     bits that row gets alone (one seeded probe per segment and input shape), else RowWiseGraphs."""
-    from thor_runtime.models.dense import EXACT_ROWS
+    from thor_runtime.models import EXACT_ROWS
 
     rw, seen = RowWiseGraphs(backend), set()
     for segment, layer in backend.plan:
@@ -94,7 +94,7 @@ def attach(model, backend: GraphBackend | None) -> None:
     elif getattr(model, "is_hybrid", False):  # verify must stay exact: probe the kernels, else row by row
         model.backend_exact = rows_exact(model, model.backend)
     else:
-        from thor_runtime.models.dense import backend_for_verify
+        from thor_runtime.models import backend_for_verify
 
         model.backend_exact = backend_for_verify(model, model.backend)
 

@@ -32,8 +32,8 @@ def _fp8_check(dev_model, ids: torch.Tensor) -> Check:
 
 
 def _spec_check(loaded, prompt: list[int], kv: str, n: int) -> Check:
-    from thor_runtime.engine.generate import Runtime
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import Runtime
+    from thor_runtime.engine import SamplingParams
     from thor_runtime.speculative import SpecOptions, build_speculation
 
     rt = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv)

@@ -26,7 +26,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 from thor_runtime.config import ENGINE_FORMS
-from thor_runtime.models.dense import Int8Weight, RowLoop, PackedWeight
+from thor_runtime.models import Int8Weight, RowLoop, PackedWeight
 
 OPSET = 18
 # Bumped whenever the graphs change inputs, outputs or math: part of every cache key.

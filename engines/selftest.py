@@ -226,14 +226,14 @@ def check_teacher_forced(model, backend, ids: torch.Tensor, thr: Thresholds, fir
 
 
 def _generate(rt, ids, n, spec=None):
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import SamplingParams
     from thor_runtime.speculative import PLAIN
 
     return rt.generate(ids, SamplingParams(max_tokens=n, ignore_eos=True), spec or PLAIN).token_ids
 
 
 def _token_check(name, rt_ref, prompt, a, b, strict: bool, tol: float) -> Check:
-    from thor_runtime.speculative.lossless import judge
+    from thor_runtime.speculative import judge
 
     v = judge(rt_ref, prompt, a, b, tol)
     figs = {"tokens": len(a), "status": v.status}
@@ -247,9 +247,9 @@ def _token_check(name, rt_ref, prompt, a, b, strict: bool, tol: float) -> Check:
 
 
 def check_generation(model, tok, backend, prompt, n: int, strict: bool, k: int = 4) -> list[Check]:
-    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine import Runtime
     from thor_runtime.speculative import SpecOptions, build_speculation
-    from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL
+    from thor_runtime.speculative import DEFAULT_TIE_TOL
 
     rt = Runtime(model, tok)
     with using(model, None):

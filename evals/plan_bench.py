@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from thor_runtime.config import PlannerSettings
-from thor_runtime.speculative import SpecOptions, auto_state, build_speculation
+from thor_runtime.speculative import SpecOptions, auto_state_of, restore_auto_state, build_speculation
 
 from evals.evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
 from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
@@ -101,11 +101,11 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                         if memories[i] is not None:
                             memories[i].forget()
                         # a new process: what auto learned comes through its file (auto_state.py)
-                        learned = json.loads(json.dumps(auto_state.state(planners[i].speculation.auto))) \
+                        learned = json.loads(json.dumps(auto_state_of(planners[i].speculation.auto))) \
                             if planners[i].speculation.auto is not None else None
                         planners[i] = planner(specs[i])
                         if learned is not None:
-                            auto_state.restore(planners[i].speculation.auto, learned)
+                            restore_auto_state(planners[i].speculation.auto, learned)
                     res = planners[i].plan(task, world, skills)
                     if shelves:
                         shelves[i].flush()

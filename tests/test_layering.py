@@ -1,8 +1,10 @@
 """The package layering holds: libraries never import the packages above them, and no module
 imports itself through others.
 
-thor_runtime and engines (runtime, backends) -> agent (planning) -> calib -> thor_app (the
-`thor` CLI and the HTTP server, which nothing imports). Read from the source with ``ast``,
+thor_runtime and engines (runtime, backends) -> agent (planning) -> calib -> evals (the lab:
+evaluation code and sets) -> thor_app (the `thor` CLI, the HTTP server and the benchmark tools,
+which nothing imports). Other packages enter the runtime by its front door; the plan's checks
+(gate, executor, solver) import nothing that reads the task's words. Read from the source with ``ast``,
 including imports inside functions, so a lazy import cannot hide a wrong edge or a cycle.
 thor_app imports every command statically: no importlib, import_module or __import__ dispatch
 by name.
@@ -15,14 +17,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("thor_runtime", "engines", "agent", "calib", "thor_app")
+PACKAGES = ("thor_runtime", "engines", "agent", "calib", "evals", "thor_app")
 # package -> the project packages it must never import
 FORBIDDEN = {
-    "thor_runtime": {"engines", "agent", "calib", "thor_app"},
-    "engines": {"agent", "calib", "thor_app"},
-    "agent": {"calib", "thor_app"},
-    "calib": {"thor_app"},
+    "thor_runtime": {"engines", "agent", "calib", "evals", "thor_app"},
+    "engines": {"agent", "calib", "evals", "thor_app"},
+    "agent": {"calib", "evals", "thor_app"},
+    "calib": {"evals", "thor_app"},
+    "evals": {"thor_app"},
 }
+# the runtime's top-level modules other packages may import directly (the rest is subpackages)
+RUNTIME_FACES = {"config", "errors", "fileio", "device", "catalog"}
+# the plan's checks: what they import, however indirectly, never reads the task's words
+WORD_FREE = ("agent.symbolic.gate", "agent.symbolic.executor", "agent.symbolic.solver")
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -166,3 +173,78 @@ def test_cycle_finder_sees_lazy_and_relative_imports(tmp_path):
     assert graph["p.a"] == {"p.sub.b"} and graph["p.sub.b"] == {"p.a"} and graph["p.c"] == {"p.a"}
     assert graph["p.sub"] == {"p.a"}
     assert cycles(graph) == [["p.a", "p.sub.b"]]
+
+
+def runtime_imports_past_the_door(path: Path) -> list[str]:
+    """Imports of the runtime from outside it that reach into a subpackage's files: anything
+    deeper than ``thor_runtime.<child>``, or a submodule taken from a subpackage by name."""
+    tree = ast.parse(path.read_text(), str(path))
+    runtime = ROOT / "thor_runtime"
+    out = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [(node.module, a.name) for a in node.names]
+        for module, name in names:
+            parts = module.split(".")
+            if parts[0] != "thor_runtime" or len(parts) == 1 and name is not None:
+                continue
+            deep = len(parts) > 2 or (isinstance(node, ast.Import) and len(parts) > 1)
+            child = runtime / parts[1] if len(parts) > 1 else None
+            if not deep and child is not None and not child.is_dir() and parts[1] not in RUNTIME_FACES:
+                deep = True                       # a loose file of the runtime not made a face
+            if not deep and child is not None and child.is_dir() and name is not None:
+                deep = (child / f"{name}.py").exists() or (child / name).is_dir()
+            if deep:
+                out.append(f"{node.lineno}: {module}" + (f" import {name}" if name else ""))
+    return out
+
+
+@pytest.mark.parametrize("package", ["agent", "calib", "engines", "evals", "thor_app"])
+def test_runtime_entered_by_its_front_door(package):
+    files = sorted((ROOT / package).rglob("*.py"))
+    bad = {str(f.relative_to(ROOT)): runtime_imports_past_the_door(f) for f in files}
+    assert {f: b for f, b in bad.items() if b} == {}
+
+
+def test_front_door_walker_sees_deep_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from thor_runtime.engine.generate import Runtime\nimport thor_runtime.engine\n"
+                   "from thor_runtime.engine import generate\nfrom thor_runtime.engine import Runtime\n"
+                   "from thor_runtime import Runtime\nfrom thor_runtime.config import RuntimeConfig\n")
+    assert runtime_imports_past_the_door(src) == [
+        "1: thor_runtime.engine.generate import Runtime", "2: thor_runtime.engine",
+        "3: thor_runtime.engine import generate"]
+
+
+def test_front_door_names_resolve():
+    """Every name a face promises loads (a typo in a face would only fail at first use)."""
+    import thor_runtime
+    from thor_runtime import cache, engine, kernels, loading, models, speculative
+
+    for face in (thor_runtime, cache, engine, kernels, models):
+        for name in face.__all__:
+            assert getattr(face, name) is not None, (face.__name__, name)
+    for face in (loading, speculative):
+        for name in getattr(face, "_LAZY", ()):
+            assert getattr(face, name) is not None, (face.__name__, name)
+
+
+def closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += sorted(graph.get(m, ()))
+    return seen
+
+
+def test_plan_checks_import_no_language():
+    graph = import_graph()
+    for start in WORD_FREE:
+        assert start in graph, start
+        reached = sorted(m for m in closure(graph, start) if m.startswith("agent.language"))
+        assert reached == [], f"{start} reaches {reached}"

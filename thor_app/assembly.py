@@ -60,7 +60,7 @@ def relaxed_config(config: RuntimeConfig, tokenizer):
     s = config.speculation
     if not (s.relaxed_thinking or s.relaxed_spans):
         return None
-    from thor_runtime.speculative.accept import RelaxedConfig
+    from thor_runtime.speculative import RelaxedConfig
 
     b = e = None
     if s.relaxed_thinking:
@@ -73,7 +73,7 @@ def relaxed_config(config: RuntimeConfig, tokenizer):
 def plan_format(config: RuntimeConfig, plans: bool = True) -> str | None:
     """Today's planner request format, for the staleness check of a planner drafter; None when
     the runtime will not plan (free text only) or its method runs no drafter."""
-    from thor_runtime.speculative.shipped import DRAFTER_METHODS
+    from thor_runtime.speculative import DRAFTER_METHODS
 
     if not plans or config.speculation.method not in DRAFTER_METHODS + ("hybrid",):
         return None
@@ -152,8 +152,8 @@ def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | No
 
 def make_runtime(config: RuntimeConfig, loaded):
     """The Runtime over a loaded model: KV dtype and scales, prefill chunk, prefix cache."""
-    from thor_runtime.engine.generate import Runtime
-    from thor_runtime.cache.kv_cache import KVScales
+    from thor_runtime.engine import Runtime
+    from thor_runtime.cache import KVScales
 
     m = config.model
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None

@@ -22,7 +22,7 @@ def prefix_dir(config) -> Path | None:
 def world_shelf(config):
     """The world starts kept on disk (thor_runtime/cache/prefix_shelf.py) under the prefix directory,
     or None: model.world_starts 0, or no cache directory."""
-    from thor_runtime.cache.prefix_shelf import PrefixShelf
+    from thor_runtime.cache import PrefixShelf
 
     where = prefix_dir(config)
     n = config.model.world_starts
@@ -43,8 +43,8 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
     matching file is there, else computed and written there. -> what happened (tokens, source, s)."""
     import torch
 
-    from thor_runtime.cache.kv_cache import KVScales
-    from thor_runtime.cache.prefix_store import load, prefix_key, prefix_path, save
+    from thor_runtime.cache import KVScales
+    from thor_runtime.cache import load_prefix as load, prefix_key, prefix_path, save_prefix as save
 
     t0 = time.perf_counter()
     model = runtime.model

@@ -17,6 +17,7 @@ import jsonschema
 
 from thor_runtime.errors import ThorError
 
+from agent.files.names import alias_words
 from agent.symbolic.conditions import EFFECT_KINDS, SKILL_PRE_KINDS, Cond, parse_conds
 
 AGENT_DIR = Path(__file__).resolve().parent.parent
@@ -239,14 +240,6 @@ class SkillSet:
     def kinds(self) -> set[str]:
         """The kinds of condition some skill can make true (``at``, ``is``, ``robot_at`` ...)."""
         return {c.kind for s in self.skills for c in s.effects}
-
-
-def alias_words(alias: str) -> list[str]:
-    """The words of an alias as a task's reading compares them: lower case, letters and digits,
-    no article ("the guitar" is "guitar")."""
-    # a hyphen inside a word joins it, as the task's words are read ("top-up can": topup can)
-    joined = re.sub(r"(?<=[a-z])-(?=[a-z])", "", alias.lower())
-    return [w for w in re.findall(r"[a-z0-9]+", joined) if w not in ("the", "a", "an")]
 
 
 def _check_aliases(aliases, where: str) -> None:

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, field
 
 from agent.language.amounts import angles, durations, lengths, times_said
-from agent.files.loader import World, alias_words
+from agent.files.loader import World
+from agent.files.names import alias_words
 from agent.language.order_reading import ordered_events
 from agent.language.set_reading import SetSaid, set_said
 from agent.language.wording import (ASIDE, DESCRIBED, WANTED_THERE, CARRY_VERBS, CLOSE_PHRASE, DETERMINERS, HOLD_PHRASE, MOVE_VERBS,

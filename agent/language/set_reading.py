@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 
 from agent.language.amounts import _amount
-from agent.files.loader import World, alias_words
+from agent.files.loader import World
+from agent.files.names import alias_words
 from agent.language.wording import DETERMINERS, SET_WORDS, name_words, singular, word_before
 
 # "both trays", "the lot": words of a set besides SET_WORDS

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from itertools import pairwise
 
-from agent.files.loader import OBJECT_STATES, World, alias_words
+from agent.files.loader import OBJECT_STATES, World
+from agent.files.names import alias_words
 
 # The vocabulary's own verbs and their everyday synonyms. word -> (kind, state)
 STATE_VERBS = {"open": ("is", "open"), "opened": ("is", "open"), "unlock": ("is", "open"),

@@ -59,6 +59,6 @@ def plan_format_fingerprint() -> str:
 def stale_reason(recorded: str | None) -> str | None:
     """Why a drafter stamped with ``recorded`` is stale for today's planner; None if it is current.
     The runtime words it (it cannot import this module, so it is handed the fingerprint)."""
-    from thor_runtime.speculative.shipped import format_stale
+    from thor_runtime.speculative import format_stale
 
     return format_stale(recorded or "", plan_format_fingerprint())

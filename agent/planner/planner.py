@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 
 from thor_runtime.errors import ThorError
 from thor_runtime.config import PlannerSettings
-from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.engine import SamplingParams
 from thor_runtime.speculative import PLAIN, Speculation
-from thor_runtime.engine.stats import Stats
+from thor_runtime.engine import Stats
 
 from agent.files.loader import SkillSet, World, base_plan_schema
 from agent.symbolic.gate import Finding, GateResult, check_plan, parse_plan
@@ -287,7 +287,7 @@ class Planner:
     def _world_start(self, ids: list[int], world: World, skills: SkillSet) -> tuple[int, ...]:
         """The start of ``ids`` that every task's prompt in this world shares (rendered once per
         world)."""
-        from thor_runtime.cache.prefix_cache import common_prefix
+        from thor_runtime.cache import common_prefix
 
         text = system_prompt(world, skills)
         start = self._starts.get(text)

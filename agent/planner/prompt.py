@@ -164,7 +164,7 @@ def shared_start(tokenizer, messages) -> list[int]:
     """The token ids that every prompt ``messages(x)`` renders to starts with, whatever x is: two
     renderings (x = "a", "b") and their common start, so the chat template's tokens and any
     merge at the boundary are accounted for, whatever the tokenizer."""
-    from thor_runtime.cache.prefix_cache import common_prefix
+    from thor_runtime.cache import common_prefix
 
     a, b = (tokenizer.encode_chat(messages(x)) for x in ("a", "b"))
     return a[:common_prefix(a, b)]

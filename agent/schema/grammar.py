@@ -22,7 +22,7 @@ import llguidance as llg
 import numpy as np
 import torch
 
-from thor_runtime.engine.constraint import Constraint, masked
+from thor_runtime.engine import Constraint, masked
 from thor_runtime.errors import ThorError
 
 from agent.schema.free_text import FreeTextTracker

@@ -17,12 +17,12 @@ strings, arrays and step counts; numbers with `multipleOf` so their digits are b
 from __future__ import annotations
 
 import copy
-from decimal import Decimal
 
 import jsonschema
 
 from thor_runtime.errors import ThorError
 
+from agent.schema.validator import PlanValidator  # noqa: F401  (re-exported)
 from agent.schema.arg_schemas import _enum, _resolve, _shape, args_schema, step_schema
 from agent.files.loader import SkillSet, World
 from agent.symbolic.goals import MAX_TIMES
@@ -314,17 +314,3 @@ def _drop_unused(schema: dict, names) -> None:
         rest = {k: v for k, v in defs.items() if k != name}
         if name in defs and f"#/$defs/{name}" not in json.dumps([schema.get("properties"), rest]):
             del defs[name]
-
-
-# ---- validation with exact decimal multipleOf -------------------------------------------------
-def _multiple_of(validator, m, instance, schema):
-    """jsonschema's float multipleOf says 1.001 is not a multiple of 0.001 (binary rounding);
-    the grammar counts decimal digits. Compare as decimals so both agree."""
-    if not validator.is_type(instance, "number"):
-        return
-    q = Decimal(str(instance)) / Decimal(str(m))
-    if q != q.to_integral_value():
-        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {m}")
-
-
-PlanValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _multiple_of})

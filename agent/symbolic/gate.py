@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from agent.files.loader import SkillSet, World
 from agent.symbolic.findings import CHECKS, Finding  # noqa: F401  (CHECKS re-exported)
 from agent.symbolic.limits import _arg_findings, _is_num  # noqa: F401  (re-exported: the solver's safe values)
-from agent.schema.specialize import PlanValidator
+from agent.schema.validator import PlanValidator
 from agent.symbolic.executor import ParsedGoal, symbolic_findings
 
 ON_FAILURE_WORDS = ("abort", "retry")

@@ -46,7 +46,7 @@ class _Streamer:
 
 
 def run(args) -> int:
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import SamplingParams
 
     config = config_from_args(args)
     s = config.sampling

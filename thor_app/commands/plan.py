@@ -85,8 +85,8 @@ def run(args) -> int:
     # the prompt start this skill library shares, from disk when an earlier run stored it
     attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills, prefix_dir(config), _log)
     planner = make_planner(assembled, on_progress=_log)
-    from thor_runtime.speculative import auto_state
-    auto_state.load(assembled.runtime, assembled.speculation)      # what --spec auto learned before
+    from thor_runtime.speculative import load_auto_state, save_auto_state
+    load_auto_state(assembled.runtime, assembled.speculation)      # what --spec auto learned before
     res = planner.plan(planner.compile(request))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:
@@ -102,7 +102,7 @@ def run(args) -> int:
         for problem in planner.shelf.flush():
             _log(f"world start not stored: {problem}")
     try:
-        auto_state.save(assembled.runtime, assembled.speculation)
+        save_auto_state(assembled.runtime, assembled.speculation)
     except OSError as e:
         _log(f"what --spec auto learned was not stored: {e.strerror or e}")
     s = res.stats

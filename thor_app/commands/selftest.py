@@ -27,7 +27,7 @@ def plan_check(loaded, backend):
     from agent.planner.prompt import build_messages
     from engines.backend import using
     from engines.selftest import Check
-    from thor_runtime.engine.generate import Runtime
+    from thor_runtime.engine import Runtime
     from thor_runtime.speculative import PLAIN
 
     from agent.files.loader import __file__ as agent_files

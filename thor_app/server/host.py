@@ -58,8 +58,8 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     from thor_app.prefix import attach_skill_sets
     from thor_app.server.config import skills_path
     attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
-    from thor_runtime.speculative import auto_state
-    auto_state.load(a.runtime, a.speculation)          # what --spec auto learned in its last run
+    from thor_runtime.speculative import load_auto_state
+    load_auto_state(a.runtime, a.speculation)          # what --spec auto learned in its last run
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
 
 
@@ -193,7 +193,7 @@ class ModelHost:
     def warm_up(h: Hosted, gtok) -> None:
         """One short plain and one constrained generation: allocator, kernels, grammar engine."""
         from agent.schema.grammar import Grammar
-        from thor_runtime.engine.sampling import SamplingParams
+        from thor_runtime.engine import SamplingParams
 
         tok = h.loaded.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": "Say hello."}])
@@ -205,7 +205,7 @@ class ModelHost:
     def prepare_chat(self, req: ChatRequest) -> PreparedChat:
         """Tokenize, size and compile the grammar before queueing (a 400 costs no queue slot)."""
         from agent.schema.grammar import Grammar
-        from thor_runtime.engine.sampling import SamplingParams
+        from thor_runtime.engine import SamplingParams
 
         h, lim = self.hosted, self.cfg.limits
         try:
@@ -259,7 +259,7 @@ class ModelHost:
         """The job for a request prepared by ``prepare_plan``: every committed token goes through
         the job's check (cancellation, deadline, progress)."""
         from agent.planner.planner import Planner
-        from thor_runtime.speculative import auto_state
+        from thor_runtime.speculative import save_auto_state
 
         h = self.hosted
 
@@ -275,7 +275,7 @@ class ModelHost:
             if now - self._learned_at >= LEARNED_EVERY_S:   # what auto learned, for the next start:
                 self._learned_at = now                      # a synced write, not on every request
                 try:
-                    auto_state.save(h.runtime, h.speculation)
+                    save_auto_state(h.runtime, h.speculation)
                 except OSError as e:
                     log.warning("what --spec auto learned was not stored: %s", e.strerror or e)
             return res

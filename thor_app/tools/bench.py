@@ -142,7 +142,7 @@ def _on_accelerator(config) -> bool:
 
 
 def run(args) -> int:
-    from thor_runtime.speculative.lossless import DEFAULT_TIE_TOL
+    from thor_runtime.speculative import DEFAULT_TIE_TOL
 
     config = config_from_args(args)             # a bad flag value fails before anything loads
     if args.tie_tol is None:

@@ -12,7 +12,7 @@ which each sequence still does for itself when rounds are shared. Where these ar
 a goal asks (2x one-at-a-time serving), batching cannot meet the goal on these cores."""
 from __future__ import annotations
 
-from thor_runtime.speculative.cost import timed_verifies, verify_calls
+from thor_runtime.speculative import timed_verifies, verify_calls
 
 WIDTHS = (4, 8, 16, 32, 64)      # rows of one forward: a lone verify up to four sequences' rounds
 

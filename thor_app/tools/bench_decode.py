@@ -51,8 +51,8 @@ def bench_runtime(config, loaded, kv, spec_names, args, prompts) -> list[tuple[d
     rows are judged against the plain row where ``none`` is among them."""
     import torch
 
-    from thor_runtime.engine.sampling import SamplingParams
-    from thor_runtime.speculative.lossless import judge, summarize
+    from thor_runtime.engine import SamplingParams
+    from thor_runtime.speculative import judge, summarize
 
     # every prompt prefilled whole: the prefix cache would time a different prefill per repeat
     rt = make_runtime(with_settings(config, model__kv_dtype=kv, model__prefix_cache=0), loaded)
@@ -105,7 +105,7 @@ def _one_thread_gate(rt, prompts, outputs, params, tol) -> dict:
     speculative row's divergences are compared with."""
     import torch
 
-    from thor_runtime.speculative.lossless import judge, summarize
+    from thor_runtime.speculative import judge, summarize
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -189,7 +189,7 @@ def run_decode(args, config, configs, specs) -> int:
 
 def _agreement(outs, ref) -> dict:
     """Token agreement and mean first-divergence position of outs vs ref (per prompt)."""
-    from thor_runtime.speculative.lossless import first_divergence
+    from thor_runtime.speculative import first_divergence
 
     agree, first = [], []
     for a, b in zip(outs, ref):

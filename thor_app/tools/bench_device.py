@@ -23,8 +23,8 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     """clients: also plan-shaped requests that many at once (bench_device_batch.py)."""
     import torch
 
-    from thor_runtime.engine.fixed_shape import FixedShapeDecoder
-    from thor_runtime.cache.kv_cache import KVCache
+    from thor_runtime.engine import FixedShapeDecoder
+    from thor_runtime.cache import KVCache
     from thor_runtime.loading import DTYPES
 
     cfg = shape_config(name)
@@ -79,8 +79,8 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     row.update(drafter_block(model, prompt, device, repeats))
 
     # decode through the runtime (padded, graphed), a plan-shaped request
-    from thor_runtime.engine.generate import Runtime
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import Runtime
+    from thor_runtime.engine import SamplingParams
 
     rt = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -111,8 +111,8 @@ def auto_block(rt, rows: int = 16) -> dict:
     """The verify cost curve `--spec auto` measures on this device (1..rows rows, in one-row
     steps) and the block it then picks for a drafter whose every position is accepted with
     probability a: short where rows cost more (a CPU), long where they cost the same (a GPU)."""
-    from thor_runtime.speculative.auto import Arm
-    from thor_runtime.speculative.cost import measure
+    from thor_runtime.speculative import Arm
+    from thor_runtime.speculative import measure
 
     curve = measure(rt, rows)
     return {"verify_cost_curve": [round(c, 3) for c in curve.costs],
@@ -125,10 +125,10 @@ def drafter_block(model, prompt, device, repeats: int) -> dict:
     this target's shape: eager over the filled window, and at one shape (a CUDA graph on CUDA)."""
     import torch
 
-    from thor_runtime.cache.kv_cache import KVCache
-    from thor_runtime.speculative.dflash import DFlashProposer
-    from thor_runtime.speculative.dflash_io import default_tap_layers
-    from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
+    from thor_runtime.cache import KVCache
+    from thor_runtime.speculative import DFlashProposer
+    from thor_runtime.speculative import default_tap_layers
+    from thor_runtime.speculative import DFlashConfig, DFlashDrafter
 
     c = model.cfg
     taps = default_tap_layers(c.num_layers, min(3, c.num_layers))

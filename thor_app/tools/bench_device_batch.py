@@ -46,8 +46,8 @@ def _at_once(rt, prompts, params, device) -> tuple[float, list[list[int]], list[
 def batch_block(model, prompt, device, kv: str, ctx: int, new_tokens: int, clients, repeats: int) -> dict:
     """{clients: {tok_s, latency p50 / max, speed-up over one at a time}} and whether a request's
     tokens in the batch are the one-slot decoder's (informative: the shapes differ)."""
-    from thor_runtime.engine.generate import Runtime
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import Runtime
+    from thor_runtime.engine import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     base = prompt.tolist()

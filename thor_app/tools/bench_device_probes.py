@@ -76,7 +76,7 @@ def kernel_probe(name: str, device, repeats: int, row_counts: tuple[int, ...] = 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from thor_runtime.engine.fixed_shape import FixedShapeDecoder
+    from thor_runtime.engine import FixedShapeDecoder
 
     cfg = shape_config(name)
     model = random_model(cfg, device, torch.bfloat16)

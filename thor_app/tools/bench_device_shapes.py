@@ -15,7 +15,7 @@ PLAN_SHAPE = (970, 135)
 
 
 def shape_config(name: str):
-    from thor_runtime.models.config import ModelConfig
+    from thor_runtime.models import ModelConfig
 
     arch, d, inter, n, h, hk, dh, v, tied = SHAPES[name]
     return ModelConfig(arch=arch, vocab_size=v, hidden_size=d, intermediate_size=inter, num_layers=n,
@@ -27,7 +27,7 @@ def random_model(cfg, device, dtype):
     """A TargetModel of ``cfg`` with seeded random weights, made directly on ``device``."""
     import torch
 
-    from thor_runtime.models.dense import TargetModel, _expected_shapes
+    from thor_runtime.models import TargetModel, dense_expected_shapes as _expected_shapes
 
     g = torch.Generator(device=device).manual_seed(0)
     weights = {}

@@ -50,7 +50,7 @@ def _load() -> list[float]:
 
 def measure(rt, ids, params, mode: str) -> dict:
     """One greedy decode in ``mode``; the threads the governor ended on."""
-    from thor_runtime.engine.threads import ENV
+    from thor_runtime.engine import ENV
 
     before = os.environ.pop(ENV, None)
     if mode in ADAPT:
@@ -94,7 +94,7 @@ def run_neighbour(args, config) -> int:
     import torch
 
     from thor_app.assembly import load_model, make_runtime, with_settings
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import SamplingParams
 
     from thor_app.tools.bench_report import device_info
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from thor_app.assembly import load_model, make_runtime, spec_options, with_settings
 from thor_app.flags import config_from_args
 from thor_runtime.errors import ThorError
-from thor_runtime.cache.prefix_shelf import PrefixShelf
+from thor_runtime.cache import PrefixShelf
 
 from thor_app.tools.bench_ceiling import step_and_verify
 from thor_app.tools.bench_report import device_info, peak_rss_mb, print_table

@@ -22,7 +22,7 @@ def device_info(config=None) -> dict:
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
     # the instruction sets the run was told to act as (an AVX2-only CPU, emulated)
     info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    from thor_runtime.kernels.rowstep import cpu_isa
+    from thor_runtime.kernels import cpu_isa
 
     info["row_kernel_isa"] = cpu_isa()
     if torch.cuda.is_available():

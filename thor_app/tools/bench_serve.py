@@ -146,7 +146,7 @@ class InProcess:
     def ttft(self) -> float:
         """Seconds to the first non-empty text, cut into deltas as the server streams them."""
         from thor_app.server.openai_api import TextStreamer
-        from thor_runtime.engine.sampling import SamplingParams
+        from thor_runtime.engine import SamplingParams
 
         h = self.hosted
         streamer, first = TextStreamer(h.loaded.tokenizer), []

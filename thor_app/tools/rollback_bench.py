@@ -16,9 +16,9 @@ import time
 import torch
 
 from thor_runtime.errors import ThorError
-from thor_runtime.models.hybrid.config import HybridConfig
-from thor_runtime.models.hybrid.model import HybridModel
-from thor_runtime.models.hybrid.weights import expected_shapes
+from thor_runtime.models import HybridConfig
+from thor_runtime.models import HybridModel
+from thor_runtime.models import hybrid_expected_shapes as expected_shapes
 
 # drafts accepted of K, per --accept
 ACCEPTS = {"half": lambda K: K // 2, "none": lambda K: 0, "all-but-one": lambda K: K - 1}

@@ -144,7 +144,7 @@ def run_thor(spec: dict) -> dict:
 
     from evals.plan_bench import plan_bench
     from thor_app.assembly import build_speculation, load_model, make_runtime, spec_options, with_settings
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import SamplingParams
 
     torch.set_num_threads(spec["threads"])
     config = worker_config(spec)
@@ -158,7 +158,7 @@ def run_thor(spec: dict) -> dict:
     rt = make_runtime(with_settings(config, model__prefix_cache=0), loaded)
     out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
         "prefill_tok_s"]
-    from thor_runtime.cache.kv_cache import KVCache
+    from thor_runtime.cache import KVCache
 
     long = torch.tensor(spec["requests"]["long"])
     kv = KVCache(m.cfg, len(long) + VERIFY_ROWS + 1, "fp32", m.dtype)
@@ -221,7 +221,7 @@ def _warm_plans(config, loaded, speculation, spec: dict) -> tuple[list[float], f
     from evals.plan_bench import plan_cases
     from agent.planner.planner import Planner
     from thor_app.assembly import make_runtime
-    from thor_runtime.engine.sampling import SamplingParams
+    from thor_runtime.engine import SamplingParams
 
     rt = make_runtime(config, loaded)                  # kv fp32, the config's prefix cache
     planner = Planner(rt, loaded.tokenizer, speculation, max_tokens=spec["plan_max_tokens"], attempts=0)

@@ -5,8 +5,8 @@ model, in one process, and writes each plan document (plan, valid, report, expan
 text of one ``thor generate`` prompt to a JSON file; ``compare`` tells whether two snapshots
 are byte-identical and lists the tasks that differ.
 
-    python evals/plan_identity.py snapshot --model default --out before.json
-    python evals/plan_identity.py compare before.json after.json
+    python scripts/plan_identity.py snapshot --model default --out before.json
+    python scripts/plan_identity.py compare before.json after.json
 
 To snapshot an older commit, run the same script with ``PYTHONPATH`` set to a worktree of
 that commit (``git worktree add``): the imports below resolve against either layout.
@@ -33,15 +33,14 @@ def _imports():
     specialize_request, data root) for whichever layout is on the path."""
     from thor_app.assembly import build_runtime, make_planner
 
-    try:
+    try:                    # this layout: the runtime's front door
         from thor_runtime import RuntimeConfig
-    except ImportError:
+        from agent.files.loader import load_skills, load_world, resolve_skills_path
+        from agent.planner.planner import specialize_request
+    except ImportError:     # the flat layout before it
         from thor_runtime.runtime_config import RuntimeConfig
-    try:
         from agent.files import load_skills, load_world, resolve_skills_path
-    except ImportError:
-        from agent.files import load_skills, load_world, resolve_skills_path  # noqa: F811
-    from agent.planner import specialize_request
+        from agent.planner import specialize_request
     import agent
 
     agent_dir = Path(agent.__file__).resolve().parent
@@ -93,7 +92,10 @@ def snapshot(model: str, out: Path, limit: int | None) -> None:
         doc = res.document()
         docs[key] = {k: doc.get(k) for k in ("plan", "valid", "report", "expansion")}
         print(f"{key}: valid={doc.get('valid')}", file=sys.stderr, flush=True)
-    from thor_runtime.sampling import SamplingParams
+    try:
+        from thor_runtime import SamplingParams
+    except ImportError:
+        from thor_runtime.sampling import SamplingParams
 
     tok = assembled.loaded.tokenizer
     ids = tok.encode(GENERATE_PROMPT)
