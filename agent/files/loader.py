@@ -17,7 +17,7 @@ import jsonschema
 
 from thor_runtime.errors import ThorError
 
-from agent.files.names import alias_words
+from agent.files.names import name_words, words
 from agent.symbolic.conditions import EFFECT_KINDS, SKILL_PRE_KINDS, Cond, parse_conds
 
 AGENT_DIR = Path(__file__).resolve().parent.parent
@@ -98,10 +98,10 @@ class World:
                 raise ThorError(f"name {n!r} is used twice (objects and places share one namespace)")
             seen.add(n)
         # one phrase for two things would let a task's reading pick either
-        called = {" ".join(alias_words(t.name)): t.name for t in self.objects + self.places}
+        called = {" ".join(name_words(t.name)): t.name for t in self.objects + self.places}
         for thing in self.objects + self.places:
             for a in thing.aliases:
-                other = called.setdefault(" ".join(alias_words(a)), thing.name)
+                other = called.setdefault(" ".join(words(a)), thing.name)
                 if other != thing.name:
                     raise ThorError(f"alias {a!r} of {thing.name!r} also names {other!r}")
         if not self.objects and not self.places:
@@ -244,7 +244,7 @@ class SkillSet:
 
 def _check_aliases(aliases, where: str) -> None:
     for a in aliases:
-        if not isinstance(a, str) or not re.search(r"[a-z]", a.lower()) or len(a) > 40:
+        if not isinstance(a, str) or not any(ch.isalpha() for ch in a) or len(a) > 40:
             raise ThorError(f"{where}: alias {a!r} must be 1-40 characters with at least one letter")
 
 
