@@ -1,0 +1,132 @@
+"""What a task's words name in this world, in any language: the world's things by their names,
+aliases and types, and the amounts it says (a number, with its unit where a lexicon knows it).
+
+Nothing here knows a language. A thing is named where the words of its name, of one of its
+aliases, or (for an object) of its type run in the task; words match when equal, or when both
+are long and one begins the other (an inflected form: "Becher", "Bechers"). A script written
+without spaces matches character by character. A lexicon adds number words, units and the
+words to drop from aliases (articles); without one, digits are the only numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.files.loader import World
+from agent.files.names import name_words, unspaced, words
+from agent.language.lexicon import EMPTY, Lexicon, Phrase, cues
+
+# a word this long may carry an ending of up to _ENDING letters and still be the same word
+_STEM, _ENDING = 4, 3
+
+
+@dataclass(frozen=True)
+class Amount:
+    value: float
+    unit: str | None      # m | s | deg | count, or None where no lexicon knows the word after it
+    at: int               # the index of its first word in the task
+
+
+@dataclass(frozen=True)
+class TaskWords:
+    """A task's words against one world (read once per request)."""
+    toks: tuple[str, ...]
+    named: dict[str, int] = field(default_factory=dict)    # thing -> first word naming it
+    typed: dict[str, int] = field(default_factory=dict)    # object -> first word of its type
+    amounts: tuple[Amount, ...] = ()
+    hints: dict[str, frozenset[str]] = field(default_factory=dict)   # forms|skills|states ->
+
+    def mentions(self, name: str) -> bool:
+        return name in self.named or name in self.typed
+
+    def says(self, text: str) -> bool:
+        """Whether the words of ``text`` (a value the model wrote) run in the task."""
+        return _run(list(self.toks), tuple(words(text))) is not None
+
+
+def same_word(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if len(a) < _STEM or len(b) < _STEM or unspaced(a[0]) or unspaced(b[0]):
+        return False
+    short, long_ = sorted((a, b), key=len)
+    return long_.startswith(short) and len(long_) - len(short) <= _ENDING
+
+
+def _run(toks: list[str], phrase: Phrase, spans=None) -> int | None:
+    n = len(phrase)
+    if not n:
+        return None
+    for i in range(len(toks) - n + 1):
+        if all(same_word(toks[i + k], phrase[k]) for k in range(n)):
+            return i
+    return None
+
+
+def _phrases(thing, lex: Lexicon) -> list[Phrase]:
+    out = [tuple(name_words(thing.name))] + [tuple(words(a)) for a in thing.aliases]
+    out = [tuple(w for w in p if w not in lex.ignore) for p in out]
+    return [p for p in dict.fromkeys(out) if p]
+
+
+def _number(tok: str) -> float | None:
+    try:
+        v = float(tok)
+    except ValueError:
+        return None
+    return v if v == v and abs(v) != float("inf") else None
+
+
+def _longest(toks: list[str], i: int, table: dict[Phrase, object]):
+    """The longest phrase of ``table`` starting at ``toks[i]`` -> (phrase, value), else None."""
+    best = None
+    for p, v in table.items():
+        if tuple(toks[i:i + len(p)]) == p and (best is None or len(p) > len(best[0])):
+            best = (p, v)
+    return best
+
+
+def amounts(toks: list[str], lex: Lexicon, skip: set[int]) -> list[Amount]:
+    """Every number the words say (digits, or a lexicon's number phrase), with the unit a lexicon
+    knows right after it; indices in ``skip`` (inside a thing's name) say no amount."""
+    out, i = [], 0
+    while i < len(toks):
+        if i in skip:
+            i += 1
+            continue
+        v, n = _number(toks[i]), 1
+        if v is None:
+            hit = _longest(toks, i, lex.numbers)
+            if hit is not None:
+                v, n = float(hit[1]), len(hit[0])
+        if v is None:
+            i += 1
+            continue
+        unit = _longest(toks, i + n, lex.units)
+        if unit is not None:
+            (u, factor), n = unit[1], n + len(unit[0])
+            out.append(Amount(v * factor, u, i))
+        else:
+            out.append(Amount(v, None, i))
+        i += n
+    return out
+
+
+def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
+    """The task's words against ``world`` (see the module doc)."""
+    toks = words(task)
+    named: dict[str, int] = {}
+    inside: set[int] = set()
+    for thing in list(world.objects) + list(world.places):
+        for p in _phrases(thing, lex):
+            at = _run(toks, p)
+            if at is not None:
+                named[thing.name] = min(named.get(thing.name, at), at)
+                inside |= set(range(at, at + len(p)))
+    typed: dict[str, int] = {}
+    for o in world.objects:
+        p = tuple(w for w in name_words(o.type) if w not in lex.ignore)
+        at = _run(toks, p) if p else None
+        if at is not None and o.name not in named:
+            typed[o.name] = at
+    hints = {k: frozenset(v) for k, v in cues(lex, toks).items()}
+    return TaskWords(tuple(toks), named, typed, tuple(amounts(toks, lex, inside)), hints)

@@ -1,0 +1,70 @@
+"""The checks that hold a goal to its task from the things it names and the amounts it says, in
+any language (agent/language/checks.py)."""
+from __future__ import annotations
+
+import pytest
+
+from agent.files.loader import DEFAULT_SKILLS, load_skills, world_from_dict
+from agent.language.checks import task_findings
+from agent.language.lexicon import EMPTY, load_lexicon
+from agent.language.mentions import read_words
+
+WORLD = {
+    "name": "studio",
+    "objects": [
+        {"name": "ink_tin", "type": "tin", "position": [0.3, 0.1, 0.9], "mass_kg": 0.3,
+         "at": "bench", "aliases": ["Farbdose"]},
+        {"name": "squeegee", "type": "tool", "position": [0.2, 0.0, 0.9], "mass_kg": 0.2,
+         "at": "bench"},
+    ],
+    "places": [{"name": "bench", "position": [0.3, 0.0, 0.9]},
+               {"name": "rack", "position": [0.1, 0.3, 1.0], "aliases": ["Regal"]}],
+    "robot": {"workspace": {"min": [-1, -1, 0], "max": [1, 1, 2]}, "max_payload_kg": 2.0},
+}
+
+
+@pytest.fixture(scope="module")
+def ws():
+    from pathlib import Path
+
+    skills = load_skills(Path(DEFAULT_SKILLS).with_name("tabletop.json"))
+    return world_from_dict(WORLD, source="<test>"), skills
+
+
+def checks(task, goal, ws, lex=EMPTY):
+    world, skills = ws
+    return [f.check + ": " + f.message for f in
+            task_findings(read_words(task, world, lex), {"goal": goal}, world, skills)]
+
+
+def test_a_goal_about_an_unnamed_object_is_held_to_the_task(ws):
+    out = checks("Stell die Farbdose aufs Regal", [{"object": "squeegee", "at": "rack"}], ws)
+    assert any(o.startswith("object: the goal is about squeegee") for o in out)
+    assert any(o.startswith("goal: the task names ink_tin") for o in out)
+    assert checks("Stell die Farbdose aufs Regal", [{"object": "ink_tin", "at": "rack"}], ws) == []
+
+
+def test_missing_must_be_said_by_the_task(ws):
+    assert checks("put the orchid on the rack", [{"missing": "orchid"}], ws) == []
+    out = checks("put the orchid on the rack", [{"missing": "tulip"}], ws)
+    assert out and out[0].startswith("object: the goal says 'tulip' is missing")
+
+
+def test_an_amount_said_must_be_taken_by_a_call(ws):
+    task = "schieb die Farbdose 5 cm nach rechts"
+    assert any("says 5" in o for o in checks(task, [{"object": "ink_tin", "at": "bench"}], ws))
+    push = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}
+    assert checks(task, [push], ws) == []
+    # a lexicon that knows the unit holds the call to the converted amount only
+    lex = load_lexicon("en")
+    wrong = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 5}}
+    assert checks("shove the ink tin 5 cm right", [push], ws, lex) == []
+    assert checks("shove the ink tin 5 cm right", [wrong], ws, lex) != []
+
+
+def test_a_count_is_taken_by_times_and_an_amount_no_skill_takes_is_left_alone(ws):
+    twice = {"do": "inspect", "args": {"object": "ink_tin"}, "times": 3}
+    assert checks("inspect the ink tin 3 times", [twice], ws) == []
+    # no argument of any skill takes 7777777 in any scale, and no call is asked for it
+    assert checks("put the ink tin on the rack for order 7777777",
+                  [{"object": "ink_tin", "at": "rack"}], ws) == []
