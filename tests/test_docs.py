@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
+PAGES = ([README] + sorted((ROOT / "docs").glob("*.md"))
+         + sorted((ROOT / "docs" / "log").glob("*.md")) + [ROOT / "results" / "README.md"])
 README_MAX_BYTES = 15_000
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
