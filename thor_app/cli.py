@@ -11,10 +11,10 @@ import sys
 
 from thor_runtime.errors import ThorError
 
-from thor_app.commands import calib, engines, generate, models, plan, selftest, serve
+from thor_app.commands import calib, engines, generate, models, plan, ros, selftest, serve
 from thor_app.tools import bench
 
-COMMANDS = (generate, plan, bench, calib, models, engines, selftest, serve)
+COMMANDS = (generate, plan, bench, calib, models, engines, selftest, serve, ros)
 
 
 class _Parser(argparse.ArgumentParser):
