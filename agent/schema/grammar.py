@@ -152,7 +152,9 @@ class GrammarTokenizer:
         self.token_bytes = tb          # what a committed token writes (GrammarConstraint's stop)
         self.n_vocab = len(tb)
         self.eos_ids = tuple(int(i) for i in tokenizer.eos_token_ids)
-        src = _TokenSource(tokenizer, tb, _special_ids(tokenizer, len(tb)))
+        specials = _special_ids(tokenizer, len(tb))
+        self.special_ids = frozenset(specials)   # atomic markers: a grammar names them <like_this>
+        src = _TokenSource(tokenizer, tb, specials)
         self.ll = llg.LLTokenizer(llg.TokenizerWrapper(src), eos_token=list(self.eos_ids))
         b, e = (tokenizer.token_to_id(t) for t in THINK_TOKENS)
         self.think_ids = (b, e) if b is not None and e is not None else None
@@ -180,6 +182,23 @@ class Grammar:
         self._pristine = llg.LLMatcher(gtok.ll, self.text, log_level=0)
         if self._pristine.is_error():
             raise _engine_error(self._pristine.get_error(), schema)
+
+    @classmethod
+    def from_lark(cls, gtok: GrammarTokenizer, lark: str) -> "Grammar":
+        """A grammar written in llguidance's Lark, JSON schemas inside it as ``%json {...}``
+        (check each with ``check_schema`` first: its errors name the keyword). The service's
+        tool calls: content or calls, each call's arguments under its function's schema."""
+        self = cls.__new__(cls)
+        self.gtok, self.schema, self.thinking = gtok, None, False
+        try:
+            self.text = llg.LLMatcher.grammar_from_lark(lark)
+        except ValueError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "unknown error"
+            raise ThorError(f"grammar cannot be compiled: {first}") from None
+        self._pristine = llg.LLMatcher(gtok.ll, self.text, log_level=0)
+        if self._pristine.is_error():
+            raise ThorError(f"grammar cannot be compiled: {self._pristine.get_error().strip()}")
+        return self
 
     def constraint(self, stop=None, free_text: tuple[str, ...] = ()) -> "GrammarConstraint":
         """stop: a solver.GoalStop, asked when the plan's steps open (its goal is written) and as

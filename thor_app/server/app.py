@@ -27,7 +27,8 @@ from thor_app.server.guard import allowed_hosts, check_host, check_json_type, ch
 from thor_app.server.inputs import parse_body
 from thor_app.server.metrics import CONTENT_TYPE, Metrics
 from thor_app.server.notify import Notifier, watchdog_interval, watchdog_loop
-from thor_app.server.openai_api import chunk_body, completion_body, completion_id, parse_chat, usage
+from thor_app.server.openai_api import chunk_body, completion_id, parse_chat, usage
+from thor_app.server.tool_calls import CallReader, completion, prepare
 from thor_app.server.plan_api import parse_plan
 
 log = logging.getLogger("thor.serve")
@@ -343,17 +344,17 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await _json(request)
     req = parse_chat(body)
     check_model(body, _served_names(st))
-    prepared = await asyncio.to_thread(st.host.prepare_chat, req)
+    prepared, shape = await asyncio.to_thread(prepare, st.host, req)     # tool calls: tool_calls.py
     if req.stream:
-        return await _chat_stream(st, request, req, prepared)
+        return await _chat_stream(st, request, req, prepared, CallReader(shape))
     job = _submit(st, st.host.chat_job(prepared), req.priority)
     res, _ = await _result(st, request, job)
     st.metrics.record_generation(res.stats)
-    return web.json_response(completion_body(completion_id(), st.host.model_id, res.text, res.finish_reason,
-                                             res.prompt_tokens, len(res.token_ids)))
+    return web.json_response(completion(completion_id(), st.host.model_id, shape, res))
 
 
-async def _chat_stream(st: ServerState, request: web.Request, req, prepared) -> web.StreamResponse:
+async def _chat_stream(st: ServerState, request: web.Request, req, prepared,
+                       reader) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     texts: asyncio.Queue = asyncio.Queue()   # fed from the worker thread, through the loop
     job = _submit(st, st.host.chat_job(prepared, lambda s: loop.call_soon_threadsafe(texts.put_nowait, s),
@@ -373,7 +374,8 @@ async def _chat_stream(st: ServerState, request: web.Request, req, prepared) -> 
         await resp.prepare(request)
         await resp.write(event({"role": "assistant", "content": ""}))
         while (text := await texts.get()) is not None:
-            await resp.write(event({"content": text}))
+            for delta in reader.push(text):        # content, or a tool call's name and arguments
+                await resp.write(event(delta))
         try:
             res, tail = job.future.result()
         except Cancelled as c:
@@ -383,9 +385,10 @@ async def _chat_stream(st: ServerState, request: web.Request, req, prepared) -> 
             await resp.write(b"data: " + json.dumps(error_body(400, str(e), "invalid_request")).encode() + b"\n\n")
         else:
             st.metrics.record_generation(res.stats)
-            if tail:
-                await resp.write(event({"content": tail}))
-            await resp.write(event({}, res.finish_reason))
+            deltas, finish = reader.finish(tail, res.finish_reason)
+            for delta in deltas:
+                await resp.write(event(delta))
+            await resp.write(event({}, finish))
             if req.include_usage:
                 await resp.write(event(None, usage_=usage(res.prompt_tokens, len(res.token_ids)), final_usage=True))
         await resp.write(b"data: [DONE]\n\n")

@@ -1,20 +1,39 @@
 """OpenAI chat-completions: request checking, response and SSE chunk bodies, incremental text.
 
 Checked strictly (a wrong type is a 400 naming the field, never a 500 later); fields the
-runtime cannot honour (tools, logprobs, n > 1, penalties) are refused rather than ignored.
-Unlike OpenAI, ``temperature`` defaults to 0: the same request gives the same answer.
+runtime cannot honour (logprobs, n > 1, penalties, the legacy ``functions``) are refused rather
+than ignored. Unlike OpenAI, ``temperature`` defaults to 0: the same request gives the same
+answer. Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, and the conversation's
+assistant tool calls and ``tool`` messages) are checked here; thor_app/server/tool_calls.py
+decodes and answers them.
 """
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
 
 from thor_app.server.errors import ApiError, bad_request
-from thor_app.server.inputs import CHAT_PRIORITY, check_schema_shape, check_seed, priority
+from thor_app.server.inputs import (
+    CHAT_PRIORITY,
+    MAX_SCHEMA_DEPTH,
+    MAX_SCHEMA_NODES,
+    check_document,
+    check_schema_shape,
+    check_seed,
+    priority,
+)
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_REFUSED = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio", "modalities")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
+_REFUSED = ("functions", "function_call", "logit_bias", "audio", "modalities")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")          # OpenAI's rule for a function's name
+MAX_TOOLS = 128
+TOOL_CHOICES = ("none", "auto", "required")
+# a function declared without parameters takes none: its arguments are {}
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -30,6 +49,10 @@ class ChatRequest:
     response_format: str = "text"     # text | json_object | json_schema
     schema: dict | None = None        # the json_schema's schema
     priority: int = CHAT_PRIORITY     # queue order (not OpenAI's): higher first
+    tools: tuple = ()                 # ({"type": "function", "function": {name, parameters}}, ...)
+    tool_choice: str = "none"         # none | auto | required | function (the one named tool_name)
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
 
     def __post_init__(self):
         if self.response_format == "json_schema" and not isinstance(self.schema, dict):
@@ -68,8 +91,114 @@ def _messages(v) -> tuple:
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
-        out.append({"role": ROLES[role], "content": _content(m, i)})
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls not in (None, []):
+            # an assistant turn that called tools: its content may be null
+            content = "" if m.get("content") is None else _content(m, i)
+            out.append({"role": "assistant", "content": content,
+                        "tool_calls": _past_calls(calls, i)})
+            continue
+        msg = {"role": ROLES[role], "content": _content(m, i)}
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if tid is not None and not isinstance(tid, str):
+                raise bad_request(f"messages[{i}].tool_call_id must be a string", param="messages")
+            if tid is not None:
+                msg["tool_call_id"] = tid
+        out.append(msg)
     return tuple(out)
+
+
+def _past_calls(v, i: int) -> list:
+    """An assistant turn's tool_calls, their arguments (a JSON string) read into JSON: chat
+    templates write them with ``tojson``."""
+    if not isinstance(v, list):
+        raise bad_request(f"messages[{i}].tool_calls must be an array", param="messages")
+    out = []
+    for j, c in enumerate(v):
+        where = f"messages[{i}].tool_calls[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if (not isinstance(f, dict) or c.get("type", "function") != "function"
+                or not isinstance(f.get("name"), str) or not f["name"]):
+            raise bad_request(f'{where} must be {{"type": "function", "function": '
+                              '{{"name", "arguments"}}}}', param="messages")
+        if c.get("id") is not None and not isinstance(c["id"], str):
+            raise bad_request(f"{where}.id must be a string", param="messages")
+        args = f.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except (ValueError, RecursionError):
+                raise bad_request(f"{where}.function.arguments is not JSON",
+                                  param="messages") from None
+        check_document(args, what=f"{where}.function.arguments")
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": f["name"], "arguments": args}})
+    return out
+
+
+def _tools(v) -> tuple:
+    """The request's function tools, each with a parameters schema (checked for its shape here,
+    against the meta-schema and the grammar engine when the request is prepared)."""
+    if v is None or v == []:
+        return ()
+    if not isinstance(v, list) or len(v) > MAX_TOOLS:
+        raise bad_request(f"tools must be an array of at most {MAX_TOOLS} function tools",
+                          param="tools")
+    out, seen, nodes = [], set(), 0
+    for i, t in enumerate(v):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(f, dict) or t.get("type") != "function":
+            raise bad_request(f'tools[{i}] must be {{"type": "function", "function": '
+                              '{{"name", "parameters"?}}}} (only function tools are supported)',
+                              param="tools")
+        name = f.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', "
+                              f"got {name!r}", param="tools")
+        if name in seen:
+            raise bad_request(f"tools[{i}]: a second function named {name!r}", param="tools")
+        seen.add(name)
+        desc = f.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
+        if f.get("strict") is not None and not isinstance(f["strict"], bool):
+            raise bad_request(f"tools[{i}].function.strict must be a boolean", param="tools")
+        params = f.get("parameters")
+        if params is None:
+            params = NO_PARAMETERS
+        if not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema object",
+                              param="tools")
+        nodes += check_document(params, MAX_SCHEMA_DEPTH, what=f"tools[{i}].function.parameters")
+        fn = {"name": name, **({"description": desc} if desc is not None else {}),
+              "parameters": params}
+        out.append({"type": "function", "function": fn})
+    if nodes > MAX_SCHEMA_NODES:
+        raise ApiError(400, f"the tools' parameters have {nodes} objects and arrays together; the "
+                       f"most this server compiles is {MAX_SCHEMA_NODES}", "schema_too_large",
+                       "tools")
+    return tuple(out)
+
+
+def _tool_choice(v, tools: tuple) -> tuple[str, str | None]:
+    """-> (none | auto | required | function, the named function). Without tools only none and
+    auto mean anything (nothing to call); required or a named function is a 400."""
+    if v is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(v, str) and v in TOOL_CHOICES:
+        if v == "required" and not tools:
+            raise bad_request("tool_choice 'required' needs tools", param="tool_choice")
+        return (v if tools else "none"), None
+    f = v.get("function") if isinstance(v, dict) else None
+    if not (isinstance(f, dict) and v.get("type") == "function" and isinstance(f.get("name"), str)):
+        raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                          '"function": {"name": ...}}', param="tool_choice")
+    names = [t["function"]["name"] for t in tools]
+    if f["name"] not in names:
+        raise bad_request(f"tool_choice names {f['name']!r}, which is not among the tools "
+                          f"({', '.join(names) or 'none given'})", param="tool_choice")
+    return "function", f["name"]
 
 
 def _stop(v) -> tuple[str, ...]:
@@ -138,13 +267,18 @@ def parse_chat(body) -> ChatRequest:
     if so is not None and (not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool)):
         raise bad_request("stream_options must be an object with a boolean include_usage", param="stream_options")
     fmt, schema = _response_format(body.get("response_format"))
+    tools = _tools(body.get("tools"))
+    choice, name = _tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_request("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     return ChatRequest(_messages(body.get("messages")), max_tokens, float(temperature), float(top_p), seed,
                        _stop(body.get("stop")), bool(stream), bool(so and so.get("include_usage")), fmt, schema,
-                       priority(body, CHAT_PRIORITY))
+                       priority(body, CHAT_PRIORITY), tools, choice, name, parallel is not False)
 
 
 # ---- responses ------------------------------------------------------------------------------
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 
 def completion_id() -> str:
