@@ -36,15 +36,19 @@ test: $(STAMP)
 # The exactness tests (speculative == plain, fp8, layouts, parity vs transformers) again as an
 # AVX2-only CPU and as a CPU without vector extensions would run them: their expectations must
 # hold on every CPU, not only on the one that runs `make test`.
-EXACT_TESTS := tests/test_exact.py tests/test_layouts.py tests/test_spec.py tests/test_core.py \
-	tests/test_dflash.py tests/test_combined.py tests/test_lowbit.py tests/test_prefix_cache.py tests/test_fixed_shape.py \
-	tests/test_inflight.py tests/test_rowstep.py tests/test_read_ids.py tests/test_row_linear.py \
-	tests/test_dflash_rows.py tests/test_prefix_shelf.py
+EXACT_TESTS := $(addprefix tests/thor_runtime/engine/,test_exact.py test_core.py \
+		test_fixed_shape.py test_inflight.py test_read_ids.py) \
+	$(addprefix tests/thor_runtime/speculative/,test_spec.py test_dflash.py test_combined.py \
+		test_dflash_rows.py) \
+	$(addprefix tests/thor_runtime/kernels/,test_lowbit.py test_rowstep.py test_row_linear.py) \
+	$(addprefix tests/thor_runtime/cache/,test_prefix_cache.py test_prefix_shelf.py) \
+	tests/thor_runtime/models/test_layouts.py
 # THOR_EXPECT_CPU_CAPABILITY: tests/conftest.py stops the run if ATen did not take the setting.
 AVX2_ENV := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 THOR_EXPECT_CPU_CAPABILITY=AVX2
 test-exact-cpus: $(STAMP)
 	$(AVX2_ENV) $(PY) -m pytest $(EXACT_TESTS)
-	ATEN_CPU_CAPABILITY=default THOR_EXPECT_CPU_CAPABILITY=DEFAULT $(PY) -m pytest tests/test_exact.py
+	ATEN_CPU_CAPABILITY=default THOR_EXPECT_CPU_CAPABILITY=DEFAULT \
+		$(PY) -m pytest tests/thor_runtime/engine/test_exact.py
 
 # On a machine with an NVIDIA GPU: the CUDA tests, the device self-test and the device benchmark,
 # logs and JSON in $(GPU_OUT) (scripts/test_gpu.sh). On a CPU machine the CUDA tests skip.

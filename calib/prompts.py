@@ -239,7 +239,7 @@ def _follow_places(w: dict, renamed: dict) -> None:
 
 def invented_word(rng: random.Random) -> str:
     """A pronounceable word of two or three syllables, one of them with an onset no English word
-    has, so it is never a real word (tests/test_calib.py checks the evaluation sets' names)."""
+    has, so it is never a real word (tests/calib/test_calib.py checks the evaluation sets' names)."""
     n = rng.choice((2, 2, 3))
     rare = rng.randrange(1, n)
     return "".join(rng.choice(_RARE if i == rare else _ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS)

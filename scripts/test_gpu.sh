@@ -19,11 +19,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 step "CUDA tests (pytest -m cuda)"
 # only the files that hold CUDA tests: the others may need packages a GPU host lacks
-files=$(grep -l "mark.cuda" tests/test_*.py)
+files=$(grep -rl --include="test_*.py" "mark.cuda" tests)
 "$PY" -m pytest -m cuda -v -rs -p no:cacheprovider $files || status=1
 
 step "device self-test (a tiny random checkpoint; CPU fp32 is the reference)"
-"$PY" -c "import sys; sys.path.insert(0, 'tests'); from tiny import make_tiny_dir; make_tiny_dir('$OUT/.tiny', 'qwen3', seed=0)" \
+"$PY" -c "from tests.helpers.tiny import make_tiny_dir; make_tiny_dir('$OUT/.tiny', 'qwen3', seed=0)" \
   >/dev/null 2>&1 || status=1
 "$PY" -m thor_app.cli selftest --model "$OUT/.tiny" --device cuda --dtype bf16 || status=1
 

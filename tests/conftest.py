@@ -4,6 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# assert statements in the shared helpers report their values as the tests' own do
+pytest.register_assert_rewrite("tests.helpers")
+
 # One intra-op thread for the whole suite: the tiny models gain nothing from a second one,
 # and on a busy 2-core box an oversubscribed OpenMP pool can slow a decode step 100x.
 torch.set_num_threads(1)
@@ -27,7 +30,7 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """{"llama": Path, "qwen3": Path} of random-weight HF checkpoints."""
-    from tiny import make_tiny_dir
+    from tests.helpers.tiny import make_tiny_dir
 
     root = tmp_path_factory.mktemp("tiny")
     return {arch: make_tiny_dir(root / arch, arch, seed=i) for i, arch in enumerate(("llama", "qwen3"))}
@@ -43,7 +46,7 @@ def tiny_llama(tiny_dirs):
 @pytest.fixture(scope="session")
 def tiny_llama_long(tiny_dirs, tmp_path_factory):
     """The tiny llama with a 4k context (a sample world's plan prompt fits)."""
-    from serve_util import long_context_copy
+    from tests.helpers.serving import long_context_copy
 
     from thor_runtime.loading import load
 
@@ -59,7 +62,7 @@ def tiny_qwen3(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory):
-    from tiny import make_tiny_dir
+    from tests.helpers.tiny import make_tiny_dir
 
     return make_tiny_dir(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2", seed=2)
 
@@ -74,7 +77,7 @@ def tiny_qwen2(tiny_qwen2_dir):
 @pytest.fixture(scope="session")
 def tiny_hybrid_dirs(tmp_path_factory):
     """{"qwen3_5": Path, "qwen3_next": Path} of random-weight hybrid (Gated-DeltaNet) checkpoints."""
-    from tiny_hybrid import make_hybrid_dir
+    from tests.helpers.tiny_hybrid import make_hybrid_dir
 
     root = tmp_path_factory.mktemp("tiny_hybrid")
     return {a: make_hybrid_dir(root / a, a, seed=i) for i, a in enumerate(("qwen3_5", "qwen3_next"))}

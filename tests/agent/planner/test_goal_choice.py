@@ -1,0 +1,201 @@
+"""Choosing the plan's goal among the grammar's candidates (agent/planner/goal_choice.py): scores are the
+grammar-masked log-likelihood of each goal's tokens, branches share the prompt's cache, and the
+choice never turns a refusal into a plan or a reachable goal into one that is not."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from thor_runtime.errors import ThorError
+
+from agent.files.loader import base_plan_schema
+from agent.planner.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, GoalChooser, head_span)
+from agent.schema.grammar import Grammar, GrammarTokenizer
+from agent.planner.planner import Planner, specialize_request
+from agent.symbolic.solver import stated_goal
+from agent.schema.specialize import specialize
+
+from tests.helpers.runtimes import ScriptedRuntime
+from tests.helpers.worlds import good_plan, world_and_skills
+
+TASK = "put the apple on the table"
+
+
+def _compact(plan) -> str:
+    return json.dumps(plan, separators=(",", ":"))
+
+
+def _setup(model):
+    tok = model.tokenizer
+    gtok = GrammarTokenizer(tok)
+    w, s = world_and_skills("kitchen")
+    grammar = Grammar(gtok, specialize(base_plan_schema(), w, s))
+    # a short prompt: the tiny model's context is shorter than the planner's prompt
+    prompt = tok.encode("Plan: " + TASK, add_special=False)
+    return tok, gtok, w, s, grammar, prompt
+
+
+def _reference_logprob(model, gtok, grammar, prompt, ids, g) -> float:
+    """The masked log-likelihood of ids[g:], recomputed from scratch: one fresh cache, one
+    forward over the prompt and all of ids, a fresh grammar walk row by row."""
+    cache = model.model.new_cache(len(prompt) + len(ids) + 1)
+    logits = model.model.forward(torch.tensor(prompt + ids[:-1]), cache, logits_rows="all").logits   # [P+n-1, V]
+    c = grammar.constraint()
+    total = 0.0
+    for i, t in enumerate(ids):
+        if i >= g:
+            row = c.mask_rows(logits[len(prompt) + i - 1:len(prompt) + i].float(), [])
+            total += float(torch.log_softmax(row, -1)[0, t])
+        c.advance(t)
+    return total
+
+
+def test_head_span_finds_the_goal_and_where_the_steps_open(tiny_llama):
+    tok, gtok, *_ = _setup(tiny_llama)
+    ids = tok.encode(_compact(good_plan()), add_special=False)
+    g, h = head_span(gtok.token_bytes, ids)
+    head = tok.decode(ids[:h])
+    assert head.endswith('"steps":[') and '"steps":[' not in tok.decode(ids[:h - 1])
+    assert '"goal":[' in tok.decode(ids[:g + 1]) and '"goal":[' not in tok.decode(ids[:g - 1])
+    assert head_span(gtok.token_bytes, ids[:h - 1]) is None          # the steps never open
+
+
+def test_every_candidate_is_scored_by_its_own_masked_likelihood(tiny_llama):
+    tok, gtok, w, s, grammar, prompt = _setup(tiny_llama)
+    ids = tok.encode(_compact(good_plan()), add_special=False)
+    chooser = GoalChooser(tiny_llama.model, tok, gtok, tiny_llama.model.new_cache, branches=4)
+    cands = chooser.candidates(prompt, ids, grammar)
+    g, h = head_span(gtok.token_bytes, ids)
+    assert cands[0].branch is None and cands[0].ids == ids[:h] and cands[0].tokens == h - g
+    assert len(cands) >= 3
+    greedy_text = tok.decode(cands[0].ids)
+    for c in cands:
+        # each candidate is a whole head under the grammar, whose goal parses
+        text = tok.decode(c.ids)
+        assert text.endswith('"steps":[') and isinstance(stated_goal(text)["goal"], list)
+        if c.branch is not None:
+            # it follows the greedy head up to its branch point, then takes another token
+            assert c.ids[:c.branch] == ids[:c.branch] and c.ids[c.branch] != ids[c.branch] and g <= c.branch < h
+            assert text != greedy_text
+        # the branch's score (shared cache, cropped back) is the one a fresh forward gives
+        ref = _reference_logprob(tiny_llama, gtok, grammar, prompt, c.ids, g)
+        assert c.logprob == pytest.approx(ref, abs=2e-3), (text, c.logprob, ref)
+        assert c.tokens == len(c.ids) - g
+
+
+def _cand(goal, logprob, branch):
+    return Candidate([], logprob, 1, branch, goal=None), goal
+
+
+def _choose(pairs, tiers):
+    chooser = GoalChooser(None, None, None, None, branches=2)
+    cands = []
+    for (c, goal), tier in zip(pairs, tiers):
+        c.goal_for_test = (tier, goal)
+        cands.append(c)
+    return chooser.choose(cands, lambda c: c.goal_for_test)
+
+
+def test_the_choice_ranks_reachable_goals_first_and_keeps_a_refusal():
+    a, b, c = [{"object": "apple", "at": "table"}], [{"object": "apple", "at": "sink"}], [{"missing": "toaster"}]
+    # a likelier reachable goal replaces a reachable greedy one; a less likely one does not
+    ch = _choose([_cand(a, -3.0, None), _cand(b, -1.0, 7)], [REACHABLE, REACHABLE])
+    assert ch.changed and ch.chosen.goal == b
+    ch = _choose([_cand(a, -1.0, None), _cand(b, -3.0, 7)], [REACHABLE, REACHABLE])
+    assert not ch.changed and ch.chosen.goal == a
+    # a greedy goal that is not reached gives way to a reachable one, however unlikely
+    ch = _choose([_cand(a, -1.0, None), _cand(b, -30.0, 7)], [UNREACHED, REACHABLE])
+    assert ch.changed and ch.chosen.goal == b
+    # never to a goal that is not reachable, likelier or not
+    ch = _choose([_cand(a, -3.0, None), _cand(c, -0.1, 7), _cand(b, -0.2, 9)], [REACHABLE, INFEASIBLE, UNREACHED])
+    assert not ch.changed and ch.chosen.goal == a
+    # a greedy goal infeasible from the goal alone is the task's refusal: kept
+    ch = _choose([_cand(c, -5.0, None), _cand(a, -0.1, 7)], [INFEASIBLE, REACHABLE])
+    assert not ch.changed and ch.chosen.goal == c and "refused" in ch.note
+
+
+def _head(goal) -> list:
+    return {"plan_id": "p1", "task": TASK, "goal": goal}
+
+
+class _Runtime(ScriptedRuntime):
+    def __init__(self, tok, texts, model):
+        super().__init__(tok, texts, model)
+        self.new_cache = model.new_cache
+
+
+@pytest.mark.parametrize("solver", [True, False])
+def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypatch, solver):
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    greedy_text = _compact({**good_plan(), "task": "move the apple"})
+    other = [{"object": "apple", "at": "sink"}]   # "move the apple": any place
+    other_head = _compact({**_head(other), "task": "move the apple"})[:-1] + ',"steps":['
+    steps = _compact({"s": [
+        {"id": "s1", "skill": "pick", "args": {"object": "apple", "grasp": "side", "force": 10},
+         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
+        {"id": "s2", "skill": "place", "args": {"object": "apple", "target": "sink"},
+         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})[6:]
+    rt = _Runtime(tok, [greedy_text, steps], tiny_llama.model)
+    pl = Planner(rt, tok, attempts=0, thinking=False, complete=solver, goal_choice=2)
+
+    def candidates(prompt_ids, gen_ids, grammar, start=0):
+        g, h = head_span(pl.gtok.token_bytes, gen_ids)
+        alt = tok.encode(other_head, add_special=False)
+        return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
+    monkeypatch.setattr(pl.chooser, "candidates", candidates)
+    res = pl.plan("move the apple", w, s)
+    assert res.valid and res.plan["goal"] == other
+    assert res.stats["goal_changed"] == 1 and res.stats["goal_choice"][0]["changed"]
+    assert [c["tier"] for c in res.stats["goal_choice"][0]["candidates"]] == ["reachable", "reachable"]
+    if solver:       # the solver's steps for the chosen goal; nothing more decoded
+        assert res.completed and len(rt.prompts) == 1
+    else:            # the model's steps, decoded after the chosen goal's head
+        assert not res.completed and len(rt.prompts) == 2 and rt.prompts[1].endswith(other_head)
+        assert [st["args"]["object"] for st in res.plan["steps"]] == ["apple", "apple"]
+
+
+def test_a_refused_goal_runs_no_forward(tiny_llama, monkeypatch):
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    heavy = {**good_plan(), "goal": [{"object": "cast_iron_pan", "at": "table"}]}
+    rt = _Runtime(tok, [_compact(heavy)], tiny_llama.model)
+    pl = Planner(rt, tok, attempts=0, thinking=False, goal_choice=4)
+    monkeypatch.setattr(pl.chooser, "candidates", lambda *a, **k: pytest.fail("no candidates for a refusal"))
+    res = pl.plan("put the cast iron pan on the table", w, s)
+    assert not res.valid and "payload" in {f["check"] for f in res.report}
+    assert res.stats["goal_changed"] == 0 and "refused" in res.stats["goal_choice"][0]["note"]
+
+
+def test_off_by_default_and_without_word_rules_the_goal_is_held_to_no_words(tiny_llama):
+    from thor_runtime.config import PlannerSettings
+
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    assert PlannerSettings.goal_choice == 0
+    assert Planner(_Runtime(tok, [], tiny_llama.model), tok).chooser is None
+    # the word rules off: the goal grammar is the world's, with no task focus, and the gate does
+    # not ask the goal to be about the apple the task names
+    focused = specialize_request(TASK, w, s).schema
+    none, grammar, gate = (specialize_request(TASK, w, s, words=m) for m in ("none", "grammar", "gate"))
+    assert none.reading is None and none.schema == specialize(base_plan_schema(), w, s) != focused
+    assert grammar.schema == focused and gate.schema == none.schema
+    assert (none.grounding, grammar.grounding, gate.grounding) == (False, False, True)
+    with pytest.raises(ThorError, match="word rules"):
+        specialize_request(TASK, w, s, words="some")
+    cup = _compact({**good_plan(), "goal": [{"object": "red_cup", "at": "table"}], "steps": [
+        {"id": "s1", "skill": "pick", "args": {"object": "red_cup", "grasp": "side", "force": 10},
+         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
+        {"id": "s2", "skill": "place", "args": {"object": "red_cup", "target": "table"},
+         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})
+
+    def plan(words):
+        return Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False, complete=False,
+                       words=words).plan(TASK, w, s)
+    for words in ("all", "gate"):
+        res = plan(words)
+        assert not res.valid and {f["check"] for f in res.report} & {"object", "goal"}, words
+    assert plan("none").valid
+    # the grammar alone: the focused schema refuses the goal (no grounding finding needed)
+    assert {f["check"] for f in plan("grammar").report} == {"schema"}
