@@ -18,6 +18,8 @@ TREE_WIDE = {"test_docs.py", "test_layering.py", "test_test_layout.py"}
 PACKAGES = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
 # the helpers' modules, by the bare names they must not be imported under
 HELPER_NAMES = {"helpers"} | {p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__"}
+# the test modules, by the bare names an import would reach them under
+TEST_MODULES = {p.stem for p in TESTS.rglob("test_*.py")}
 
 
 def python_files() -> list[Path]:
@@ -40,7 +42,7 @@ def bad_imports(source: str) -> list[str]:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[0].startswith("test_") or parts[0] == "tests" and any(
+            if parts[0] in TEST_MODULES or parts[0] == "tests" and any(
                     p.startswith("test_") for p in parts[1:]):
                 out.append(f"line {node.lineno}: {name} is a test module")
             elif parts[0] == "tests" and parts[1:2] not in ([], ["helpers"]):
@@ -59,6 +61,7 @@ def test_the_import_check_sees_what_it_must():
     assert bad_imports("import tests.conftest")
     assert not bad_imports("from tests.helpers.tiny import make_tiny_dir\nimport torch")
     assert not bad_imports("from aiohttp.test_utils import TestClient")     # not one of ours
+    assert not bad_imports("from test_msgs.action import Fibonacci")
 
 
 @pytest.mark.parametrize("path", python_files(), ids=lambda p: p.relative_to(TESTS).as_posix())
