@@ -43,7 +43,7 @@ def plan_format_fingerprint() -> str:
     """-> "sha256:<hex>" of the planner's current request format (see the module docstring)."""
     from agent.files.loader import DEFAULT_SKILLS, load_skills, world_from_dict
     from agent.schema.grammar import _JSON_OPTIONS
-    from agent.planner.planner import specialize_request
+    from agent.planner.request import specialize_request
     from agent.planner.prompt import build_messages
 
     world = world_from_dict(_WORLD, source="<format probe>")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import agent.planner.planner as planner_mod
+import agent.planner.request as request_mod
 from agent.planner.planner import Planner, PlanResult
 from thor_runtime.speculative import PLAIN
 from thor_runtime.engine.stats import Stats
@@ -37,7 +37,8 @@ def counting(monkeypatch, module, name: str) -> list:
 
 def test_the_task_is_read_and_the_schema_specialized_once_per_request(tiny_llama, monkeypatch):
     tok = tiny_llama.tokenizer
-    reads, specs = counting(monkeypatch, planner_mod, "read_task"), counting(monkeypatch, planner_mod, "specialize")
+    reads = counting(monkeypatch, request_mod, "read_task")
+    specs = counting(monkeypatch, request_mod, "specialize")
     w, s = world_and_skills("kitchen")
     pl = Planner(Echo(tok, [HEAVY]), tok, attempts=2, thinking=False, complete=False)
     res = pl.plan(TASK, w, s)
@@ -97,7 +98,7 @@ def test_the_service_plans_its_prepared_request_with_the_planner_itself(tiny_lla
     host = ModelHost(config())
     host.hosted, host.gtok = Hosted(tiny_llama, Echo(tok, [CUT, GOOD]), PLAIN), GrammarTokenizer(tok)
     req = parse_plan({"task": TASK, "world": "kitchen", "attempts": 1}, host.cfg.planner)
-    specs = counting(monkeypatch, planner_mod, "specialize")
+    specs = counting(monkeypatch, request_mod, "specialize")
     calls = []
     original = Planner.plan
 
