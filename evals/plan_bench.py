@@ -7,20 +7,18 @@ and the rows say whether it did.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from thor_runtime.config import PlannerSettings
-from thor_runtime.speculative import SpecOptions, auto_state_of, restore_auto_state, build_speculation
+from thor_runtime.speculative import SpecOptions, build_speculation
 
 from evals.evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
 from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
 from evals.pddl_check import load_binding, validate
+from agent.planner import Planner
 from agent.planner.plan_format import plan_format_fingerprint
-from agent.planner.planner import Planner
 
 TASKS = {
     "kitchen": ["put the red cup in the sink", "move the apple to the table"],
@@ -56,17 +54,16 @@ WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "pro
                    "prompt_tokens_computed", "time_prefill_s", "time_decode_s", "time_grammar_s", "time_check_s")
 
 
-def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 384, options: SpecOptions | None = None,
-               limit: int | None = None, cases: list[tuple] | None = None, fresh: bool = False,
-               shelves: list | None = None) -> list[dict]:
-    """options: the speculation settings every spec runs with (the drafter, --block-size,
-    --window, ...: thor_app's ``spec_options``), each spec replacing only the method; None: the
-    defaults. cases: plan_cases' tuples (default: the sample worlds' tasks, the first ``limit``).
-    fresh: every plan starts as in a new `thor plan` process: the runtime's recent prompts
-    forgotten (its pinned starts kept) and a new planner, whose ``auto`` starts from what the
-    spec's previous plan left (as `thor plan` reads it from disk: speculative/auto_state.py).
-    shelves: one world-start shelf per spec (thor_runtime/cache/prefix_shelf.py; empty at the start),
-    written after each plan as `thor plan` does once its plan is out, or None: none.
+def plan_bench(open_session, specs, repeats: int = 1, limit: int | None = None,
+               cases: list[tuple] | None = None, fresh: bool = False) -> list[dict]:
+    """open_session(spec): a new plan session (thor_app/session.py, as `thor plan` and the
+    service plan through one; `thor bench --plan` builds them: bench_plan.spec_sessions) that
+    plans with that spec, every spec's over the same runtime, each with its own world starts,
+    written after each plan as `thor plan` does once its plan is out. cases: plan_cases'
+    tuples (default: the sample worlds' tasks, the first ``limit``). fresh: every plan starts
+    as in a new `thor plan` process: the runtime's recent prompts forgotten (its pinned starts
+    kept) and a new session, whose ``auto`` starts from what the spec's previous plan left (as
+    `thor plan` reads it from disk: speculative/auto_state.py).
 
     The specs take turns request by request (each case runs under every spec before the next
     case, the first spec rotating), so a machine whose speed drifts during the run moves
@@ -76,16 +73,8 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
     recent prompts, as a service running it alone would: a prompt one spec prefilled does not
     start warm for the next (and a DFlash request needs taps that a lookup one does not keep)."""
     cases = plan_cases(limit) if cases is None else cases
-
-    base = options or SpecOptions()
-
-    def planner(spec):
-        speculation = build_speculation(replace(base, method=spec), runtime.model,
-                                        plan_format=plan_format_fingerprint())
-        return Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=0,
-                       shelf=shelves[specs.index(spec)] if shelves else None)
-
-    planners = [planner(spec) for spec in specs]
+    sessions = [open_session(spec) for spec in specs]
+    runtime = sessions[0].runtime
     shared = runtime.prefixes
     memories = [shared.sibling() if shared is not None else None for _ in specs]
     runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
@@ -101,14 +90,11 @@ def plan_bench(runtime, tokenizer, specs, repeats: int = 1, max_tokens: int = 38
                         if memories[i] is not None:
                             memories[i].forget()
                         # a new process: what auto learned comes through its file (auto_state.py)
-                        learned = json.loads(json.dumps(auto_state_of(planners[i].speculation.auto))) \
-                            if planners[i].speculation.auto is not None else None
-                        planners[i] = planner(specs[i])
-                        if learned is not None:
-                            restore_auto_state(planners[i].speculation.auto, learned)
-                    res = planners[i].plan(task, world, skills)
-                    if shelves:
-                        shelves[i].flush()
+                        learned = sessions[i].learned()
+                        sessions[i] = open_session(specs[i])
+                        sessions[i].resume(learned)
+                    res = sessions[i].plan(task, world, skills)
+                    sessions[i].after_plan()
                     s, run = res.stats, runs[i]
                     run["lat"].append(s["plan_latency_s"])
                     run["dec"].append(s["decode_tok_s"])

@@ -5,6 +5,7 @@ the peers worker, the self-test, the engine builds and calibration — so a sett
 config tree is honoured everywhere by one edit. The steps, in order: the device, the model on
 it (weight cache, dtype and layout for the backend), the speculation (its K sets the engines'
 profiles), the backend attached to the model's dense segments, the KV scales, the Runtime.
+What lives across the plans on that runtime is its PlanSession (thor_app/session.py).
 """
 from __future__ import annotations
 
@@ -192,15 +193,9 @@ def assembled_with(config: RuntimeConfig, loaded, runtime, backend=None) -> Asse
 
 
 def make_planner(a: Assembled, on_progress=None, **kw):
-    """A Planner over an assembled runtime with the config's planner settings and its shelf of
-    world starts (the caller flushes ``planner.shelf`` once a plan is out)."""
-    from agent.planner.planner import Planner
+    """A Planner over an assembled runtime with the config's planner settings and its world
+    starts, for a caller that keeps no session (PlanSession.planner, thor_app/session.py;
+    ``shelf=None``: no world starts)."""
+    from thor_app.session import PlanSession
 
-    from thor_app.prefix import world_shelf
-
-    p = a.config.planner
-    kw.setdefault("shelf", world_shelf(a.config))
-    return Planner(a.runtime, a.loaded.tokenizer, a.speculation, max_tokens=p.max_tokens, attempts=p.attempts,
-                   thinking=p.think, max_steps=p.max_steps or None, on_progress=on_progress, complete=p.solver,
-                   goal_choice=p.goal_choice,
-                   **kw)
+    return PlanSession(a).planner(on_progress=on_progress, **kw)

@@ -279,8 +279,8 @@ def _stub_plan_run(monkeypatch, runtime=None) -> list[dict]:
     from thor_app.tools import bench_plan
 
     seen = []
-    monkeypatch.setattr(evals.plan_bench, "plan_bench", lambda rt, tok, specs, repeats, **kw: seen.append(
-        {"specs": specs, **kw}) or [{"spec": s} for s in specs])
+    monkeypatch.setattr(evals.plan_bench, "plan_bench", lambda sessions, specs, repeats, **kw: seen.append(
+        {"specs": specs, "sessions": sessions, **kw}) or [{"spec": s} for s in specs])
     monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
         model=SimpleNamespace(layout="dense"), tokenizer=None))
     monkeypatch.setattr(thor_runtime.engine.generate, "Runtime", lambda *a, **k: runtime)
@@ -294,7 +294,7 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
     """--plan-set heldout times plan_bench on the first requests of the generator's held-out split
     (the drafters' kind of request, never trained on), and --plan-start process pins the shared
     prefix of each of their skill sets: generated ones, which share one source label."""
-    import thor_app.prefix
+    import thor_app.session
     from agent.planner.prompt import shared_instructions
     from calib.prompts import robot_requests, split_of
     from thor_app.cli import main
@@ -306,7 +306,7 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
     kinds = {shared_instructions(c[3]) for c in cases}
     assert len({c[3].source for c in cases}) == 1 < len(kinds)     # one label, several skill sets
     seen, pinned = _stub_plan_run(monkeypatch, SimpleNamespace(prefixes=object())), []
-    monkeypatch.setattr(thor_app.prefix, "attach_prefix", lambda rt, tok, skills, d: pinned.append(
+    monkeypatch.setattr(thor_app.session, "attach_prefix", lambda rt, tok, skills, d, log: pinned.append(
         shared_instructions(skills)) or {"source": "built", "tokens": 1, "path": "p"})
     out = tmp_path / "plan.json"
     assert main(["bench", "--plan", "--plan-set", "heldout", "--eval-limit", "12", "--plan-start", "process",
@@ -336,11 +336,11 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
                  "--window", "48", "--block-size", "8", "--json", str(out)]) == 0
     call, = seen
     # every spec runs with the speculation flags given (before, the plan benches dropped them)
-    assert (call["options"].window, call["options"].block_size) == (48, 8)
+    assert (call["sessions"].options.window, call["sessions"].options.block_size) == (48, 8)
     assert call["specs"] == ["none", "auto"] and [c[:2] for c in call["cases"]] == [c[:2] for c in eval_cases(EVAL_B, 4)]
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "evals/sets/2-bakery-library-repair-ward"
     assert not call["fresh"] and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
-    assert call["shelves"] is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
+    assert call["sessions"].shelves is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
     # the machine read before and after the plans, in that order
     assert [doc["step_and_verify"][k]["step_ms"] for k in ("before", "after")] == [2.0, 3.0]

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from thor_app.assembly import build_runtime, make_planner
-from thor_app.prefix import attach_prefix, prefix_dir
+from thor_app.assembly import build_runtime
 from thor_app.flags import add_config_args, config_from_args
+from thor_app.session import PlanSession
 from thor_runtime.errors import NoValidPlan, ThorError
 from thor_runtime.fileio import write_text_atomic
 
@@ -51,7 +51,7 @@ def write_atomic(path: Path, text: str) -> None:
 def _load_inputs(args, config):
     from agent.files.loader import load_schema, load_skills, load_world, resolve_skills_path
     from agent.schema.grammar import check_schema
-    from agent.planner.planner import specialize_request
+    from agent.planner import specialize_request
 
     spec = config.speculation
     # a given drafter is checked here; the shipped one is the target's, known once it is loaded
@@ -82,12 +82,10 @@ def run(args) -> int:
     t0 = time.perf_counter()
     assembled = build_runtime(config)
     _log(f"model loaded in {time.perf_counter() - t0:.2f} s")
-    # the prompt start this skill library shares, from disk when an earlier run stored it
-    attach_prefix(assembled.runtime, assembled.loaded.tokenizer, skills, prefix_dir(config), _log)
-    planner = make_planner(assembled, on_progress=_log)
-    from thor_runtime.speculative import load_auto_state, save_auto_state
-    load_auto_state(assembled.runtime, assembled.speculation)      # what --spec auto learned before
-    res = planner.plan(planner.compile(request))
+    session = PlanSession(assembled, log=_log)
+    session.attach(skills)        # the prompt start this skill library shares, from disk when stored
+    session.load_learned()        # what --spec auto learned before
+    res = session.plan(request, planner=session.planner(on_progress=_log))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:
         write_atomic(Path(args.out), plan_text)
@@ -98,13 +96,7 @@ def run(args) -> int:
         sys.stdout.write(plan_text)
     for line in res.expansion:              # what a set in the goal came to in this world
         _log(f"goal: {line}")
-    if planner.shelf is not None:           # the world's start for the next process, after the plan is out
-        for problem in planner.shelf.flush():
-            _log(f"world start not stored: {problem}")
-    try:
-        save_auto_state(assembled.runtime, assembled.speculation)
-    except OSError as e:
-        _log(f"what --spec auto learned was not stored: {e.strerror or e}")
+    session.after_plan()          # the world's start and what auto learned, after the plan is out
     s = res.stats
     _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
          f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")

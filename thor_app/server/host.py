@@ -38,6 +38,14 @@ class Hosted:
     runtime: object           # thor_runtime.engine.generate.Runtime
     speculation: object       # thor_runtime.speculative.Speculation
     backend: object = None    # engines.backend.GraphBackend, attached to the model
+    session: object = None    # thor_app.session.PlanSession over it; None: the host makes one
+
+
+def plan_session(assembled):
+    """The service's plan session: its log, and what auto learned written at most once a minute."""
+    from thor_app.session import PlanSession
+
+    return PlanSession(assembled, log=log.info, warn=log.warning, save_every_s=LEARNED_EVERY_S)
 
 
 def default_loader(cfg: ServeConfig) -> Hosted:
@@ -54,13 +62,13 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     if not rc.model.prefill_chunk:   # one pass: nothing could stop or mark a long prompt meanwhile
         rc = replace(rc, model=replace(rc.model, prefill_chunk=SERVICE_PREFILL_CHUNK))
     a = build_runtime(rc)
-    # the planner prompt's shared start for each configured skill set: from disk, or stored there
-    from thor_app.prefix import attach_skill_sets
     from thor_app.server.config import skills_path
-    attach_skill_sets(a, [skills_path(cfg.planner)], log.info)
-    from thor_runtime.speculative import load_auto_state
-    load_auto_state(a.runtime, a.speculation)          # what --spec auto learned in its last run
-    return Hosted(a.loaded, a.runtime, a.speculation, a.backend)
+
+    session = plan_session(a)
+    # the planner prompt's shared start for each configured skill set: from disk, or stored there
+    session.attach_skill_sets([skills_path(cfg.planner)])
+    session.load_learned()             # what --spec auto learned in its last run
+    return Hosted(a.loaded, a.runtime, a.speculation, a.backend, session)
 
 
 def resolve_thinking(mode: str, gtok) -> bool:
@@ -119,9 +127,7 @@ class ModelHost:
         self.on_status: Callable[[str, str], None] | None = None   # each phase, as it begins
         self.concurrency = 1           # requests the runtime may generate at once (set when ready)
         self._lock = threading.Lock()
-        from thor_app.prefix import world_shelf
-        self.shelf = world_shelf(cfg.runtime)     # world starts on disk, for the next start of the service
-        self._learned_at = -LEARNED_EVERY_S       # when auto's state was last written (the first plan writes)
+        self._session = None           # (hosted, its session) when the loader gave none
 
     @property
     def ready(self) -> bool:
@@ -130,6 +136,21 @@ class ModelHost:
     @property
     def model_id(self) -> str:
         return self.cfg.model.name
+
+    @property
+    def session(self):
+        """What lives across the hosted runtime's plans (thor_app/session.py): the loader's
+        session, else one over the hosted runtime with the config's world starts."""
+        h = self.hosted
+        if h.session is not None:
+            return h.session
+        if self._session is None or self._session[0] is not h:
+            from thor_app.assembly import Assembled
+
+            made = plan_session(Assembled(self.cfg.runtime, h.loaded, h.runtime, h.speculation,
+                                          h.backend))
+            self._session = (h, made)
+        return self._session[1]
 
     def _set(self, status: str, reason: str) -> None:
         with self._lock:
@@ -244,10 +265,10 @@ class ModelHost:
     # ---- plan ---------------------------------------------------------------------------------
     def prepare_plan(self, req):
         """The specialized schema and its grammar: a bad schema or skill set is a 400 here."""
-        from agent.planner.planner import prepare_request
+        from agent.planner import prepare_request
 
-        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps, self._thinking(),
-                               req.task)
+        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps,
+                               self._thinking(), req.task)
 
     def _thinking(self) -> bool:
         return resolve_thinking(self.cfg.planner.thinking, self.gtok)
@@ -258,26 +279,16 @@ class ModelHost:
     def plan_job(self, req, prepared):
         """The job for a request prepared by ``prepare_plan``: every committed token goes through
         the job's check (cancellation, deadline, progress)."""
-        from agent.planner.planner import Planner
-        from thor_runtime.speculative import save_auto_state
-
-        h = self.hosted
+        h, session = self.hosted, self.session
 
         def run(ctx: JobContext):
-            planner = Planner(_Checked(h.runtime, ctx), h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
-                              attempts=req.attempts, thinking=self._thinking(), max_steps=req.max_steps,
-                              grammar_tokenizer=self.gtok, shelf=self.shelf)
-            res = planner.plan(prepared, on_token=ctx.check)
-            if self.shelf is not None:        # a world's first plan: its start goes to disk (~40 ms)
-                for problem in self.shelf.flush():
-                    log.warning("world start not stored: %s", problem)
-            now = time.monotonic()
-            if now - self._learned_at >= LEARNED_EVERY_S:   # what auto learned, for the next start:
-                self._learned_at = now                      # a synced write, not on every request
-                try:
-                    save_auto_state(h.runtime, h.speculation)
-                except OSError as e:
-                    log.warning("what --spec auto learned was not stored: %s", e.strerror or e)
+            planner = session.planner(_Checked(h.runtime, ctx), max_tokens=req.max_tokens,
+                                      attempts=req.attempts, thinking=self._thinking(),
+                                      max_steps=req.max_steps, grammar_tokenizer=self.gtok)
+            res = session.plan(prepared, planner=planner, on_token=ctx.check)
+            # a world's first plan: its start goes to disk (~40 ms); what auto learned, for the
+            # next start, at most once a minute
+            session.after_plan()
             return res
         return run
 

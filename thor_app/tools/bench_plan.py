@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from thor_app.assembly import load_model, make_runtime, spec_options, with_settings
+from thor_app.assembly import Assembled, load_model, make_runtime, spec_options, with_settings
 from thor_app.flags import config_from_args
+from thor_app.session import PlanSession
 from thor_runtime.errors import ThorError
 from thor_runtime.cache import PrefixShelf
+from thor_runtime.speculative import PLAIN
 
 from thor_app.tools.bench_ceiling import step_and_verify
 from thor_app.tools.bench_report import device_info, peak_rss_mb, print_table
@@ -44,6 +47,8 @@ def _eval_dir(given: str | None) -> tuple[Path, str]:
 WORDINGS_LIMIT = 8
 # --plan-set heldout: the generator's held-out requests timed per --spec, when --eval-limit is not given
 HELDOUT_LIMIT = 12
+# the plan bench's token budget per plan (one attempt, the greedy goal)
+PLAN_MAX_TOKENS = 384
 
 
 def heldout_cases(n: int) -> list[tuple]:
@@ -94,27 +99,50 @@ def _plan_config(args, wdt: str, kv: str):
                          model__prefix_cache=args.prefix_cache)
 
 
-def _pin_prefixes(args, config, rt, tokenizer, cases) -> list[dict]:
+@dataclass(frozen=True)
+class SpecSessions:
+    """open_session(spec) for evals.plan_bench: a new PlanSession over ``runtime`` that plans
+    with ``spec`` and ``options`` (the speculation flags: --drafter, --block-size, ...), with
+    the planner settings of ``config`` and the world starts of ``shelves[spec]`` (none without).
+    What auto learned is not written: the bench hands it on in memory."""
+    config: object            # RuntimeConfig
+    loaded: object            # thor_runtime.loading.Loaded
+    runtime: object           # the runtime every spec's session plans on
+    options: object           # SpecOptions, each spec replacing only the method
+    shelves: dict | None = None
+
+    def __call__(self, spec: str) -> PlanSession:
+        from agent.planner.plan_format import plan_format_fingerprint
+        from thor_runtime.speculative import build_speculation
+
+        # as `thor plan` speculates: a drafter trained on another plan format is stale
+        speculation = build_speculation(replace(self.options, method=spec), self.loaded.model,
+                                        plan_format=plan_format_fingerprint())
+        return PlanSession(Assembled(self.config, self.loaded, self.runtime, speculation),
+                           shelf=(self.shelves or {}).get(spec), keep_learned=False)
+
+
+def spec_sessions(config, loaded, runtime, shelves: dict | None = None,
+                  max_tokens: int = PLAN_MAX_TOKENS) -> SpecSessions:
+    """The plan bench's sessions over ``runtime``: the speculation flags of ``config``, one
+    attempt of ``max_tokens`` on the greedy goal."""
+    settings = with_settings(config, planner__max_tokens=max_tokens, planner__attempts=0,
+                             planner__goal_choice=0)
+    return SpecSessions(settings, loaded, runtime, spec_options(config), shelves)
+
+
+def _pin_prefixes(args, session: PlanSession, cases) -> list[dict]:
     """--plan-start process or service: each skill set's shared prompt start, from disk (or built
     and stored once), as `thor plan` and `thor serve` attach it."""
-    from thor_app.prefix import attach_prefix, prefix_dir
-
     if args.plan_start == "whole":
         return []
-    if rt.prefixes is None:
-        raise ThorError(f"--plan-start {args.plan_start} keeps the shared prefix in the prefix cache: "
-                        "give --prefix-cache 1 or more")
-    from agent.planner.prompt import shared_instructions
-
-    out, seen = [], set()
+    if session.runtime.prefixes is None:
+        raise ThorError(f"--plan-start {args.plan_start} keeps the shared prefix in the prefix "
+                        "cache: give --prefix-cache 1 or more")
     for _name, _task, _world, skills in cases:
-        # by what the prefix is made of: generated skill sets have no file to tell them apart
-        key = shared_instructions(skills)
-        if key not in seen:
-            seen.add(key)
-            info = attach_prefix(rt, tokenizer, skills, prefix_dir(config))
-            out.append({k: v for k, v in info.items() if k != "path"})
-    return out
+        # once per start, by what it is made of: generated skill sets share one file label
+        session.attach(skills)
+    return [{k: v for k, v in info.items() if k != "path"} for info in session.starts.values()]
 
 
 def run_plan(args, specs) -> int:
@@ -134,14 +162,17 @@ def run_plan(args, specs) -> int:
     elif args.plan_set == "heldout":
         cases, where = heldout_cases(args.eval_limit or HELDOUT_LIMIT), "calib held-out requests"
     cases = plan_cases() if cases is None else cases
-    prefixes = _pin_prefixes(args, config, rt, loaded.tokenizer, cases)
+    # the prompt starts live in the runtime every spec's session shares
+    prefixes = _pin_prefixes(args, PlanSession(Assembled(config, loaded, rt, PLAIN), shelf=None,
+                                               keep_learned=False), cases)
     # as `thor plan` and `thor serve` keep world starts on disk: each spec its own, empty at first
     starts = config.model.world_starts if args.plan_start != "whole" else 0
     before = step_and_verify(rt)     # where the machine stood: the ratios move with it
     with tempfile.TemporaryDirectory(prefix="thor-world-starts-") as d:
-        shelves = [PrefixShelf(Path(d) / str(i), starts) for i in range(len(specs))] if starts else None
-        rows = plan_bench(rt, loaded.tokenizer, specs, args.repeats, options=spec_options(config),
-                          cases=cases, fresh=args.plan_start == "process", shelves=shelves)
+        shelves = ({spec: PrefixShelf(Path(d) / str(specs.index(spec)), starts) for spec in specs}
+                   if starts else None)
+        rows = plan_bench(spec_sessions(config, loaded, rt, shelves), specs, args.repeats,
+                          cases=cases, fresh=args.plan_start == "process")
     machine = {"before": before, "after": step_and_verify(rt)}
     doc = {"device": device_info(config), "model": config.model.name, "weights": wdt, "layout": loaded.model.layout,
            "kv": kv, "repeats": args.repeats, "plan_set": where, "plan_start": args.plan_start,

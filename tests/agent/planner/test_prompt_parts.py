@@ -6,7 +6,7 @@ import json
 
 from agent.planner.prompt_parts import PARTS, prompt_parts, summarize
 from thor_app.cli import main
-from thor_app.prefix import shared_prefix_ids
+from thor_app.session import shared_prefix_ids
 
 from tests.helpers.worlds import world_and_skills
 

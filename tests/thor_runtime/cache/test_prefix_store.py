@@ -10,7 +10,7 @@ import pytest
 import thor_runtime.cache.prefix_store as store
 from agent.planner.planner import Planner
 from agent.planner.prompt import build_messages
-from thor_app.prefix import attach_prefix, shared_prefix_ids
+from thor_app.session import attach_prefix, shared_prefix_ids
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.cache.kv_cache import KVScales
 from thor_runtime.engine.sampling import SamplingParams
@@ -151,7 +151,8 @@ def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills,
     from types import SimpleNamespace
 
     from agent.files.loader import DEFAULT_SKILLS
-    from thor_app import prefix
+    from thor_app import session
+    from thor_runtime.speculative import PLAIN
 
     skills_dir = tmp_path / "skills"
     skills_dir.mkdir()
@@ -159,11 +160,20 @@ def test_every_configured_skill_set_at_start(tiny_llama, tmp_path, small_skills,
     (skills_dir / "two.json").write_text(json.dumps({**doc, "skills": doc["skills"][:2]}))
     (skills_dir / "all.json").write_text(json.dumps(doc))          # past the tiny model's context
     (skills_dir / "notes.json").write_text("{}")
-    monkeypatch.setattr(prefix, "prefix_dir", lambda config: tmp_path / "prefixes")
+    monkeypatch.setattr(session, "prefix_dir", lambda config: tmp_path / "prefixes")
     rt = _runtime(tiny_llama)
-    out = prefix.attach_skill_sets(SimpleNamespace(runtime=rt, loaded=tiny_llama, config=None), [skills_dir])
+    served = SimpleNamespace(runtime=rt, loaded=tiny_llama, config=None, speculation=PLAIN)
+    out = session.PlanSession(served, shelf=None).attach_skill_sets([skills_dir])
     assert sorted(o["source"] for o in out) == ["built", "off"]
     assert len(rt.prefixes.pinned()) == 1
+
+
+def _sessions(loaded, rt):
+    """`thor bench --plan`'s sessions over ``rt``: 16 tokens a plan, no world starts."""
+    from thor_app.tools.bench_plan import spec_sessions
+    from thor_runtime.config import RuntimeConfig
+
+    return spec_sessions(RuntimeConfig(), loaded, rt, max_tokens=16)
 
 
 def test_bench_plan_says_where_each_plan_went(default_model):
@@ -171,7 +181,7 @@ def test_bench_plan_says_where_each_plan_went(default_model):
     from evals.plan_bench import WHERE_TIME_GOES, plan_bench
 
     rt = _runtime(default_model)
-    row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1)[0]
+    row = plan_bench(_sessions(default_model, rt), ["none"], repeats=2, limit=1)[0]
     first, second = row["per_plan"]
     assert set(first) == {"case", "decode_tok_s", *WHERE_TIME_GOES} and first["case"] == second["case"]
     assert first["prompt_tokens_computed"] > 0 and first["time_prefill_s"] > 0 and first["time_decode_s"] > 0
@@ -188,13 +198,13 @@ def test_bench_plan_fresh_starts_each_plan_as_a_new_process(default_model, tmp_p
     skills = plan_cases(1)[0][3]
     attach_prefix(rt, default_model.tokenizer, skills, tmp_path)
     pinned = len(rt.prefixes.pinned()[0])
-    row = plan_bench(rt, default_model.tokenizer, ["none"], repeats=2, max_tokens=16, limit=1, fresh=True)[0]
+    row = plan_bench(_sessions(default_model, rt), ["none"], repeats=2, limit=1, fresh=True)[0]
     for p in row["per_plan"]:
         assert p["prompt_tokens_from_disk"] == pinned and p["prompt_tokens_from_memory"] == 0
         assert p["prompt_tokens_computed"] > 0
     assert len(rt.prefixes) == 0 and len(rt.prefixes.pinned()) == 1     # the runtime's own memory untouched
     # without it each spec keeps its own recent prompts: none starts warm from another's
-    first, second = plan_bench(rt, default_model.tokenizer, ["none", "ngram"], repeats=2, max_tokens=16, limit=1)
+    first, second = plan_bench(_sessions(default_model, rt), ["none", "ngram"], repeats=2, limit=1)
     for row in (first, second):
         alone, again = row["per_plan"]
         assert alone["prompt_tokens_from_memory"] == 0 and alone["prompt_tokens_from_disk"] == pinned
