@@ -52,3 +52,7 @@ class Scripted:
             on_token(t)
         return Result(ids, self.tok.decode(ids), "eos", len(prompt_ids),
                       Stats(prompt_tokens=len(prompt_ids), generated=len(ids)))
+# the same call as a model may also write it where tool_choice is auto
+FENCED = ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n'
+          '    "unit": "celsius"\n  }\n}\n```')
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'

@@ -17,7 +17,10 @@ the vocabulary has it (the grammar names it as a token), text elsewhere.
 The grammar (agent.schema.grammar, llguidance's Lark): with ``tool_choice`` ``required`` one or
 more calls (one when ``parallel_tool_calls`` is false), a named function one call of it,
 ``auto`` either calls or content (text that does not open a call, or the response_format's
-JSON), ``none`` content only. Each call's name is one of the tools' and its arguments are JSON
+JSON), ``none`` content only. With ``auto`` a call may also be written as models write them
+besides their template's format (``FORMS``: a fenced ```json block, a bare object), as the
+planner model, Qwen2.5-Coder-0.5B, does: text that opens one with a tool's name is that call;
+with another name it is content. Each call's name is one of the tools' and its arguments are JSON
 under that function's ``parameters`` schema, written as the template writes JSON (``", "`` and
 ``": "``, no other whitespace), so the speculative decoder's forced tokens cover the names,
 keys and punctuation. A finished generation therefore holds only well-formed calls; one cut
@@ -41,12 +44,22 @@ from thor_app.server.errors import bad_request
 from thor_app.server.openai_api import ChatRequest, check_max_tokens, completion_body
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-HEAD = OPEN + '\n{"name": "'            # a call up to its name
-AFTER_NAME = ', "arguments": '            # from the name's closing quote to its arguments
-END = "}\n" + CLOSE                      # from the arguments' end to the call's end
-NEXT = "\n" + OPEN                        # between parallel calls
-# the arguments' JSON as chat templates write it (tojson: json.dumps' separators)
+WS = None                                 # in a form's parts: optional whitespace
+# The forms a call is read in, each as parts up to its name, between its name and its arguments,
+# and after them. "tagged" is the template's; "fenced" and "bare" are how models also write calls
+# (Qwen2.5-Coder's answers, as a fenced JSON block), read where tool_choice is auto.
+FORMS = {
+    "tagged": ((OPEN, "\n", '{"name": "'), ('", "arguments": ',), ("}\n" + CLOSE,)),
+    "fenced": (("```json", WS, "{", WS, '"name"', WS, ":", WS, '"'),
+               ('"', WS, ",", WS, '"arguments"', WS, ":", WS), (WS, "}", WS, "```")),
+    "bare": (("{", WS, '"name"', WS, ":", WS, '"'),
+             ('"', WS, ",", WS, '"arguments"', WS, ":", WS), (WS, "}")),
+}
+SPACE = " \t\r\n"
+# the arguments' JSON as chat templates write it (tojson: json.dumps' separators); in the other
+# forms as the model lays it out
 ARGUMENT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+FREE_JSON = {"whitespace_flexible": True}
 CONTENT_JSON = {"whitespace_flexible": False}          # response_format's JSON, as without tools
 TOOLS_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -61,6 +74,7 @@ class CallShape:
     """What the answer may hold: ``choice`` none (content only), auto, required or function."""
     choice: str = "none"
     names: frozenset = frozenset()
+    forms: tuple = ("tagged",)        # the forms calls are read in (auto: the others too)
 
     @property
     def can_call(self) -> bool:
@@ -143,29 +157,63 @@ def closed(params: dict) -> dict:
     return params
 
 
+def auto_forms(content_schema: dict | None) -> tuple:
+    """The forms an auto answer's calls may take: a bare object is content's own form where
+    the answer may be JSON."""
+    return ("tagged", "fenced") if content_schema is not None else tuple(FORMS)
+
+
 def call_lark(tools, choice: str, name: str | None, parallel: bool, content_schema: dict | None,
               open_: str = json.dumps(OPEN), close: str = json.dumps(CLOSE)) -> str:
     """The Lark grammar of an answer: see the module's docstring. ``open_`` / ``close``: the
-    markers as the grammar spells them (``_marker``)."""
+    markers as the grammar spells them (``_marker``). With ``auto`` a call may also be written
+    fenced or bare (``FORMS``): text that opens one with a tool's name is that call."""
+    w = "[ \\t\\r\\n]"
     lines = []
     funcs = [t["function"] for t in tools if choice != "function" or t["function"]["name"] == name]
+    others = auto_forms(content_schema)[1:] if choice == "auto" else ()
     for i, f in enumerate(funcs):
         head = json.dumps(f'{{"name": "{f["name"]}", "arguments": ')
-        schema = {**closed(f["parameters"]), "x-guidance": ARGUMENT_JSON}
-        lines.append(f'f{i}: {head} %json {json.dumps(schema)} "}}"')
+        params = closed(f["parameters"])
+        tagged = json.dumps({**params, "x-guidance": ARGUMENT_JSON})
+        lines.append(f'f{i}: {head} %json {tagged} "}}"')
+        free = json.dumps({**params, "x-guidance": FREE_JSON})
+        if "fenced" in others:      # one lexeme up to the name: where content stops being possible
+            lines.append(f'FENCED{i}: /```json{w}*\\{{{w}*"name"{w}*:{w}*"{f["name"]}"/')
+            lines.append(f"fenced{i}: FENCED{i} MID %json {free} FENCE_END")
+        if "bare" in others:
+            lines.append(f'BARE{i}: /\\{{{w}*"name"{w}*:{w}*"{f["name"]}"/')
+            lines.append(f"bare{i}: BARE{i} MID %json {free} BARE_END")
     alts = " | ".join(f"f{i}" for i in range(len(funcs)))
     lines.append(f'call: {open_} "\\n" ({alts}) "\\n" {close}')
     # a newline may end the calls: the model's own habit before its end of turn
     lines.append('calls: call ("\\n" call)* "\\n"?' if parallel and choice != "function"
                  else 'calls: call "\\n"?')
+    start = {"required": "calls", "function": "calls", "none": "content"}.get(
+        choice, "calls | content")
+    opens = ["<tool_call>"]
+    if others:
+        lines.append(f'MID: /{w}*,{w}*"arguments"{w}*:{w}*/')
+        lines.append(f"SPACE: /{w}+/")
+        names = "|".join(f["name"] for f in funcs)
+        if "fenced" in others:
+            lines.append(f"FENCE_END: /{w}*\\}}{w}*```/")
+            lines.append("fenced: " + " | ".join(f"fenced{i}" for i in range(len(funcs))))
+            lines.append("fenced_calls: fenced (SPACE fenced)* SPACE?" if parallel
+                         else "fenced_calls: fenced SPACE?")
+            start += " | fenced_calls"
+            opens.append(f'```json{w}*\\{{{w}*"name"{w}*:{w}*"({names})"')
+        if "bare" in others:
+            lines.append(f"BARE_END: /{w}*\\}}/")
+            lines.append("bare: " + " | ".join(f"bare{i}" for i in range(len(funcs))) + " SPACE?")
+            start += " | bare"
+            opens.append(f'\\{{{w}*"name"{w}*:{w}*"({names})"')
     if content_schema is not None:
         lines.append(f"content: %json {json.dumps({**content_schema, 'x-guidance': CONTENT_JSON})}")
     else:
         # text that does not open a call; empty too (the model may end at once)
         lines.append("content: TEXT |")
-        lines.append("TEXT: /(?s:.+)/ & ~/(?s:[ \\t\\r\\n]*<tool_call>.*)/")
-    start = {"required": "calls", "function": "calls", "none": "content"}.get(
-        choice, "calls | content")
+        lines.append(f"TEXT: /(?s:.+)/ & ~/(?s:{w}*({'|'.join(opens)}).*)/")
     return "\n".join([f"start: {start}"] + lines) + "\n"
 
 
@@ -237,7 +285,9 @@ def prepare(host, req: ChatRequest):
     else:
         grammar = None
     names = frozenset(t["function"]["name"] for t in req.tools)
-    return PreparedChat(ids, params, grammar), CallShape(req.tool_choice, names)
+    content = {"type": "object"} if req.response_format != "text" else None
+    forms = auto_forms(content) if req.tool_choice == "auto" else ("tagged",)
+    return PreparedChat(ids, params, grammar), CallShape(req.tool_choice, names, forms)
 
 
 # ---- the answer -----------------------------------------------------------------------------
@@ -245,17 +295,19 @@ class CallReader:
     """Generated text -> content and tool calls, in pieces as they commit: ``push`` returns the
     stream's deltas for each piece, ``finish`` the last ones and the finish reason.
 
-    A call's arguments go out as they come, all but a tail that may be the start of the call's
-    end (``END``). Text that does not follow the call format (only possible without the
-    grammar) is content from there on.
+    A call opens in one of the shape's forms (``FORMS``) at the start of the answer, and again
+    after the last one ends; its id and name go out once its name is read, its arguments as
+    they come, all but trailing whitespace, which may lie past their end. Text that does not
+    follow a form (only possible without the grammar) is content from there on.
     """
 
     def __init__(self, shape: CallShape = PLAIN, new_id=call_id):
         self.shape, self.new_id = shape, new_id
-        self.state = "open" if shape.calls_only else ("start" if shape.can_call else "content")
+        self.state = "start" if shape.can_call else "content"
         self.buf = ""
         self.text = ""                  # content
         self.calls: list[dict] = []     # finished, well-formed calls
+        self.form: str | None = None
         self.open_call: dict | None = None
 
     def push(self, piece: str) -> list[dict]:
@@ -269,8 +321,8 @@ class CallReader:
         """-> (the last deltas, finish_reason). A call left open (cut by max_tokens or a stop
         string) is not among ``calls``."""
         out = self.push(tail)
-        if self.state == "start" and self.buf:     # a prefix of <tool_call> and no more
-            self.state = "content"
+        if self.state == "start" and self.buf and not self.shape.calls_only:
+            self.state = "content"          # the start of a form and no more
             self._content(out)
         self.buf = ""
         if self.calls and reason == "eos":
@@ -279,9 +331,90 @@ class CallReader:
 
     # -- states: each returns True to run again on what is left ------------------------------
     def _start(self, out) -> bool:
-        if OPEN.startswith(self.buf):
-            return False                   # may still open a call
-        self.state = "open" if self.buf.startswith(OPEN) else "content"
+        """A call's opening, in any of the shape's forms (after the last call: in its form)."""
+        forms = self.shape.forms if self.form is None else (self.form,)
+        waiting = False
+        for form in forms:
+            got, end, name = self._opening(form)
+            if got == "full":
+                self.form, self.buf = form, self.buf[end:]
+                self.open_call = {"id": self.new_id(), "name": name, "arguments": ""}
+                out.append({"tool_calls": [{"index": len(self.calls), "id": self.open_call["id"],
+                                            "type": "function",
+                                            "function": {"name": name, "arguments": ""}}]})
+                self.state = "mid"
+                return True
+            waiting |= got == "partial"
+        if waiting:
+            return False
+        self.state = "content" if self.form is None else "trailing"
+        return True
+
+    def _opening(self, form: str) -> tuple[str, int, str | None]:
+        """-> ("full" | "partial" | "no", where the opening ends, the name): the form's parts,
+        a tool's name, its closing quote."""
+        got, i = _parts(FORMS[form][0], self.buf, 0)
+        if got != "full":
+            return got, i, None
+        j = self.buf.find('"', i)
+        name = self.buf[i:] if j < 0 else self.buf[i:j]
+        if j < 0:
+            may = any(n.startswith(name) for n in self.shape.names)
+            return ("partial" if may else "no"), i, None
+        return ("full" if name in self.shape.names else "no"), j, name
+
+    def _mid(self, out) -> bool:
+        got, i = _parts(FORMS[self.form][1], self.buf, 0)
+        if got == "partial":
+            return False
+        if got == "no":
+            return self._junk()
+        self.buf, self.state = self.buf[i:], "arguments"
+        return True
+
+    def _arguments(self, out) -> bool:
+        call, b = self.open_call, self.buf
+        end = _json_end(b)
+        sent = len(call["arguments"])
+        upto = end if end is not None else len(b.rstrip(SPACE))
+        if upto > sent:
+            piece = b[sent:upto]
+            call["arguments"] += piece
+            out.append({"tool_calls": [{"index": len(self.calls),
+                                        "function": {"arguments": piece}}]})
+        if end is None:
+            return False
+        self.buf, self.state = b[end:], "end"
+        return True
+
+    def _end(self, out) -> bool:
+        got, i = _parts(FORMS[self.form][2], self.buf, 0)
+        if got == "partial":
+            return False
+        if got == "no":
+            return self._junk()
+        call, self.open_call = self.open_call, None
+        if _json_object(call["arguments"]):
+            self.calls.append({"id": call["id"], "type": "function",
+                               "function": {"name": call["name"], "arguments": call["arguments"]}})
+        self.buf, self.state = self.buf[i:], "between"
+        return True
+
+    def _between(self, out) -> bool:
+        rest = self.buf.lstrip(SPACE)
+        if not rest:
+            return False
+        self.buf, self.state = rest, "start"
+        return True
+
+    def _trailing(self, out) -> bool:
+        """Text after the calls that opens no other (only without the grammar): not read."""
+        self.buf = ""
+        return False
+
+    def _junk(self) -> bool:
+        """A call that breaks off its form (only without the grammar): the rest is not read."""
+        self.open_call, self.state = None, "trailing"
         return True
 
     def _content(self, out) -> bool:
@@ -291,62 +424,53 @@ class CallReader:
             self.buf = ""
         return False
 
-    def _open(self, out) -> bool:
-        b = self.buf
-        if len(b) < len(HEAD):
-            return self._waits(HEAD.startswith(b))
-        if not b.startswith(HEAD):
-            return self._waits(False)
-        name, quote, after = b[len(HEAD):].partition('"')
-        if not quote:
-            return self._waits(len(name) <= 64 and all(c.isalnum() or c in "_-" for c in name))
-        if len(after) < len(AFTER_NAME):
-            return self._waits(AFTER_NAME.startswith(after) and name in self.shape.names)
-        if not after.startswith(AFTER_NAME) or name not in self.shape.names:
-            return self._waits(False)
-        self.open_call = {"id": self.new_id(), "name": name, "arguments": ""}
-        opened = {"index": len(self.calls), "id": self.open_call["id"], "type": "function",
-                  "function": {"name": name, "arguments": ""}}
-        out.append({"tool_calls": [opened]})
-        self.buf = after[len(AFTER_NAME):]
-        self.state = "arguments"
-        return True
 
-    def _waits(self, may_match: bool) -> bool:
-        if may_match:
-            return False
-        self.state = "content"             # not a call after all
-        return True
+def _parts(parts, text: str, i: int) -> tuple[str, int]:
+    """Match ``parts`` (literals, ``WS`` for optional whitespace) at ``text[i:]`` -> ("full",
+    the end) | ("partial", ...) when the text ends inside them | ("no", ...)."""
+    for p in parts:
+        if p is WS:
+            while i < len(text) and text[i] in SPACE:
+                i += 1
+            if i == len(text):
+                return "partial", i
+            continue
+        chunk = text[i:i + len(p)]
+        if chunk != p:
+            return ("partial" if p.startswith(chunk) and i + len(chunk) == len(text) else "no"), i
+        i += len(p)
+    return "full", i
 
-    def _arguments(self, out) -> bool:
-        b, call = self.buf, self.open_call
-        i = b.find(END)
-        keep = 0 if i >= 0 else next((k for k in range(min(len(b), len(END) - 1), 0, -1)
-                                      if END.startswith(b[-k:])), 0)
-        piece = b[:i] if i >= 0 else b[:len(b) - keep]
-        if piece:
-            call["arguments"] += piece
-            out.append({"tool_calls": [{"index": len(self.calls),
-                                        "function": {"arguments": piece}}]})
-        self.buf = b[i + len(END):] if i >= 0 else b[len(b) - keep:]
-        if i < 0:
-            return False
-        self.open_call = None
-        if _json_object(call["arguments"]):
-            self.calls.append({"id": call["id"], "type": "function",
-                               "function": {"name": call["name"], "arguments": call["arguments"]}})
-        self.state = "between"
-        return True
 
-    def _between(self, out) -> bool:
-        if NEXT.startswith(self.buf):
-            return False
-        if self.buf.startswith(NEXT):
-            self.buf = self.buf[1:]
-            self.state = "open"
-        else:
-            self.state = "content"
-        return True
+def _json_end(text: str) -> int | None:
+    """Where the JSON value at the start of ``text`` ends, None while it may go on."""
+    if not text:
+        return None
+    if text[0] not in "{[\"":
+        for i, ch in enumerate(text):
+            if ch in SPACE + ",}]":
+                return i
+        return None
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+                if depth == 0:
+                    return i + 1
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def _json_object(text: str) -> bool:

@@ -2,7 +2,8 @@
 
 The modes live beside this file: the default decode bench against transformers
 (bench_decode.py), constrained planning and the evaluation sets (bench_plan.py), the graph
-backends (bench_backends.py), the service over loopback (bench_serve.py), the device
+backends (bench_backends.py), the service over loopback (bench_serve.py), its tool calls on
+the function-calling leaderboard's data (bench_tools.py), the device
 benchmark (bench_device.py), decode beside a busy process (bench_neighbour.py), the plan
 prompt's tokens per part (bench_prompt.py); --rollback and
 --peers run code of their own packages. Each mode is imported when it runs, so `thor bench
@@ -107,6 +108,19 @@ def register(sub) -> None:
     p.add_argument("--serve-batch", type=int, default=None,
                    help="--serve: limits.batch of the server measured against one at a time (default: the "
                         "service's default)")
+    p.add_argument("--tools", action="store_true",
+                   help="the function-calling leaderboard's categories through the service's tool "
+                        "calls (needs: pip install --no-deps bfcl-eval==2026.3.23)")
+    p.add_argument("--tools-categories",
+                   default="simple,multiple,parallel,parallel_multiple,irrelevance",
+                   help="--tools: comma list of categories")
+    p.add_argument("--tools-modes", default="grammar,plain",
+                   help="--tools: grammar (tools in the request) and/or plain (tools in the prompt "
+                        "only)")
+    p.add_argument("--tools-limit", type=positive_int, default=None,
+                   help="--tools: the first N entries of each category (default all)")
+    p.add_argument("--tools-data", default=None,
+                   help="--tools: the leaderboard's data folder (default: bfcl-eval's)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="where to write the JSON results")
     p.add_argument("--backend", default="torch", help=f"comma list of {'|'.join(ENGINE_BACKENDS)}")
     add_config_args(p, ("engine",), only={"engine.cache_dir", "engine.threads", "engine.ort_opt_level",
@@ -149,7 +163,8 @@ def run(args) -> int:
         args.tie_tol = DEFAULT_TIE_TOL
     if args.rollback:
         return run_rollback(args)
-    if _on_accelerator(config) and not (args.plan or args.serve or args.peers or args.backend != "torch"):
+    if _on_accelerator(config) and not (args.plan or args.serve or args.tools or args.peers
+                                        or args.backend != "torch"):
         from thor_app.tools.bench_device import side_by_side
         return side_by_side(config.model.device, Path(args.json_out), args.repeats)
     if args.prompt_parts:
@@ -173,6 +188,10 @@ def run(args) -> int:
     for s in specs:
         if s not in SPEC_METHODS:
             raise ThorError(f"unknown --spec {s!r}; choose from {', '.join(SPEC_METHODS)}")
+    if args.tools:
+        from thor_app.tools.bench_tools import run_tools
+
+        return run_tools(args)
     if args.serve:
         from thor_app.tools.bench_serve import run_serve
 

@@ -18,7 +18,7 @@ from thor_app.server.host import Hosted
 from thor_runtime.speculative import PLAIN
 
 from tests.helpers.serving import config, hosted_loader, is_error_body, passing, wait_health
-from tests.helpers.tool_calls import MSG, PARIS, PUSH, SCHEMAS, TOOLS, Scripted
+from tests.helpers.tool_calls import FENCED, MSG, PARIS, PUSH, SCHEMAS, TOOLS, Scripted
 
 pytestmark = pytest.mark.asyncio
 
@@ -187,6 +187,19 @@ async def test_auto_answers_a_call_or_content(start, tiny_llama_long):
     await oc.close()
 
 
+async def test_auto_reads_a_fenced_call_as_a_call(start, tiny_llama_long):
+    script = Scripted(tiny_llama_long.tokenizer, [FENCED, FENCED])
+    oc = openai_client(await start(script=script))
+    r = await ask(oc)
+    assert r.finish_reason == "tool_calls" and r.message.content is None
+    (call,) = r.message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    content, calls, finish, _ = await streamed(oc)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == pairs(r.message.tool_calls)
+    await oc.close()
+
+
 async def test_parallel_calls_answered_and_streamed(start, tiny_llama_long):
     two = PARIS + "\n" + PUSH
     oc = openai_client(await start(script=Scripted(tiny_llama_long.tokenizer, [two, two])))
@@ -308,4 +321,37 @@ async def test_bad_schema_is_a_400_through_the_client(start):
     with pytest.raises(openai.BadRequestError) as e:
         await ask(oc, messages=MSG + [{"role": "assistant", "tool_calls": [past]}], tools=None)
     assert "not JSON" in e.value.message
+    await oc.close()
+
+
+# ---- the real models ---------------------------------------------------------------------------
+@pytest.mark.slow
+async def test_the_planner_model_picks_the_tool_or_answers(start):
+    """Qwen2.5-Coder-0.5B, tool_choice auto: it calls the weather tool for the weather (it writes
+    calls as a fenced JSON block) and answers a joke in text, where its own JSON names no tool."""
+    from tests.helpers.pulled import QWEN_05B, pulled_or_skip
+
+    pulled_or_skip(QWEN_05B)
+    from thor_runtime.loading import load
+
+    oc = openai_client(await start(load(QWEN_05B), spec="auto"))
+    weather = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    ch = await ask(oc, messages=weather, max_tokens=96)
+    assert ch.finish_reason == "tool_calls", ch
+    (call,) = ch.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    joke = [{"role": "user", "content": "Tell me a joke about robots."}]
+    ch = await ask(oc, messages=joke, max_tokens=64)
+    assert not ch.message.tool_calls and ch.message.content, ch
+    await oc.close()
+
+
+@pytest.mark.slow
+async def test_the_default_model_calls_under_the_grammar(start, default_model):
+    """SmolLM2-135M, whose template knows no tools: where the grammar decides, a valid call."""
+    oc = openai_client(await start(default_model))
+    ch = await ask(oc, tool_choice="required", parallel_tool_calls=False, max_tokens=96)
+    assert ch.finish_reason == "tool_calls", ch
+    check_calls(ch.message.tool_calls)
     await oc.close()

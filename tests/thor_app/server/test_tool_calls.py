@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers.tool_calls import MSG, PARIS, PUSH, SCHEMAS, TOOLS
+from tests.helpers.tool_calls import BARE, FENCED, MSG, PARIS, PUSH, SCHEMAS, TOOLS
 
 
 @pytest.mark.parametrize("extra, text", [
@@ -21,6 +21,10 @@ from tests.helpers.tool_calls import MSG, PARIS, PUSH, SCHEMAS, TOOLS
     ({}, PARIS.replace("get_weather", "get_time")),
     ({}, PARIS.replace('{"city"', '{ "city"')),         # whitespace the format has not
     ({}, "  " + PARIS),                                  # content that opens a call
+    ({}, FENCED.replace('"Paris"', "5")),                # another form: its arguments too
+    ({}, BARE.replace("celsius", "kelvin")),
+    ({}, FENCED + "\nThat is the call."),               # nothing but calls after a call
+    ({"tool_choice": "required"}, FENCED),               # the template's form where it decides
 ])
 def test_the_grammar_refuses_what_the_request_does_not_allow(tok, gtok, extra, text):
     """What the grammar of a request lets through ends well-formed; these answers it refuses
@@ -36,6 +40,38 @@ def test_the_grammar_refuses_what_the_request_does_not_allow(tok, gtok, extra, t
     ok = parse_chat({"messages": MSG, "tools": TOOLS})
     good = tok.encode(PARIS + "\n" + PUSH, add_special=False) + [tok.eos_token_ids[0]]
     assert tool_grammar(gtok, tok, ok).constraint().valid_prefix(good) == len(good)
+
+
+@pytest.mark.parametrize("text, calls", [
+    (FENCED, 1), (BARE, 1), (FENCED + "\n\n" + FENCED, 2),
+    (FENCED.replace("get_weather", "get_forecast"), 0),      # no tool of that name: content
+    (BARE.replace("get_weather", "get_weather_now"), 0),
+    ("```json\n[1, 2]\n```", 0), ("Sunny, 18 degrees.", 0)])
+def test_auto_reads_the_forms_models_also_write(tok, gtok, text, calls):
+    """Where the model decides, a call may also come fenced or bare, as Qwen2.5-Coder writes
+    them: text that opens one with a tool's name is that call, under its schema; any other text
+    is content."""
+    from thor_app.server.openai_api import parse_chat
+    from thor_app.server.tool_calls import CallReader, CallShape, auto_forms, tool_grammar
+
+    req = parse_chat({"messages": MSG, "tools": TOOLS})
+    ids = tok.encode(text, add_special=False) + [tok.eos_token_ids[0]]
+    assert tool_grammar(gtok, tok, req).constraint().valid_prefix(ids) == len(ids)
+    reader = CallReader(CallShape("auto", frozenset(SCHEMAS), auto_forms(None)))
+    streamed = []
+    for i in range(0, len(text), 3):
+        streamed += reader.push(text[i:i + 3])
+    deltas, finish = reader.finish("", "eos")
+    streamed += deltas
+    assert len(reader.calls) == calls and finish == ("tool_calls" if calls else "eos")
+    if calls:
+        assert not reader.text
+        for c in reader.calls:
+            assert json.loads(c["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+        args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in streamed)
+        assert args == "".join(c["function"]["arguments"] for c in reader.calls)
+    else:
+        assert reader.text == text and "".join(d["content"] for d in streamed) == text
 
 
 @pytest.mark.parametrize("cut", [1, 2, 3, 7])
