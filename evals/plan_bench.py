@@ -154,12 +154,13 @@ def _spread(tasks: list, limit: int | None) -> list:
 
 def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | None = None, solver_modes=(True, False),
                attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None,
-               directory=None, goal_choice: int = PlannerSettings.goal_choice, words: str = "all") -> list[dict]:
+               directory=None, goal_choice: int = PlannerSettings.goal_choice, lexicon: str = PlannerSettings.lexicon) -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
     (pddl_check.py) every plan is also checked by the independent validator. ``options``: as
-    plan_bench's. ``goal_choice`` and ``words``: the Planner's (goal_choice.py; where the word
-    rules act, planner.WORD_RULES)."""
+    plan_bench's. ``goal_choice`` and ``lexicon``: the Planner's (goal_choice.py; the word
+    knowledge it may take as hints, language/lexicon.py). Progress names each task by its id
+    only: a blind set is run before anyone reads its tasks."""
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
@@ -169,11 +170,11 @@ def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | No
     out = []
     for solver in solver_modes:
         planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver,
-                          goal_choice=goal_choice, words=words)
+                          goal_choice=goal_choice, lexicon=lexicon)
         rows = []
         for t in tasks:
             world, skills = worlds[t.world]
-            print(f"bench eval: solver={'on' if solver else 'off'} {t.id}: {t.task}", file=sys.stderr)
+            print(f"bench eval: solver={'on' if solver else 'off'} {t.id}", file=sys.stderr)
             res = planner.plan(t.task, world, skills)
             rows.append(score(t, res, world, skills))
             r = rows[-1]

@@ -194,7 +194,7 @@ class PlanSession:
         p = self.config.planner
         kw = dict(max_tokens=p.max_tokens, attempts=p.attempts, thinking=p.think,
                   max_steps=p.max_steps or None, on_progress=on_progress, complete=p.solver,
-                  goal_choice=p.goal_choice, shelf=self.shelf)
+                  goal_choice=p.goal_choice, lexicon=p.lexicon, shelf=self.shelf)
         kw.update(settings)
         return Planner(self.runtime if runtime is None else runtime, self.tokenizer,
                        self.speculation, **kw)

@@ -206,9 +206,14 @@ class PlannerSettings:
                             "--thinking", choices=THINKING)
     solver: bool = setting(True, "complete the steps from the plan's goal with the symbolic solver",
                            "--no-solver", toml=False)
-    goal_choice: int = setting(0, "alternative goals scored against the greedy one by the model's likelihood and "
-                               "reachability, the likeliest reachable kept (0 = off: the greedy goal)",
+    goal_choice: int = setting(2, "alternative goals weighed against the greedy one: this many branches where "
+                               "the greedy goal led least, and one goal per form the skills allow (a call "
+                               "of each skill, an order, a set), ranked by reachability, then by how much "
+                               "likelier the task makes each (0 = off: the greedy goal)",
                                "--goal-choice", low=0, high=8, toml=False)
+    lexicon: str = setting("shipped", "word knowledge the goal choice may take as hints: shipped (every "
+                           "lexicon that ships: English), none (no word knowledge), or a comma list of "
+                           "languages and lexicon files", "--lexicon")
     worlds_dir: str = setting("", "the service's worlds by name: <dir>/<name>.json ('' = the shipped samples)")
     skills_dir: str = setting("", "the service's skills by name ('' = the shipped samples)")
 

@@ -1,8 +1,8 @@
 """How a world's names and aliases are compared with each other and with a task: their words.
 
 One splitter for every language: lower case (Unicode case folding, NFKC), runs of letters and
-runs of digits are words ("5cm" is "5", "cm"), a hyphen or apostrophe between letters joins ("top-up" is "topup"), a decimal
-point or comma between digits joins ("0.5", "2,5"), and every character of a script written
+runs of digits are words ("5cm" is "5", "cm"; "tray's" is "tray", "s"), a decimal point or
+comma between digits joins ("0.5", "2,5"), and every character of a script written
 without spaces (Chinese, Japanese kana and kanji) is a word of its own, so a thing's alias is
 found in such a task as a run of characters. No word of any language is known here; which words
 to drop before comparing (articles) is a lexicon's (agent/language/lexicons/).
@@ -18,7 +18,6 @@ import unicodedata
 # compatibility forms), hiragana, katakana, and Thai
 _UNSPACED = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),
              (0x20000, 0x2FA1F), (0x0E00, 0x0E7F), (0x31F0, 0x31FF), (0xFF66, 0xFF9F))
-_JOIN_LETTERS = "-'\u2019"
 _JOIN_DIGITS = ".,"
 
 
@@ -49,8 +48,6 @@ def words(text: str) -> list[str]:
             cur.append(ch)
         elif cur and i + 1 < len(s) and not unspaced(s[i + 1]) and s[i + 1].isalnum():
             prev, nxt = cur[-1], s[i + 1]
-            if ch in _JOIN_LETTERS and prev.isalpha() and nxt.isalpha():
-                continue                            # "top-up" -> "topup", "o'clock" -> "oclock"
             if ch in _JOIN_DIGITS and prev.isdigit() and nxt.isdigit():
                 cur.append(".")                     # "2,5" and "2.5" -> "2.5"
                 continue

@@ -6,13 +6,15 @@ Symbolic execution proves the steps reach the plan's *own* goal; these hold the 
 - ``object``: the goal is about an object the task names in no way (not by its name, an alias
   or its type): a small model asked for a thing the world lacks swaps in one it has. The repair
   points at ``missing``. A `missing` thing must itself be said in the task.
-- ``goal``: the task names an object by its name or an alias and the goal says nothing of it
-  (a two-object task stated by half); or the task says an amount (digits, or a lexicon's number
-  words, with a unit a lexicon knows) that no call of the goal takes: "shove it 5 cm" with no
-  push of 0.05 m, "wait 30 s" with no wait, "three times" with no ``times``.
+- ``goal``: the task names an object by its name or an alias and neither the goal nor the
+  plan's steps say anything of it (a two-object task stated by half); or the task says an
+  amount with a unit a lexicon knows ("5 cm", "30 seconds", "twice") that no call of the goal
+  takes: "shove it 5 cm" with no push of 0.05 m, "wait 30 s" with no wait, "twice" with no
+  ``times`` and no second call of the same skill.
 
-An amount inside a thing's name ("bay 2") is no amount; an amount no skill could take (no
-numeric argument admits it in any unit) is left alone.
+An amount inside a thing's name ("bay 2") is no amount. A number said with no unit a lexicon
+knows ("3 jars", "5 Zentimeter" with no German lexicon) may be a count of things or part of a
+name: it asks for nothing here, and only ranks the goals that take it (``takes_amounts``).
 """
 from __future__ import annotations
 
@@ -56,9 +58,14 @@ def _takers(a: Amount, skills: SkillSet) -> bool:
 
 
 def _taken(a: Amount, goal) -> bool:
-    for act in goal.all_acts():
-        if a.unit in (None, "count") and _close(act.times, a.value) and act.times > 1:
-            return True
+    acts = goal.all_acts()
+    if a.unit in (None, "count"):
+        calls: dict[str, int] = {}
+        for act in acts:
+            calls[act.skill] = calls.get(act.skill, 0) + act.times
+        if any(_close(n, a.value) for n in calls.values() if n > 1):
+            return True                 # "twice": times 2, or the same call made twice
+    for act in acts:
         for _, v in act.args:
             if isinstance(v, (int, float)) and not isinstance(v, bool) \
                     and any(_close(float(v), x) for x in _values(a)):
@@ -87,6 +94,7 @@ def task_findings(words: TaskWords, plan, world: World, skills: SkillSet | None 
             out.append(Finding(None, "object", f"the goal is about {name}, which the task does not "
                                                "name; if the task asks for a thing this world does "
                                                'not have, the goal is [{"missing": "<that thing>"}]'))
+    about |= {v for step in _steps(plan) for v in _values_of(step.get("args"))}
     for name, _ in sorted(words.named.items(), key=lambda kv: kv[1]):
         if world.object(name) is not None and name not in about:
             out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing "
@@ -94,9 +102,34 @@ def task_findings(words: TaskWords, plan, world: World, skills: SkillSet | None 
                                              "task names"))
     if skills is not None:
         for a in words.amounts:
+            if a.unit is None or a.unit == "count" and a.value == 1:
+                continue
             if _takers(a, skills) and not _taken(a, goal):
                 said = f"{a.value:g}" + (f" {a.unit}" if a.unit not in (None, "count") else "")
                 out.append(Finding(None, "goal", f"the task says {said}, and no call in the goal "
                                                  'takes it: {"do": SKILL, "args": {...}} with it, '
                                                  'or "times"'))
     return out
+
+
+def _steps(plan) -> list[dict]:
+    steps = plan.get("steps") if isinstance(plan, dict) else None
+    return [x for x in steps if isinstance(x, dict)] if isinstance(steps, list) else []
+
+
+def _values_of(args) -> list[str]:
+    return [v for v in args.values() if isinstance(v, str)] if isinstance(args, dict) else []
+
+
+def takes_amounts(words: TaskWords, goal, world: World, skills: SkillSet | None) -> int:
+    """How many of the numbers the task says (with a unit or not, but not 1) the goal's calls take:
+    a hint for ranking goals in any language, never a finding."""
+    from agent.symbolic.executor import parse_goal
+
+    if skills is None or not isinstance(goal, list):
+        return 0
+    parsed, problems = parse_goal({"goal": goal}, world, skills)
+    if parsed is None or problems:
+        return 0
+    return sum(1 for a in words.amounts
+               if a.value != 1 and _takers(a, skills) and _taken(a, parsed))

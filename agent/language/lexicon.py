@@ -34,6 +34,7 @@ class Lexicon:
     """Several languages' lexicons merged: what any of them knows, the task's language unknown."""
     languages: tuple[str, ...] = ()
     ignore: frozenset[str] = frozenset()
+    joiners: frozenset[str] = frozenset()      # "a hundred and eighty": and
     numbers: dict[Phrase, float] = field(default_factory=dict)
     units: dict[Phrase, tuple[str, float]] = field(default_factory=dict)     # -> (unit, factor)
     forms: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)        # every|before|times
@@ -64,6 +65,7 @@ def _merge(parts: list[dict]) -> Lexicon:
     return Lexicon(
         languages=tuple(doc["language"] for doc in parts),
         ignore=frozenset(w for doc in parts for x in doc.get("ignore", ()) for w in words(x)),
+        joiners=frozenset(w for doc in parts for x in doc.get("joiners", ()) for w in words(x)),
         numbers={_phrase(k): float(v) for doc in parts for k, v in doc.get("numbers", {}).items()
                  if _phrase(k)},
         units={_phrase(k): (v["unit"], float(v["factor"])) for doc in parts

@@ -16,7 +16,7 @@ from agent.files.names import name_words, unspaced, words
 from agent.language.lexicon import EMPTY, Lexicon, Phrase, cues
 
 # a word this long may carry an ending of up to _ENDING letters and still be the same word
-_STEM, _ENDING = 4, 3
+_STEM, _ENDING = 5, 3
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,12 @@ class TaskWords:
     amounts: tuple[Amount, ...] = ()
     hints: dict[str, frozenset[str]] = field(default_factory=dict)   # forms|skills|states ->
 
+    loose: frozenset[str] = frozenset()   # things a word of whose name the task says
+
     def mentions(self, name: str) -> bool:
-        return name in self.named or name in self.typed
+        """Named by its name, an alias or its type, or by one word of its name ("the door" for
+        chiller_door)."""
+        return name in self.named or name in self.typed or name in self.loose
 
     def says(self, text: str) -> bool:
         """Whether the words of ``text`` (a value the model wrote) run in the task."""
@@ -76,6 +80,15 @@ def _number(tok: str) -> float | None:
     return v if v == v and abs(v) != float("inf") else None
 
 
+def _said_number(toks: list[str], i: int, lex: Lexicon) -> tuple[float | None, int]:
+    """The number that starts at ``toks[i]`` (digits or a lexicon's phrase) -> (value, words)."""
+    v = _number(toks[i])
+    if v is not None:
+        return v, 1
+    hit = _longest(toks, i, lex.numbers)
+    return (float(hit[1]), len(hit[0])) if hit is not None else (None, 0)
+
+
 def _longest(toks: list[str], i: int, table: dict[Phrase, object]):
     """The longest phrase of ``table`` starting at ``toks[i]`` -> (phrase, value), else None."""
     best = None
@@ -93,14 +106,17 @@ def amounts(toks: list[str], lex: Lexicon, skip: set[int]) -> list[Amount]:
         if i in skip:
             i += 1
             continue
-        v, n = _number(toks[i]), 1
-        if v is None:
-            hit = _longest(toks, i, lex.numbers)
-            if hit is not None:
-                v, n = float(hit[1]), len(hit[0])
+        v, n = _said_number(toks, i, lex)
         if v is None:
             i += 1
             continue
+        # "a hundred and eighty": a number, a joining word, a smaller number
+        while True:
+            j = i + n + (1 if i + n < len(toks) and toks[i + n] in lex.joiners else 0)
+            more, m = _said_number(toks, j, lex) if j < len(toks) and j not in skip else (None, 0)
+            if more is None or more >= v or (j == i + n and _number(toks[j]) is not None):
+                break
+            v, n = v + more, j - i + m
         unit = _longest(toks, i + n, lex.units)
         if unit is not None:
             (u, factor), n = unit[1], n + len(unit[0])
@@ -114,19 +130,28 @@ def amounts(toks: list[str], lex: Lexicon, skip: set[int]) -> list[Amount]:
 def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
     """The task's words against ``world`` (see the module doc)."""
     toks = words(task)
-    named: dict[str, int] = {}
-    inside: set[int] = set()
+    spans = []                                  # (start, end, thing) of every name said
     for thing in list(world.objects) + list(world.places):
         for p in _phrases(thing, lex):
             at = _run(toks, p)
             if at is not None:
-                named[thing.name] = min(named.get(thing.name, at), at)
-                inside |= set(range(at, at + len(p)))
+                spans.append((at, at + len(p), thing.name))
+    # a name said inside a longer one names nothing of its own ("mould" in "the mould cupboard")
+    spans = [x for x in spans if not any(y[0] <= x[0] and x[1] <= y[1] and y[1] - y[0] > x[1] - x[0]
+                                         for y in spans)]
+    named: dict[str, int] = {}
+    inside: set[int] = set()
+    for at, end, name in sorted(spans):
+        named.setdefault(name, at)
+        inside |= set(range(at, end))
     typed: dict[str, int] = {}
     for o in world.objects:
         p = tuple(w for w in name_words(o.type) if w not in lex.ignore)
         at = _run(toks, p) if p else None
         if at is not None and o.name not in named:
             typed[o.name] = at
+    loose = frozenset(t.name for t in list(world.objects) + list(world.places)
+                      if any(len(w) >= 3 and w not in lex.ignore and _run(toks, (w,)) is not None
+                             for w in name_words(t.name)))
     hints = {k: frozenset(v) for k, v in cues(lex, toks).items()}
-    return TaskWords(tuple(toks), named, typed, tuple(amounts(toks, lex, inside)), hints)
+    return TaskWords(tuple(toks), named, typed, tuple(amounts(toks, lex, inside)), hints, loose)

@@ -39,6 +39,10 @@ STEPS_OPEN = b'"steps":['
 MAX_GOAL_TOKENS = 160
 
 REACHABLE, UNREACHED, INFEASIBLE = 0, 1, 2
+# what one hint of a lexicon (a phrase of the task that asks for a form, a skill or a state the
+# goal uses) adds to a goal's rank, in nats: as much as the task making the goal's wording
+# e^4 times likelier; a hint ranks, it never decides alone
+HINT_NATS = 4.0
 TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "infeasible"}
 
 
@@ -51,6 +55,8 @@ class Candidate:
     text: str = ""
     tier: int = UNREACHED
     goal: list | None = None
+    prior: float = 0.0        # the same goal's log-likelihood with no task (``priors``)
+    start: int = 0            # index into ids of the goal's first token
 
 
 @dataclass
@@ -106,8 +112,10 @@ class GoalChooser:
         self.new_cache, self.branches, self.prefill_chunk = new_cache, int(branches), prefill_chunk
         self.restore = restore
 
-    def candidates(self, prompt_ids: list[int], gen_ids: list[int], grammar, start: int = 0) -> list[Candidate]:
-        """The greedy goal (``gen_ids``' head) and up to ``branches`` alternatives, each scored."""
+    def candidates(self, prompt_ids: list[int], gen_ids: list[int], grammar, start: int = 0,
+                   forms: tuple[str, ...] = ()) -> list[Candidate]:
+        """The greedy goal (``gen_ids``' head), up to ``branches`` alternatives, and one goal per
+        text of ``forms`` (how a goal's first item opens: ``{"do":"inspect"``), each scored."""
         span = head_span(self.gtok.token_bytes, gen_ids, start)
         if span is None:
             return []
@@ -170,7 +178,97 @@ class GoalChooser:
                                   grammar, j + 1, g + j)
             if cand is not None:
                 out_c.append(cand)
+        out_c += self._opened(cache, P, head, g, start, lp[0], forms, grammar)
+        for cand in out_c:
+            cand.start = g
         return out_c
+
+    def priors(self, neutral_ids: list[int], cands: list[Candidate], grammar) -> None:
+        """Each candidate's goal scored as ``candidates`` scores it, but after ``neutral_ids`` (the
+        same request with no task, up to where the goal opens) in place of the prompt and the
+        plan's head: what the goal costs when nothing asks for it. The difference from its
+        score is how much the task itself makes that goal likelier (a pointwise mutual
+        information), which does not favour a goal for being short."""
+        if not cands:
+            return
+        g = cands[0].start
+        N = len(neutral_ids)
+        cache = self.new_cache(N + MAX_GOAL_TOKENS + max(len(c.ids) for c in cands))
+        done = self.restore(neutral_ids, cache, N - 1) if self.restore is not None else 0
+        last = self.model.prefill(torch.tensor(neutral_ids[done:], dtype=torch.long), cache,
+                                  self.prefill_chunk).logits                          # [1, V]
+        for cand in cands:
+            goal = cand.ids[g:]
+            cache.crop(N)
+            rows = last[-1:]
+            if len(goal) > 1:
+                out = self.model.forward(torch.tensor(goal[:-1], dtype=torch.long), cache).logits
+                rows = torch.cat([last[-1:], out])                                   # [n, V]
+            c = grammar.constraint()
+            for t in cands[0].ids[:g]:
+                c.advance(t)
+            lp = _masked_logprobs(c, rows, goal[:-1])                                # [n, V]
+            each = lp[torch.arange(len(goal)), torch.tensor(goal)]                    # [n]
+            cand.prior = float(each[torch.isfinite(each)].sum())
+
+    def _opened(self, cache, P: int, head: list[int], g: int, start: int, first: torch.Tensor,
+                forms: tuple[str, ...], grammar) -> list[Candidate]:
+        """One goal per form: its opening text written after the goal's bracket, then completed
+        greedily. ``first``: the grammar-masked log-probabilities [V] of the goal's first token.
+        A form the grammar does not allow here is left out."""
+        tb = self.gtok.token_bytes
+        text = b"".join(tb[t] for t in head[start:] if t < len(tb))
+        written = len(b"".join(tb[t] for t in head[start:g] if t < len(tb)))
+        open_end = text.find(GOAL_OPEN) + len(GOAL_OPEN)
+        out = []
+        for form in forms:
+            ids = self._spell(head[:g], text[written:open_end] + form.encode("utf-8"), grammar)
+            if not ids or not torch.isfinite(first[ids[0]]):
+                continue
+            score = float(first[ids[0]])
+            if len(ids) > 1:
+                cache.crop(P + g)
+                c = grammar.constraint()
+                for t in head[:g] + ids[:1]:
+                    c.advance(t)
+                rows = self.model.forward(torch.tensor(ids[:-1], dtype=torch.long), cache).logits
+                lp = _masked_logprobs(c, rows, ids[1:-1])                        # [k - 1, V]
+                each = lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]     # [k - 1]
+                if not bool(torch.isfinite(each).all()):
+                    continue
+                score += float(each.sum())
+            cand = self._complete(cache, P, head[:g] + ids[:-1], ids[-1], score, grammar,
+                                  len(ids), g)
+            if cand is not None:
+                out.append(cand)
+        return out
+
+    def _spell(self, prefix: list[int], want: bytes, grammar) -> list[int]:
+        """Tokens the grammar allows after ``prefix`` that write ``want`` (the last may write
+        more, where the grammar joins what follows to it: a string's closing quote and its
+        comma); [] when it allows none. The tokenizer's own spelling wherever it is legal."""
+        tb = self.gtok.token_bytes
+        c = grammar.constraint()
+        for t in prefix:
+            c.advance(t)
+        out: list[int] = []
+        while want:
+            allowed = c.allowed_rows([], 1, self.gtok.n_vocab)[0]                     # [V]
+            guess = self.tok.encode(want.decode("utf-8", "replace"), add_special=False)
+            t = guess[0] if guess and allowed[guess[0]] and want.startswith(tb[guess[0]]) else None
+            if t is None:
+                legal = allowed.nonzero()[0]
+                if len(legal) > 4096:        # an open choice the text did not fit: not this form
+                    return []
+                fits = [int(x) for x in legal if tb[x] and (want.startswith(tb[x])
+                                                            or tb[x].startswith(want))]
+                if not fits:
+                    return []
+                t = max(fits, key=lambda x: min(len(tb[x]), len(want)))
+            out.append(t)
+            c.advance(t)
+            want = want[len(tb[t]):] if want.startswith(tb[t]) else b""
+        return out
 
     def _complete(self, cache, P: int, prefix: list[int], alt: int, score: float, grammar, scored: int,
                   branch: int) -> Candidate | None:
@@ -212,8 +310,10 @@ class GoalChooser:
             feed = [t]
         return None
 
-    def choose(self, cands: list[Candidate], judge) -> Choice:
-        """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]."""
+    def choose(self, cands: list[Candidate], judge, score=None) -> Choice:
+        """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]. ``score``
+        (candidate) -> how it ranks among the reachable ones (default: its log-likelihood)."""
+        score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
         greedy = cands[0]
@@ -226,8 +326,50 @@ class GoalChooser:
         if greedy.tier == INFEASIBLE:
             return Choice(greedy, cands, False, note="refused from the goal alone: kept")
         reachable = [c for c in seen.values() if c.tier == REACHABLE and c.goal != greedy.goal]
-        best = max(reachable, key=lambda c: c.logprob, default=None)
-        if best is not None and (greedy.tier != REACHABLE or best.logprob > greedy.logprob):
+        best = max(reachable, key=score, default=None)
+        if best is not None and (greedy.tier != REACHABLE or score(best) > score(greedy)):
             return Choice(best, cands, True, note="likelier reachable goal" if greedy.tier == REACHABLE
                           else "the greedy goal is not reached; a reachable one is")
         return Choice(greedy, cands, False, note="greedy kept")
+
+
+def goal_openings(skills) -> tuple[str, ...]:
+    """How a goal of each form the skills allow opens, for ``candidates``' ``forms``: a call of
+    each skill that puts nothing anywhere (an end state says that itself), an order, a set."""
+    places = ("at", "holding", "on", "robot_at")
+    calls = [s.name for s in skills.skills if not any(c.kind in places for c in s.effects)]
+    return tuple(f'{{"do":"{n}"' for n in calls) + ('{"before":[', '{"every":')
+
+
+def hinted(goal, hints: dict) -> int:
+    """How many of a lexicon's hints (mentions.TaskWords.hints: forms, skills, states the task's
+    phrases ask for) the goal's items take up."""
+    if not isinstance(goal, list) or not hints:
+        return 0
+    forms, skills, states = set(), set(), set()
+
+    def walk(items) -> None:
+        for d in items:
+            if not isinstance(d, dict):
+                continue
+            if "do" in d:
+                skills.add(d["do"])
+                if d.get("times", 1) != 1:
+                    forms.add("times")
+            if isinstance(d.get("before"), list):
+                forms.add("before")
+                walk(d["before"])
+            if "every" in d:
+                forms.add("every")
+            if isinstance(d.get("is"), str):
+                states.add(d["is"])
+
+    walk(goal)
+    return (len(forms & hints.get("forms", set())) + len(skills & hints.get("skills", set()))
+            + len(states & hints.get("states", set())))
+
+
+def rank(cand: Candidate, hints: dict) -> float:
+    """A reachable candidate's rank: how much likelier the task makes its goal (its score less
+    its ``prior``), and ``HINT_NATS`` for each lexicon hint it takes up."""
+    return cand.logprob - cand.prior + HINT_NATS * hinted(cand.goal, hints)

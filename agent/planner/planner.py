@@ -31,12 +31,13 @@ from thor_runtime.errors import ThorError
 from thor_runtime.speculative import PLAIN, Speculation
 
 from agent.files.loader import SkillSet, World
-from agent.language.task_match import grounding_findings
+from agent.language.checks import takes_amounts, task_findings
+from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, Choice,
-                                       GoalChooser)
+                                       HINT_NATS, GoalChooser, goal_openings, rank)
 from agent.planner.prompt import build_messages, shared_start, system_prompt
-from agent.planner.request import (WORD_RULES, PreparedRequest, SpecializedRequest,
-                                   compile_request, prepare_request, specialize_request)
+from agent.planner.request import (PreparedRequest, SpecializedRequest, compile_request,
+                                   prepare_request, specialize_request)
 from agent.planner.result import Attempt, PlanResult, merge_stats
 from agent.schema.free_text import drop_free_text, trailing_free_text
 from agent.schema.grammar import GrammarTokenizer
@@ -46,7 +47,7 @@ from agent.symbolic.solver import complete as solve_from_goal
 from agent.symbolic.solver import goal_reasons, goal_stop, stated_goal
 
 # the names callers import from here: the request's preparation and the result
-__all__ = ["WORD_RULES", "Planner", "PlanResult", "PreparedRequest", "SpecializedRequest",
+__all__ = ["Planner", "PlanResult", "PreparedRequest", "SpecializedRequest",
            "compile_request", "merge_stats", "prepare_request", "specialize_request"]
 
 
@@ -58,7 +59,8 @@ class Planner:
                  attempts: int = PlannerSettings.attempts, thinking: bool | None = None,
                  max_steps: int | None = None, on_progress=None,
                  grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True,
-                 goal_choice: int = PlannerSettings.goal_choice, words: str = "all", shelf=None):
+                 goal_choice: int = PlannerSettings.goal_choice, lexicon: str = SHIPPED,
+                 shelf=None):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -81,7 +83,8 @@ class Planner:
         self.chooser = (GoalChooser(model, tokenizer, self.gtok, runtime.new_cache, goal_choice,
                                     getattr(runtime, "prefill_chunk", 0), _prefix_restore(runtime))
                         if goal_choice > 0 and model is not None and not model.is_hybrid else None)
-        self.words = words           # where the task's word rules act (WORD_RULES; an ablation)
+        # word knowledge the goal choice may use as hints (language/lexicon.py; "none": no words)
+        self.lexicon = lexicon
         # world starts on disk (thor_runtime/cache/prefix_shelf.py): fetched before a first
         # attempt, kept after it; the caller flushes them once the plan is out
         self.shelf = shelf
@@ -90,7 +93,7 @@ class Planner:
     def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
                 task: str | None = None) -> PreparedRequest:
         return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking,
-                               task, self.words)
+                               task, self.lexicon)
 
     def compile(self, req: SpecializedRequest) -> PreparedRequest:
         """A request specialized before the model was loaded, compiled for this planner's
@@ -267,12 +270,24 @@ class Planner:
         if goal_reasons(greedy, world, skills):   # cheap, before any forward: the refusal stands
             return res, Choice(None, [], False, time.perf_counter() - t0,
                                "refused from the goal alone: kept")
-        cands = self.chooser.candidates(ids, res.token_ids, req.grammar,
-                                        self._think_end(res.token_ids))
+        start = self._think_end(res.token_ids)
+        cands = self.chooser.candidates(ids, res.token_ids, req.grammar, start,
+                                        goal_openings(skills))
         if not cands:
             return res, None
+        self.chooser.priors(self._neutral_ids(req, res.token_ids[start:cands[0].start]), cands,
+                            req.grammar)
         own = parse_plan(self._json_text(res.token_ids))[0]
-        choice = self.chooser.choose(cands, lambda c: self._judge(c, req, task, own))
+        said = req.reading
+        hints = said.hints if said is not None else {}
+
+        def score(c: Candidate) -> float:
+            # the numbers the task says that the goal's calls take rank it as a lexicon's hint
+            # does, in any language
+            taken = takes_amounts(said, c.goal, world, skills) if said is not None else 0
+            return rank(c, hints) + HINT_NATS * taken
+
+        choice = self.chooser.choose(cands, lambda c: self._judge(c, req, task, own), score)
         choice.seconds = time.perf_counter() - t0
         if not choice.changed:
             return res, choice
@@ -291,6 +306,27 @@ class Planner:
         whole = replace(res, token_ids=list(head) + list(more.token_ids), text="",
                         finish_reason=more.finish_reason)
         return whole, choice
+
+    def _neutral_ids(self, req: PreparedRequest, head: list[int]) -> list[int]:
+        """The request with no task, up to where its goal opens: the prompt with an empty task,
+        and the plan's head (``head``: the JSON before the goal) with its task's copy emptied."""
+        text = self.tok.decode(head)
+        key = '"task":"'
+        at = text.find(key)
+        if at >= 0:
+            end, i = None, at + len(key)
+            while i < len(text):
+                if text[i] == "\\":
+                    i += 2
+                    continue
+                if text[i] == '"':
+                    end = i
+                    break
+                i += 1
+            if end is not None:
+                text = text[:at + len(key)] + text[end:]
+        ids = self.tok.encode_chat(build_messages("", req.world, req.skills))
+        return ids + self.tok.encode(text, add_special=False)
 
     def _judge(self, cand: Candidate, req: PreparedRequest, task: str,
                own: dict | None) -> tuple[int, list | None]:
@@ -327,15 +363,15 @@ class Planner:
 
 def _check(task: str, plan: dict | None, unreadable: list, req: PreparedRequest,
            parsed: ParsedGoal) -> GateResult:
-    """The gate, then the goal held to the task's words (grounding.py), on the attempt's parsed
-    goal and the request's reading. ``unreadable``: why the text gave no plan (gate.parse_plan)."""
+    """The gate, then the goal held to the things and amounts the task names (checks.py), on
+    the attempt's parsed goal and the request's reading. ``unreadable``: why the text gave no plan (gate.parse_plan)."""
     if plan is None:
         return GateResult(None, tuple(unreadable))
     gate = check_plan(plan, req.schema, req.world, req.skills, parsed)
-    if req.reading is None or not req.grounding:      # no words to hold the goal to
+    if req.reading is None:                           # no task to hold the goal to
         return gate
     return GateResult(gate.plan, gate.findings + tuple(
-        grounding_findings(task, gate.plan, req.world, req.skills, parsed, req.reading)))
+        task_findings(req.reading, gate.plan, req.world, req.skills, parsed)))
 
 
 def _prefix_restore(runtime):

@@ -11,29 +11,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from thor_runtime.errors import ThorError
-
 from agent.files.loader import SkillSet, World, base_plan_schema
-from agent.language.reading import TaskReading, read_task
+from agent.language.lexicon import SHIPPED, load_lexicon
+from agent.language.mentions import TaskWords, read_words
 from agent.schema.grammar import Grammar, GrammarTokenizer
 from agent.schema.specialize import specialize
-
-# Where the task's word rules (reading.py) act: the goal grammar's focus and the gate's grounding
-# check, one of them, or neither (an ablation: what the rules add on a set they were not
-# written from)
-WORD_RULES = ("all", "grammar", "gate", "none")
 
 
 @dataclass(frozen=True)
 class SpecializedRequest:
-    """A request checked without the model: the task's reading and the schema specialized to it."""
+    """A request checked without the model: what the task names in the world, and the schema
+    specialized to the world and the skills."""
     task: str | None
     world: World
     skills: SkillSet
-    reading: TaskReading | None    # None without a task
+    reading: TaskWords | None      # None without a task
     schema: dict
     seconds: float
-    grounding: bool = True         # the gate holds the goal to the task's words (grounding.py)
 
 
 @dataclass(frozen=True)
@@ -43,29 +37,25 @@ class PreparedRequest:
     task: str | None
     world: World
     skills: SkillSet
-    reading: TaskReading | None
+    reading: TaskWords | None
     schema: dict
     grammar: Grammar
     compile_s: float           # reading + specializing + compiling
-    grounding: bool = True     # the gate holds the goal to the task's words (grounding.py)
 
 
 def specialize_request(task: str | None, world: World, skills: SkillSet, schema: dict | None = None,
-                       max_steps: int | None = None, words: str = "all") -> SpecializedRequest:
-    """Read the task and specialize the schema to it (with a task, the goal is focused on the
-    objects it speaks of: specialize.py). No tokenizer needed: bad input fails before a model
-    loads. ``words``: where the task's word rules act (an ablation; WORD_RULES): ``all``, only
-    in the goal ``grammar``, only in the ``gate`` (grounding.py), or ``none`` (the goal grammar
-    is this world's and these skills', and the goal is held to no words)."""
-    if words not in WORD_RULES:
-        raise ThorError(f"word rules must be one of {', '.join(WORD_RULES)}, got {words!r}")
+                       max_steps: int | None = None, lexicon: str = SHIPPED) -> SpecializedRequest:
+    """Read what the task names in this world (mentions.py: names, aliases, types, amounts, and
+    the hints of the ``lexicon``: ``shipped``, ``none`` or files) and specialize the schema to
+    the world and the skills. The goal grammar is the same for every task, in every language:
+    the model chooses the goal's form. No tokenizer needed: bad input fails before a model
+    loads."""
     t0 = time.perf_counter()
-    reading = read_task(task, world) if task is not None and words != "none" else None
-    focus = words in ("all", "grammar")
+    lex = load_lexicon(lexicon)
+    reading = read_words(task, world, lex) if task is not None else None
     spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills,
-                             max_steps, task if focus else None, reading if focus else None)
-    return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0,
-                              words in ("all", "gate"))
+                             max_steps)
+    return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0)
 
 
 def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest,
@@ -74,13 +64,13 @@ def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest,
     t0 = time.perf_counter()
     grammar = Grammar(gtok, req.schema, thinking=thinking)
     return PreparedRequest(req.task, req.world, req.skills, req.reading, req.schema, grammar,
-                           req.seconds + time.perf_counter() - t0, req.grounding)
+                           req.seconds + time.perf_counter() - t0)
 
 
 def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet,
                     schema: dict | None = None, max_steps: int | None = None,
                     thinking: bool = False, task: str | None = None,
-                    words: str = "all") -> PreparedRequest:
+                    lexicon: str = SHIPPED) -> PreparedRequest:
     """specialize_request, then compile_request."""
-    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps, words),
-                           thinking)
+    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps,
+                                                    lexicon), thinking)

@@ -1,5 +1,4 @@
-"""Per-request plan schema: the base schema narrowed to this world, this skill library and (for
-the goal) this task.
+"""Per-request plan schema: the base schema narrowed to this world and this skill library.
 
 What goes into the schema is *vocabulary*: which skills exist, each skill's argument names and
 types, numeric ranges, which world names an object / place argument may take, and which goal
@@ -26,19 +25,13 @@ from agent.schema.validator import PlanValidator  # noqa: F401  (re-exported)
 from agent.schema.arg_schemas import _enum, _resolve, _shape, args_schema, step_schema
 from agent.files.loader import SkillSet, World
 from agent.symbolic.goals import MAX_TIMES
-from agent.language.reading import TaskReading, read_task
 from agent.symbolic.executor import states_by_object
-from agent.language.task_leads import _call_lead, _order_lead, _set_lead, asks_calls
 
-def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
-                     only: set | None = None, bases=None) -> list[dict]:
+def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict,
+                     bases=None) -> list[dict]:
     """Conditions about these objects: at a place, held, in a state their type can reach, or on
     another object (objects with the same choices share one branch, so the grammar stays small).
-    places: the names an `at` may take, or f(object) -> them; only: {(kind, state)} to keep
-    (the task's verbs), None for all; bases: f(object) -> the objects an `on` may take."""
-    def keep(kind: str, st: str | None = None) -> bool:
-        return only is None or (kind, st) in only
-
+    bases: f(object) -> the objects an `on` may take."""
     def grouped(key: str, values) -> list[dict]:
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in objs:
@@ -48,38 +41,19 @@ def _object_branches(objs: list[str], kinds: set[str], places, states: dict,
         return [_shape({"object": _enum(g), key: _enum(list(vs))}) for vs, g in groups.items()]
 
     out = []
-    if "at" in kinds and objs and keep("at"):
-        out += grouped("at", places if callable(places) else (lambda o: places))
-    if "holding" in kinds and objs and keep("holding"):
+    if "at" in kinds and objs:
+        out += grouped("at", lambda o: places)
+    if "holding" in kinds and objs:
         out.append(_shape({"holding": _enum(objs)}))
     if "is" in kinds:
         groups = {}
         for o in objs:
-            st = tuple(x for x in states.get(o, ()) if keep("is", x))
+            st = tuple(states.get(o, ()))
             if st:
                 groups.setdefault(st, []).append(o)
         out += [_shape({"object": _enum(g), "is": _enum(list(st))}) for st, g in groups.items()]
-    if "on" in kinds and objs and keep("on") and bases is not None:
+    if "on" in kinds and objs and bases is not None:
         out += grouped("on", bases)
-    return out
-
-
-def _lead(name: str, kinds: set[str], places, states: dict, verbs: set, bases=None) -> list[dict]:
-    """The goal's condition about an object the task names: the kind its verb asks for when
-    the object can take it ("open the cabinet": cabinet open), else any."""
-    return (_object_branches([name], kinds, places, states, verbs, bases)
-            or _object_branches([name], kinds, places, states, None, bases))
-
-
-def _stacked_over(obj: str, supports: dict) -> set[str]:
-    """The objects the task puts above ``obj``, directly or on one another."""
-    out, todo = set(), [obj]
-    while todo:
-        below = todo.pop()
-        for top, bases in supports.items():
-            if below in bases and top not in out:
-                out.add(top)
-                todo.append(top)
     return out
 
 
@@ -148,82 +122,27 @@ def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: d
     return acts + order + (_every_branches(world, kinds, states, ref) if sets else [])
 
 
-def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: dict | None = None,
-                reading: TaskReading | None = None, defs: dict | None = None) -> dict:
-    """The goal array over this world's names: only the kinds some skill can make true (nothing
-    else could be reached), each object only in the states its type can reach, plus `missing`,
-    the plan's way to say the task names a thing this world does not have.
-
-    With the ``task``, the goal is focused on its reading (reading.py): its conditions are
-    about objects the task mentions, and it opens with one condition about each object the task
-    refers to, in the task's order. A small model otherwise states half of a two-object task,
-    or plans for a thing the world has in place of one it lacks. A referred object's opening
-    condition is of the kind the task's verb asks for, when it can take it ("open the cabinet":
-    cabinet open, not cabinet at some place); when the task says where things go, `at` takes
-    only those places; a task about places alone (go, scan) opens with a condition about one
-    of them; a task that mentions no world object and asks for no place can only say
-    `missing`. The gate checks the same reading, so a plan decoded under another schema is
-    held to it too. ``reading``: the task's reading when the caller already has it (read once
-    per request), else it is read here. ``defs``: the plan schema's ``$defs``, where parts
-    the goal uses more than once are put (None: written inline)."""
+def goal_schema(world: World, skills: SkillSet, base: dict | None = None,
+                defs: dict | None = None) -> dict:
+    """The goal array over this world's names, the same for every task: only the kinds some skill
+    can make true (nothing else could be reached), each object only in the states its type can
+    reach; the calls, orders and sets the skills allow (goals.py); and `missing`, the plan's way
+    to say the task names a thing this world does not have. Which of these a task asks for is
+    the model's to say: no reading of the task's words narrows it (the checks of
+    agent/language/checks.py hold the goal to the things and amounts the task names).
+    ``defs``: the plan schema's ``$defs``, where parts the goal uses more than once are put
+    (None: written inline)."""
     base = dict(base or {"type": "array", "minItems": 1, "maxItems": 4})
     kinds = skills.kinds
     objs, places = [o.name for o in world.objects], [p.name for p in world.places]
     states = states_by_object(world, skills)
-    lead: list[dict] = []
-    where, looked_at = places, places
-    # objects as places (a skill puts one object on another): on any other object of the task's
+    # objects as places (a skill puts one object on another): on any other object
     bases = (lambda o: [n for n in objs if n != o]) if "on" in kinds else None
-    only_missing = False
-    r = reading if reading is not None or task is None else read_task(task, world)
-    if r is not None:
-        only_missing = r.only_missing
-        # a thing to carry that is not here ("put a sunflower in with the roses"): nothing else
-        objs = [] if only_missing else list(r.mentioned)
-        where = lambda o: list(r.destinations(o)) or places
-        if bases is not None:       # on what the task says it goes on, else on another it mentions
-            bases = lambda o: list(r.supports.get(o, ())) or [n for n in objs if n != o]
-        # an object said only as what another goes on is no lead of its own ("... on the blue block")
-        for n in [n for n in ([] if only_missing else r.referred) if bases is None or n not in r.under]:
-            verbs = r.verbs_for(n)
-            bs = _lead(n, kinds, where, states, verbs, bases)
-            lead += [{"anyOf": bs}] if bs else []
-            said = verbs - {("holding", None), ("at", None)}
-            if said and _object_branches([n], kinds, places, states, said) and r.also_at(n) and "at" in kinds:
-                # "check the lens, then leave it on the desk": its state, then its place
-                lead.append({"anyOf": [_shape({"object": _enum([n]), "at": _enum(list(r.also_at(n)))})]})
-        if r.go_to is not None and "robot_at" in kinds and not only_missing:
-            # "..., then head back to the charger": the robot's own end place last
-            lead.append({"anyOf": [_shape({"robot_at": _enum(list(r.go_to) or places)})]})
-        dest = list(r.about_places)
-        if dest:
-            # a task about places alone: go there, or look at it, by its verbs
-            pk = r.place_kinds
-            pb = _place_branches(kinds, dest if "place_is" in pk else [], dest if "robot_at" in pk else [])
-            lead = [{"anyOf": pb}] if pb else []
-            looked_at = dest
-    tail, tail_bases = objs, bases
-    if bases is not None and r is not None and r.supports:
-        # a stacking task: a block rests in one spot and holds up one block, so what follows the
-        # leads neither moves a block they place, nor puts another where one of them goes, nor
-        # puts a block onto one the task stacks above it (a loop)
-        placed = {n for n in r.referred if n not in r.under}
-        taken = {x for xs in r.supports.values() for x in xs}
-        tail = [o for o in objs if o not in placed]
-        tail_bases = lambda o: [n for n in bases(o) if n not in taken and n not in _stacked_over(o, r.supports)]
-    # a state the task's verb asks of a thing it names is that thing's one end state where the
-    # words ask for no call or order: "close the door or the pots will dry out" is never the door
-    # closed and open ("open it, wait, and shut it again" is)
-    calls = r is None or asks_calls(r, skills)        # the words may ask for a call, an order or a set
-    said = {n: {v for k, v in r.verbs_for(n) if k == "is"} for n in (r.referred if not calls else ())}
-    tail_states = {o: tuple(x for x in v if not said.get(o) or x in said[o]) for o, v in states.items()}
-    branches = _object_branches(tail, kinds, where, tail_states, None, tail_bases)
-    # an order may still pass through another state ("open it, wait, and shut it again")
-    conds = _object_branches(tail, kinds, where, states, None, tail_bases) if said else list(branches)
-    if not only_missing:
-        at_places = _place_branches(kinds, looked_at, places)
-        branches += at_places
-        conds += at_places
+    branches = _object_branches(objs, kinds, places, states, bases)
+    conds = list(branches)
+    at_places = _place_branches(kinds, places, places)
+    branches += at_places
+    conds += at_places
 
     def ref(name: str, schema: dict) -> dict:
         if defs is None:
@@ -231,52 +150,16 @@ def goal_schema(world: World, skills: SkillSet, task: str | None = None, base: d
         defs[name] = schema
         return {"$ref": f"#/$defs/{name}"}
 
-    # a task about no object of this world may still ask for a call on none ("turn round
-    # 180 degrees", "wait ten seconds"); its object calls and sets are for tasks about things.
-    # A set needs a word of one ("all", "everything", "anything": a closed class of words):
-    # a small model otherwise copies the `every` form onto "scan the loading dock"
-    lacking = r is not None and bool(r.lacking)          # a thing to carry that is not here: nothing else
-    sets = not only_missing and (r is None or r.sets)
-    # "where's the sponge got to? put it by the sink": a thing to carry that is not here, and no
-    # word that may ask for a call ("hang on thirty seconds, then ..."): nothing else
-    lacking |= only_missing and r is not None and r.carry and not calls
-    process = [] if lacking else _process_branches(world, skills, kinds, states, conds,
-                                                   objs if r is not None else None, ref, sets=sets)
-    branches += process
-    # an object the task names may open the goal with a call on it or an order too
-    more = [ref("goal_process", {"anyOf": process})] if lead and process and calls else []
-    lead = [{"anyOf": x["anyOf"] + more} for x in lead]
-    # "check the print, then lay it on the rack": the order first, then what must hold at the end,
-    # and nothing else (the order takes in every thing and place the task speaks of); "shove the
-    # tin 5 cm to the right": that call alone
-    fixed, need = None, None       # need: how many of the fixed openings the goal must write
-    if r is not None and not only_missing and not lacking:
-        fixed, need = _order_lead(r, world, skills, kinds, states, where) or (
-            _call_lead(r, world, skills) or _set_lead(r, kinds), None)
-    if fixed and len(fixed) <= int(base.get("maxItems", len(fixed))):
-        lead = fixed
-        base["maxItems"] = len(fixed)
-    else:
-        need = None
-    # `missing` names a thing the task says and the world lacks, never a world name
-    unknown = list(r.unknown) if r is not None else []
-    branches.append(_shape({"missing": _enum(unknown) if unknown else
-                            {"type": "string", "minLength": 1, "maxLength": 40}}))
+    branches += _process_branches(world, skills, kinds, states, conds, None, ref)
+    branches.append(_shape({"missing": {"type": "string", "minLength": 1, "maxLength": 40}}))
     out = {k: v for k, v in base.items() if k not in ("items", "prefixItems")}
     out["items"] = {"anyOf": branches}
-    cap = out.get("maxItems")
-    lead = lead[:cap] if isinstance(cap, int) else lead
-    if lead:
-        out["prefixItems"] = lead
-        out["minItems"] = max(int(out.get("minItems", 0)), len(lead) if need is None else need)
     return out
 
 
-def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None,
-               task: str | None = None, reading: TaskReading | None = None) -> dict:
+def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None = None) -> dict:
     """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
-    schema for something else) comes back unchanged. ``reading``: the task's, when the caller
-    has read it already (goal_schema)."""
+    schema for something else) comes back unchanged."""
     schema = copy.deepcopy(base)
     steps = schema.get("properties", {}).get("steps") if isinstance(schema.get("properties"), dict) else None
     if not isinstance(steps, dict) or "items" not in steps:
@@ -295,7 +178,7 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     goal = schema["properties"].get("goal")
     if isinstance(goal, dict) and "items" in goal:
-        schema["properties"]["goal"] = goal_schema(world, skills, task, goal, reading, defs)
+        schema["properties"]["goal"] = goal_schema(world, skills, goal, defs)
         _drop_unused(schema, ("condition", "action", "selector"))
     if skills.max_steps is not None:      # a library of finer skills takes more steps per task
         steps["maxItems"] = skills.max_steps

@@ -67,7 +67,8 @@ def _load_inputs(args, config):
     # Read the task and specialize the schema once, here without the model, so an unsupported
     # keyword or an unusable skill set is reported before minutes of model loading on a small
     # board; the planner compiles this same schema for the model's tokenizer.
-    request = specialize_request(args.task, world, skills, schema, config.planner.max_steps or None)
+    request = specialize_request(args.task, world, skills, schema, config.planner.max_steps or None,
+                                 config.planner.lexicon)
     check_schema(request.schema)
     return request
 

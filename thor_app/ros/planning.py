@@ -197,7 +197,8 @@ class Planning:
         # the request is read and its schema specialized before the goal waits for the model:
         # bad input is answered at once
         request = specialize_request(
-            task, inputs.world, inputs.skills, None, self.config.planner.max_steps or None
+            task, inputs.world, inputs.skills, None, self.config.planner.max_steps or None,
+            self.config.planner.lexicon,
         )
         check_schema(request.schema)
         self._enter(cancelled, progress)

@@ -268,7 +268,7 @@ class ModelHost:
         from agent.planner import prepare_request
 
         return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps,
-                               self._thinking(), req.task)
+                               self._thinking(), req.task, self.cfg.planner.lexicon)
 
     def _thinking(self) -> bool:
         return resolve_thinking(self.cfg.planner.thinking, self.gtok)

@@ -94,10 +94,7 @@ def register(sub) -> None:
                    help="--plan-set eval: repair attempts per task")
     p.add_argument("--eval-limit", type=positive_int, default=None,
                    help="--plan-set eval or wordings: an evenly spread subset; heldout: the first N requests")
-    add_config_args(p, ("planner",), only={"planner.goal_choice"})
-    p.add_argument("--word-rules", default="all", choices=["all", "grammar", "gate", "none"],
-                   help="--plan-set eval: where the task's word rules act, an ablation: the goal grammar's "
-                        "focus and the gate's grounding check (all), one of them, or neither")
+    add_config_args(p, ("planner",), only={"planner.goal_choice", "planner.lexicon"})
     p.add_argument("--eval-dir", default=None,
                    help="--plan-set eval or wordings: the evaluation set's directory (tasks.json, worlds/); "
                         "default the first set, the others are evals/sets/*")

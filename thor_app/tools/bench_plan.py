@@ -82,11 +82,11 @@ def run_eval(args, specs) -> int:
         rt = make_runtime(config, loaded)
         for r in eval_bench(rt, loaded.tokenizer, specs[0], spec_options(config), modes, args.attempts,
                             limit=args.eval_limit, directory=eval_dir, goal_choice=config.planner.goal_choice,
-                            words=args.word_rules):
+                            lexicon=config.planner.lexicon):
             rows.append({"model": m, **r, "solver": "on" if r["solver"] else "off"})
     doc = {"device": device_info(config), "weights": wdt, "kv": kv, "spec": specs[0], "attempts": args.attempts,
            "prefix_cache": args.prefix_cache, "goal_choice": config.planner.goal_choice,
-           "word_rules": args.word_rules,
+           "lexicon": config.planner.lexicon,
            "eval_dir": eval_name, "eval_rows": rows}
     Path(args.json_out).write_text(json.dumps(doc, indent=1))
     print_table(rows, EVAL_COLUMNS[:-1] + (PDDL_COLUMNS if pddl else []) + EVAL_COLUMNS[-1:])

@@ -50,13 +50,16 @@ def test_missing_must_be_said_by_the_task(ws):
     assert out and out[0].startswith("object: the goal says 'tulip' is missing")
 
 
-def test_an_amount_said_must_be_taken_by_a_call(ws):
+def test_an_amount_said_with_a_known_unit_must_be_taken_by_a_call(ws):
     task = "schieb die Farbdose 5 cm nach rechts"
-    assert any("says 5" in o for o in checks(task, [{"object": "ink_tin", "at": "bench"}], ws))
+    lex = load_lexicon("en")                 # knows "cm", not a word of German
+    assert any("says 0.05 m" in o for o in checks(task, [{"object": "ink_tin", "at": "bench"}],
+                                                  ws, lex))
     push = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}
-    assert checks(task, [push], ws) == []
+    assert checks(task, [push], ws, lex) == []
+    # with no unit known the number asks for nothing (a count? a name?): it only ranks goals
+    assert checks(task, [{"object": "ink_tin", "at": "bench"}], ws) == []
     # a lexicon that knows the unit holds the call to the converted amount only
-    lex = load_lexicon("en")
     wrong = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 5}}
     assert checks("shove the ink tin 5 cm right", [push], ws, lex) == []
     assert checks("shove the ink tin 5 cm right", [wrong], ws, lex) != []

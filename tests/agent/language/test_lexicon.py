@@ -89,6 +89,6 @@ def test_things_are_named_by_name_alias_or_type_in_any_script(world):
 
 
 def test_words_split_every_script_alike():
-    assert words("Top-up the 5cm tin, 2,5 s") == ["topup", "the", "5", "cm", "tin", "2.5", "s"]
+    assert words("Top-up the 5cm tin's, 2,5 s") == ["top", "up", "the", "5", "cm", "tin", "s", "2.5", "s"]
     assert words("把红色杯子") == ["把", "红", "色", "杯", "子"]
     assert words("ÜBER Straße") == ["über", "strasse"]

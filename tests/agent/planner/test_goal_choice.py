@@ -140,11 +140,12 @@ def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypat
     rt = _Runtime(tok, [greedy_text, steps], tiny_llama.model)
     pl = Planner(rt, tok, attempts=0, thinking=False, complete=solver, goal_choice=2)
 
-    def candidates(prompt_ids, gen_ids, grammar, start=0):
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
         g, h = head_span(pl.gtok.token_bytes, gen_ids)
         alt = tok.encode(other_head, add_special=False)
         return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
     monkeypatch.setattr(pl.chooser, "candidates", candidates)
+    monkeypatch.setattr(pl.chooser, "priors", lambda *a, **k: None)
     res = pl.plan("move the apple", w, s)
     assert res.valid and res.plan["goal"] == other
     assert res.stats["goal_changed"] == 1 and res.stats["goal_choice"][0]["changed"]
@@ -168,34 +169,62 @@ def test_a_refused_goal_runs_no_forward(tiny_llama, monkeypatch):
     assert res.stats["goal_changed"] == 0 and "refused" in res.stats["goal_choice"][0]["note"]
 
 
-def test_off_by_default_and_without_word_rules_the_goal_is_held_to_no_words(tiny_llama):
+def test_on_by_default_with_one_grammar_for_every_task_and_every_lexicon(tiny_llama):
     from thor_runtime.config import PlannerSettings
 
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")
-    assert PlannerSettings.goal_choice == 0
-    assert Planner(_Runtime(tok, [], tiny_llama.model), tok).chooser is None
-    # the word rules off: the goal grammar is the world's, with no task focus, and the gate does
-    # not ask the goal to be about the apple the task names
-    focused = specialize_request(TASK, w, s).schema
-    none, grammar, gate = (specialize_request(TASK, w, s, words=m) for m in ("none", "grammar", "gate"))
-    assert none.reading is None and none.schema == specialize(base_plan_schema(), w, s) != focused
-    assert grammar.schema == focused and gate.schema == none.schema
-    assert (none.grounding, grammar.grounding, gate.grounding) == (False, False, True)
-    with pytest.raises(ThorError, match="word rules"):
-        specialize_request(TASK, w, s, words="some")
+    assert PlannerSettings.goal_choice > 0 and PlannerSettings.lexicon == "shipped"
+    assert Planner(_Runtime(tok, [], tiny_llama.model), tok, goal_choice=0).chooser is None
+    # the goal grammar is the world's and the skills', whatever the task and the lexicon: the
+    # model says which form the task asks for
+    one, other = specialize_request(TASK, w, s), specialize_request("bring me the red cup", w, s)
+    none = specialize_request(TASK, w, s, lexicon="none")
+    assert one.schema == other.schema == none.schema == specialize(base_plan_schema(), w, s)
+    assert not any(none.reading.hints.values())
+    with pytest.raises(ThorError, match="lexicon file not found"):
+        specialize_request(TASK, w, s, lexicon="no-such-lexicon.json")
     cup = _compact({**good_plan(), "goal": [{"object": "red_cup", "at": "table"}], "steps": [
         {"id": "s1", "skill": "pick", "args": {"object": "red_cup", "grasp": "side", "force": 10},
          "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
         {"id": "s2", "skill": "place", "args": {"object": "red_cup", "target": "table"},
          "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})
 
-    def plan(words):
-        return Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False, complete=False,
-                       words=words).plan(TASK, w, s)
-    for words in ("all", "gate"):
-        res = plan(words)
-        assert not res.valid and {f["check"] for f in res.report} & {"object", "goal"}, words
-    assert plan("none").valid
-    # the grammar alone: the focused schema refuses the goal (no grounding finding needed)
-    assert {f["check"] for f in plan("grammar").report} == {"schema"}
+    def plan(lexicon):
+        return Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False,
+                       complete=False, lexicon=lexicon).plan(TASK, w, s)
+    # with no lexicon too, a goal about a thing the task does not name is held to the task
+    for lexicon in ("shipped", "none"):
+        res = plan(lexicon)
+        assert not res.valid and {f["check"] for f in res.report} & {"object", "goal"}, lexicon
+
+
+def test_forms_open_goals_of_every_kind_and_rank_by_what_the_task_adds(tiny_llama):
+    """Each form the skills allow opens a candidate goal (a call of each skill that puts nothing
+    anywhere, an order, a set), completed under the grammar and scored; a goal's prior is its
+    score with no task, and a lexicon's hints add to the rank of the goals that take them up."""
+    from agent.planner.goal_choice import HINT_NATS, goal_openings, hinted, rank
+
+    tok, model = tiny_llama.tokenizer, tiny_llama.model
+    w, s = world_and_skills("kitchen")
+    forms = goal_openings(s)
+    assert '{"do":"inspect"' in forms and '{"do":"pick"' not in forms and forms[-2:] == (
+        '{"before":[', '{"every":')
+    gtok = GrammarTokenizer(tok)
+    req = specialize_request(TASK, w, s)
+    grammar = Grammar(gtok, req.schema)
+    head = tok.encode(_compact(good_plan())[:-1], add_special=False)
+    prompt = tok.encode("Task: " + TASK, add_special=False)
+    chooser = GoalChooser(model, tok, gtok, model.new_cache, 1)
+    cands = chooser.candidates(prompt, head, grammar, forms=forms)
+    opened = cands[2:]
+    texts = [tok.decode(c.ids[c.start:]) for c in opened]
+    assert any(t.lstrip("[").startswith('{"do":"inspect"') for t in texts), texts
+    assert all(c.tokens > 0 and c.logprob < 0 for c in cands)
+    chooser.priors(tok.encode("Task: ", add_special=False), cands, grammar)
+    assert all(c.prior < 0 for c in cands)
+    cands[0].goal = [{"before": [{"do": "inspect", "args": {"object": "apple"}},
+                                 {"object": "apple", "at": "table"}]}]
+    hints = {"forms": frozenset({"before"}), "skills": frozenset({"inspect"}), "states": frozenset()}
+    assert hinted(cands[0].goal, hints) == 2 and hinted(cands[0].goal, {}) == 0
+    assert rank(cands[0], hints) == cands[0].logprob - cands[0].prior + 2 * HINT_NATS

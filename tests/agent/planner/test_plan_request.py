@@ -37,7 +37,7 @@ def counting(monkeypatch, module, name: str) -> list:
 
 def test_the_task_is_read_and_the_schema_specialized_once_per_request(tiny_llama, monkeypatch):
     tok = tiny_llama.tokenizer
-    reads = counting(monkeypatch, request_mod, "read_task")
+    reads = counting(monkeypatch, request_mod, "read_words")
     specs = counting(monkeypatch, request_mod, "specialize")
     w, s = world_and_skills("kitchen")
     pl = Planner(Echo(tok, [HEAVY]), tok, attempts=2, thinking=False, complete=False)
@@ -159,12 +159,13 @@ async def test_the_cli_and_the_api_answer_one_document(tiny_long, aiohttp_client
 
 
 def _goal_spies(monkeypatch):
-    """Count every parse_goal and read_task call, whichever agent module makes it."""
-    import agent.language.reading
+    """Count every parse_goal and read_words call, whichever agent module makes it."""
+    import agent.language.mentions
     import agent.symbolic.executor
 
     goals, reads = [], []
-    for fn, log in ((agent.symbolic.executor.parse_goal, goals), (agent.language.reading.read_task, reads)):
+    for fn, log in ((agent.symbolic.executor.parse_goal, goals),
+                    (agent.language.mentions.read_words, reads)):
         def spy(*a, _fn=fn, _log=log, **kw):
             _log.append(a)
             return _fn(*a, **kw)

@@ -178,10 +178,9 @@ def test_solver_plans_a_set_and_refuses_what_it_cannot():
 
 
 # ---- the grammar -------------------------------------------------------------------------------
-@pytest.mark.parametrize("task", [None, "Inspect the basil pot, wait ten seconds, inspect it again",
-                                  "Push the seed tray 5 cm forward", "Hang all the tools on the tool hook"])
-def test_goal_grammar_writes_the_new_forms(task):
-    spec = specialize(base_plan_schema(), W, S, task=task)
+def test_goal_grammar_writes_the_new_forms():
+    """The same goal grammar for every task: every form the skills allow is open to the model."""
+    spec = specialize(base_plan_schema(), W, S)
     check_schema(spec)                                            # llguidance compiles it
     v = PlanValidator(spec)
     good = plan([], step(1, "wait", duration=1))
@@ -189,11 +188,7 @@ def test_goal_grammar_writes_the_new_forms(task):
                  [{"do": "push", "args": {"object": "seed_tray", "direction": "forward", "distance": 0.05}}],
                  [{"every": {"type": "tool"}, "at": "tool_hook"}],
                  [{"every": {"type": "tool", "carriable": True}, "at": "tool_hook"}]):
-        if "every" in goal[0]:       # a set only where the task has a word of one ("all"), the set its words say
-            said = task is not None and " all " in task and goal[0]["every"] == {"type": "tool"}
-            assert v.is_valid({**good, "goal": goal}) == (task is None or said), (task, goal)
-        elif task is None or any(w in task.lower() for w in json.dumps(goal).split('"')[3:4]):
-            assert v.is_valid({**good, "goal": goal}), (task, goal)
+        assert v.is_valid({**good, "goal": goal}), goal
     assert not v.is_valid({**good, "goal": [{"do": "juggle", "args": {}}]})
     assert not v.is_valid({**good, "goal": [{"every": {"type": "hose"}, "at": "shelf"}]})
 
