@@ -61,13 +61,3 @@ def words(text: str) -> list[str]:
 def name_words(name: str) -> list[str]:
     """The words of an identifier ("shelf_a" -> ["shelf", "a"], "redMug" stays one word)."""
     return words(name.replace("_", " "))
-
-
-def alias_words(alias: str) -> list[str]:
-    """The words of an alias as a task's reading compares them: lower case, letters and digits,
-    no article ("the guitar" is "guitar")."""
-    import re
-
-    # a hyphen inside a word joins it, as the task's words are read ("top-up can": topup can)
-    joined = re.sub(r"(?<=[a-z])-(?=[a-z])", "", alias.lower())
-    return [w for w in re.findall(r"[a-z0-9]+", joined) if w not in ("the", "a", "an")]
