@@ -7,7 +7,7 @@ THOR   := $(VENV)/bin/thor
 STAMP  := $(VENV)/.installed
 DEMO_TASK ?= Put the red mug in the dish rack.
 
-.PHONY: demo test test-gpu test-exact-cpus install bench bench-peers bench-peers-avx2 clean
+.PHONY: demo test lint test-gpu test-exact-cpus install bench bench-peers bench-peers-avx2 clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# one style: ruff's formatter and linter, lines of at most 100 characters (pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 # The exactness tests (speculative == plain, fp8, layouts, parity vs transformers) again as an
 # AVX2-only CPU and as a CPU without vector extensions would run them: their expectations must

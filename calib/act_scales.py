@@ -25,6 +25,7 @@ graph) against fp32 — top-1 agreement and mean row cosine — and how far held
 go beyond the calibrated range (largest held-out amax / calibrated amax; beyond 1 they
 saturate at ±448 * scale).
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,8 +39,8 @@ import torch.nn.functional as F
 from engines.backend import GraphBackend
 from engines.qdq import SKIP, Fp8Scales, fake_fp8, projection_shapes, weight_scales
 from engines.segments import SEGMENTS, DenseView, graph_plan
-from thor_runtime.errors import ThorError
 from thor_runtime.cache import KVCache, prompt_set_hash
+from thor_runtime.errors import ThorError
 
 from .kv_scales import scales_out_path, with_report
 from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts
@@ -47,14 +48,14 @@ from .prompts import PromptSpec, calib_prompts, render_key, robot_prompts
 
 @dataclass(frozen=True)
 class ActCalibConfig:
-    n: int = 32                # calibration prompts (train split)
-    eval_n: int = 4            # held-out prompts for the report (0 = no report)
-    margin: float = 4.0        # scale = amax * margin / 448
+    n: int = 32  # calibration prompts (train split)
+    eval_n: int = 4  # held-out prompts for the report (0 = no report)
+    margin: float = 4.0  # scale = amax * margin / 448
     seed: int = 0
     general_frac: float = 0.1  # share of general instructions in the calibration set
 
     def __post_init__(self):
-        PromptSpec("train", self.n, self.seed, self.general_frac)   # validates the fraction
+        PromptSpec("train", self.n, self.seed, self.general_frac)  # validates the fraction
         if self.n < 1 or self.eval_n < 0:
             raise ThorError("fp8-scales: n must be >= 1, eval_n >= 0")
         if not (0 < self.margin < float("inf")):
@@ -68,7 +69,7 @@ class _Probe:
     def __init__(self, name: str, w: torch.Tensor, amax: dict, act_scale: float | None = None):
         self.name, self.w, self.amax, self.act_scale = name, w, amax, act_scale
         self.shape = w.shape
-        self.wq = None if act_scale is None else fake_fp8(w, weight_scales(w)[:, None])   # [out, in]
+        self.wq = None if act_scale is None else fake_fp8(w, weight_scales(w)[:, None])  # [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         a = float(x.detach().abs().amax()) if x.numel() else 0.0
@@ -88,14 +89,24 @@ class ProbeBackend(GraphBackend):
     def __init__(self, model, scales: Fp8Scales | None = None, skip=SKIP):
         view = DenseView(model)
         self.plan = graph_plan(model.cfg, "segments")
-        self.shapes = projection_shapes(view, self.plan)                 # {name: (out, in)}
+        self.shapes = projection_shapes(view, self.plan)  # {name: (out, in)}
         if scales is not None:
             scales.check(self.shapes, skip)
-        weights = {n: t for s, i in self.plan for n, t in view.weights_for(s, i).items() if n in self.shapes}
+        weights = {
+            n: t
+            for s, i in self.plan
+            for n, t in view.weights_for(s, i).items()
+            if n in self.shapes
+        }
         self.amax: dict[str, float] = {}
-        self.view = view.substituted({
-            n: _Probe(n, w, self.amax, None if scales is None or n in skip else scales.scales[n])
-            for n, w in weights.items()})
+        self.view = view.substituted(
+            {
+                n: _Probe(
+                    n, w, self.amax, None if scales is None or n in skip else scales.scales[n]
+                )
+                for n, w in weights.items()
+            }
+        )
 
     def run(self, segment, layer, *xs):
         with torch.inference_mode():
@@ -116,9 +127,9 @@ def _segments_on(model, backend):
 
 
 def _forward(model, ids: list[int]):
-    ids = ids[:model.cfg.max_position_embeddings]          # a small model's context may be shorter
+    ids = ids[: model.cfg.max_position_embeddings]  # a small model's context may be shorter
     cache = KVCache(model.cfg, len(ids), "fp32", model.dtype, device=model.device)
-    return model.forward(torch.tensor(ids, dtype=torch.long), cache).logits          # [T, V]
+    return model.forward(torch.tensor(ids, dtype=torch.long), cache).logits  # [T, V]
 
 
 def act_amax(model, prompt_ids: list[list[int]], progress: bool = False) -> tuple[dict, dict]:
@@ -127,7 +138,9 @@ def act_amax(model, prompt_ids: list[list[int]], progress: bool = False) -> tupl
 
     probe = ProbeBackend(model)
     with _segments_on(model, probe):
-        for ids in tqdm(prompt_ids, desc="activation amax", unit="prompt", file=sys.stderr, disable=not progress):
+        for ids in tqdm(
+            prompt_ids, desc="activation amax", unit="prompt", file=sys.stderr, disable=not progress
+        ):
             _forward(model, ids)
     return dict(probe.amax), probe.shapes
 
@@ -135,9 +148,16 @@ def act_amax(model, prompt_ids: list[list[int]], progress: bool = False) -> tupl
 def calibrate(model, tok, cfg: ActCalibConfig, progress: bool = False) -> Fp8Scales:
     msgs = calib_prompts(PromptSpec("train", cfg.n, cfg.seed, cfg.general_frac))
     amax, shapes = act_amax(model, [tok.encode_chat(m) for m in msgs], progress)
-    return Fp8Scales.from_amax(amax, shapes, cfg.margin, {
-        "model": model.cfg.name, "calibration_prompts": cfg.n,
-        "prompt_set_sha256": prompt_set_hash([render_key(m) for m in msgs])})
+    return Fp8Scales.from_amax(
+        amax,
+        shapes,
+        cfg.margin,
+        {
+            "model": model.cfg.name,
+            "calibration_prompts": cfg.n,
+            "prompt_set_sha256": prompt_set_hash([render_key(m) for m in msgs]),
+        },
+    )
 
 
 def report(model, tok, scales: Fp8Scales, cfg: ActCalibConfig, progress: bool = False) -> dict:
@@ -147,7 +167,9 @@ def report(model, tok, scales: Fp8Scales, cfg: ActCalibConfig, progress: bool = 
     sim = ProbeBackend(model, scales)
     same = rows = 0
     cos = []
-    for ids in tqdm(prompts, desc="fp8 report", unit="prompt", file=sys.stderr, disable=not progress):
+    for ids in tqdm(
+        prompts, desc="fp8 report", unit="prompt", file=sys.stderr, disable=not progress
+    ):
         ref = _forward(model, ids)
         with _segments_on(model, sim):
             got = _forward(model, ids)
@@ -156,23 +178,36 @@ def report(model, tok, scales: Fp8Scales, cfg: ActCalibConfig, progress: bool = 
         cos += F.cosine_similarity(ref.double(), got.double(), dim=-1).tolist()
     beyond = {n: a / scales.amax[n] for n, a in sim.amax.items() if scales.amax.get(n)}
     worst = max(beyond, key=beyond.get) if beyond else None
-    return {"prompts": len(prompts), "split": "heldout", "reference": "fp32 GEMMs, teacher-forced",
-            "skipped": [n for n in SKIP if n in scales.shapes],
-            "top1_agreement": round(same / rows, 4) if rows else 1.0,
-            "mean_logits_cosine": round(sum(cos) / len(cos), 6) if cos else 1.0,
-            "heldout_amax_over_calibrated": {"max": round(beyond[worst], 4), "at": worst} if worst else None,
-            "projections_beyond_range": sum(1 for r in beyond.values() if r > cfg.margin)}
+    return {
+        "prompts": len(prompts),
+        "split": "heldout",
+        "reference": "fp32 GEMMs, teacher-forced",
+        "skipped": [n for n in SKIP if n in scales.shapes],
+        "top1_agreement": round(same / rows, 4) if rows else 1.0,
+        "mean_logits_cosine": round(sum(cos) / len(cos), 6) if cos else 1.0,
+        "heldout_amax_over_calibrated": {"max": round(beyond[worst], 4), "at": worst}
+        if worst
+        else None,
+        "projections_beyond_range": sum(1 for r in beyond.values() if r > cfg.margin),
+    }
 
 
-def calibrate_and_report(loaded, cfg: ActCalibConfig, out: str | Path, progress: bool = True) -> dict:
+def calibrate_and_report(
+    loaded, cfg: ActCalibConfig, out: str | Path, progress: bool = True
+) -> dict:
     out = scales_out_path(out, "fp8_scales.json")
     scales = calibrate(loaded.model, loaded.tokenizer, cfg, progress)
     scales.save(out)
-    Fp8Scales.load(out)                         # what we wrote must read back
+    Fp8Scales.load(out)  # what we wrote must read back
     vals = list(scales.scales.values())
-    doc = {"out": str(out), "calibration_prompts": cfg.n, "margin": cfg.margin, "projections": len(vals),
-           "prompt_set_sha256": scales.meta["prompt_set_sha256"],
-           "scale_range": [round(min(vals), 6), round(max(vals), 6)]}
+    doc = {
+        "out": str(out),
+        "calibration_prompts": cfg.n,
+        "margin": cfg.margin,
+        "projections": len(vals),
+        "prompt_set_sha256": scales.meta["prompt_set_sha256"],
+        "scale_range": [round(min(vals), 6), round(max(vals), 6)],
+    }
     if cfg.eval_n:
         with_report(doc, out, lambda: report(loaded.model, loaded.tokenizer, scales, cfg, progress))
     return doc

@@ -5,18 +5,18 @@ are exactly those tokens (not human text). Free-text prompts are decoded in batc
 (``thor_runtime.engine.batched``); robot prompts with ``--constrained`` as the planner decodes them.
 The on-disk format is in ``shards.py``; ``generate_dataset`` resumes from the shards present.
 """
+
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.planner.plan_format import FORMAT_KEY, plan_format_fingerprint
+from thor_runtime.cache import prompt_set_hash
 from thor_runtime.engine import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.cache import prompt_set_hash
-
-from agent.planner.plan_format import FORMAT_KEY, plan_format_fingerprint
 
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
 from .shards import DATA_FORMAT, read_manifest, read_shards, write_shard
@@ -44,8 +44,9 @@ def plan_constraint(gtok, req: RobotRequest | None):
 
     if req is None:
         return None
-    return prepare_request(gtok, req.world, req.skills, thinking=gtok.think_ids is not None,
-                           task=req.task).grammar.constraint()
+    return prepare_request(
+        gtok, req.world, req.skills, thinking=gtok.think_ids is not None, task=req.task
+    ).grammar.constraint()
 
 
 class PlanGreedy:
@@ -71,12 +72,23 @@ class PlanGreedy:
     def __call__(self, ids: list[int], req: RobotRequest | None) -> list[int]:
         from thor_runtime.engine import SamplingParams
 
-        return self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), self.speculation,
-                                constraint=self.constraint(req)).token_ids
+        return self.rt.generate(
+            ids,
+            SamplingParams(max_tokens=self.max_tokens),
+            self.speculation,
+            constraint=self.constraint(req),
+        ).token_ids
 
 
-def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Path, target: str = "",
-                     progress: bool = True) -> dict:
+def generate_dataset(
+    model,
+    tok,
+    spec: PromptSpec,
+    gen: GenConfig,
+    out: str | Path,
+    target: str = "",
+    progress: bool = True,
+) -> dict:
     """Generate (or finish generating) the dataset in ``out``. -> summary dict."""
     from tqdm import tqdm
 
@@ -84,17 +96,36 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
     out.mkdir(parents=True, exist_ok=True)
     items = calib_items(spec)
     prompts = [m for m, _ in items]
-    man = {"format": DATA_FORMAT, "split": spec.split, "seed": spec.seed, "n": spec.n,
-           "general_frac": spec.general_frac, "max_tokens": gen.max_tokens, "target": target,
-           "constrained": gen.constrained, FORMAT_KEY: plan_format_fingerprint(),
-           "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts])}
+    man = {
+        "format": DATA_FORMAT,
+        "split": spec.split,
+        "seed": spec.seed,
+        "n": spec.n,
+        "general_frac": spec.general_frac,
+        "max_tokens": gen.max_tokens,
+        "target": target,
+        "constrained": gen.constrained,
+        FORMAT_KEY: plan_format_fingerprint(),
+        "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts]),
+    }
     old = read_manifest(out)
     if old is not None:
-        keys = ("format", "split", "seed", "general_frac", "max_tokens", "target", "constrained", FORMAT_KEY)
+        keys = (
+            "format",
+            "split",
+            "seed",
+            "general_frac",
+            "max_tokens",
+            "target",
+            "constrained",
+            FORMAT_KEY,
+        )
         diff = [k for k in keys if old.get(k, False if k == "constrained" else None) != man[k]]
         if diff:
-            raise ThorError(f"{out}: existing data was made with different settings ({', '.join(diff)}); "
-                            "use another --out or delete it")
+            raise ThorError(
+                f"{out}: existing data was made with different settings ({', '.join(diff)}); "
+                "use another --out or delete it"
+            )
     write_json_atomic(out / "manifest.json", man)
 
     done = {s["index"] for s in read_shards(out)}
@@ -103,22 +134,38 @@ def generate_dataset(model, tok, spec: PromptSpec, gen: GenConfig, out: str | Pa
     # Similar lengths per batch: less left padding to pay for.
     todo.sort(key=lambda i: len(enc[i]))
     shard_no = len(list(out.glob("shard-*.safetensors")))
-    bar = tqdm(total=len(prompts), initial=len(done), desc="gen-data", unit="prompt", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(prompts),
+        initial=len(done),
+        desc="gen-data",
+        unit="prompt",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     n_tok = 0
     plan_greedy = PlanGreedy(model, tok, gen.max_tokens) if gen.constrained else None
     for b in range(0, len(todo), gen.batch):
-        idx = todo[b:b + gen.batch]
+        idx = todo[b : b + gen.batch]
         if plan_greedy is not None:
             resp = [plan_greedy(enc[i], items[i][1]) for i in idx]
         else:
-            resp = batched_greedy(model, [enc[i] for i in idx], gen.max_tokens, getattr(tok, "eos_token_ids", ()))
-        seqs = [{"ids": enc[i] + r, "prompt_len": len(enc[i]), "index": i} for i, r in zip(idx, resp)]
+            resp = batched_greedy(
+                model, [enc[i] for i in idx], gen.max_tokens, getattr(tok, "eos_token_ids", ())
+            )
+        seqs = [
+            {"ids": enc[i] + r, "prompt_len": len(enc[i]), "index": i} for i, r in zip(idx, resp)
+        ]
         write_shard(out / f"shard-{shard_no:05d}.safetensors", seqs)
         shard_no += 1
         n_tok += sum(len(r) for r in resp)
         bar.update(len(idx))
         bar.set_postfix(new_tokens=n_tok)
     bar.close()
-    return {"out": str(out), "prompts": len(prompts), "generated_now": len(todo), "new_tokens": n_tok,
-            **{k: man[k] for k in ("split", "seed", "max_tokens", "prompt_set_sha256")}}
+    return {
+        "out": str(out),
+        "prompts": len(prompts),
+        "generated_now": len(todo),
+        "new_tokens": n_tok,
+        **{k: man[k] for k in ("split", "seed", "max_tokens", "prompt_set_sha256")},
+    }

@@ -24,6 +24,7 @@ batch 4 x 8 blocks of 16): with the data-vocabulary softmax fp32 took 0.43-0.57 
 bf16 autocast 0.74-0.86 s/step (casts dominate once the head is small); only with the full
 49k-vocabulary head was bf16 faster (2.8 vs 5.0 s/step). Hence --bf16 is opt-in.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,21 +38,26 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from agent.planner.plan_format import FORMAT_KEY
+from thor_runtime.config import SpeculationSettings
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
-from thor_runtime.config import SpeculationSettings
-from thor_runtime.speculative import weights_kind
-from thor_runtime.speculative import default_tap_layers, save_drafter
-from thor_runtime.speculative import DFlashConfig, DFlashDrafter, block_attention_mask
-from thor_runtime.speculative import DraftVocab, response_counts
+from thor_runtime.speculative import (
+    DFlashConfig,
+    DFlashDrafter,
+    DraftVocab,
+    block_attention_mask,
+    default_tap_layers,
+    response_counts,
+    save_drafter,
+    weights_kind,
+)
 
 from .ckpt import init_hash, init_weights, load_checkpoint, save_checkpoint
 from .features import build_features
-from agent.planner.plan_format import FORMAT_KEY
-
 from .shards import read_manifest, read_shards
 
-SPAN = 64   # anchors of one row lie within SPAN tokens, so a row's context is at most W + SPAN
+SPAN = 64  # anchors of one row lie within SPAN tokens, so a row's context is at most W + SPAN
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,10 @@ class DistillConfig:
     gen_n: int = 64
     gen_max_tokens: int = 192
     layers: int = 1
-    block_size: int = DFlashConfig.block_size     # the drafter's own B
+    block_size: int = DFlashConfig.block_size  # the drafter's own B
     taps: str = "auto"
     num_taps: int = 3
-    window: int = SpeculationSettings.window      # W as the runtime runs it
+    window: int = SpeculationSettings.window  # W as the runtime runs it
     steps: int = 1000
     lr: float = 3e-4
     warmup: int = 50
@@ -78,30 +84,52 @@ class DistillConfig:
     seed: int = 0
     eval_n: int = 8
     eval_max_tokens: int = 128
-    vocab: str = "data"              # softmax over: "data" (data tokens + negatives) | "full"
-    negatives: int = 2048            # random out-of-data ids per step with vocab=data
-    max_time: float = 0.0            # stop (with a checkpoint) after this much training time
-    stop_at: int = 0                 # stop (with a checkpoint) after this step; 0 = run to `steps`
-    eval_prompts: str = "robot"      # held-out set for the report: robot | general
-    draft_vocab: int = 2048          # head shortlist: the N most frequent response tokens (0 = full head)
-    intermediate: int = 0            # the drafter's MLP width (0 = the target's): a wide target's
+    vocab: str = "data"  # softmax over: "data" (data tokens + negatives) | "full"
+    negatives: int = 2048  # random out-of-data ids per step with vocab=data
+    max_time: float = 0.0  # stop (with a checkpoint) after this much training time
+    stop_at: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
+    eval_prompts: str = "robot"  # held-out set for the report: robot | general
+    draft_vocab: int = 2048  # head shortlist: the N most frequent response tokens (0 = full head)
+    intermediate: int = 0  # the drafter's MLP width (0 = the target's): a wide target's
     #                                  MLP would make the drafter larger than it needs to be
-    init: str = ""                   # a drafter dir to start from instead of random weights (after a
+    init: str = ""  # a drafter dir to start from instead of random weights (after a
     #                                  format change the old drafter already knows the plans' words)
 
     def __post_init__(self):
-        for k in ("gen_n", "gen_max_tokens", "layers", "num_taps", "window", "steps", "batch", "blocks",
-                  "ckpt_every", "eval_max_tokens"):
+        for k in (
+            "gen_n",
+            "gen_max_tokens",
+            "layers",
+            "num_taps",
+            "window",
+            "steps",
+            "batch",
+            "blocks",
+            "ckpt_every",
+            "eval_max_tokens",
+        ):
             if getattr(self, k) < 1:
                 raise ThorError(f"distill: {k} must be >= 1, got {getattr(self, k)}")
         if self.block_size < 2:
             raise ThorError(f"distill: block size must be >= 2, got {self.block_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ThorError(f"distill: lr must be a positive number, got {self.lr}")
-        if min(self.warmup, self.eval_n, self.max_time, self.weight_decay, self.stop_at, self.draft_vocab,
-               self.intermediate) < 0:
-            raise ThorError("distill: warmup, eval_n, max_time, weight_decay, stop_at, draft_vocab and "
-                            "intermediate must be >= 0")
+        if (
+            min(
+                self.warmup,
+                self.eval_n,
+                self.max_time,
+                self.weight_decay,
+                self.stop_at,
+                self.draft_vocab,
+                self.intermediate,
+            )
+            < 0
+        ):
+            raise ThorError(
+                "distill: warmup, eval_n, max_time, weight_decay, stop_at, draft_vocab and "
+                "intermediate must be >= 0"
+            )
         if not self.gamma > 0:
             raise ThorError(f"distill: gamma must be > 0, got {self.gamma}")
         if self.vocab not in ("data", "full") or self.negatives < 0:
@@ -112,11 +140,37 @@ class DistillConfig:
     @classmethod
     def from_args(cls, a) -> "DistillConfig":
         block = cls.block_size if a.block_size is None else a.block_size
-        return cls(a.out, a.data, a.gen_n, a.gen_max_tokens, a.layers, block, a.taps, a.num_taps,
-                   a.window, a.steps, a.lr, a.warmup, a.batch, a.blocks, a.gamma, a.weight_decay,
-                   a.ckpt_every, a.resume, a.bf16, a.seed, a.eval_n, a.eval_max_tokens, a.vocab, a.negatives,
-                   a.max_time, a.stop_at, draft_vocab=a.draft_vocab, intermediate=a.intermediate,
-                   init=a.init or "")
+        return cls(
+            a.out,
+            a.data,
+            a.gen_n,
+            a.gen_max_tokens,
+            a.layers,
+            block,
+            a.taps,
+            a.num_taps,
+            a.window,
+            a.steps,
+            a.lr,
+            a.warmup,
+            a.batch,
+            a.blocks,
+            a.gamma,
+            a.weight_decay,
+            a.ckpt_every,
+            a.resume,
+            a.bf16,
+            a.seed,
+            a.eval_n,
+            a.eval_max_tokens,
+            a.vocab,
+            a.negatives,
+            a.max_time,
+            a.stop_at,
+            draft_vocab=a.draft_vocab,
+            intermediate=a.intermediate,
+            init=a.init or "",
+        )
 
     def tap_list(self, num_layers: int) -> tuple[int, ...]:
         if self.taps == "auto":
@@ -124,9 +178,13 @@ class DistillConfig:
         try:
             taps = tuple(int(x) for x in self.taps.split(","))
         except ValueError:
-            raise ThorError(f"--taps: expected auto or comma-separated layer ids, got {self.taps!r}") from None
+            raise ThorError(
+                f"--taps: expected auto or comma-separated layer ids, got {self.taps!r}"
+            ) from None
         if len(set(taps)) != len(taps) or any(not 0 <= t < num_layers for t in taps):
-            raise ThorError(f"--taps: layer ids must be distinct and in 0..{num_layers - 1}, got {self.taps}")
+            raise ThorError(
+                f"--taps: layer ids must be distinct and in 0..{num_layers - 1}, got {self.taps}"
+            )
         return taps
 
 
@@ -143,22 +201,24 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def make_batch(seqs: list[dict], feats, cfg: DistillConfig, mask_id: int, gen: torch.Generator) -> dict:
+def make_batch(
+    seqs: list[dict], feats, cfg: DistillConfig, mask_id: int, gen: torch.Generator
+) -> dict:
     """Sample cfg.batch sequences x cfg.blocks anchors -> tensors for one step."""
     Bk, W, nb = cfg.block_size, cfg.window, cfg.blocks
     C = W + SPAN
     R = cfg.batch
-    ctx = torch.zeros(R, C, feats.taps.shape[1], dtype=feats.taps.dtype)           # [R, C, n_taps*D]
-    ctx_pos = torch.zeros(R, C, dtype=torch.long)                                   # [R, C]
-    ctx_ok = torch.zeros(R, C, dtype=torch.bool)                                    # [R, C]
-    ids = torch.full((R, nb, Bk), mask_id, dtype=torch.long)                        # [R, nb, Bk]
-    pos = torch.zeros(R, nb, Bk, dtype=torch.long)                                  # [R, nb, Bk]
-    labels = torch.full((R, nb, Bk - 1), -100, dtype=torch.long)                    # [R, nb, Bk-1]
+    ctx = torch.zeros(R, C, feats.taps.shape[1], dtype=feats.taps.dtype)  # [R, C, n_taps*D]
+    ctx_pos = torch.zeros(R, C, dtype=torch.long)  # [R, C]
+    ctx_ok = torch.zeros(R, C, dtype=torch.bool)  # [R, C]
+    ids = torch.full((R, nb, Bk), mask_id, dtype=torch.long)  # [R, nb, Bk]
+    pos = torch.zeros(R, nb, Bk, dtype=torch.long)  # [R, nb, Bk]
+    labels = torch.full((R, nb, Bk - 1), -100, dtype=torch.long)  # [R, nb, Bk-1]
     pick = torch.randint(len(seqs), (R,), generator=gen)
     for r, i in enumerate(pick.tolist()):
         s, pl = seqs[i]["ids"], seqs[i]["prompt_len"]
         T = len(s)
-        lo, hi = pl, T - 2                      # anchor needs at least one label after it
+        lo, hi = pl, T - 2  # anchor needs at least one label after it
         start = lo + int(torch.randint(max(1, hi - SPAN + 2 - lo), (1,), generator=gen))
         anchors = start + torch.randint(min(SPAN, hi - start + 1), (nb,), generator=gen)  # [nb]
         c0, c1 = max(feats.first[i], start - W), int(anchors.max())
@@ -170,19 +230,30 @@ def make_batch(seqs: list[dict], feats, cfg: DistillConfig, mask_id: int, gen: t
         for j, a in enumerate(anchors.tolist()):
             ids[r, j, 0] = s[a]
             pos[r, j] = torch.arange(a, a + Bk)
-            lab = st[a + 1:a + Bk]
-            labels[r, j, :lab.shape[0]] = lab
-    block_pos = pos.view(R, nb * Bk)                                                 # [R, N]
-    mask = block_attention_mask(ctx_pos, block_pos, Bk, ctx_ok)                     # [R, N, C+N]
+            lab = st[a + 1 : a + Bk]
+            labels[r, j, : lab.shape[0]] = lab
+    block_pos = pos.view(R, nb * Bk)  # [R, N]
+    mask = block_attention_mask(ctx_pos, block_pos, Bk, ctx_ok)  # [R, N, C+N]
     # The proposer's window holds only the last W features before the anchor.
-    anchor = block_pos[:, ::Bk].repeat_interleave(Bk, dim=1)                        # [R, N]
+    anchor = block_pos[:, ::Bk].repeat_interleave(Bk, dim=1)  # [R, N]
     mask[:, :, :C] &= ctx_pos[:, None, :] >= (anchor - W)[:, :, None]
-    return {"ids": ids.view(R, nb * Bk), "pos": block_pos, "ctx": ctx, "ctx_pos": ctx_pos, "mask": mask,
-            "labels": labels}
+    return {
+        "ids": ids.view(R, nb * Bk),
+        "pos": block_pos,
+        "ctx": ctx,
+        "ctx_pos": ctx_pos,
+        "mask": mask,
+        "labels": labels,
+    }
 
 
-def block_loss(drafter: DFlashDrafter, b: dict, w: torch.Tensor, bf16: bool = False,
-               vocab: torch.Tensor | None = None):
+def block_loss(
+    drafter: DFlashDrafter,
+    b: dict,
+    w: torch.Tensor,
+    bf16: bool = False,
+    vocab: torch.Tensor | None = None,
+):
     """-> (weighted CE scalar, per-row top-1 accuracy [B-1], labeled positions count).
 
     vocab: optional sorted ids [Vs] to take the softmax over instead of the full vocabulary
@@ -190,23 +261,26 @@ def block_loss(drafter: DFlashDrafter, b: dict, w: torch.Tensor, bf16: bool = Fa
     and input-gradient are 2 * rows * V * D MACs); see ``train_vocab``."""
     R, N = b["ids"].shape
     Bk = w.shape[0] + 1
-    lab = b["labels"]                                                                # [R, nb, Bk-1]
-    head = drafter.lm_head_w                                                         # [V, D]
+    lab = b["labels"]  # [R, nb, Bk-1]
+    head = drafter.lm_head_w  # [V, D]
     if vocab is not None:
-        head = head[vocab]                                                           # [Vs, D]
+        head = head[vocab]  # [Vs, D]
         lab = torch.where(lab >= 0, torch.searchsorted(vocab, lab.clamp(min=0)), lab)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        h = drafter(b["ids"], b["pos"], b["ctx_pos"], ctx_taps=b["ctx"], attn_mask=b["mask"])  # [R, N, D]
-        h = h.view(R, N // Bk, Bk, -1)[:, :, 1:]                                    # [R, nb, Bk-1, D]
-        logits = F.linear(h, head.to(h.dtype))                                       # [R, nb, Bk-1, V|Vs]
-    ce = F.cross_entropy(logits.flatten(0, 2).float(), lab.flatten(), reduction="none",
-                         ignore_index=-100).view_as(lab)                             # [R, nb, Bk-1]
+        h = drafter(
+            b["ids"], b["pos"], b["ctx_pos"], ctx_taps=b["ctx"], attn_mask=b["mask"]
+        )  # [R, N, D]
+        h = h.view(R, N // Bk, Bk, -1)[:, :, 1:]  # [R, nb, Bk-1, D]
+        logits = F.linear(h, head.to(h.dtype))  # [R, nb, Bk-1, V|Vs]
+    ce = F.cross_entropy(
+        logits.flatten(0, 2).float(), lab.flatten(), reduction="none", ignore_index=-100
+    ).view_as(lab)  # [R, nb, Bk-1]
     valid = (lab >= 0).float()
     wv = w[None, None] * valid
     loss = (ce * wv).sum() / wv.sum().clamp(min=1e-6)
     with torch.no_grad():
         hit = (logits.argmax(-1) == lab).float() * valid
-        acc = hit.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)                     # [Bk-1]
+        acc = hit.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)  # [Bk-1]
     return loss, acc, int(valid.sum())
 
 
@@ -232,15 +306,34 @@ def train_vocab(in_data: torch.Tensor, negatives: int, gen: torch.Generator) -> 
 
 
 def _fingerprint(cfg: DistillConfig, dcfg: DFlashConfig, data_hash: str) -> dict:
-    keep = ("layers", "block_size", "window", "steps", "lr", "warmup", "batch", "blocks", "gamma",
-            "weight_decay", "bf16", "seed", "vocab", "negatives")
-    init = {"init": init_hash(cfg.init)} if cfg.init else {}       # none: checkpoints made before --init
-    return {**{k: getattr(cfg, k) for k in keep}, "drafter": json.dumps(asdict(dcfg), sort_keys=True),
-            "data": data_hash, **init}
+    keep = (
+        "layers",
+        "block_size",
+        "window",
+        "steps",
+        "lr",
+        "warmup",
+        "batch",
+        "blocks",
+        "gamma",
+        "weight_decay",
+        "bf16",
+        "seed",
+        "vocab",
+        "negatives",
+    )
+    init = {"init": init_hash(cfg.init)} if cfg.init else {}  # none: checkpoints made before --init
+    return {
+        **{k: getattr(cfg, k) for k in keep},
+        "drafter": json.dumps(asdict(dcfg), sort_keys=True),
+        "data": data_hash,
+        **init,
+    }
 
 
 def _plot(losses: list, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -249,7 +342,10 @@ def _plot(losses: list, path: Path) -> None:
         st, lv = zip(*losses)
         ax.plot(st, lv, lw=0.8, alpha=0.4, label="loss")
         k = max(1, len(lv) // 25)
-        sm = [sum(lv[max(0, i - k + 1):i + 1]) / len(lv[max(0, i - k + 1):i + 1]) for i in range(len(lv))]
+        sm = [
+            sum(lv[max(0, i - k + 1) : i + 1]) / len(lv[max(0, i - k + 1) : i + 1])
+            for i in range(len(lv))
+        ]
         ax.plot(st, sm, lw=1.6, label=f"mean of {k}")
     ax.set_xlabel("step")
     ax.set_ylabel("weighted CE")
@@ -263,11 +359,12 @@ def _plot(losses: list, path: Path) -> None:
 @dataclass
 class Prepared:
     """What training reads: the data set, its drafter config and the target's tap features."""
-    data_name: str                   # the gen-data dirs' names, comma-separated
+
+    data_name: str  # the gen-data dirs' names, comma-separated
     manifest: dict
     seqs: list[dict]
     dcfg: DFlashConfig
-    feats: object                    # features.Features
+    feats: object  # features.Features
     data_hash: str
 
 
@@ -277,7 +374,7 @@ class Trained:
     step: int
     losses: list
     elapsed_s: float
-    acc: torch.Tensor                # [B-1] last step's per-position train accuracy
+    acc: torch.Tensor  # [B-1] last step's per-position train accuracy
 
 
 def _weights_key(model) -> dict:
@@ -296,22 +393,48 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
     if cfg.data is None:
         from .datagen import GenConfig, generate_dataset
         from .prompts import PromptSpec
-        generate_dataset(model, tok, PromptSpec("train", cfg.gen_n), GenConfig(cfg.gen_max_tokens, 8), dirs[0],
-                         progress=progress)
+
+        generate_dataset(
+            model,
+            tok,
+            PromptSpec("train", cfg.gen_n),
+            GenConfig(cfg.gen_max_tokens, 8),
+            dirs[0],
+            progress=progress,
+        )
     man, seqs = read_data(dirs)
 
     mcfg = model.cfg
     taps = cfg.tap_list(mcfg.num_layers)
     mask_id = tok.token_to_id("<|endoftext|>")
     mask_id = mcfg.vocab_size - 1 if mask_id is None else mask_id
-    dcfg = DFlashConfig(tap_layers=taps, mask_token_id=mask_id, hidden_size=mcfg.hidden_size,
-                        num_layers=cfg.layers, num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads,
-                        head_dim=mcfg.head_dim, intermediate_size=cfg.intermediate or mcfg.intermediate_size,
-                        block_size=cfg.block_size, rms_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
-                        target_id=mcfg.name, window=cfg.window, target_weights=weights_kind(model),
-                        plan_format=man.get(FORMAT_KEY, "") if man.get("constrained") else "")
+    dcfg = DFlashConfig(
+        tap_layers=taps,
+        mask_token_id=mask_id,
+        hidden_size=mcfg.hidden_size,
+        num_layers=cfg.layers,
+        num_heads=mcfg.num_heads,
+        num_kv_heads=mcfg.num_kv_heads,
+        head_dim=mcfg.head_dim,
+        intermediate_size=cfg.intermediate or mcfg.intermediate_size,
+        block_size=cfg.block_size,
+        rms_eps=mcfg.rms_eps,
+        rope_theta=mcfg.rope_theta,
+        target_id=mcfg.name,
+        window=cfg.window,
+        target_weights=weights_kind(model),
+        plan_format=man.get(FORMAT_KEY, "") if man.get("constrained") else "",
+    )
     data_hash = f"{man['prompt_set_sha256']}:{len(seqs)}:{sum(len(s['ids']) for s in seqs)}"
-    feats = build_features(model, seqs, taps, cfg.window, out / "features", {"target": mcfg.name, **_weights_key(model)}, progress)
+    feats = build_features(
+        model,
+        seqs,
+        taps,
+        cfg.window,
+        out / "features",
+        {"target": mcfg.name, **_weights_key(model)},
+        progress,
+    )
     return Prepared(",".join(d.name for d in dirs), man, seqs, dcfg, feats, data_hash)
 
 
@@ -320,7 +443,7 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
     from tqdm import tqdm
 
     dcfg, seqs = prep.dcfg, prep.seqs
-    torch.manual_seed(cfg.seed)           # drafter init only; batches use their own generator
+    torch.manual_seed(cfg.seed)  # drafter init only; batches use their own generator
     drafter = DFlashDrafter(dcfg)
     # Small init for the projections (HF-style 0.02), unit norms: the residual stream starts
     # as the anchor/mask embedding, so early steps are stable.
@@ -333,20 +456,33 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
     drafter.bind_target(model.embed_w.float(), model.lm_head.float())
     for p in (drafter.embed_w, drafter.lm_head_w):
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(
+        drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     fp = _fingerprint(cfg, dcfg, prep.data_hash)
     ckpt_dir = Path(cfg.out) / "ckpt"
     step, losses, elapsed = 0, [], 0.0
     if cfg.resume:
         doc = load_checkpoint(ckpt_dir, drafter, opt, gen, fp)
-        step, losses, elapsed = int(doc["step"]), [list(x) for x in doc["losses"]], float(doc["elapsed_s"])
+        step, losses, elapsed = (
+            int(doc["step"]),
+            [list(x) for x in doc["losses"]],
+            float(doc["elapsed_s"]),
+        )
 
-    w = position_weights(cfg.block_size, cfg.gamma)                                  # [B-1]
-    in_data = data_tokens(seqs, model.cfg.vocab_size)                                # [V] bool
+    w = position_weights(cfg.block_size, cfg.gamma)  # [B-1]
+    in_data = data_tokens(seqs, model.cfg.vocab_size)  # [V] bool
     drafter.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.steps,
+        initial=step,
+        desc="distill",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     t0, toks, acc = time.perf_counter(), 0, torch.zeros(cfg.block_size - 1)
     while step < cfg.steps:
         for g in opt.param_groups:
@@ -375,30 +511,57 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
     return Trained(drafter, step, losses, elapsed + time.perf_counter() - t0, acc)
 
 
-def report(loaded, prep: Prepared, run: Trained, cfg: DistillConfig, command: str = "",
-           progress: bool = True) -> dict:
+def report(
+    loaded,
+    prep: Prepared,
+    run: Trained,
+    cfg: DistillConfig,
+    command: str = "",
+    progress: bool = True,
+) -> dict:
     """Save the drafter (with its shortlist), the loss plot and report.json; a finished run is
     also evaluated on held-out prompts."""
     out, losses = Path(cfg.out), run.losses
     if cfg.draft_vocab:
-        run.drafter.draft_vocab = build_draft_vocab(prep.seqs, cfg.draft_vocab, loaded.model.cfg.vocab_size,
-                                                    prep.data_name)
+        run.drafter.draft_vocab = build_draft_vocab(
+            prep.seqs, cfg.draft_vocab, loaded.model.cfg.vocab_size, prep.data_name
+        )
     save_drafter(run.drafter, out)
     _plot(losses, out / "loss.png")
-    doc = {"drafter": str(out), "step": run.step, "steps": cfg.steps, "finished": run.step >= cfg.steps,
-           "final_loss": losses[-1][1] if losses else None,
-           "final_loss_mean_last_50": round(sum(x[1] for x in losses[-50:]) / max(1, len(losses[-50:])), 4),
-           "train_acc_per_position_last_step": [round(float(a), 3) for a in run.acc],
-           "train_sequences": len(prep.seqs), "train_time_s": round(run.elapsed_s, 1),
-           "tap_layers": list(prep.dcfg.tap_layers),
-           "position_weight": f"exp(-(k-1)/{cfg.gamma})", "config": asdict(cfg), "command": command}
-    if cfg.eval_n and run.step >= cfg.steps:      # an interrupted run is evaluated when it finishes
+    doc = {
+        "drafter": str(out),
+        "step": run.step,
+        "steps": cfg.steps,
+        "finished": run.step >= cfg.steps,
+        "final_loss": losses[-1][1] if losses else None,
+        "final_loss_mean_last_50": round(
+            sum(x[1] for x in losses[-50:]) / max(1, len(losses[-50:])), 4
+        ),
+        "train_acc_per_position_last_step": [round(float(a), 3) for a in run.acc],
+        "train_sequences": len(prep.seqs),
+        "train_time_s": round(run.elapsed_s, 1),
+        "tap_layers": list(prep.dcfg.tap_layers),
+        "position_weight": f"exp(-(k-1)/{cfg.gamma})",
+        "config": asdict(cfg),
+        "command": command,
+    }
+    if cfg.eval_n and run.step >= cfg.steps:  # an interrupted run is evaluated when it finishes
         from .eval_drafter import EvalConfig, evaluate
+
         # Judged the way the data was made: planner data is evaluated under the plan grammar.
         constrained = bool(prep.manifest.get("constrained")) and cfg.eval_prompts == "robot"
-        doc["heldout"] = evaluate(loaded, EvalConfig(str(out), cfg.eval_n, cfg.eval_max_tokens,
-                                                     prompt_set=cfg.eval_prompts, constrained=constrained),
-                                  progress=progress, drafter=run.drafter)
+        doc["heldout"] = evaluate(
+            loaded,
+            EvalConfig(
+                str(out),
+                cfg.eval_n,
+                cfg.eval_max_tokens,
+                prompt_set=cfg.eval_prompts,
+                constrained=constrained,
+            ),
+            progress=progress,
+            drafter=run.drafter,
+        )
     write_json_atomic(out / "report.json", doc)
     return doc
 
@@ -421,11 +584,15 @@ def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
     for d in dirs:
         m = read_manifest(d) or {}
         if m.get("split") != "train":
-            raise ThorError(f"{d}: distillation only trains on the train split (found {m.get('split')!r})")
+            raise ThorError(
+                f"{d}: distillation only trains on the train split (found {m.get('split')!r})"
+            )
         diff = [k for k in _SAME if mans and m.get(k) != mans[0].get(k)]
         if diff:
-            raise ThorError(f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one target's "
-                            f"answers to one format")
+            raise ThorError(
+                f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one target's "
+                f"answers to one format"
+            )
         mans.append(m)
         seqs += [s for s in read_shards(d) if len(s["ids"]) - s["prompt_len"] >= 2]
     if not seqs:
@@ -433,7 +600,8 @@ def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
     man = dict(mans[0])
     if len(mans) > 1:
         man["prompt_set_sha256"] = hashlib.sha256(
-            ":".join(m.get("prompt_set_sha256", "") for m in mans).encode()).hexdigest()
+            ":".join(m.get("prompt_set_sha256", "") for m in mans).encode()
+        ).hexdigest()
     man.setdefault("prompt_set_sha256", "")
     return man, seqs
 
@@ -441,9 +609,17 @@ def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
 def build_draft_vocab(seqs: list[dict], size: int, vocab_size: int, data_name: str) -> DraftVocab:
     """The drafter head's shortlist from the training responses (see draft_vocab.py)."""
     counts = response_counts(seqs)
-    return DraftVocab.from_counts(counts, size, vocab_size, source={
-        "data": data_name, "sequences": len(seqs), "response_tokens": sum(counts.values()),
-        "distinct_tokens": len(counts)})
+    return DraftVocab.from_counts(
+        counts,
+        size,
+        vocab_size,
+        source={
+            "data": data_name,
+            "sequences": len(seqs),
+            "response_tokens": sum(counts.values()),
+            "distinct_tokens": len(counts),
+        },
+    )
 
 
 def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: int) -> dict:
@@ -451,11 +627,18 @@ def write_draft_vocab(drafter_dir: str, data_dir: str, size: int, vocab_size: in
     from thor_runtime.speculative import load_drafter
 
     d, data = Path(drafter_dir), Path(data_dir)
-    load_drafter(d)                     # refuses anything that is not a drafter before writing into it
+    load_drafter(d)  # refuses anything that is not a drafter before writing into it
     man = read_manifest(data) or {}
     if man.get("split") != "train":
-        raise ThorError(f"{data}: the shortlist comes from training data (found split {man.get('split')!r})")
+        raise ThorError(
+            f"{data}: the shortlist comes from training data (found split {man.get('split')!r})"
+        )
     vocab = build_draft_vocab(read_shards(data), size, vocab_size, data.name)
     path = vocab.save(d)
-    return {"drafter": str(d), "path": str(path), "size": len(vocab.ids), "coverage": vocab.coverage,
-            **vocab.source}
+    return {
+        "drafter": str(d),
+        "path": str(path),
+        "size": len(vocab.ids),
+        "coverage": vocab.coverage,
+        **vocab.source,
+    }

@@ -12,6 +12,7 @@ a token).
 grammar (forced tokens ride in the draft; plain constrained decoding already commits them
 without a model step, so the speedup is against that, not against free decoding).
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,10 +20,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from thor_runtime.errors import ThorError
-from thor_runtime.engine import Runtime
 from thor_runtime.config import SpeculationSettings as _Defaults
-from thor_runtime.engine import SamplingParams
+from thor_runtime.engine import Runtime, SamplingParams
+from thor_runtime.errors import ThorError
 
 from .datagen import plan_constraint
 from .prompts import general_prompts, robot_requests
@@ -30,21 +30,25 @@ from .prompts import general_prompts, robot_requests
 
 @dataclass(frozen=True)
 class EvalConfig:
-    drafter: str | None = None       # None = the shipped drafter trained for the target
+    drafter: str | None = None  # None = the shipped drafter trained for the target
     n: int = 8
     max_tokens: int = 128
     seed: int = 0
-    block_size: int | None = None    # None = the drafter's own
+    block_size: int | None = None  # None = the drafter's own
     window: int = _Defaults.window
-    prompt_set: str = "robot"        # held-out planner prompts, or held-out general instructions
-    constrained: bool = False        # robot prompts under the plan grammar, as the planner decodes
-    lookup_rate: float = _Defaults.lookup_rate   # the combined proposer's prior for lookup drafts
+    prompt_set: str = "robot"  # held-out planner prompts, or held-out general instructions
+    constrained: bool = False  # robot prompts under the plan grammar, as the planner decodes
+    lookup_rate: float = _Defaults.lookup_rate  # the combined proposer's prior for lookup drafts
 
     def __post_init__(self):
         if self.constrained and self.prompt_set != "robot":
-            raise ThorError("eval-drafter: --constrained needs the robot prompt set (general prompts have no plan grammar)")
+            raise ThorError(
+                "eval-drafter: --constrained needs the robot prompt set (general prompts have no plan grammar)"
+            )
         if self.prompt_set not in ("robot", "general"):
-            raise ThorError(f"eval-drafter: prompt set must be robot or general, got {self.prompt_set!r}")
+            raise ThorError(
+                f"eval-drafter: prompt set must be robot or general, got {self.prompt_set!r}"
+            )
         if self.n < 1 or self.max_tokens < 1 or self.window < 1:
             raise ThorError("eval-drafter: n, max_tokens and window must be >= 1")
         if not 0 < self.lookup_rate < 1:
@@ -71,11 +75,14 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
 
-    from agent.schema.grammar import GrammarTokenizer
     from agent.planner.plan_format import plan_format_fingerprint
-    from thor_runtime.speculative import SpecOptions, build_speculation
-    from thor_runtime.speculative import load_drafter
-    from thor_runtime.speculative import require_drafter_for
+    from agent.schema.grammar import GrammarTokenizer
+    from thor_runtime.speculative import (
+        SpecOptions,
+        build_speculation,
+        load_drafter,
+        require_drafter_for,
+    )
 
     model, tok = loaded.model, loaded.tokenizer
     path = cfg.drafter
@@ -83,27 +90,35 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         path = path or str(require_drafter_for(model).path)
         drafter = load_drafter(path, model.cfg)
     # opts.drafter only names the drafter (the one in memory runs) in a stale-format warning
-    opts = SpecOptions(method="dflash", drafter=path, block_size=cfg.block_size, window=cfg.window,
-                       lookup_rate=cfg.lookup_rate)
+    opts = SpecOptions(
+        method="dflash",
+        drafter=path,
+        block_size=cfg.block_size,
+        window=cfg.window,
+        lookup_rate=cfg.lookup_rate,
+    )
     # planner requests: a drafter distilled on another plan format is reported stale (once)
     fmt = plan_format_fingerprint() if cfg.prompt_set == "robot" else None
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
     reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
-    msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[:cfg.n]
+    msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[: cfg.n]
     prompts = [tok.encode_chat(m) for m in msgs]
     gtok = GrammarTokenizer(tok) if cfg.constrained else None
     agg = {f"{run}_{total}": 0 for run in RUNS for total in ("tokens", "s", "cycles", "committed")}
     agg["comb_lookup_cycles"] = 0
     offered, accepted = [0] * (block - 1), [0] * (block - 1)
     identical, per_prompt = True, []
-    for i, ids in enumerate(tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr,
-                                 disable=not progress)):
+    for i, ids in enumerate(
+        tqdm(prompts, desc="eval-drafter", unit="prompt", file=sys.stderr, disable=not progress)
+    ):
         req = reqs[i] if cfg.constrained else None
         # Fresh proposers per prompt (their windows and lookup counters are per sequence).
         spec_sp = build_speculation(opts, model, drafter=drafter, plan_format=fmt)
-        comb_sp = build_speculation(replace(opts, method="combined"), model, drafter=drafter, plan_format=fmt)
+        comb_sp = build_speculation(
+            replace(opts, method="combined"), model, drafter=drafter, plan_format=fmt
+        )
         ngram_sp = build_speculation(replace(opts, method="ngram"), model)
         with torch.inference_mode():
             plain = rt.generate(ids, params, constraint=plan_constraint(gtok, req))
@@ -118,36 +133,56 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
             _tally(agg, run, res.stats)
         agg["comb_lookup_cycles"] += comb_prop.lookup_cycles
         for j, (o, a) in enumerate(zip(ss.pos_offered, ss.pos_accepted)):
-            if j == len(offered):     # grammar-forced tokens can make a draft longer than B - 1
+            if j == len(offered):  # grammar-forced tokens can make a draft longer than B - 1
                 offered.append(0)
                 accepted.append(0)
             offered[j] += o
             accepted[j] += a
-        per_prompt.append({"tokens": ss.generated, "identical": same,
-                           "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0,
-                           "combined_accept_length_mean": round(hs.committed / hs.cycles, 3) if hs.cycles else 0.0})
+        per_prompt.append(
+            {
+                "tokens": ss.generated,
+                "identical": same,
+                "accept_length_mean": round(ss.committed / ss.cycles, 3) if ss.cycles else 0.0,
+                "combined_accept_length_mean": round(hs.committed / hs.cycles, 3)
+                if hs.cycles
+                else 0.0,
+            }
+        )
     plain_tps = agg["plain_tokens"] / agg["plain_s"] if agg["plain_s"] else 0.0
     spec_tps = agg["spec_tokens"] / agg["spec_s"] if agg["spec_s"] else 0.0
     comb_tps = agg["comb_tokens"] / agg["comb_s"] if agg["comb_s"] else 0.0
     ngram_tps = agg["ngram_tokens"] / agg["ngram_s"] if agg["ngram_s"] else 0.0
     return {
-        "prompts": len(prompts), "split": "heldout", "constrained": cfg.constrained, "max_tokens": cfg.max_tokens,
+        "prompts": len(prompts),
+        "split": "heldout",
+        "constrained": cfg.constrained,
+        "max_tokens": cfg.max_tokens,
         "block_size": block,
-        "window": cfg.window, "identical_output": identical,
-        "spec_note": spec_sp.note,       # "" unless the drafter is stale for today's planner format
-        "accept_length_mean": round(agg["spec_committed"] / agg["spec_cycles"], 4) if agg["spec_cycles"] else 0.0,
+        "window": cfg.window,
+        "identical_output": identical,
+        "spec_note": spec_sp.note,  # "" unless the drafter is stale for today's planner format
+        "accept_length_mean": round(agg["spec_committed"] / agg["spec_cycles"], 4)
+        if agg["spec_cycles"]
+        else 0.0,
         "accept_per_position": [round(a / o, 4) if o else 0.0 for a, o in zip(accepted, offered)],
-        "plain_decode_tok_s": round(plain_tps, 2), "spec_decode_tok_s": round(spec_tps, 2),
+        "plain_decode_tok_s": round(plain_tps, 2),
+        "spec_decode_tok_s": round(spec_tps, 2),
         "speedup": round(spec_tps / plain_tps, 3) if plain_tps else 0.0,
         "combined": {
             "lookup_rate": cfg.lookup_rate,
-            "accept_length_mean": round(agg["comb_committed"] / agg["comb_cycles"], 4) if agg["comb_cycles"] else 0.0,
-            "lookup_cycle_share": round(agg["comb_lookup_cycles"] / agg["comb_cycles"], 4) if agg["comb_cycles"] else 0.0,
+            "accept_length_mean": round(agg["comb_committed"] / agg["comb_cycles"], 4)
+            if agg["comb_cycles"]
+            else 0.0,
+            "lookup_cycle_share": round(agg["comb_lookup_cycles"] / agg["comb_cycles"], 4)
+            if agg["comb_cycles"]
+            else 0.0,
             "decode_tok_s": round(comb_tps, 2),
             "speedup": round(comb_tps / plain_tps, 3) if plain_tps else 0.0,
         },
         "ngram": {
-            "accept_length_mean": round(agg["ngram_committed"] / agg["ngram_cycles"], 4) if agg["ngram_cycles"] else 0.0,
+            "accept_length_mean": round(agg["ngram_committed"] / agg["ngram_cycles"], 4)
+            if agg["ngram_cycles"]
+            else 0.0,
             "decode_tok_s": round(ngram_tps, 2),
             "speedup": round(ngram_tps / plain_tps, 3) if plain_tps else 0.0,
         },

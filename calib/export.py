@@ -5,6 +5,7 @@ the runtime casts it to the target's dtype on load, and held-out acceptance is m
 stored weights), with its config, head shortlist, report and loss curve beside it. The copy is
 checked by loading it as the runtime will, and written file by file atomically.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,7 +15,7 @@ import torch
 
 from thor_runtime.errors import ThorError
 
-KEEP = ("report.json", "loss.png")   # copied as they are when present
+KEEP = ("report.json", "loss.png")  # copied as they are when present
 
 
 def export_drafter(src: str | Path, dst: str | Path, dtype: str = "bf16") -> dict:
@@ -23,7 +24,9 @@ def export_drafter(src: str | Path, dst: str | Path, dtype: str = "bf16") -> dic
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if dtype not in dtypes:
-        raise ThorError(f"export-drafter: --dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+        raise ThorError(
+            f"export-drafter: --dtype must be one of {', '.join(dtypes)}, got {dtype!r}"
+        )
     src, dst = Path(src), Path(dst)
     if dst.exists() and not dst.is_dir():
         raise ThorError(f"export-drafter: {dst} is a file, not a directory")
@@ -37,8 +40,13 @@ def export_drafter(src: str | Path, dst: str | Path, dtype: str = "bf16") -> dic
             tmp = dst / (name + ".tmp")
             shutil.copyfile(src / name, tmp)
             tmp.replace(dst / name)
-    back = load_drafter(dst)           # the runtime's own reader accepts the copy
+    back = load_drafter(dst)  # the runtime's own reader accepts the copy
     n = sum(p.numel() for p in back.parameters())
-    return {"drafter": str(dst), "dtype": dtype, "parameters": n,
-            "bytes": (dst / "model.safetensors").stat().st_size,
-            "draft_vocab": back.draft_vocab is not None, "plan_format": back.cfg.plan_format}
+    return {
+        "drafter": str(dst),
+        "dtype": dtype,
+        "parameters": n,
+        "bytes": (dst / "model.safetensors").stat().st_size,
+        "draft_vocab": back.draft_vocab is not None,
+        "plan_format": back.cfg.plan_format,
+    }

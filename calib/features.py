@@ -22,6 +22,7 @@ features/part-NNNNN.safetensors   (metadata: format, seqs_sha256)
     offs  int64 [n+1] row offsets into taps
     index int64 [n]   the sequence's prompt_index in the data set
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,11 +62,16 @@ class _Prefill:
                 keep += 1
             self.cache.crop(keep)
         else:
-            self.cache = self.model.new_cache(self.capacity)  # a hybrid's holds its recurrent state too
-        out = self.model.forward(torch.tensor(ids[keep:], dtype=torch.long), self.cache, taps=taps,
-                                 logits_rows="none")
+            self.cache = self.model.new_cache(
+                self.capacity
+            )  # a hybrid's holds its recurrent state too
+        out = self.model.forward(
+            torch.tensor(ids[keep:], dtype=torch.long), self.cache, taps=taps, logits_rows="none"
+        )
         self.prev = ids
-        raw = torch.cat([out.taps[t][first - keep:] for t in taps], dim=-1)           # [T - first, n_taps*D]
+        raw = torch.cat(
+            [out.taps[t][first - keep :] for t in taps], dim=-1
+        )  # [T - first, n_taps*D]
         return raw.to(torch.bfloat16).cpu(), first
 
 
@@ -88,8 +94,15 @@ def _part_hash(f: Path) -> str | None:
         return None
 
 
-def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, out_dir: Path,
-                   key: dict, progress: bool = True) -> "Features":
+def build_features(
+    model,
+    seqs: list[dict],
+    taps: tuple[int, ...],
+    window: int,
+    out_dir: Path,
+    key: dict,
+    progress: bool = True,
+) -> "Features":
     """Compute missing parts under out_dir (refusing a cache made for other settings)."""
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -104,19 +117,32 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
             raise ThorError(f"{mf}: not valid JSON ({e})") from None
         if old != meta:
             diff = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
-            raise ThorError(f"{out_dir}: feature cache was made with other settings ({', '.join(diff)}); "
-                            "delete it or use another --out")
+            raise ThorError(
+                f"{out_dir}: feature cache was made with other settings ({', '.join(diff)}); "
+                "delete it or use another --out"
+            )
     else:
         write_json_atomic(mf, meta)
     n_parts = (len(seqs) + PART - 1) // PART
-    todo = [p for p in range(n_parts)
-            if _part_hash(out_dir / f"part-{p:05d}.safetensors") != seqs_hash(seqs[p * PART:(p + 1) * PART])]
-    bar = tqdm(total=len(seqs), initial=len(seqs) - sum(len(seqs[p * PART:(p + 1) * PART]) for p in todo),
-               desc="target taps", unit="seq", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    todo = [
+        p
+        for p in range(n_parts)
+        if _part_hash(out_dir / f"part-{p:05d}.safetensors")
+        != seqs_hash(seqs[p * PART : (p + 1) * PART])
+    ]
+    bar = tqdm(
+        total=len(seqs),
+        initial=len(seqs) - sum(len(seqs[p * PART : (p + 1) * PART]) for p in todo),
+        desc="target taps",
+        unit="seq",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     run = _Prefill(model, max((len(s["ids"]) for s in seqs), default=1))
     with torch.inference_mode():
         for p in todo:
-            part = seqs[p * PART:(p + 1) * PART]
+            part = seqs[p * PART : (p + 1) * PART]
             rows, firsts, offs = [], [], [0]
             for s in part:
                 r, f = run.taps(s, taps, window)
@@ -125,10 +151,16 @@ def build_features(model, seqs: list[dict], taps: tuple[int, ...], window: int, 
                 offs.append(offs[-1] + r.shape[0])
                 bar.update(1)
             f = out_dir / f"part-{p:05d}.safetensors"
-            save_file({"taps": torch.cat(rows), "first": torch.tensor(firsts, dtype=torch.int64),
-                       "offs": torch.tensor(offs, dtype=torch.int64),
-                       "index": torch.tensor([s["index"] for s in part], dtype=torch.int64)},
-                      str(f) + ".tmp", metadata={"format": FEAT_FORMAT, "seqs_sha256": seqs_hash(part)})
+            save_file(
+                {
+                    "taps": torch.cat(rows),
+                    "first": torch.tensor(firsts, dtype=torch.int64),
+                    "offs": torch.tensor(offs, dtype=torch.int64),
+                    "index": torch.tensor([s["index"] for s in part], dtype=torch.int64),
+                },
+                str(f) + ".tmp",
+                metadata={"format": FEAT_FORMAT, "seqs_sha256": seqs_hash(part)},
+            )
             os.replace(str(f) + ".tmp", f)
     bar.close()
     return Features.load(out_dir, seqs)
@@ -138,7 +170,7 @@ class Features:
     """All sequences' stored tap rows in RAM (bf16): ``rows(i, a, b)`` -> [b - a, n_taps*D]."""
 
     def __init__(self, taps: torch.Tensor, first: list[int], offs: list[int]):
-        self.taps, self.first, self.offs = taps, first, offs   # taps [R, n_taps*D] bf16
+        self.taps, self.first, self.offs = taps, first, offs  # taps [R, n_taps*D] bf16
 
     @classmethod
     def load(cls, out_dir: Path, seqs: list[dict]) -> "Features":
@@ -153,7 +185,7 @@ class Features:
                 t = load_file(str(f))
             except (SafetensorError, OSError, ValueError) as e:
                 raise ThorError(f"{f}: cannot read feature part (truncated?): {e}") from None
-            if _part_hash(f) != seqs_hash(seqs[p * PART:(p + 1) * PART]):
+            if _part_hash(f) != seqs_hash(seqs[p * PART : (p + 1) * PART]):
                 raise ThorError(f"{f}: feature part does not match the data set; delete {out_dir}")
             base = offs[-1]
             chunks.append(t["taps"])
@@ -167,4 +199,4 @@ class Features:
         if a < self.first[i]:
             raise ThorError(f"features: position {a} of sequence {i} was not stored")
         o = self.offs[i] + a - self.first[i]
-        return self.taps[o:o + (b - a)]
+        return self.taps[o : o + (b - a)]

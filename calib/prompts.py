@@ -12,6 +12,7 @@ generator for a split simply skips candidates that hash into the other split. Tw
 seed streams plus this content rule mean heldout text is never trained on, even when the
 random choices happen to coincide.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,7 +27,7 @@ from agent.planner.prompt import build_messages
 from thor_runtime.errors import ThorError
 
 SPLITS = ("train", "heldout")
-HELDOUT_MOD = 8                      # 1 in 8 candidate prompts is held out
+HELDOUT_MOD = 8  # 1 in 8 candidate prompts is held out
 GENERAL_FILE = Path(__file__).resolve().parent / "general_instructions.json"
 # Separate seed streams per split (the content hash is what guarantees disjointness).
 _STREAM = {"train": 0x7A11, "heldout": 0x4E1D}
@@ -53,48 +54,110 @@ NAME_VOCAB = {
     "barrel": ["barrel", "oil_drum", "water_barrel"],
 }
 PLACE_VOCAB = {
-    "kitchen": ["counter", "sink", "dish_rack", "table", "top_shelf", "stove", "fridge_shelf", "island"],
-    "lab_bench": ["tray", "rack_slot_1", "rack_slot_2", "centrifuge", "scale", "waste_bin", "fume_hood"],
-    "warehouse": ["dock_1", "dock_2", "aisle_3", "aisle_7", "shelf_b2", "staging_area", "charging_station",
-                  "mezzanine", "packing_zone"],
+    "kitchen": [
+        "counter",
+        "sink",
+        "dish_rack",
+        "table",
+        "top_shelf",
+        "stove",
+        "fridge_shelf",
+        "island",
+    ],
+    "lab_bench": [
+        "tray",
+        "rack_slot_1",
+        "rack_slot_2",
+        "centrifuge",
+        "scale",
+        "waste_bin",
+        "fume_hood",
+    ],
+    "warehouse": [
+        "dock_1",
+        "dock_2",
+        "aisle_3",
+        "aisle_7",
+        "shelf_b2",
+        "staging_area",
+        "charging_station",
+        "mezzanine",
+        "packing_zone",
+    ],
 }
-WORLD_NAMES = {"kitchen": ["kitchen", "home_kitchen", "cafe_counter"],
-               "lab_bench": ["lab_bench", "wet_lab", "qc_bench"],
-               "warehouse": ["warehouse", "hall_b", "depot"]}
+WORLD_NAMES = {
+    "kitchen": ["kitchen", "home_kitchen", "cafe_counter"],
+    "lab_bench": ["lab_bench", "wet_lab", "qc_bench"],
+    "warehouse": ["warehouse", "hall_b", "depot"],
+}
 
 # {o}, {o2}: objects; {p}, {p2}: places; {n}: a number. Arm and mobile worlds share most verbs.
 TASK_TEMPLATES = [
-    "pick up the {o} and place it on the {p}", "put the {o} on the {p}", "move the {o} to the {p}",
-    "take the {o} to the {p}", "grab the {o} and drop it at the {p}", "bring the {o} over to the {p}",
-    "place the {o} at the {p}, then the {o2} at the {p2}", "swap the places of the {o} and the {o2}",
-    "stack the {o} next to the {o2} on the {p}", "sort the {o} and the {o2}: light one to the {p}, heavy "
-    "one to the {p2}", "clear the {p}: move everything you can to the {p2}", "hand the {o} over at the {p}",
-    "open the {o}", "close the {o}", "open the {o}, put the {o2} away at the {p}, then close it",
-    "pour the {o} into the {o2}", "wait {n} seconds, then move the {o} to the {p}",
-    "tidy up: return the {o} to the {p}", "collect the {o} and the {o2} at the {p}",
-    "inspect the {p} and then pick up the {o}", "carry the {o} to the {p} and come back",
-    "move the gripper above the {o}", "lift the {o} and hold it", "put the {o} back where it was",
-    "deliver the {o} to the {p} as fast as possible", "first the {o2}, then the {o}: both to the {p}",
-    "Please move the {o} from where it is to the {p}.", "Can you put the {o} onto the {p}?",
-    "I need the {o} at the {p}.", "Relocate {o} -> {p}.",
-    "push the {o} towards the {p}", "fetch the {o} from wherever it is and leave it at the {p}",
-    "the {o} belongs at the {p}, sort that out", "get the {o} and the {o2} over to the {p}",
-    "could you check the {p}, then bring me the {o}?", "drop off the {o} at the {p} on your way",
+    "pick up the {o} and place it on the {p}",
+    "put the {o} on the {p}",
+    "move the {o} to the {p}",
+    "take the {o} to the {p}",
+    "grab the {o} and drop it at the {p}",
+    "bring the {o} over to the {p}",
+    "place the {o} at the {p}, then the {o2} at the {p2}",
+    "swap the places of the {o} and the {o2}",
+    "stack the {o} next to the {o2} on the {p}",
+    "sort the {o} and the {o2}: light one to the {p}, heavy one to the {p2}",
+    "clear the {p}: move everything you can to the {p2}",
+    "hand the {o} over at the {p}",
+    "open the {o}",
+    "close the {o}",
+    "open the {o}, put the {o2} away at the {p}, then close it",
+    "pour the {o} into the {o2}",
+    "wait {n} seconds, then move the {o} to the {p}",
+    "tidy up: return the {o} to the {p}",
+    "collect the {o} and the {o2} at the {p}",
+    "inspect the {p} and then pick up the {o}",
+    "carry the {o} to the {p} and come back",
+    "move the gripper above the {o}",
+    "lift the {o} and hold it",
+    "put the {o} back where it was",
+    "deliver the {o} to the {p} as fast as possible",
+    "first the {o2}, then the {o}: both to the {p}",
+    "Please move the {o} from where it is to the {p}.",
+    "Can you put the {o} onto the {p}?",
+    "I need the {o} at the {p}.",
+    "Relocate {o} -> {p}.",
+    "push the {o} towards the {p}",
+    "fetch the {o} from wherever it is and leave it at the {p}",
+    "the {o} belongs at the {p}, sort that out",
+    "get the {o} and the {o2} over to the {p}",
+    "could you check the {p}, then bring me the {o}?",
+    "drop off the {o} at the {p} on your way",
 ]
 CONSTRAINTS = [
-    "", "", "", "", " and avoid the {p2}", ", do it gently", " in under {n} s", ", keep it upright",
-    " without touching the {o2}", ", slowly", " and then wait", ", grasp it from the side",
-    ", use a top grasp", " and report when done", ", carefully", " while staying clear of the {p2}",
+    "",
+    "",
+    "",
+    "",
+    " and avoid the {p2}",
+    ", do it gently",
+    " in under {n} s",
+    ", keep it upright",
+    " without touching the {o2}",
+    ", slowly",
+    " and then wait",
+    ", grasp it from the side",
+    ", use a top grasp",
+    " and report when done",
+    ", carefully",
+    " while staying clear of the {p2}",
 ]
 
 
 @dataclass(frozen=True)
 class PromptSpec:
     """Validated request for a prompt set (what `thor calib` commands pass around)."""
+
     split: str
     n: int
     seed: int = 0
-    general_frac: float = 0.1        # share of general instructions mixed into a calibration set
+    general_frac: float = 0.1  # share of general instructions mixed into a calibration set
 
     def __post_init__(self):
         if self.split not in SPLITS:
@@ -106,8 +169,8 @@ class PromptSpec:
 
 
 DOMAIN_FILE = Path(__file__).resolve().parent / "domains.json"
-ALIAS_SHARE = 0.3                    # share of mentions of a thing with aliases that use one
-SAMPLE_SHARE = 0.4                   # share of requests set in a sample world (the rest: a domain)
+ALIAS_SHARE = 0.3  # share of mentions of a thing with aliases that use one
+SAMPLE_SHARE = 0.4  # share of requests set in a sample world (the rest: a domain)
 # People write "the seed tray", not "the seed_tray": the share of mentions in a task that spell
 # a name as words. With none, the drafter never saw a task copied into "task" as words, and on
 # unseen worlds it missed at nearly every word of it.
@@ -115,17 +178,42 @@ SPOKEN_SHARE = 0.7
 # Share of requests whose objects and places get invented names (pseudo-words): names no model
 # has memorized, so a drafter must copy them from its window rather than recall a vocabulary.
 INVENTED_SHARE = 0.3
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "qu", "r",
-           "s", "sk", "st", "t", "tr", "v", "w", "z")
+_ONSETS = (
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gl",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pl",
+    "qu",
+    "r",
+    "s",
+    "sk",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "w",
+    "z",
+)
 _NUCLEI = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "l", "x", "m", "sk")
-_RARE = ("kv", "zv", "qv", "xh")     # onsets no English word has: an invented word is never a real one
+_RARE = ("kv", "zv", "qv", "xh")  # onsets no English word has: an invented word is never a real one
 
 
 @dataclass(frozen=True)
 class _Base:
     """A setting requests are drawn from: its world and skills (dicts) and the names a drawn
     world may give its objects (per type), places and itself."""
+
     world: dict
     skills: dict
     rename: dict
@@ -143,9 +231,15 @@ def _sample_bases() -> list[_Base]:
     for wp in sorted((AGENT_DIR / "worlds").glob("*.json")):
         w = json.loads(wp.read_text(encoding="utf-8"))
         sp = (wp.parent / w.get("skills", "../skills/manipulation.json")).resolve()
-        out.append(_Base(w, json.loads(sp.read_text(encoding="utf-8")), NAME_VOCAB,
-                         PLACE_VOCAB.get(w["name"], [p["name"] for p in w["places"]]),
-                         WORLD_NAMES.get(w["name"], [w["name"]])))
+        out.append(
+            _Base(
+                w,
+                json.loads(sp.read_text(encoding="utf-8")),
+                NAME_VOCAB,
+                PLACE_VOCAB.get(w["name"], [p["name"] for p in w["places"]]),
+                WORLD_NAMES.get(w["name"], [w["name"]]),
+            )
+        )
     if not out:
         raise ThorError(f"no sample worlds under {AGENT_DIR / 'worlds'}")
     return out
@@ -161,10 +255,18 @@ def _domain_bases() -> list[_Base]:
     out = []
     try:
         for d in doc["domains"]:
-            w = {k: v for k, v in d.items() if k not in ("skills", "rename", "place_names", "world_names")}
-            out.append(_Base(w, _skills(d["skills"]), d["rename"], d["place_names"], d["world_names"]))
+            w = {
+                k: v
+                for k, v in d.items()
+                if k not in ("skills", "rename", "place_names", "world_names")
+            }
+            out.append(
+                _Base(w, _skills(d["skills"]), d["rename"], d["place_names"], d["world_names"])
+            )
     except (KeyError, TypeError, AttributeError, OSError) as e:
-        raise ThorError(f"{DOMAIN_FILE}: a domain lacks a field or names no skills file ({e!r})") from None
+        raise ThorError(
+            f"{DOMAIN_FILE}: a domain lacks a field or names no skills file ({e!r})"
+        ) from None
     return out
 
 
@@ -193,8 +295,11 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
     used: set[str] = set()
 
     def fresh(cands: list[str], default: str, pool: list[str] = ()) -> str:
-        free = ([c for c in cands if c not in used] or [c for c in pool if c not in used]
-                or [f"{default}_{len(used)}"])
+        free = (
+            [c for c in cands if c not in used]
+            or [c for c in pool if c not in used]
+            or [f"{default}_{len(used)}"]
+        )
         name = rng.choice(free)
         used.add(name)
         return name
@@ -206,19 +311,25 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
         if o["name"] != old:
             o.pop("aliases", None)
         # jitter by up to 15% of the workspace span, clamped inside it (z kept for shelves etc.)
-        o["position"] = [_r2(min(h, max(l, p + rng.uniform(-0.15, 0.15) * s)))
-                         for p, l, h, s in zip(o["position"], lo, hi, span)]
+        o["position"] = [
+            _r2(min(h, max(l, p + rng.uniform(-0.15, 0.15) * s)))
+            for p, l, h, s in zip(o["position"], lo, hi, span)
+        ]
         o["mass_kg"] = _r2(max(0.01, o["mass_kg"] * rng.uniform(0.5, 1.5)))
     w["objects"] = objs
     places = rng.sample(w["places"], rng.randint(min(2, len(w["places"])), len(w["places"])))
     renamed = {}
     for p in places:
         old = p["name"]
-        p["name"] = renamed[old] = fresh(b.places if rng.random() < 0.5 else [p["name"]], p["name"], b.places)
+        p["name"] = renamed[old] = fresh(
+            b.places if rng.random() < 0.5 else [p["name"]], p["name"], b.places
+        )
         if p["name"] != old:
             p.pop("aliases", None)
-        p["position"] = [_r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
-                         for v, l, h, s in zip(p["position"], lo, hi, span)]
+        p["position"] = [
+            _r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
+            for v, l, h, s in zip(p["position"], lo, hi, span)
+        ]
     w["places"] = places
     _follow_places(w, renamed)
     w["name"] = rng.choice(b.world_names)
@@ -242,8 +353,10 @@ def invented_word(rng: random.Random) -> str:
     has, so it is never a real word (tests/calib/test_calib.py checks the evaluation sets' names)."""
     n = rng.choice((2, 2, 3))
     rare = rng.randrange(1, n)
-    return "".join(rng.choice(_RARE if i == rare else _ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS)
-                   for i in range(n))
+    return "".join(
+        rng.choice(_RARE if i == rare else _ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS)
+        for i in range(n)
+    )
 
 
 def _invent_names(rng: random.Random, w: dict) -> None:
@@ -257,6 +370,7 @@ def _invent_names(rng: random.Random, w: dict) -> None:
             if name not in used:
                 used.add(name)
                 return name
+
     renamed = {}
     for kind in ("objects", "places"):
         for t in w[kind]:
@@ -270,14 +384,25 @@ def _invent_names(rng: random.Random, w: dict) -> None:
 def _random_task(rng: random.Random, world: dict) -> str:
     """A task from the templates; a thing that has aliases is sometimes called by one, as
     people on site do ("the cone"), and a name is mostly said as words ("the seed tray")."""
+
     def called(thing: dict) -> str:
-        name = rng.choice(thing["aliases"]) if thing.get("aliases") and rng.random() < ALIAS_SHARE else thing["name"]
+        name = (
+            rng.choice(thing["aliases"])
+            if thing.get("aliases") and rng.random() < ALIAS_SHARE
+            else thing["name"]
+        )
         return name.replace("_", " ") if rng.random() < SPOKEN_SHARE else name
 
     objs, places = world["objects"], world["places"]
     o, o2 = rng.sample(objs, 2) if len(objs) >= 2 else (objs[0], objs[0])
     p, p2 = rng.sample(places, 2) if len(places) >= 2 else (places[0], places[0])
-    fill = dict(o=called(o), o2=called(o2), p=called(p), p2=called(p2), n=rng.choice([5, 10, 15, 20, 30, 45, 60]))
+    fill = dict(
+        o=called(o),
+        o2=called(o2),
+        p=called(p),
+        p2=called(p2),
+        n=rng.choice([5, 10, 15, 20, 30, 45, 60]),
+    )
     task = rng.choice(TASK_TEMPLATES).format(**fill) + rng.choice(CONSTRAINTS).format(**fill)
     return task[0].upper() + task[1:] if rng.random() < 0.3 else task
 
@@ -294,6 +419,7 @@ def split_of(messages: list[dict]) -> str:
 @dataclass(frozen=True)
 class RobotRequest:
     """One planner request: the chat messages plus what the planner's grammar is built from."""
+
     messages: list
     task: str
     world: World
@@ -308,13 +434,17 @@ def robot_requests(split: str, n: int, seed: int = 0) -> list[RobotRequest]:
     out: list[RobotRequest] = []
     i = 0
     while len(out) < n:
-        rng = random.Random(f"{_STREAM[split]}:{seed}:{i}")   # str seeds hash deterministically
+        rng = random.Random(f"{_STREAM[split]}:{seed}:{i}")  # str seeds hash deterministically
         i += 1
         b = rng.choice(samples if rng.random() < SAMPLE_SHARE else domains)
         wd = _random_world(rng, b)
         if rng.random() < INVENTED_SHARE:
             _invent_names(rng, wd)
-        task, world, skill_set = _random_task(rng, wd), world_from_dict(wd), skills_from_dict(b.skills)
+        task, world, skill_set = (
+            _random_task(rng, wd),
+            world_from_dict(wd),
+            skills_from_dict(b.skills),
+        )
         msgs = build_messages(task, world, skill_set)
         if split_of(msgs) == split:
             out.append(RobotRequest(msgs, task, world, skill_set))
@@ -332,7 +462,7 @@ def general_instructions() -> list[str]:
         raise ThorError(f"cannot read {GENERAL_FILE}: {e}") from None
     items = doc.get("instructions") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise ThorError(f"{GENERAL_FILE}: expected {{\"instructions\": [non-empty strings]}}")
+        raise ThorError(f'{GENERAL_FILE}: expected {{"instructions": [non-empty strings]}}')
     return items
 
 
@@ -351,7 +481,9 @@ def calib_items(spec: PromptSpec) -> list[tuple[list[dict], RobotRequest | None]
     gen = general_prompts(spec.split)
     random.Random(f"general:{spec.seed}").shuffle(gen)
     every = round(1 / spec.general_frac) if spec.general_frac > 0 else 0
-    kinds = [bool(every) and i % every == every - 1 and i // every < len(gen) for i in range(spec.n)]
+    kinds = [
+        bool(every) and i % every == every - 1 and i // every < len(gen) for i in range(spec.n)
+    ]
     robot = iter(robot_requests(spec.split, kinds.count(False), spec.seed))
     items = []
     for i, k in enumerate(kinds):

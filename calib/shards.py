@@ -8,6 +8,7 @@
 Shards are written atomically (tmp + os.replace), so a reader sees whole shards only, and an
 interrupted ``gen-data`` resumes from what is there.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ def read_shards(data_dir: str | Path) -> list[dict]:
     d = Path(data_dir)
     man = read_manifest(d)
     if man is None or man.get("format") != DATA_FORMAT:
-        raise ThorError(f"{d}: not a calibration data directory (missing manifest.json with format "
-                        f"{DATA_FORMAT}); make one with `thor calib gen-data`")
+        raise ThorError(
+            f"{d}: not a calibration data directory (missing manifest.json with format "
+            f"{DATA_FORMAT}); make one with `thor calib gen-data`"
+        )
     seqs = []
     for f in sorted(d.glob("shard-*.safetensors")):
         try:
@@ -52,7 +55,7 @@ def read_shards(data_dir: str | Path) -> list[dict]:
             raise ThorError(f"{f}: expected tensors {sorted(need)}, found {sorted(t)}")
         toks, off = t["tokens"].tolist(), t["offsets"].tolist()
         for j, (pl, ix) in enumerate(zip(t["prompt_lens"].tolist(), t["prompt_index"].tolist())):
-            seqs.append({"ids": toks[off[j]:off[j + 1]], "prompt_len": pl, "index": ix})
+            seqs.append({"ids": toks[off[j] : off[j + 1]], "prompt_len": pl, "index": ix})
     return sorted(seqs, key=lambda s: s["index"])
 
 
@@ -63,9 +66,12 @@ def write_shard(path: Path, seqs: list[dict]) -> None:
     off = [0]
     for s in seqs:
         off.append(off[-1] + len(s["ids"]))
-    tensors = {"tokens": torch.tensor(flat, dtype=torch.int32), "offsets": torch.tensor(off, dtype=torch.int64),
-               "prompt_lens": torch.tensor([s["prompt_len"] for s in seqs], dtype=torch.int32),
-               "prompt_index": torch.tensor([s["index"] for s in seqs], dtype=torch.int64)}
+    tensors = {
+        "tokens": torch.tensor(flat, dtype=torch.int32),
+        "offsets": torch.tensor(off, dtype=torch.int64),
+        "prompt_lens": torch.tensor([s["prompt_len"] for s in seqs], dtype=torch.int32),
+        "prompt_index": torch.tensor([s["index"] for s in seqs], dtype=torch.int64),
+    }
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": DATA_FORMAT})
     os.replace(tmp, path)

@@ -8,6 +8,7 @@ Attention, the GDN mixer, the KV cache and recurrent state, speculation and gram
 which backend ran. ``torch`` is the reference (the model's own methods); the graph
 backends load only from the verified engine cache (cache.py), building an entry on first use.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -17,9 +18,32 @@ import torch
 
 from thor_runtime.errors import ThorError
 
+# re-exported: importers of this module find these names here too
+from .base import (
+    PRECISIONS as PRECISIONS,
+)
+from .base import (
+    PREFILL_PROFILE as PREFILL_PROFILE,
+)
+
 # the shared part, importable from here as before
-from .base import (PRECISIONS, PREFILL_PROFILE, BackendOptions, GraphBackend, TorchBackend,  # noqa: F401
-                   default_cache_dir, key_fields, profile_tokens, spec_width)
+from .base import (
+    BackendOptions,
+    GraphBackend,
+    TorchBackend,  # noqa: F401
+)
+from .base import (
+    default_cache_dir as default_cache_dir,
+)
+from .base import (
+    key_fields as key_fields,
+)
+from .base import (
+    profile_tokens as profile_tokens,
+)
+from .base import (
+    spec_width as spec_width,
+)
 from .segments import SEGMENTS, TOKEN_AXIS, example_inputs
 
 
@@ -40,10 +64,16 @@ def _make_trt(model, opts, progress):
 
 
 # name -> factory(model, BackendOptions, progress) -> GraphBackend
-BACKENDS: dict[str, Callable] = {"torch": _make_torch, "onnxruntime": _make_ort, "tensorrt": _make_trt}
+BACKENDS: dict[str, Callable] = {
+    "torch": _make_torch,
+    "onnxruntime": _make_ort,
+    "tensorrt": _make_trt,
+}
 
 
-def make_backend(name: str, model, opts: BackendOptions = BackendOptions(), progress=None) -> GraphBackend:
+def make_backend(
+    name: str, model, opts: BackendOptions = BackendOptions(), progress=None
+) -> GraphBackend:
     if name not in BACKENDS:
         raise ThorError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     return BACKENDS[name](model, opts, progress)
@@ -57,11 +87,15 @@ class RowWiseGraphs(GraphBackend):
         self.b, self.name, self.plan = backend, backend.name, backend.plan
 
     def run(self, segment, layer, *xs):
-        if segment == "embed":              # a gather: the same bits for any row count
+        if segment == "embed":  # a gather: the same bits for any row count
             return self.b.run(segment, layer, *xs)
-        rows = [self.b.run(segment, layer, *(x[t:t + 1] for x in xs)) for t in range(xs[0].shape[0])]
-        return tuple(torch.cat(parts, dim=TOKEN_AXIS.get(n, 0))
-                     for n, parts in zip(SEGMENTS[segment].outputs, zip(*rows)))
+        rows = [
+            self.b.run(segment, layer, *(x[t : t + 1] for x in xs)) for t in range(xs[0].shape[0])
+        ]
+        return tuple(
+            torch.cat(parts, dim=TOKEN_AXIS.get(n, 0))
+            for n, parts in zip(SEGMENTS[segment].outputs, zip(*rows))
+        )
 
 
 def rows_exact(model, backend: GraphBackend) -> GraphBackend:
@@ -79,8 +113,10 @@ def rows_exact(model, backend: GraphBackend) -> GraphBackend:
         alone = rw.run(segment, layer, *xs)
         for m in range(2, EXACT_ROWS + 1):
             got = backend.run(segment, layer, *(x[:m] for x in xs))
-            if not all(torch.equal(g, a.narrow(TOKEN_AXIS.get(n, 0), 0, m))
-                       for n, g, a in zip(SEGMENTS[segment].outputs, got, alone)):
+            if not all(
+                torch.equal(g, a.narrow(TOKEN_AXIS.get(n, 0), 0, m))
+                for n, g, a in zip(SEGMENTS[segment].outputs, got, alone)
+            ):
                 return rw
     return backend
 
@@ -91,7 +127,9 @@ def attach(model, backend: GraphBackend | None) -> None:
     model.backend = None if backend is None or type(backend) is TorchBackend else backend
     if model.backend is None:
         model.backend_exact = None
-    elif getattr(model, "is_hybrid", False):  # verify must stay exact: probe the kernels, else row by row
+    elif getattr(
+        model, "is_hybrid", False
+    ):  # verify must stay exact: probe the kernels, else row by row
         model.backend_exact = rows_exact(model, model.backend)
     else:
         from thor_runtime.models import backend_for_verify

@@ -17,6 +17,7 @@ each file into memory, checks its sha256 against the manifest and only then hand
 to ONNX Runtime or TensorRT: a file that does not match is refused before it is deserialized
 (engines are code), and the checked bytes are the ones that run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,17 +82,23 @@ class Entry:
     def read(self, name: str) -> bytes:
         files = self.manifest["files"]
         if name not in files:
-            raise EngineRefused(f"engine cache entry {self.key}: {name} is not in its manifest; refusing to load it")
+            raise EngineRefused(
+                f"engine cache entry {self.key}: {name} is not in its manifest; refusing to load it"
+            )
         p = self.path / name
         try:
             data = p.read_bytes()
         except OSError as e:
-            raise EngineRefused(f"engine cache entry {self.key}: cannot read {name}: {e.strerror}") from None
+            raise EngineRefused(
+                f"engine cache entry {self.key}: cannot read {name}: {e.strerror}"
+            ) from None
         got = sha256_bytes(data)
         if got != files[name]["sha256"]:
-            raise EngineRefused(f"engine file {p} does not match its manifest hash (sha256 {got[:16]}..., "
-                                f"expected {files[name]['sha256'][:16]}...); refusing to load it. "
-                                "Run `thor engines prune` and rebuild")
+            raise EngineRefused(
+                f"engine file {p} does not match its manifest hash (sha256 {got[:16]}..., "
+                f"expected {files[name]['sha256'][:16]}...); refusing to load it. "
+                "Run `thor engines prune` and rebuild"
+            )
         return data
 
     def problems(self) -> list[str]:
@@ -124,9 +131,16 @@ class EngineCache:
             m = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise EngineRefused(f"engine cache entry {d.name}: unreadable manifest ({e})") from None
-        if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("key") != d.name \
-                or not isinstance(m.get("files"), dict) or not isinstance(m.get("graphs"), list):
-            raise EngineRefused(f"engine cache entry {d.name}: manifest is not a {FORMAT} manifest for this key")
+        if (
+            not isinstance(m, dict)
+            or m.get("format") != FORMAT
+            or m.get("key") != d.name
+            or not isinstance(m.get("files"), dict)
+            or not isinstance(m.get("graphs"), list)
+        ):
+            raise EngineRefused(
+                f"engine cache entry {d.name}: manifest is not a {FORMAT} manifest for this key"
+            )
         return Entry(d, m)
 
     def build(self, key: str, fields: dict, write: Callable[[Path], dict]) -> Entry:
@@ -136,10 +150,19 @@ class EngineCache:
         tmp = Path(tempfile.mkdtemp(prefix=BUILD_PREFIX, dir=self.root))
         try:
             extra = write(tmp)
-            files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-                     for p in sorted(tmp.iterdir()) if p.is_file()}
-            manifest = {"format": FORMAT, "key": key, "fields": fields, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                        **extra, "files": files}
+            files = {
+                p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            manifest = {
+                "format": FORMAT,
+                "key": key,
+                "fields": fields,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                **extra,
+                "files": files,
+            }
             with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1)
                 f.flush()
@@ -173,12 +196,24 @@ class EngineCache:
             try:
                 e = self._entry(d)
             except EngineRefused as err:
-                rows.append({"key": d.name, "status": "bad-manifest", "path": str(d), "error": str(err)})
+                rows.append(
+                    {"key": d.name, "status": "bad-manifest", "path": str(d), "error": str(err)}
+                )
                 continue
             size = sum(f["bytes"] for f in e.manifest["files"].values())
-            rows.append({"key": d.name, "status": "ok", "path": str(d), "bytes": size,
-                         "created": e.manifest.get("created"), **{k: e.manifest["fields"].get(k) for k in
-                                                                 ("backend", "form", "precision", "model", "runtime")}})
+            rows.append(
+                {
+                    "key": d.name,
+                    "status": "ok",
+                    "path": str(d),
+                    "bytes": size,
+                    "created": e.manifest.get("created"),
+                    **{
+                        k: e.manifest["fields"].get(k)
+                        for k in ("backend", "form", "precision", "model", "runtime")
+                    },
+                }
+            )
         return rows
 
     def verify(self, key: str | None = None) -> dict[str, list[str]]:

@@ -21,6 +21,7 @@ weights carry as trace inputs (``layers.{i}.wqkv``, ``layers.{i}.wo``, ``layers.
 The head stays in the graph's precision by default (``SKIP``): its error goes straight into
 the logits every token is chosen from, and it is one GEMM of 2L + 1.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,15 +35,16 @@ import torch
 from thor_runtime.errors import ThorError
 
 QDQ_OPSET = 19
-QDQ_FORMAT = 1                      # bumped when the inserted pattern changes: part of every cache key
-FP8_MAX = 448.0                     # largest finite float8e4m3fn value
+QDQ_FORMAT = 1  # bumped when the inserted pattern changes: part of every cache key
+FP8_MAX = 448.0  # largest finite float8e4m3fn value
 SCALES_FORMAT = "thor-fp8-act-scales/1"
 SKIP = ("head_w",)
-_FLOAT8E4M3FN = 17                  # onnx.TensorProto.FLOAT8E4M3FN
+_FLOAT8E4M3FN = 17  # onnx.TensorProto.FLOAT8E4M3FN
 _TORCH_OF_ONNX = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16}
 
 
 # ---- which weights are projections
+
 
 def projection_shapes(view, plan) -> dict[str, tuple[int, int]]:
     """{weight name: (out, in)} of every GEMM weight the graphs of ``plan`` multiply by:
@@ -57,7 +59,7 @@ def projection_shapes(view, plan) -> dict[str, tuple[int, int]]:
 
 def weight_scales(w: torch.Tensor) -> torch.Tensor:
     """w [out, in] -> per-output-channel scales [out] fp32 (an all-zero row gets 1)."""
-    amax = w.detach().float().abs().amax(dim=1)                          # [out]
+    amax = w.detach().float().abs().amax(dim=1)  # [out]
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
 
@@ -70,6 +72,7 @@ def fake_fp8(x: torch.Tensor, scale) -> torch.Tensor:
 
 
 # ---- the scales file
+
 
 @dataclass(frozen=True)
 class Fp8Scales:
@@ -87,27 +90,45 @@ class Fp8Scales:
     def __post_init__(self):
         if not self.scales:
             raise ThorError("fp8 scales: no projections")
-        bad = [n for n, s in self.scales.items() if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0)]
+        bad = [
+            n
+            for n, s in self.scales.items()
+            if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0)
+        ]
         if bad:
             raise ThorError(f"fp8 scales: the scale of {bad[0]} must be a finite positive number")
         if set(self.shapes) != set(self.scales):
             raise ThorError("fp8 scales: every projection needs both a scale and a shape")
 
     @classmethod
-    def from_amax(cls, amax: dict[str, float], shapes: dict[str, tuple[int, int]], margin: float = 1.0,
-                  meta: dict | None = None) -> "Fp8Scales":
+    def from_amax(
+        cls,
+        amax: dict[str, float],
+        shapes: dict[str, tuple[int, int]],
+        margin: float = 1.0,
+        meta: dict | None = None,
+    ) -> "Fp8Scales":
         # A projection whose input never left zero would get scale 0 and divide by zero: give it 1.
         scales = {n: (a * margin / FP8_MAX if a > 0 else 1.0) for n, a in amax.items()}
-        return cls(scales, {n: shapes[n] for n in amax}, dict(amax), {"margin": margin, **(meta or {})})
+        return cls(
+            scales, {n: shapes[n] for n in amax}, dict(amax), {"margin": margin, **(meta or {})}
+        )
 
     def times(self, k: float) -> "Fp8Scales":
         """Every activation scale multiplied by k (a deliberately wrong file, for the checks)."""
-        return Fp8Scales({n: s * k for n, s in self.scales.items()}, self.shapes, self.amax, self.meta)
+        return Fp8Scales(
+            {n: s * k for n, s in self.scales.items()}, self.shapes, self.amax, self.meta
+        )
 
     def to_doc(self) -> dict:
-        return {"format": SCALES_FORMAT, **self.meta,
-                "projections": {n: {"shape": list(self.shapes[n]), "amax": self.amax.get(n), "scale": s}
-                                for n, s in sorted(self.scales.items())}}
+        return {
+            "format": SCALES_FORMAT,
+            **self.meta,
+            "projections": {
+                n: {"shape": list(self.shapes[n]), "amax": self.amax.get(n), "scale": s}
+                for n, s in sorted(self.scales.items())
+            },
+        }
 
     @property
     def sha256(self) -> str:
@@ -126,16 +147,22 @@ class Fp8Scales:
 
         doc = read_json(path, "fp8 scales file")
         if doc.get("format") != SCALES_FORMAT:
-            raise ThorError(f"fp8 scales file {path}: expected format {SCALES_FORMAT!r} "
-                            "(write one with `thor calib fp8-scales`)")
+            raise ThorError(
+                f"fp8 scales file {path}: expected format {SCALES_FORMAT!r} "
+                "(write one with `thor calib fp8-scales`)"
+            )
         projs = doc.get("projections")
         if not isinstance(projs, dict) or not all(isinstance(p, dict) for p in projs.values()):
-            raise ThorError(f"fp8 scales file {path}: 'projections' must map weight names to objects")
+            raise ThorError(
+                f"fp8 scales file {path}: 'projections' must map weight names to objects"
+            )
         try:
             shapes = {n: tuple(int(d) for d in p["shape"]) for n, p in projs.items()}
             scales = {n: p["scale"] for n, p in projs.items()}
         except (KeyError, TypeError, ValueError):
-            raise ThorError(f"fp8 scales file {path}: every projection needs 'shape' [out, in] and 'scale'") from None
+            raise ThorError(
+                f"fp8 scales file {path}: every projection needs 'shape' [out, in] and 'scale'"
+            ) from None
         if any(len(s) != 2 for s in shapes.values()):
             raise ThorError(f"fp8 scales file {path}: every shape must be [out, in]")
         meta = {k: v for k, v in doc.items() if k not in ("format", "projections")}
@@ -143,23 +170,32 @@ class Fp8Scales:
         try:
             return cls(scales, shapes, amax, meta)
         except ThorError as e:
-            raise ThorError(f"fp8 scales file {path}: {str(e).removeprefix('fp8 scales: ')}") from None
+            raise ThorError(
+                f"fp8 scales file {path}: {str(e).removeprefix('fp8 scales: ')}"
+            ) from None
 
     def check(self, shapes: dict[str, tuple[int, int]], skip=SKIP) -> None:
         """Refuse a file made for another model: every projection the graphs quantize must be
         here, with the same weight shape."""
         missing = [n for n in shapes if n not in skip and n not in self.scales]
         if missing:
-            raise ThorError(f"fp8 scales: no activation scale for {missing[0]} ({len(missing)} missing); "
-                            "the file was calibrated for another model: run `thor calib fp8-scales`")
-        wrong = [n for n in shapes if n in self.shapes and tuple(self.shapes[n]) != tuple(shapes[n])]
+            raise ThorError(
+                f"fp8 scales: no activation scale for {missing[0]} ({len(missing)} missing); "
+                "the file was calibrated for another model: run `thor calib fp8-scales`"
+            )
+        wrong = [
+            n for n in shapes if n in self.shapes and tuple(self.shapes[n]) != tuple(shapes[n])
+        ]
         if wrong:
             n = wrong[0]
-            raise ThorError(f"fp8 scales: {n} is {list(self.shapes[n])} in the file but {list(shapes[n])} in the "
-                            "model; the file was calibrated for another model")
+            raise ThorError(
+                f"fp8 scales: {n} is {list(self.shapes[n])} in the file but {list(shapes[n])} in the "
+                "model; the file was calibrated for another model"
+            )
 
 
 # ---- the pass
+
 
 def _gemm_weight(node, producer: dict, inits: dict):
     """(weight initializer, output-channel axis of the GEMM's B operand, B is W transposed)
@@ -172,12 +208,17 @@ def _gemm_weight(node, producer: dict, inits: dict):
         if any(a.name == "transA" and a.i for a in node.attribute) or b not in inits:
             return None
         return (inits[b], 0, False) if trans_b else (inits[b], 1, True)
-    if b in inits and len(inits[b].dims) == 2:                          # B [in, out]
+    if b in inits and len(inits[b].dims) == 2:  # B [in, out]
         return inits[b], 1, True
     t = producer.get(b)
-    if (t is not None and t.op_type == "Transpose" and t.input[0] in inits and len(inits[t.input[0]].dims) == 2
-            and [list(a.ints) for a in t.attribute if a.name == "perm"] in ([], [[1, 0]])):
-        return inits[t.input[0]], 1, False                              # B = W^T, W [out, in]
+    if (
+        t is not None
+        and t.op_type == "Transpose"
+        and t.input[0] in inits
+        and len(inits[t.input[0]].dims) == 2
+        and [list(a.ints) for a in t.attribute if a.name == "perm"] in ([], [[1, 0]])
+    ):
+        return inits[t.input[0]], 1, False  # B = W^T, W [out, in]
     return None
 
 
@@ -210,28 +251,49 @@ def insert_qdq(model, act_scales: dict[str, float], skip=SKIP) -> int:
             raise ThorError(f"fp8 Q/DQ: no activation scale for {w}")
         dtype = _TORCH_OF_ONNX.get(w_init.data_type)
         if dtype is None:
-            raise ThorError(f"fp8 Q/DQ: {w} has ONNX type {w_init.data_type}; expected fp32, fp16 or bf16")
+            raise ThorError(
+                f"fp8 Q/DQ: {w} has ONNX type {w_init.data_type}; expected fp32, fp16 or bf16"
+            )
         W = torch.from_numpy(numpy_helper.to_array(w_init).astype("float32"))  # as stored
-        W = W.t() if stored_as_b else W                                   # [out, in]
-        ws = weight_scales(W)                                             # [out]
+        W = W.t() if stored_as_b else W  # [out, in]
+        ws = weight_scales(W)  # [out]
         xs = torch.tensor(float(act_scales[w]))
         if not (xs.to(dtype) > 0 and (ws.to(dtype) > 0).all()):
             raise ThorError(f"fp8 Q/DQ: a scale of {w} underflows in {dtype}")
-        seen[w] = seen.get(w, 0) + 1                                      # a weight two GEMMs share
+        seen[w] = seen.get(w, 0) + 1  # a weight two GEMMs share
         p = f"qdq/{w}" if seen[w] == 1 else f"qdq/{w}#{seen[w]}"
-        added += [_tensor(f"{p}.x_scale", xs.to(dtype), w_init.data_type),
-                  _tensor(f"{p}.x_zero", torch.zeros((), dtype=torch.uint8), _FLOAT8E4M3FN),
-                  _tensor(f"{p}.w_scale", ws.to(dtype), w_init.data_type),
-                  _tensor(f"{p}.w_zero", torch.zeros(ws.shape[0], dtype=torch.uint8), _FLOAT8E4M3FN)]
+        added += [
+            _tensor(f"{p}.x_scale", xs.to(dtype), w_init.data_type),
+            _tensor(f"{p}.x_zero", torch.zeros((), dtype=torch.uint8), _FLOAT8E4M3FN),
+            _tensor(f"{p}.w_scale", ws.to(dtype), w_init.data_type),
+            _tensor(f"{p}.w_zero", torch.zeros(ws.shape[0], dtype=torch.uint8), _FLOAT8E4M3FN),
+        ]
         x, b = node.input[0], node.input[1]
-        nodes += [helper.make_node("QuantizeLinear", [x, f"{p}.x_scale", f"{p}.x_zero"], [f"{p}.x_q"],
-                                   name=f"{p}.x_Q"),
-                  helper.make_node("DequantizeLinear", [f"{p}.x_q", f"{p}.x_scale", f"{p}.x_zero"], [f"{p}.x_dq"],
-                                   name=f"{p}.x_DQ"),
-                  helper.make_node("QuantizeLinear", [b, f"{p}.w_scale", f"{p}.w_zero"], [f"{p}.w_q"],
-                                   name=f"{p}.w_Q", axis=axis),
-                  helper.make_node("DequantizeLinear", [f"{p}.w_q", f"{p}.w_scale", f"{p}.w_zero"], [f"{p}.w_dq"],
-                                   name=f"{p}.w_DQ", axis=axis)]
+        nodes += [
+            helper.make_node(
+                "QuantizeLinear", [x, f"{p}.x_scale", f"{p}.x_zero"], [f"{p}.x_q"], name=f"{p}.x_Q"
+            ),
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{p}.x_q", f"{p}.x_scale", f"{p}.x_zero"],
+                [f"{p}.x_dq"],
+                name=f"{p}.x_DQ",
+            ),
+            helper.make_node(
+                "QuantizeLinear",
+                [b, f"{p}.w_scale", f"{p}.w_zero"],
+                [f"{p}.w_q"],
+                name=f"{p}.w_Q",
+                axis=axis,
+            ),
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{p}.w_q", f"{p}.w_scale", f"{p}.w_zero"],
+                [f"{p}.w_dq"],
+                name=f"{p}.w_DQ",
+                axis=axis,
+            ),
+        ]
         node.input[0], node.input[1] = f"{p}.x_dq", f"{p}.w_dq"
         nodes.append(node)
         count += 1
@@ -241,7 +303,7 @@ def insert_qdq(model, act_scales: dict[str, float], skip=SKIP) -> int:
     for op in model.opset_import:
         if op.domain in ("", "ai.onnx"):
             op.version = max(op.version, QDQ_OPSET)
-    model.ir_version = max(model.ir_version, 9)                           # float8 types
+    model.ir_version = max(model.ir_version, 9)  # float8 types
     model.doc_string += f"; fp8 Q/DQ on {count} GEMMs"
     return count
 
@@ -258,8 +320,15 @@ def export_all(view, plan, directory, scales: Fp8Scales, progress=None, skip=SKI
         model = export_graph(view, segment, layer)
         gemms = insert_qdq(model, scales.scales, skip)
         files = save_graph(model, directory, name)
-        graphs.append({"segment": segment, "layer": layer, "onnx": files[0],
-                       "data": files[1] if len(files) > 1 else None, "fp8_gemms": gemms})
+        graphs.append(
+            {
+                "segment": segment,
+                "layer": layer,
+                "onnx": files[0],
+                "data": files[1] if len(files) > 1 else None,
+                "fp8_gemms": gemms,
+            }
+        )
     if progress is not None:
         progress("exported", len(plan), len(plan))
     return graphs
@@ -275,4 +344,11 @@ def scales_for(opts, view, plan) -> Fp8Scales | None:
 
 
 def key_fields(scales: Fp8Scales) -> dict:
-    return {"fp8_qdq": {"format": QDQ_FORMAT, "opset": QDQ_OPSET, "skip": list(SKIP), "scales_sha256": scales.sha256}}
+    return {
+        "fp8_qdq": {
+            "format": QDQ_FORMAT,
+            "opset": QDQ_OPSET,
+            "skip": list(SKIP),
+            "scales_sha256": scales.sha256,
+        }
+    }

@@ -13,6 +13,7 @@ exporter (``dynamo=False``: fast, and needs no onnxscript), opset ``OPSET``, the
 ``EXTERNAL_MIN_BYTES`` go to one external data file per graph (``NAME.onnx.data``); the
 ``.onnx`` itself stays small.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,9 +25,9 @@ from typing import Callable
 
 import torch
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import ENGINE_FORMS
-from thor_runtime.models import Int8Weight, RowLoop, PackedWeight
+from thor_runtime.errors import ThorError
+from thor_runtime.models import Int8Weight, PackedWeight, RowLoop
 
 OPSET = 18
 # Bumped whenever the graphs change inputs, outputs or math: part of every cache key.
@@ -57,13 +58,17 @@ def _post_pre(m, i, h, o, pos):
 # backend) or a DenseView, which runs the model class's own methods over dense weights.
 SEGMENTS = {
     "embed": SegmentSpec(("ids",), ("h",), lambda m, i, ids: m.embed(ids)),
-    "pre_attn": SegmentSpec(("h", "pos"), ("q", "k", "v"), lambda m, i, h, pos: m.pre_attn(i, h, pos)),
+    "pre_attn": SegmentSpec(
+        ("h", "pos"), ("q", "k", "v"), lambda m, i, h, pos: m.pre_attn(i, h, pos)
+    ),
     "post_attn": SegmentSpec(("h", "o"), ("h_out",), lambda m, i, h, o: m.post_attn(i, h, o)),
     # post_attn of layer i fused with pre_attn of layer i + 1: one graph between two attentions
     "post_pre": SegmentSpec(("h", "o", "pos"), ("h_out", "q", "k", "v"), _post_pre),
     "head": SegmentSpec(("h",), ("logits",), lambda m, i, h: m.head(h)),
     # hybrids: gated attention (q, k, v and the output gate; attention * sigmoid(gate) stays eager)
-    "pre_gattn": SegmentSpec(("h", "pos"), ("q", "k", "v", "gate"), lambda m, i, h, pos: m.pre_attn(i, h, pos)),
+    "pre_gattn": SegmentSpec(
+        ("h", "pos"), ("q", "k", "v", "gate"), lambda m, i, h, pos: m.pre_attn(i, h, pos)
+    ),
     # hybrids, GDN layers: the conv inputs, the gate and the delta rule's b / a before the mixer;
     # the gated RMSNorm of its output after (post_attn then closes the layer: out proj + MLP)
     "pre_gdn": SegmentSpec(("h",), ("qkv", "z", "b", "a"), lambda m, i, h: m.pre_gdn(i, h)),
@@ -106,8 +111,13 @@ def _hybrid_kind(cfg, i: int) -> str:
 
 # Architectures the exporter knows, mapped to their layer kind (a callable of (cfg, layer)
 # for hybrids). Adding an architecture whose torch segments already work is one entry.
-EXPORT_ARCHS = {"llama": "attention", "qwen2": "attention", "qwen3": "attention",
-                "qwen3_5": _hybrid_kind, "qwen3_next": _hybrid_kind}
+EXPORT_ARCHS = {
+    "llama": "attention",
+    "qwen2": "attention",
+    "qwen3": "attention",
+    "qwen3_5": _hybrid_kind,
+    "qwen3_next": _hybrid_kind,
+}
 
 # The graph sequences a model runs: (segment, layer) pairs; layer None for embed/head.
 FORMS = ENGINE_FORMS  # stated once, in the runtime's config table
@@ -116,8 +126,10 @@ FORMS = ENGINE_FORMS  # stated once, in the runtime's config table
 def layer_kind(cfg, i: int) -> str:
     kind = EXPORT_ARCHS.get(cfg.arch)
     if kind is None:
-        raise ThorError(f"engines: no ONNX export for architecture {cfg.arch!r} yet "
-                        f"(exportable: {', '.join(EXPORT_ARCHS)}); use --backend torch")
+        raise ThorError(
+            f"engines: no ONNX export for architecture {cfg.arch!r} yet "
+            f"(exportable: {', '.join(EXPORT_ARCHS)}); use --backend torch"
+        )
     return kind(cfg, i) if callable(kind) else kind
 
 
@@ -131,11 +143,15 @@ def graph_plan(cfg, form: str) -> list[tuple[str, int | None]]:
     kinds = [LAYER_KINDS[layer_kind(cfg, i)] for i in range(n)]
     plan: list[tuple[str, int | None]] = [("embed", None)]
     if form == "segments":
-        plan += [(s, i) for i in range(n) for s in kinds[i].pre] + [(s, i) for i in range(n) for s in kinds[i].post]
+        plan += [(s, i) for i in range(n) for s in kinds[i].pre] + [
+            (s, i) for i in range(n) for s in kinds[i].post
+        ]
     else:
         if any(k.fused is None for k in kinds):
-            raise ThorError(f"engines: the fused form is not available for {cfg.arch} (its layers are "
-                            "exported per segment, one graph on each side of a mixer); use --engine-form segments")
+            raise ThorError(
+                f"engines: the fused form is not available for {cfg.arch} (its layers are "
+                "exported per segment, one graph on each side of a mixer); use --engine-form segments"
+            )
         plan += [(s, 0) for s in kinds[0].pre] + [(kinds[i].fused, i) for i in range(n - 1)]
         plan += [(s, n - 1) for s in kinds[n - 1].post]
     return plan + [("head", None)]
@@ -147,14 +163,17 @@ def graph_name(segment: str, layer: int | None) -> str:
 
 # ---- a dense, trace-friendly view of the model
 
+
 def dense_weight(w) -> torch.Tensor:
     """The plain [out, in] tensor behind any weight layout the model may hold."""
-    if isinstance(w, RowLoop):          # row by row is how torch runs it; the graph gets the weight
+    if isinstance(w, RowLoop):  # row by row is how torch runs it; the graph gets the weight
         w = w.w
     if isinstance(w, torch.Tensor) or w is None:
         return w
     if isinstance(w, Int8Weight):
-        raise ThorError("engines: int8 weight-only models are not exported; load fp32, bf16 or fp16 weights")
+        raise ThorError(
+            "engines: int8 weight-only models are not exported; load fp32, bf16 or fp16 weights"
+        )
     if isinstance(w, PackedWeight):
         if w.dense is not None:
             return w.dense
@@ -184,8 +203,8 @@ class _Rope:
         self.inv_freq, self.dtype, self.fn = inv_freq, dtype, fn
 
     def __getitem__(self, pos: torch.Tensor) -> torch.Tensor:
-        f = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq       # [T, Dh/2]
-        return self.fn(torch.cat((f, f), dim=-1)).to(self.dtype)      # [T, Dh]
+        f = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, Dh/2]
+        return self.fn(torch.cat((f, f), dim=-1)).to(self.dtype)  # [T, Dh]
 
 
 def _is_weight(v) -> bool:
@@ -201,14 +220,25 @@ class DenseView:
     copied, when the model already holds them dense."""
 
     def __init__(self, model):
-        graph_plan(model.cfg, "segments")     # an architecture or a layer the export cannot cover: refused here
+        graph_plan(
+            model.cfg, "segments"
+        )  # an architecture or a layer the export cannot cover: refused here
         self.impl = type(model)
         self.cfg, self.dtype, self.device = model.cfg, model.dtype, model.device
         self.embed_w = model.embed_w
         self.final_norm = model.final_norm
         self.head_w = dense_weight(model.head_w)
-        self.layers = [dataclasses.replace(L, **{f.name: dense_weight(getattr(L, f.name)) for f in dataclasses.fields(L)
-                                                if _is_weight(getattr(L, f.name))}) for L in model.layers]
+        self.layers = [
+            dataclasses.replace(
+                L,
+                **{
+                    f.name: dense_weight(getattr(L, f.name))
+                    for f in dataclasses.fields(L)
+                    if _is_weight(getattr(L, f.name))
+                },
+            )
+            for L in model.layers
+        ]
         self.cos = _Rope(model.inv_freq, model.dtype, torch.cos)
         self.sin = _Rope(model.inv_freq, model.dtype, torch.sin)
 
@@ -253,7 +283,9 @@ class DenseView:
         h = hashlib.sha256()
         ts = [self.embed_w, self.final_norm, self.head_w, self.cos.inv_freq]
         for L in self.layers:
-            ts += [getattr(L, f.name) for f in dataclasses.fields(L) if _is_weight(getattr(L, f.name))]
+            ts += [
+                getattr(L, f.name) for f in dataclasses.fields(L) if _is_weight(getattr(L, f.name))
+            ]
         for t in ts:
             if t is None:
                 h.update(b"-")
@@ -275,24 +307,29 @@ class _Graph(torch.nn.Module):
 
     def forward(self, *args):
         n = len(self.spec.inputs)
-        return self.spec.run(self.view.substituted(dict(zip(self.names, args[n:]))), self.layer, *args[:n])
+        return self.spec.run(
+            self.view.substituted(dict(zip(self.names, args[n:]))), self.layer, *args[:n]
+        )
 
 
-def example_inputs(view: DenseView, segment: str, layer: int | None, T: int = 3, start: int = 5,
-                   seed: int = 0) -> tuple[torch.Tensor, ...]:
+def example_inputs(
+    view: DenseView, segment: str, layer: int | None, T: int = 3, start: int = 5, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
     """Fixed, seeded inputs of the right shapes and dtypes (tracing and parity checks)."""
     cfg = view.cfg
     g = torch.Generator().manual_seed(seed * 1009 + (layer or 0))
     D = cfg.hidden_size
     gdn = layer is not None and "pre_gdn" in LAYER_KINDS[layer_kind(cfg, layer)].pre
-    HD = cfg.value_dim if gdn else cfg.num_heads * cfg.head_dim          # what the mixer hands post_attn
+    HD = cfg.value_dim if gdn else cfg.num_heads * cfg.head_dim  # what the mixer hands post_attn
     make = {
         "ids": lambda: torch.randint(0, cfg.vocab_size, (T,), generator=g),
         "pos": lambda: torch.arange(start, start + T),
         "h": lambda: torch.randn(T, D, generator=g).to(view.dtype),
         "o": lambda: (0.5 * torch.randn(T, HD, generator=g)).to(view.dtype),
         # the delta rule's output is fp32 whatever the weights
-        "core": lambda: 0.5 * torch.randn(T, cfg.linear_num_value_heads, cfg.linear_value_head_dim, generator=g),
+        "core": lambda: (
+            0.5 * torch.randn(T, cfg.linear_num_value_heads, cfg.linear_value_head_dim, generator=g)
+        ),
         "z": lambda: torch.randn(T, cfg.value_dim, generator=g).to(view.dtype),
     }
     return tuple(make[n]() for n in SEGMENTS[segment].inputs)
@@ -303,30 +340,47 @@ def export_graph(view: DenseView, segment: str, layer: int | None):
     import onnx
 
     spec = SEGMENTS[segment]
-    weights = view.weights_for(segment, layer)                        # {name: tensor}
+    weights = view.weights_for(segment, layer)  # {name: tensor}
     names = list(weights)
     dyn = {n: {TOKEN_AXIS.get(n, 0): "T"} for n in (*spec.inputs, *spec.outputs)}
     buf = io.BytesIO()
     with torch.no_grad():
-        torch.onnx.export(_Graph(view, spec, layer, names), (*example_inputs(view, segment, layer), *weights.values()),
-                          buf, dynamo=False, input_names=[*spec.inputs, *names], output_names=list(spec.outputs),
-                          dynamic_axes=dyn, opset_version=OPSET, do_constant_folding=True)
+        torch.onnx.export(
+            _Graph(view, spec, layer, names),
+            (*example_inputs(view, segment, layer), *weights.values()),
+            buf,
+            dynamo=False,
+            input_names=[*spec.inputs, *names],
+            output_names=list(spec.outputs),
+            dynamic_axes=dyn,
+            opset_version=OPSET,
+            do_constant_folding=True,
+        )
     model = onnx.load_from_string(buf.getvalue())
     _inputs_to_initializers(model, weights)
-    model.doc_string = f"thor-runtime segment {graph_name(segment, layer)} (export format {EXPORT_FORMAT})"
+    model.doc_string = (
+        f"thor-runtime segment {graph_name(segment, layer)} (export format {EXPORT_FORMAT})"
+    )
     return model
 
 
 def save_graph(model, directory, name: str) -> list[str]:
     """Write NAME.onnx (+ NAME.onnx.data when any weight is large). -> the file names written."""
-    import onnx
     from pathlib import Path
+
+    import onnx
 
     d = Path(directory)
     data = f"{name}.onnx.data"
     _constants_to_initializers(model)
-    onnx.save_model(model, str(d / f"{name}.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data, size_threshold=EXTERNAL_MIN_BYTES)
+    onnx.save_model(
+        model,
+        str(d / f"{name}.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data,
+        size_threshold=EXTERNAL_MIN_BYTES,
+    )
     return [f"{name}.onnx"] + ([data] if (d / data).exists() else [])
 
 
@@ -338,7 +392,11 @@ def _constants_to_initializers(model) -> None:
     g = model.graph
     keep = []
     for node in g.node:
-        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+        if (
+            node.op_type == "Constant"
+            and len(node.attribute) == 1
+            and node.attribute[0].name == "value"
+        ):
             t = node.attribute[0].t
             if numpy_helper.to_array(t).nbytes >= EXTERNAL_MIN_BYTES:
                 t.name = node.output[0]
@@ -357,8 +415,14 @@ def export_all(view: DenseView, plan, directory, progress=None) -> list[dict]:
         if progress is not None:
             progress(f"export {name}", n, len(plan))
         files = save_graph(export_graph(view, segment, layer), directory, name)
-        graphs.append({"segment": segment, "layer": layer, "onnx": files[0],
-                       "data": files[1] if len(files) > 1 else None})
+        graphs.append(
+            {
+                "segment": segment,
+                "layer": layer,
+                "onnx": files[0],
+                "data": files[1] if len(files) > 1 else None,
+            }
+        )
     if progress is not None:
         progress("exported", len(plan), len(plan))
     return graphs
@@ -367,12 +431,21 @@ def export_all(view: DenseView, plan, directory, progress=None) -> list[dict]:
 def output_shapes(cfg, segment: str, T: int) -> dict[str, tuple[int, ...]]:
     """Shape of each output of ``segment`` for T tokens (for binding preallocated outputs)."""
     D, Dh = cfg.hidden_size, cfg.head_dim
-    shapes = {"h": (T, D), "h_out": (T, D), "q": (cfg.num_heads, T, Dh), "k": (cfg.num_kv_heads, T, Dh),
-              "v": (cfg.num_kv_heads, T, Dh), "logits": (T, cfg.vocab_size), "gate": (T, cfg.num_heads * Dh),
-              "x": (T, D)}
+    shapes = {
+        "h": (T, D),
+        "h_out": (T, D),
+        "q": (cfg.num_heads, T, Dh),
+        "k": (cfg.num_kv_heads, T, Dh),
+        "v": (cfg.num_kv_heads, T, Dh),
+        "logits": (T, cfg.vocab_size),
+        "gate": (T, cfg.num_heads * Dh),
+        "x": (T, D),
+    }
     if hasattr(cfg, "conv_dim"):  # hybrids' GDN layers
         Hv = cfg.linear_num_value_heads
-        shapes.update(qkv=(T, cfg.conv_dim), z=(T, cfg.value_dim), b=(T, Hv), a=(T, Hv), o=(T, cfg.value_dim))
+        shapes.update(
+            qkv=(T, cfg.conv_dim), z=(T, cfg.value_dim), b=(T, Hv), a=(T, Hv), o=(T, cfg.value_dim)
+        )
     return {n: shapes[n] for n in SEGMENTS[segment].outputs}
 
 
@@ -394,5 +467,9 @@ def _inputs_to_initializers(model, weights: dict[str, torch.Tensor]) -> None:
             continue
         t = t.detach().contiguous().cpu()
         tp = TensorProto(name=name, data_type=_ONNX_TYPES[t.dtype], dims=list(t.shape))
-        tp.raw_data = t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.float32 else t.numpy().tobytes()
+        tp.raw_data = (
+            t.view(torch.uint8).numpy().tobytes()
+            if t.dtype != torch.float32
+            else t.numpy().tobytes()
+        )
         g.initializer.append(tp)

@@ -14,11 +14,13 @@ Run: one execution context per profile; ``set_input_shape`` / ``set_tensor_addre
 tensors, ``execute_async_v3`` on torch's current stream. Inputs longer than the prefill
 profile are split along the token axis: every dense segment is row-wise.
 """
+
 from __future__ import annotations
 
 import torch
 
 from thor_runtime.errors import ThorError
+
 from . import qdq
 from .base import BackendOptions, GraphBackend, key_fields
 from .cache import EngineCache, make_key, sha256_bytes
@@ -29,8 +31,10 @@ def import_trt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise ThorError("the tensorrt backend needs TensorRT 10 (pip install 'thor-runtime[tensorrt]' on the "
-                        "device, or JetPack's python3-libnvinfer)") from None
+        raise ThorError(
+            "the tensorrt backend needs TensorRT 10 (pip install 'thor-runtime[tensorrt]' on the "
+            "device, or JetPack's python3-libnvinfer)"
+        ) from None
     if int(trt.__version__.split(".")[0]) < 10:
         raise ThorError(f"the tensorrt backend needs TensorRT 10, found {trt.__version__}")
     if not torch.cuda.is_available():
@@ -109,18 +113,24 @@ def build_plan(trt, onnx_path, inputs: tuple[str, ...], ranges, timing_path, log
         config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise ThorError(f"TensorRT failed to build an engine for {onnx_path.name} (see the log above)")
+        raise ThorError(
+            f"TensorRT failed to build an engine for {onnx_path.name} (see the log above)"
+        )
     _save_timing_cache(cache, timing_path)
     return bytes(memoryview(plan))
 
 
 def trt_precision(model, opts: BackendOptions) -> str:
     """The engine precision: the graph's dtype, or fp8 GEMMs (Q/DQ) in a graph of that dtype."""
-    native = str(model.dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float", "fp")
+    native = (
+        str(model.dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float", "fp")
+    )
     precision = "fp8" if opts.fp8_scales else opts.precision or native
     if precision not in (native, "fp8"):
-        raise ThorError(f"tensorrt precision {precision} needs the model exported in that dtype: "
-                        f"load it with --dtype {precision} (it is {native})")
+        raise ThorError(
+            f"tensorrt precision {precision} needs the model exported in that dtype: "
+            f"load it with --dtype {precision} (it is {native})"
+        )
     return precision
 
 
@@ -128,8 +138,17 @@ def trt_key(model, opts: BackendOptions, weights_sha256: str, scales=None):
     trt = import_trt()
     precision = trt_precision(model, opts)
     extra = qdq.key_fields(scales) if scales is not None else None
-    fields = key_fields(model, "tensorrt", f"tensorrt {trt.__version__}", _sm(), precision, opts.form,
-                        profiles=opts.profiles, weights_sha256=weights_sha256, extra=extra)
+    fields = key_fields(
+        model,
+        "tensorrt",
+        f"tensorrt {trt.__version__}",
+        _sm(),
+        precision,
+        opts.form,
+        profiles=opts.profiles,
+        weights_sha256=weights_sha256,
+        extra=extra,
+    )
     return make_key(fields), fields, precision
 
 
@@ -147,21 +166,34 @@ def ensure_entry(model, opts: BackendOptions, progress=None):
     if entry is not None:
         return entry
     if not opts.build:
-        raise ThorError(f"no tensorrt engines for this model in {opts.root} (key {key}); "
-                        "run `thor engines build --backend tensorrt`")
+        raise ThorError(
+            f"no tensorrt engines for this model in {opts.root} (key {key}); "
+            "run `thor engines build --backend tensorrt`"
+        )
     ranges = profile_ranges(opts.profiles)
     logger = _Logger.make(trt)
     cache.root.mkdir(parents=True, exist_ok=True)
 
     def write(d):
-        graphs = export_all(view, plan, d, progress) if scales is None else \
-            qdq.export_all(view, plan, d, scales, progress)
+        graphs = (
+            export_all(view, plan, d, progress)
+            if scales is None
+            else qdq.export_all(view, plan, d, scales, progress)
+        )
         for n, g in enumerate(graphs):
             if progress is not None:
                 progress(f"tensorrt {g['onnx']}", n, len(graphs))
             name = g["onnx"].replace(".onnx", ".plan")
-            (d / name).write_bytes(build_plan(trt, d / g["onnx"], SEGMENTS[g["segment"]].inputs, ranges,
-                                              _timing_cache_path(opts, trt), logger))
+            (d / name).write_bytes(
+                build_plan(
+                    trt,
+                    d / g["onnx"],
+                    SEGMENTS[g["segment"]].inputs,
+                    ranges,
+                    _timing_cache_path(opts, trt),
+                    logger,
+                )
+            )
             g["plan"] = name
         return {"graphs": graphs, "profiles": ranges}
 
@@ -184,10 +216,14 @@ class TrtBackend(GraphBackend):
         for n, g in enumerate(entry.graphs):
             if progress is not None:
                 progress(f"load {g['plan']}", n, len(entry.graphs))
-            engine = runtime.deserialize_cuda_engine(entry.read(g["plan"]))  # bytes checked against the manifest
+            engine = runtime.deserialize_cuda_engine(
+                entry.read(g["plan"])
+            )  # bytes checked against the manifest
             if engine is None:
-                raise ThorError(f"TensorRT cannot deserialize {g['plan']} (built by another TensorRT version?); "
-                                "run `thor engines prune --all` and rebuild")
+                raise ThorError(
+                    f"TensorRT cannot deserialize {g['plan']} (built by another TensorRT version?); "
+                    "run `thor engines prune --all` and rebuild"
+                )
             k = (g["segment"], g["layer"])
             self.engines[k] = engine
             contexts = []
@@ -211,10 +247,14 @@ class TrtBackend(GraphBackend):
     def run(self, segment, layer, *xs):
         T = xs[0].shape[0]
         if T > self.max_tokens:  # row-wise segments: run the rows in profile-sized pieces
-            parts = [self.run(segment, layer, *(x[s:s + self.max_tokens] for x in xs))
-                     for s in range(0, T, self.max_tokens)]
-            return tuple(torch.cat(p, dim=TOKEN_AXIS.get(n, 0))
-                         for n, p in zip(SEGMENTS[segment].outputs, zip(*parts)))
+            parts = [
+                self.run(segment, layer, *(x[s : s + self.max_tokens] for x in xs))
+                for s in range(0, T, self.max_tokens)
+            ]
+            return tuple(
+                torch.cat(p, dim=TOKEN_AXIS.get(n, 0))
+                for n, p in zip(SEGMENTS[segment].outputs, zip(*parts))
+            )
         ctx = self.contexts[(segment, layer)][self._profile(T)]
         keep = []
         for name, x in zip(SEGMENTS[segment].inputs, xs):
@@ -224,8 +264,11 @@ class TrtBackend(GraphBackend):
             ctx.set_tensor_address(name, x.data_ptr())
         outs = []
         for name, shape in output_shapes(self.cfg, segment, T).items():
-            t = torch.empty(shape, dtype=torch.float32 if name == "logits" else self.model.dtype,
-                            device=self.model.device)
+            t = torch.empty(
+                shape,
+                dtype=torch.float32 if name == "logits" else self.model.dtype,
+                device=self.model.device,
+            )
             ctx.set_tensor_address(name, t.data_ptr())
             outs.append(t)
         if not ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream):

@@ -19,6 +19,7 @@ as `at table`, `on` as `on`; the task is said in words ("Stack the red block on 
 block and put the white block on the table."). The PDDL domain and problems stay in the set,
 so every plan on it can also be checked by an independent validator (pddl_check.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,16 +30,36 @@ from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
-
 SET_DIR = Path(__file__).resolve().parent / "sets" / "8-blocksworld"
 SIZES = (4, 5, 6)
-MAX_GOAL = 4                 # plan.schema.json: a goal has at most four items
+MAX_GOAL = 4  # plan.schema.json: a goal has at most four items
 # PlanBench names block a the red block, b the blue block, ...
-COLORS = dict(zip("abcdefghijkl", ("red", "blue", "orange", "yellow", "white", "magenta", "black", "cyan",
-                                   "green", "violet", "silver", "gold")))
+COLORS = dict(
+    zip(
+        "abcdefghijkl",
+        (
+            "red",
+            "blue",
+            "orange",
+            "yellow",
+            "white",
+            "magenta",
+            "black",
+            "cyan",
+            "green",
+            "violet",
+            "silver",
+            "gold",
+        ),
+    )
+)
 # skill -> (PDDL action, its arguments in the action's order)
-ACTIONS = {"pick_up": ("pick-up", ["object"]), "put_down": ("put-down", ["object"]),
-           "stack": ("stack", ["object", "onto"]), "unstack": ("unstack", ["object", "from"])}
+ACTIONS = {
+    "pick_up": ("pick-up", ["object"]),
+    "put_down": ("put-down", ["object"]),
+    "stack": ("stack", ["object", "onto"]),
+    "unstack": ("unstack", ["object", "from"]),
+}
 DOMAIN = """(define (domain blocksworld)
   (:requirements :strips)
   (:predicates (clear ?x) (ontable ?x) (handempty) (holding ?x) (on ?x ?y))
@@ -75,10 +96,14 @@ def random_state(blocks: list[str], rng: random.Random) -> list[list[str]]:
 
 
 def _facts(towers: list[list[str]]) -> set[tuple]:
-    return {("ontable", t[0]) for t in towers} | {("on", x, y) for t in towers for y, x in zip(t, t[1:])}
+    return {("ontable", t[0]) for t in towers} | {
+        ("on", x, y) for t in towers for y, x in zip(t, t[1:])
+    }
 
 
-def goal_facts(init: list[list[str]], goal: list[list[str]], rng: random.Random) -> list[tuple] | None:
+def goal_facts(
+    init: list[list[str]], goal: list[list[str]], rng: random.Random
+) -> list[tuple] | None:
     """The goal state's `on` facts (in a random order, as a problem file may list them), then
     `ontable` for a block alone in the goal that starts on another, while there is room."""
     on = [("on", x, y) for t in goal for y, x in zip(t, t[1:])]
@@ -87,16 +112,22 @@ def goal_facts(init: list[list[str]], goal: list[list[str]], rng: random.Random)
     rng.shuffle(on)
     start = _facts(init)
     table = [("ontable", t[0]) for t in goal if len(t) == 1 and ("ontable", t[0]) not in start]
-    facts = on + table[:MAX_GOAL - len(on)]
+    facts = on + table[: MAX_GOAL - len(on)]
     return None if set(facts) <= start else facts
 
 
 def problem_text(name: str, init: list[list[str]], goal: list[tuple]) -> str:
     blocks = sorted(b for t in init for b in t)
-    start = ["(handempty)"] + [f"(ontable {t[0]})" for t in init] + \
-        [f"(on {x} {y})" for t in init for y, x in zip(t, t[1:])] + [f"(clear {t[-1]})" for t in init]
-    return (f"(define (problem {name})\n  (:domain blocksworld)\n  (:objects {' '.join(blocks)})\n"
-            f"  (:init {' '.join(start)})\n  (:goal (and {' '.join('(' + ' '.join(f) + ')' for f in goal)})))\n")
+    start = (
+        ["(handempty)"]
+        + [f"(ontable {t[0]})" for t in init]
+        + [f"(on {x} {y})" for t in init for y, x in zip(t, t[1:])]
+        + [f"(clear {t[-1]})" for t in init]
+    )
+    return (
+        f"(define (problem {name})\n  (:domain blocksworld)\n  (:objects {' '.join(blocks)})\n"
+        f"  (:init {' '.join(start)})\n  (:goal (and {' '.join('(' + ' '.join(f) + ')' for f in goal)})))\n"
+    )
 
 
 def generate(seed: int = 29, per_size: int = 12) -> list[tuple[str, str]]:
@@ -137,10 +168,17 @@ def read_problem(path: Path) -> tuple[list[str], dict, list[tuple]]:
         elif f.name == "on":
             rests[args[0]] = args[1]
         elif f.name == "holding":
-            raise ThorError(f"{path}: a world starts with the hand empty, this problem holds {args[0]}")
-    goal = [(g.name, *(t.name for t in g.terms)) for g in (p.goal.operands if isinstance(p.goal, And) else [p.goal])]
+            raise ThorError(
+                f"{path}: a world starts with the hand empty, this problem holds {args[0]}"
+            )
+    goal = [
+        (g.name, *(t.name for t in g.terms))
+        for g in (p.goal.operands if isinstance(p.goal, And) else [p.goal])
+    ]
     if any(g[0] not in ("on", "ontable") for g in goal) or set(rests) != set(blocks):
-        raise ThorError(f"{path}: not a Blocksworld problem (every block on the table or a block; goals on / ontable)")
+        raise ThorError(
+            f"{path}: not a Blocksworld problem (every block on the table or a block; goals on / ontable)"
+        )
     return blocks, rests, goal
 
 
@@ -151,26 +189,50 @@ def world_doc(name: str, blocks: list[str], rests: dict) -> dict:
     for i, base in enumerate(sorted(b for b in blocks if rests[b] == "table")):
         level, cur = 0, base
         while cur is not None:
-            objects.append({"name": block_name(cur), "type": "block",
-                            "position": [round(-0.3 + 0.12 * i, 3), 0.0, round(0.775 + 0.05 * level, 3)],
-                            "mass_kg": 0.1, **({"at": "table"} if level == 0 else {"on": block_name(rests[cur])})})
+            objects.append(
+                {
+                    "name": block_name(cur),
+                    "type": "block",
+                    "position": [round(-0.3 + 0.12 * i, 3), 0.0, round(0.775 + 0.05 * level, 3)],
+                    "mass_kg": 0.1,
+                    **({"at": "table"} if level == 0 else {"on": block_name(rests[cur])}),
+                }
+            )
             cur, level = above.get(cur), level + 1
-    return {"name": name, "description": "one arm over a table of toy blocks (Blocksworld)",
-            "skills": "../../../skills/blocks.json", "objects": objects,
-            "places": [{"name": "table", "position": [0.0, 0.0, 0.75]}],
-            "robot": {"workspace": {"min": [-0.6, -0.6, 0.6], "max": [0.6, 0.6, 1.3]}, "max_payload_kg": 1.0}}
+    return {
+        "name": name,
+        "description": "one arm over a table of toy blocks (Blocksworld)",
+        "skills": "../../../skills/blocks.json",
+        "objects": objects,
+        "places": [{"name": "table", "position": [0.0, 0.0, 0.75]}],
+        "robot": {
+            "workspace": {"min": [-0.6, -0.6, 0.6], "max": [0.6, 0.6, 1.3]},
+            "max_payload_kg": 1.0,
+        },
+    }
 
 
 def goal_doc(goal: list[tuple]) -> list[dict]:
-    return [{"object": block_name(g[1]), "on": block_name(g[2])} if g[0] == "on" else
-            {"object": block_name(g[1]), "at": "table"} for g in goal]
+    return [
+        {"object": block_name(g[1]), "on": block_name(g[2])}
+        if g[0] == "on"
+        else {"object": block_name(g[1]), "at": "table"}
+        for g in goal
+    ]
 
 
 # (opening, how an `on` is said, how `ontable` is said, the word before the last clause)
-WORDINGS = (("Stack", "the {x} block on the {y} block", "put the {x} block on the table", " and "),
-            ("My goal is to have", "the {x} block on top of the {y} block", "the {x} block on the table", " and "),
-            ("Put", "the {x} block on the {y} block", "the {x} block on the table", " and "),
-            ("I want", "the {x} block on the {y} block", "the {x} block on the table", " and "))
+WORDINGS = (
+    ("Stack", "the {x} block on the {y} block", "put the {x} block on the table", " and "),
+    (
+        "My goal is to have",
+        "the {x} block on top of the {y} block",
+        "the {x} block on the table",
+        " and ",
+    ),
+    ("Put", "the {x} block on the {y} block", "the {x} block on the table", " and "),
+    ("I want", "the {x} block on the {y} block", "the {x} block on the table", " and "),
+)
 # the shortest, for a goal whose words would not fit the plan's `task` (160 characters)
 TERSE = ("Put", "the {x} block on the {y} block", "the {x} block on the table", ", ")
 TASK_CHARS = 160
@@ -179,10 +241,17 @@ TASK_CHARS = 160
 def task_words(goal: list[tuple], rng: random.Random) -> str:
     """The goal in words, PlanBench-like ("My goal is to have the red block on top of the blue
     block and ..."), in a wording drawn from WORDINGS."""
+
     def say(opening: str, on: str, table: str, last: str) -> str:
-        said = [on.format(x=COLORS[g[1]], y=COLORS[g[2]]) if g[0] == "on" else table.format(x=COLORS[g[1]])
-                for g in goal]
-        if said[0].startswith("put "):       # "Stack the white block on the table" reads wrong: it is put
+        said = [
+            on.format(x=COLORS[g[1]], y=COLORS[g[2]])
+            if g[0] == "on"
+            else table.format(x=COLORS[g[1]])
+            for g in goal
+        ]
+        if said[0].startswith(
+            "put "
+        ):  # "Stack the white block on the table" reads wrong: it is put
             opening, said[0] = "Put", said[0][4:]
         return f"{opening} {said[0] if len(said) == 1 else ', '.join(said[:-1]) + last + said[-1]}."
 
@@ -197,7 +266,7 @@ def _json_lines(doc: dict) -> str:
     for key in ("objects", "places"):
         items = ",\n".join(f"    {json.dumps(x)}" for x in doc[key])
         lines.append(f"  {json.dumps(key)}: [\n{items}\n  ],")
-    lines.append(f"  \"robot\": {json.dumps(doc['robot'])}")
+    lines.append(f'  "robot": {json.dumps(doc["robot"])}')
     return "{\n" + "\n".join(lines) + "\n}\n"
 
 
@@ -212,8 +281,15 @@ def translate(out: Path, seed: int = 29) -> tuple[list[dict], set[str]]:
         world = path.stem.replace("-", "_")
         (out / "worlds" / f"{world}.json").write_text(_json_lines(world_doc(world, blocks, rests)))
         rng = random.Random(f"{seed}:{path.stem}")
-        tasks.append({"id": path.stem, "world": world, "task": task_words(goal, rng), "goal": goal_doc(goal),
-                      "problem": f"problems/{path.name}"})
+        tasks.append(
+            {
+                "id": path.stem,
+                "world": world,
+                "task": task_words(goal, rng),
+                "goal": goal_doc(goal),
+                "problem": f"problems/{path.name}",
+            }
+        )
     return tasks, letters
 
 
@@ -222,26 +298,40 @@ def write_set(out: Path = SET_DIR, seed: int = 29, per_size: int = 12) -> int:
     domain.pddl). Same seed, same files."""
     (out / "problems").mkdir(parents=True, exist_ok=True)
     for old in [*(out / "problems").glob("*.pddl"), *(out / "worlds").glob("*.json")]:
-        old.unlink()                          # a smaller draw leaves none of a larger one behind
+        old.unlink()  # a smaller draw leaves none of a larger one behind
     (out / "domain.pddl").write_text(DOMAIN)
     for name, text in generate(seed, per_size):
         (out / "problems" / f"{name}.pddl").write_text(text)
     tasks, letters = translate(out, seed)
-    description = (f"Blocksworld, {per_size} instances each of {', '.join(map(str, SIZES))} blocks, drawn with seed "
-                   f"{seed} by python -m evals.blocksworld; every plan is also checked against domain.pddl and "
-                   "its problem by an independent PDDL validator")
-    binding = {"domain": "domain.pddl", "actions": ACTIONS, "objects": {block_name(b): b for b in sorted(letters)}}
+    description = (
+        f"Blocksworld, {per_size} instances each of {', '.join(map(str, SIZES))} blocks, drawn with seed "
+        f"{seed} by python -m evals.blocksworld; every plan is also checked against domain.pddl and "
+        "its problem by an independent PDDL validator"
+    )
+    binding = {
+        "domain": "domain.pddl",
+        "actions": ACTIONS,
+        "objects": {block_name(b): b for b in sorted(letters)},
+    }
     body = ",\n".join(f"  {json.dumps(t)}" for t in tasks)
-    (out / "tasks.json").write_text(f'{{"description": {json.dumps(description)},\n "pddl": {json.dumps(binding)},\n'
-                                    f' "tasks": [\n{body}\n]}}\n')
+    (out / "tasks.json").write_text(
+        f'{{"description": {json.dumps(description)},\n "pddl": {json.dumps(binding)},\n'
+        f' "tasks": [\n{body}\n]}}\n'
+    )
     return len(tasks)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m evals.blocksworld", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=SET_DIR, help="the set's directory (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        prog="python -m evals.blocksworld", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--out", type=Path, default=SET_DIR, help="the set's directory (default: %(default)s)"
+    )
     ap.add_argument("--seed", type=int, default=29)
-    ap.add_argument("--per-size", type=int, default=12, help="instances of each size (4, 5, 6 blocks)")
+    ap.add_argument(
+        "--per-size", type=int, default=12, help="instances of each size (4, 5, 6 blocks)"
+    )
     args = ap.parse_args(argv)
     n = write_set(args.out, args.seed, args.per_size)
     print(f"{n} tasks in {args.out}")

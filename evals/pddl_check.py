@@ -15,15 +15,15 @@ A set opts in with a ``"pddl"`` entry in its tasks.json, and each task names its
              "objects": {WORLD NAME: PDDL NAME, ...}}
     {"id": ..., "problem": "problems/bw-4-01.pddl", ...}
 """
+
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from thor_runtime.errors import ThorError
-
 from agent.files.loader import read_json
+from thor_runtime.errors import ThorError
 
 INSTALL = "pip install 'thor-runtime[bench]' (pddl-pyvalidator, pddl)"
 
@@ -31,9 +31,9 @@ INSTALL = "pip install 'thor-runtime[bench]' (pddl-pyvalidator, pddl)"
 @dataclass(frozen=True)
 class PddlBinding:
     domain: Path
-    actions: dict            # skill -> (action name, [skill argument, ...] in the action's order)
-    objects: dict            # world name -> PDDL name
-    problems: dict           # task id -> its problem file
+    actions: dict  # skill -> (action name, [skill argument, ...] in the action's order)
+    objects: dict  # world name -> PDDL name
+    problems: dict  # task id -> its problem file
 
     def plan_lines(self, plan) -> tuple[list[str] | None, str]:
         """-> (the steps as PDDL plan lines, "") or (None, why they have no PDDL form)."""
@@ -49,7 +49,10 @@ class PddlBinding:
             action, names = self.actions[skill]
             vals = [args.get(n) for n in names]
             if any(v not in self.objects for v in vals):
-                return None, f"step {i + 1}: {skill} {vals} names something the problem does not have"
+                return (
+                    None,
+                    f"step {i + 1}: {skill} {vals} names something the problem does not have",
+                )
             lines.append(f"({action} {' '.join(self.objects[v] for v in vals)})")
         return lines, ""
 
@@ -68,8 +71,10 @@ def load_binding(directory: Path) -> PddlBinding | None:
         objects = dict(spec["objects"])
         problems = {t["id"]: directory / t["problem"] for t in doc["tasks"]}
     except (KeyError, TypeError, IndexError) as e:
-        raise ThorError(f"{directory / 'tasks.json'}: the `pddl` entry needs domain, actions, objects and a "
-                        f"`problem` for every task ({e})") from None
+        raise ThorError(
+            f"{directory / 'tasks.json'}: the `pddl` entry needs domain, actions, objects and a "
+            f"`problem` for every task ({e})"
+        ) from None
     for p in [domain, *problems.values()]:
         if not p.is_file():
             raise ThorError(f"{directory / 'tasks.json'}: PDDL file not found: {p}")
@@ -81,7 +86,9 @@ def require_validator() -> None:
     try:
         import pyval  # noqa: F401
     except ImportError:
-        raise ThorError(f"this evaluation set checks every plan with a PDDL validator; {INSTALL}") from None
+        raise ThorError(
+            f"this evaluation set checks every plan with a PDDL validator; {INSTALL}"
+        ) from None
 
 
 def validate(binding: PddlBinding, task_id: str, plan) -> dict:
@@ -94,11 +101,13 @@ def validate(binding: PddlBinding, task_id: str, plan) -> dict:
     from pyval import PDDLValidator
     from unified_planning.shortcuts import get_environment
 
-    get_environment().credits_stream = None         # the library's banner is not the bench's output
+    get_environment().credits_stream = None  # the library's banner is not the bench's output
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.txt"
         path.write_text("\n".join(lines) + "\n")
-        res = PDDLValidator().validate(str(binding.domain), str(binding.problems[task_id]), str(path))
+        res = PDDLValidator().validate(
+            str(binding.domain), str(binding.problems[task_id]), str(path)
+        )
     return {"pddl_valid": bool(res.is_valid), "pddl_report": "" if res.is_valid else _why(res)}
 
 

@@ -5,20 +5,20 @@ Used by ``thor bench --plan``. Every method plans the same tasks on the same wor
 one run; greedy constrained speculation must produce the same plans as plain decoding,
 and the rows say whether it did.
 """
+
 from __future__ import annotations
 
 import statistics
 import sys
 from dataclasses import replace
 
-from thor_runtime.config import PlannerSettings
-from thor_runtime.speculative import SpecOptions, build_speculation
-
-from evals.evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
 from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
-from evals.pddl_check import load_binding, validate
 from agent.planner import Planner
 from agent.planner.plan_format import plan_format_fingerprint
+from evals.evaluation import EVAL_DIR, first_attempt_alone, load_eval_set, score, summarize
+from evals.pddl_check import load_binding, validate
+from thor_runtime.config import PlannerSettings
+from thor_runtime.speculative import SpecOptions, build_speculation
 
 TASKS = {
     "kitchen": ["put the red cup in the sink", "move the apple to the table"],
@@ -50,12 +50,27 @@ def eval_cases(directory=None, limit: int | None = None) -> list[tuple]:
 
 
 # per plan: where its prompt came from and where its time went (docs/planning.md)
-WHERE_TIME_GOES = ("plan_latency_s", "attempts", "prompt_tokens_from_disk", "prompt_tokens_from_memory",
-                   "prompt_tokens_computed", "time_prefill_s", "time_decode_s", "time_grammar_s", "time_check_s")
+WHERE_TIME_GOES = (
+    "plan_latency_s",
+    "attempts",
+    "prompt_tokens_from_disk",
+    "prompt_tokens_from_memory",
+    "prompt_tokens_computed",
+    "time_prefill_s",
+    "time_decode_s",
+    "time_grammar_s",
+    "time_check_s",
+)
 
 
-def plan_bench(open_session, specs, repeats: int = 1, limit: int | None = None,
-               cases: list[tuple] | None = None, fresh: bool = False) -> list[dict]:
+def plan_bench(
+    open_session,
+    specs,
+    repeats: int = 1,
+    limit: int | None = None,
+    cases: list[tuple] | None = None,
+    fresh: bool = False,
+) -> list[dict]:
     """open_session(spec): a new plan session (thor_app/session.py, as `thor plan` and the
     service plan through one; `thor bench --plan` builds them: bench_plan.spec_sessions) that
     plans with that spec, every spec's over the same runtime, each with its own world starts,
@@ -77,7 +92,10 @@ def plan_bench(open_session, specs, repeats: int = 1, limit: int | None = None,
     runtime = sessions[0].runtime
     shared = runtime.prefixes
     memories = [shared.sibling() if shared is not None else None for _ in specs]
-    runs = [{"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []} for _ in specs]
+    runs = [
+        {"lat": [], "dec": [], "acc": [], "jf": 0, "valid": 0, "plans": [], "where": []}
+        for _ in specs
+    ]
     turn = 0
     try:
         for r in range(repeats):
@@ -99,23 +117,35 @@ def plan_bench(open_session, specs, repeats: int = 1, limit: int | None = None,
                     run["lat"].append(s["plan_latency_s"])
                     run["dec"].append(s["decode_tok_s"])
                     run["acc"].append(s["accept_length_mean"])
-                    run["where"].append({"case": name, "decode_tok_s": s["decode_tok_s"],
-                                         **{k: s[k] for k in WHERE_TIME_GOES}})
+                    run["where"].append(
+                        {
+                            "case": name,
+                            "decode_tok_s": s["decode_tok_s"],
+                            **{k: s[k] for k in WHERE_TIME_GOES},
+                        }
+                    )
                     if r == 0:
                         run["jf"] += s["jump_forward_tokens"]
                         run["valid"] += bool(res.valid)
                         run["plans"].append(res.text)
                 turn += 1
-    finally:                              # the runtime's own memory back, whatever happened
+    finally:  # the runtime's own memory back, whatever happened
         runtime.prefixes = shared
     rows = []
     for spec, run in zip(specs, runs):
         lat = run["lat"]
-        row = {"spec": spec, "plans": len(cases), "valid": run["valid"],
-               "latency_median_s": round(statistics.median(lat), 3), "latency_p90_s": round(_p90(lat), 3),
-               "decode_tok_s": round(statistics.median(run["dec"]), 2),
-               "accept_length_mean": round(statistics.mean(run["acc"]), 3), "jump_forward_tokens": run["jf"],
-               "latencies_s": [round(x, 4) for x in lat], "per_plan": run["where"]}
+        row = {
+            "spec": spec,
+            "plans": len(cases),
+            "valid": run["valid"],
+            "latency_median_s": round(statistics.median(lat), 3),
+            "latency_p90_s": round(_p90(lat), 3),
+            "decode_tok_s": round(statistics.median(run["dec"]), 2),
+            "accept_length_mean": round(statistics.mean(run["acc"]), 3),
+            "jump_forward_tokens": run["jf"],
+            "latencies_s": [round(x, 4) for x in lat],
+            "per_plan": run["where"],
+        }
         if rows:
             row["plans_identical_to_first"] = run["plans"] == runs[0]["plans"]
         rows.append(row)
@@ -141,20 +171,39 @@ def _spread(tasks: list, limit: int | None) -> list:
     by_world: dict[str, list] = {}
     for t in tasks:
         by_world.setdefault(t.world, []).append(t)
-    if len(by_world) > limit:       # a world per task (Blocksworld): the first task of evenly spaced worlds
+    if (
+        len(by_world) > limit
+    ):  # a world per task (Blocksworld): the first task of evenly spaced worlds
         groups = list(by_world.values())
-        return [groups[i][0] for i in sorted({round(j * (len(groups) - 1) / max(limit - 1, 1)) for j in range(limit)})]
+        return [
+            groups[i][0]
+            for i in sorted(
+                {round(j * (len(groups) - 1) / max(limit - 1, 1)) for j in range(limit)}
+            )
+        ]
     out = []
-    for i, group in enumerate(by_world.values()):     # first and last of each world's list, and between
+    for i, group in enumerate(
+        by_world.values()
+    ):  # first and last of each world's list, and between
         k = limit // len(by_world) + (i < limit % len(by_world))
         idx = sorted({round(j * (len(group) - 1) / max(k - 1, 1)) for j in range(k)}) if k else []
         out += [group[j] for j in idx]
     return out
 
 
-def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | None = None, solver_modes=(True, False),
-               attempts: int = PlannerSettings.attempts, max_tokens: int = PlannerSettings.max_tokens, limit: int | None = None,
-               directory=None, goal_choice: int = PlannerSettings.goal_choice, lexicon: str = PlannerSettings.lexicon) -> list[dict]:
+def eval_bench(
+    runtime,
+    tokenizer,
+    spec: str = "none",
+    options: SpecOptions | None = None,
+    solver_modes=(True, False),
+    attempts: int = PlannerSettings.attempts,
+    max_tokens: int = PlannerSettings.max_tokens,
+    limit: int | None = None,
+    directory=None,
+    goal_choice: int = PlannerSettings.goal_choice,
+    lexicon: str = PlannerSettings.lexicon,
+) -> list[dict]:
     """-> one summary per solver mode (True: steps completed from the model's goal when they
     miss it; False: the model's steps alone), each with its per-task rows. On a set with PDDL
     (pddl_check.py) every plan is also checked by the independent validator. ``options``: as
@@ -165,12 +214,23 @@ def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | No
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
     # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines it)
-    speculation = build_speculation(replace(options or SpecOptions(), method=spec), runtime.model,
-                                    plan_format=plan_format_fingerprint())
+    speculation = build_speculation(
+        replace(options or SpecOptions(), method=spec),
+        runtime.model,
+        plan_format=plan_format_fingerprint(),
+    )
     out = []
     for solver in solver_modes:
-        planner = Planner(runtime, tokenizer, speculation, max_tokens=max_tokens, attempts=attempts, complete=solver,
-                          goal_choice=goal_choice, lexicon=lexicon)
+        planner = Planner(
+            runtime,
+            tokenizer,
+            speculation,
+            max_tokens=max_tokens,
+            attempts=attempts,
+            complete=solver,
+            goal_choice=goal_choice,
+            lexicon=lexicon,
+        )
         rows = []
         for t in tasks:
             world, skills = worlds[t.world]
@@ -178,14 +238,24 @@ def eval_bench(runtime, tokenizer, spec: str = "none", options: SpecOptions | No
             res = planner.plan(t.task, world, skills)
             rows.append(score(t, res, world, skills))
             r = rows[-1]
-            r["first_attempt_alone"] = first_attempt_alone(t, res, planner.prepare(world, skills, task=t.task).schema, world, skills)
-            r["goal"] = res.plan.get("goal") if isinstance(res.plan, dict) else None   # what the plan stated
-            if goal_choice:      # what the choice did, per attempt
-                r.update(goal_changed=res.stats.get("goal_changed", 0), goal_choice=res.stats.get("goal_choice", []),
-                         goal_choice_s=res.stats.get("goal_choice_s", 0.0))
+            r["first_attempt_alone"] = first_attempt_alone(
+                t, res, planner.prepare(world, skills, task=t.task).schema, world, skills
+            )
+            r["goal"] = (
+                res.plan.get("goal") if isinstance(res.plan, dict) else None
+            )  # what the plan stated
+            if goal_choice:  # what the choice did, per attempt
+                r.update(
+                    goal_changed=res.stats.get("goal_changed", 0),
+                    goal_choice=res.stats.get("goal_choice", []),
+                    goal_choice_s=res.stats.get("goal_choice_s", 0.0),
+                )
             if binding is not None:
                 r.update(validate(binding, t.id, res.plan))
-            print(f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}"
-                  + (f" pddl_valid={r['pddl_valid']}" if binding is not None else ""), file=sys.stderr)
+            print(
+                f"  success={r['success']} valid={r['valid']} checks={r['report_checks']}"
+                + (f" pddl_valid={r['pddl_valid']}" if binding is not None else ""),
+                file=sys.stderr,
+            )
         out.append({"solver": solver, **summarize(rows), "rows": rows})
     return out

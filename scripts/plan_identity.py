@@ -11,6 +11,7 @@ are byte-identical and lists the tasks that differ.
 To snapshot an older commit, run the same script with ``PYTHONPATH`` set to a worktree of
 that commit (``git worktree add``): the imports below resolve against either layout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,27 @@ def _imports():
     specialize_request, data root) for whichever layout is on the path."""
     from thor_app.assembly import build_runtime, make_planner
 
-    try:                    # this layout: the runtime's front door
-        from thor_runtime import RuntimeConfig
+    try:  # this layout: the runtime's front door
         from agent.files.loader import load_skills, load_world, resolve_skills_path
         from agent.planner.planner import specialize_request
-    except ImportError:     # the flat layout before it
-        from thor_runtime.runtime_config import RuntimeConfig
+        from thor_runtime import RuntimeConfig
+    except ImportError:  # the flat layout before it
         from agent.files import load_skills, load_world, resolve_skills_path
         from agent.planner import specialize_request
+        from thor_runtime.runtime_config import RuntimeConfig
     import agent
 
     agent_dir = Path(agent.__file__).resolve().parent
-    return (RuntimeConfig, build_runtime, make_planner, load_world, load_skills,
-            resolve_skills_path, specialize_request, agent_dir)
+    return (
+        RuntimeConfig,
+        build_runtime,
+        make_planner,
+        load_world,
+        load_skills,
+        resolve_skills_path,
+        specialize_request,
+        agent_dir,
+    )
 
 
 def _eval_dirs(agent_dir: Path) -> list[Path]:
@@ -74,8 +83,16 @@ def cases(load_world, load_skills, resolve_skills_path, agent_dir: Path):
 
 
 def snapshot(model: str, out: Path, limit: int | None) -> None:
-    (RuntimeConfig, build_runtime, make_planner, load_world, load_skills, resolve_skills_path,
-     specialize_request, agent_dir) = _imports()
+    (
+        RuntimeConfig,
+        build_runtime,
+        make_planner,
+        load_world,
+        load_skills,
+        resolve_skills_path,
+        specialize_request,
+        agent_dir,
+    ) = _imports()
     base = RuntimeConfig()
     from dataclasses import replace
 
@@ -84,7 +101,8 @@ def snapshot(model: str, out: Path, limit: int | None) -> None:
     planner = make_planner(assembled, shelf=None)
     docs = {}
     for n, (key, task, world, skills) in enumerate(
-            cases(load_world, load_skills, resolve_skills_path, agent_dir)):
+        cases(load_world, load_skills, resolve_skills_path, agent_dir)
+    ):
         if limit is not None and n >= limit:
             break
         request = specialize_request(task, world, skills, None, config.planner.max_steps or None)

@@ -1,4 +1,5 @@
 """Session-scoped fixtures: each model is built or loaded once per test run."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,11 @@ def pytest_sessionstart(session):
         return
     got = torch.backends.cpu.get_cpu_capability()
     if got.upper() != want.strip().upper():
-        pytest.exit(f"THOR_EXPECT_CPU_CAPABILITY={want} but torch.backends.cpu.get_cpu_capability() is {got} "
-                    f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '<unset>')})", returncode=1)
+        pytest.exit(
+            f"THOR_EXPECT_CPU_CAPABILITY={want} but torch.backends.cpu.get_cpu_capability() is {got} "
+            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '<unset>')})",
+            returncode=1,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +37,9 @@ def tiny_dirs(tmp_path_factory):
     from tests.helpers.tiny import make_tiny_dir
 
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: make_tiny_dir(root / arch, arch, seed=i) for i, arch in enumerate(("llama", "qwen3"))}
+    return {
+        arch: make_tiny_dir(root / arch, arch, seed=i) for i, arch in enumerate(("llama", "qwen3"))
+    }
 
 
 @pytest.fixture(scope="session")
@@ -47,10 +53,11 @@ def tiny_llama(tiny_dirs):
 def tiny_llama_long(tiny_dirs, tmp_path_factory):
     """The tiny llama with a 4k context (a sample world's plan prompt fits)."""
     from tests.helpers.serving import long_context_copy
-
     from thor_runtime.loading import load
 
-    return load(str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("tiny_long") / "llama")))
+    return load(
+        str(long_context_copy(tiny_dirs["llama"], tmp_path_factory.mktemp("tiny_long") / "llama"))
+    )
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +87,9 @@ def tiny_hybrid_dirs(tmp_path_factory):
     from tests.helpers.tiny_hybrid import make_hybrid_dir
 
     root = tmp_path_factory.mktemp("tiny_hybrid")
-    return {a: make_hybrid_dir(root / a, a, seed=i) for i, a in enumerate(("qwen3_5", "qwen3_next"))}
+    return {
+        a: make_hybrid_dir(root / a, a, seed=i) for i, a in enumerate(("qwen3_5", "qwen3_next"))
+    }
 
 
 @pytest.fixture(scope="session")

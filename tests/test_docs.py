@@ -1,5 +1,6 @@
 """The README stays a front door (at most 15 KB) and every relative link in the README and in
 docs/*.md resolves: to a file that exists and, when it names an anchor, to a heading there."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = ([README] + sorted((ROOT / "docs").glob("*.md"))
-         + sorted((ROOT / "docs" / "log").glob("*.md")) + [ROOT / "results" / "README.md"])
+PAGES = (
+    [README]
+    + sorted((ROOT / "docs").glob("*.md"))
+    + sorted((ROOT / "docs" / "log").glob("*.md"))
+    + [ROOT / "results" / "README.md"]
+)
 README_MAX_BYTES = 15_000
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -60,7 +65,7 @@ def test_docs_exist():
 def test_relative_links_resolve(page):
     broken = []
     for target in _links(page):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):      # http:, https:, mailto: ...
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: ...
             continue
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page

@@ -9,6 +9,7 @@ including imports inside functions, so a lazy import cannot hide a wrong edge or
 thor_app imports every command statically: no importlib, import_module or __import__ dispatch
 by name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,9 +41,12 @@ def imported_packages(path: Path) -> set[str]:
             out |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.add(node.module.split(".")[0])
-    if any(isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "import_module"
-           for n in ast.walk(tree)):
-        out.add("<importlib>")                 # dispatch by string would hide the edge
+    if any(
+        isinstance(n, ast.Call)
+        and getattr(n.func, "attr", getattr(n.func, "id", "")) == "import_module"
+        for n in ast.walk(tree)
+    ):
+        out.add("<importlib>")  # dispatch by string would hide the edge
     return out
 
 
@@ -53,8 +57,16 @@ def dynamic_imports(path: Path) -> list[str]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [f"{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] == "importlib"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "importlib":
+            out += [
+                f"{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] == "importlib"
+            ]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] == "importlib"
+        ):
             out.append(f"{node.lineno}: from {node.module} import")
         elif isinstance(node, ast.Call):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
@@ -67,15 +79,21 @@ def dynamic_imports(path: Path) -> list[str]:
 def test_no_import_upwards(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, f"{package} has no sources"
-    bad = {str(f.relative_to(ROOT)): sorted(imported_packages(f) & (FORBIDDEN[package] | {"<importlib>"}))
-           for f in files}
+    bad = {
+        str(f.relative_to(ROOT)): sorted(
+            imported_packages(f) & (FORBIDDEN[package] | {"<importlib>"})
+        )
+        for f in files
+    }
     assert {f: b for f, b in bad.items() if b} == {}
 
 
 def test_walker_sees_lazy_and_string_imports(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("def f():\n    from thor_app.cli import main\n    import importlib\n"
-                   "    importlib.import_module('calib.cli')\n")
+    src.write_text(
+        "def f():\n    from thor_app.cli import main\n    import importlib\n"
+        "    importlib.import_module('calib.cli')\n"
+    )
     assert {"thor_app", "<importlib>"} <= imported_packages(src)
 
 
@@ -88,10 +106,16 @@ def test_entry_points_import_statically():
 
 def test_walker_sees_dynamic_imports(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("import json\nfrom thor_runtime import errors\n\n\ndef f(name):\n    import importlib.util\n"
-                   "    from importlib import import_module\n    return import_module(name), __import__(name)\n")
-    assert dynamic_imports(src) == ["6: import importlib.util", "7: from importlib import", "8: __import__()",
-                                    "8: import_module()"]
+    src.write_text(
+        "import json\nfrom thor_runtime import errors\n\n\ndef f(name):\n    import importlib.util\n"
+        "    from importlib import import_module\n    return import_module(name), __import__(name)\n"
+    )
+    assert dynamic_imports(src) == [
+        "6: import importlib.util",
+        "7: from importlib import",
+        "8: __import__()",
+        "8: import_module()",
+    ]
     src.write_text("import json\nfrom thor_runtime import errors\n")
     assert dynamic_imports(src) == []
 
@@ -105,7 +129,9 @@ def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
     """module -> the project modules it imports, anywhere in its source (function bodies too).
     ``from a import b`` is an edge to the module a.b where there is one, else to a; importing a
     submodule is not counted as importing its package's ``__init__``."""
-    files = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    files = {
+        module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))
+    }
     graph = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -116,7 +142,7 @@ def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    up = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    up = here.split(".")[: len(here.split(".")) - node.level + 1]
                     base = ".".join(up + ([node.module] if node.module else []))
                 for a in node.names:
                     sub = f"{base}.{a.name}"
@@ -155,10 +181,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert len(graph) > 100 and "thor_runtime.engine.runner" in graph["thor_runtime.engine.generate"]
+    assert (
+        len(graph) > 100 and "thor_runtime.engine.runner" in graph["thor_runtime.engine.generate"]
+    )
     found = cycles(graph)
-    assert found == [], "\n".join(" <-> ".join(c) + ": " + "; ".join(
-        f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found)
+    assert found == [], "\n".join(
+        " <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c)
+        for c in found
+    )
 
 
 def test_cycle_finder_sees_lazy_and_relative_imports(tmp_path):
@@ -193,8 +223,13 @@ def runtime_imports_past_the_door(path: Path) -> list[str]:
                 continue
             deep = len(parts) > 2 or (isinstance(node, ast.Import) and len(parts) > 1)
             child = runtime / parts[1] if len(parts) > 1 else None
-            if not deep and child is not None and not child.is_dir() and parts[1] not in RUNTIME_FACES:
-                deep = True                       # a loose file of the runtime not made a face
+            if (
+                not deep
+                and child is not None
+                and not child.is_dir()
+                and parts[1] not in RUNTIME_FACES
+            ):
+                deep = True  # a loose file of the runtime not made a face
             if not deep and child is not None and child.is_dir() and name is not None:
                 deep = (child / f"{name}.py").exists() or (child / name).is_dir()
             if deep:
@@ -211,12 +246,16 @@ def test_runtime_entered_by_its_front_door(package):
 
 def test_front_door_walker_sees_deep_imports(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("from thor_runtime.engine.generate import Runtime\nimport thor_runtime.engine\n"
-                   "from thor_runtime.engine import generate\nfrom thor_runtime.engine import Runtime\n"
-                   "from thor_runtime import Runtime\nfrom thor_runtime.config import RuntimeConfig\n")
+    src.write_text(
+        "from thor_runtime.engine.generate import Runtime\nimport thor_runtime.engine\n"
+        "from thor_runtime.engine import generate\nfrom thor_runtime.engine import Runtime\n"
+        "from thor_runtime import Runtime\nfrom thor_runtime.config import RuntimeConfig\n"
+    )
     assert runtime_imports_past_the_door(src) == [
-        "1: thor_runtime.engine.generate import Runtime", "2: thor_runtime.engine",
-        "3: thor_runtime.engine import generate"]
+        "1: thor_runtime.engine.generate import Runtime",
+        "2: thor_runtime.engine",
+        "3: thor_runtime.engine import generate",
+    ]
 
 
 def test_front_door_names_resolve():

@@ -1,6 +1,7 @@
 """The tests' own layout: tests/ mirrors the packages (tests/<package>/<subpackage>/test_*.py),
 what tests share lives in tests/helpers/ (imported as ``tests.helpers.*``), no test module imports
 another, and no test folder can stand in for the package it mirrors."""
+
 from __future__ import annotations
 
 import ast
@@ -42,8 +43,11 @@ def bad_imports(source: str) -> list[str]:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[0] in TEST_MODULES or parts[0] == "tests" and any(
-                    p.startswith("test_") for p in parts[1:]):
+            if (
+                parts[0] in TEST_MODULES
+                or parts[0] == "tests"
+                and any(p.startswith("test_") for p in parts[1:])
+            ):
                 out.append(f"line {node.lineno}: {name} is a test module")
             elif parts[0] == "tests" and parts[1:2] not in ([], ["helpers"]):
                 out.append(f"line {node.lineno}: {name}: from tests/ only tests.helpers")
@@ -60,7 +64,7 @@ def test_the_import_check_sees_what_it_must():
     assert bad_imports("from .tiny import make_tiny_dir")
     assert bad_imports("import tests.conftest")
     assert not bad_imports("from tests.helpers.tiny import make_tiny_dir\nimport torch")
-    assert not bad_imports("from aiohttp.test_utils import TestClient")     # not one of ours
+    assert not bad_imports("from aiohttp.test_utils import TestClient")  # not one of ours
     assert not bad_imports("from test_msgs.action import Fibonacci")
 
 
@@ -86,8 +90,9 @@ def test_every_test_file_sits_in_the_folder_of_the_package_it_tests():
 
 def test_no_test_folder_is_a_package():
     """An __init__.py in tests/agent/ would make it a package that could stand in for `agent`."""
-    inits = [p.relative_to(ROOT).as_posix() for p in TESTS.rglob("__init__.py")
-             if p.parent != HELPERS]
+    inits = [
+        p.relative_to(ROOT).as_posix() for p in TESTS.rglob("__init__.py") if p.parent != HELPERS
+    ]
     assert inits == []
 
 

@@ -7,22 +7,23 @@ it (weight cache, dtype and layout for the backend), the speculation (its K sets
 profiles), the backend attached to the model's dense segments, the KV scales, the Runtime.
 What lives across the plans on that runtime is its PlanSession (thor_app/session.py).
 """
+
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import RuntimeConfig
+from thor_runtime.errors import ThorError
 
 
 @dataclass(frozen=True)
 class Assembled:
     config: RuntimeConfig
-    loaded: object            # thor_runtime.loading.Loaded
-    runtime: object           # thor_runtime.engine.generate.Runtime
-    speculation: object       # thor_runtime.speculative.Speculation
-    backend: object = None    # engines.backend.GraphBackend attached to the model; None = torch
+    loaded: object  # thor_runtime.loading.Loaded
+    runtime: object  # thor_runtime.engine.generate.Runtime
+    speculation: object  # thor_runtime.speculative.Speculation
+    backend: object = None  # engines.backend.GraphBackend attached to the model; None = torch
 
     @property
     def device(self):
@@ -43,16 +44,30 @@ def load_model(config: RuntimeConfig, name: str | None = None, dtype: str | None
         dtype = "fp32" if dtype == "auto" else dtype
         layout = "dense" if layout == "auto" else layout
     cache = None if m.weight_cache == "auto" else m.weight_cache
-    return load(name or m.name, dtype, device=device, layout=layout, cache_dir=cache, int4_kernel=m.int4_kernel)
+    return load(
+        name or m.name,
+        dtype,
+        device=device,
+        layout=layout,
+        cache_dir=cache,
+        int4_kernel=m.int4_kernel,
+    )
 
 
 def spec_options(config: RuntimeConfig):
     from thor_runtime.speculative import SpecOptions
 
     s = config.speculation
-    return SpecOptions(method=s.method, drafter=s.drafter or None, block_size=s.block_size or None,
-                       window=s.window, seed_window=s.seed_window, ngram_k=s.ngram_k, fixed_k=s.fixed_k,
-                       lookup_rate=s.lookup_rate)
+    return SpecOptions(
+        method=s.method,
+        drafter=s.drafter or None,
+        block_size=s.block_size or None,
+        window=s.window,
+        seed_window=s.seed_window,
+        ngram_k=s.ngram_k,
+        fixed_k=s.fixed_k,
+        lookup_rate=s.lookup_rate,
+    )
 
 
 def relaxed_config(config: RuntimeConfig, tokenizer):
@@ -68,7 +83,9 @@ def relaxed_config(config: RuntimeConfig, tokenizer):
         b, e = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
         if b is None or e is None:
             raise ThorError("--relaxed-thinking: the tokenizer has no <think> / </think> tokens")
-    return RelaxedConfig(b, e, s.relaxed_topk, s.relaxed_delta, s.relaxed_margin, spans=s.relaxed_spans)
+    return RelaxedConfig(
+        b, e, s.relaxed_topk, s.relaxed_delta, s.relaxed_margin, spans=s.relaxed_spans
+    )
 
 
 def plan_format(config: RuntimeConfig, plans: bool = True) -> str | None:
@@ -89,8 +106,12 @@ def build_speculation(config: RuntimeConfig, loaded, plans: bool = True):
     (thor_runtime/speculative/shipped.py); False for free text only (`thor generate`)."""
     from thor_runtime.speculative import build_speculation as build
 
-    return build(spec_options(config), loaded.model, relaxed_config(config, loaded.tokenizer),
-                 plan_format=plan_format(config, plans))
+    return build(
+        spec_options(config),
+        loaded.model,
+        relaxed_config(config, loaded.tokenizer),
+        plan_format=plan_format(config, plans),
+    )
 
 
 def backend_options(config: RuntimeConfig, spec_k: int = 0, **overrides):
@@ -99,9 +120,15 @@ def backend_options(config: RuntimeConfig, spec_k: int = 0, **overrides):
     from engines.backend import BackendOptions, profile_tokens
 
     e = config.engine
-    opts = dict(form=e.form, cache_dir=e.cache_dir or None, threads=e.threads, opt_level=e.ort_opt_level,
-                precision=e.trt_precision or None, fp8_scales=e.fp8_scales or None,
-                profiles=profile_tokens(spec_k, config.model.prefill_chunk))
+    opts = dict(
+        form=e.form,
+        cache_dir=e.cache_dir or None,
+        threads=e.threads,
+        opt_level=e.ort_opt_level,
+        precision=e.trt_precision or None,
+        fp8_scales=e.fp8_scales or None,
+        profiles=profile_tokens(spec_k, config.model.prefill_chunk),
+    )
     opts.update({k: v for k, v in overrides.items() if v is not None})
     return BackendOptions(**opts)
 
@@ -117,7 +144,9 @@ def progress_bar(desc: str, unit: str = "graph"):
         if bar is None or bar.total != total:
             if bar is not None:
                 bar.close()
-            bar = state["bar"] = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr)
+            bar = state["bar"] = tqdm(
+                total=total, desc=desc, unit=unit, leave=False, file=sys.stderr
+            )
         bar.set_postfix_str(label, refresh=False)
         bar.update(done - bar.n)
         if done >= total:
@@ -127,8 +156,14 @@ def progress_bar(desc: str, unit: str = "graph"):
     return progress
 
 
-def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | None = None, attach: bool = True,
-                 **overrides):
+def make_backend(
+    config: RuntimeConfig,
+    loaded,
+    speculation=None,
+    name: str | None = None,
+    attach: bool = True,
+    **overrides,
+):
     """The backend of ``config`` (or ``name``) for ``loaded``'s dense segments, attached unless
     ``attach`` is False; None for torch. Its profiles follow ``speculation``'s K."""
     from engines.backend import attach as attach_to
@@ -145,7 +180,9 @@ def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | No
         # off the CPU every decode forward runs step_rows rows (fixed_shape.py): the engines'
         # verify profile must cover them
         k = max(k, config.model.step_rows - 1)
-    b = make(name, loaded.model, backend_options(config, k, **overrides), progress_bar(f"{name} engines"))
+    b = make(
+        name, loaded.model, backend_options(config, k, **overrides), progress_bar(f"{name} engines")
+    )
     if attach:
         attach_to(loaded.model, b)
     return b
@@ -153,22 +190,30 @@ def make_backend(config: RuntimeConfig, loaded, speculation=None, name: str | No
 
 def make_runtime(config: RuntimeConfig, loaded):
     """The Runtime over a loaded model: KV dtype and scales, prefill chunk, prefix cache."""
-    from thor_runtime.engine import Runtime
     from thor_runtime.cache import KVScales
+    from thor_runtime.engine import Runtime
 
     m = config.model
     scales = KVScales.load(m.kv_scales, loaded.cfg) if m.kv_scales else None
-    return Runtime(loaded.model, loaded.tokenizer, kv_dtype=m.kv_dtype, prefill_chunk=m.prefill_chunk,
-                   kv_scales=scales, prefix_cache=m.prefix_cache, step_rows=m.step_rows,
-                   max_context=m.max_context, compile=m.compile,   # auto's cost curve: beside the weights
-                   cost_cache=None if m.weight_cache == "auto" else m.weight_cache)
+    return Runtime(
+        loaded.model,
+        loaded.tokenizer,
+        kv_dtype=m.kv_dtype,
+        prefill_chunk=m.prefill_chunk,
+        kv_scales=scales,
+        prefix_cache=m.prefix_cache,
+        step_rows=m.step_rows,
+        max_context=m.max_context,
+        compile=m.compile,  # auto's cost curve: beside the weights
+        cost_cache=None if m.weight_cache == "auto" else m.weight_cache,
+    )
 
 
 def build_runtime(config: RuntimeConfig, loaded=None, plans: bool = True) -> Assembled:
     """Load (unless ``loaded`` is given), speculate, attach the backend, and wrap it in a Runtime.
     ``plans``: see build_speculation."""
     if config.engine.backend != "torch":
-        backend_options(config)             # a bad option combination fails before the model loads
+        backend_options(config)  # a bad option combination fails before the model loads
     loaded = loaded if loaded is not None else load_model(config)
     spec = build_speculation(config, loaded, plans)
     backend = make_backend(config, loaded, spec)

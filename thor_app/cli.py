@@ -4,15 +4,15 @@ Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 3 no valid pla
 Each subcommand module defines ``register(subparsers)``; its parser sets ``func(args) -> int``.
 The modules import their heavy dependencies inside the handlers, so ``thor --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 
-from thor_runtime.errors import ThorError
-
 from thor_app.commands import calib, engines, generate, models, plan, ros, selftest, serve
 from thor_app.tools import bench
+from thor_runtime.errors import ThorError
 
 COMMANDS = (generate, plan, bench, calib, models, engines, selftest, serve, ros)
 

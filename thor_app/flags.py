@@ -5,17 +5,23 @@ metadata); ``config_from_args`` reads them back into a validated ``RuntimeConfig
 states only where it deliberately differs (``defaults``, e.g. `thor generate` decodes plainly).
 No torch and no engines here: every ``--help`` answers without them.
 """
+
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import SECTIONS, RuntimeConfig, meta
+from thor_runtime.errors import ThorError
 
 PREFIX = "cfg__"
-TITLES = {"model": "model", "engine": "engines (the dense segments)", "speculation": "speculative decoding",
-          "sampling": "sampling", "planner": "planner"}
+TITLES = {
+    "model": "model",
+    "engine": "engines (the dense segments)",
+    "speculation": "speculative decoding",
+    "sampling": "sampling",
+    "planner": "planner",
+}
 
 
 def _dest(section: str, name: str) -> str:
@@ -23,8 +29,15 @@ def _dest(section: str, name: str) -> str:
 
 
 # A str field's value in --help where the field's own name does not say what to give.
-METAVARS = {"name": "MODEL", "kv_scales": "FILE", "fp8_scales": "FILE", "weight_cache": "DIR", "cache_dir": "DIR",
-            "drafter": "DIR", "int4_kernel": "KERNEL"}
+METAVARS = {
+    "name": "MODEL",
+    "kv_scales": "FILE",
+    "fp8_scales": "FILE",
+    "weight_cache": "DIR",
+    "cache_dir": "DIR",
+    "drafter": "DIR",
+    "int4_kernel": "KERNEL",
+}
 
 
 def _metavar(f) -> str | None:
@@ -43,8 +56,13 @@ def flag_fields(section: str):
     return [f for f in fields(SECTIONS[section]) if meta(f).flag is not None]
 
 
-def add_config_args(p: argparse.ArgumentParser, sections, defaults: dict | None = None,
-                    only: set[str] | None = None, titles: dict | None = None) -> None:
+def add_config_args(
+    p: argparse.ArgumentParser,
+    sections,
+    defaults: dict | None = None,
+    only: set[str] | None = None,
+    titles: dict | None = None,
+) -> None:
     """``sections``: which parts of the tree the command reads. ``defaults``: {"section.field":
     value} where the command differs from the table. ``only``: restrict to these "section.field"."""
     defaults = defaults or {}
@@ -56,8 +74,8 @@ def add_config_args(p: argparse.ArgumentParser, sections, defaults: dict | None 
                 continue
             s, default = meta(f), defaults.get(key, f.default)
             kw = {"dest": _dest(section, f.name), "default": default, "help": s.help}
-            if isinstance(f.default, bool):   # the flag turns the default around
-                if default:                   # a setting's help says what it does when on
+            if isinstance(f.default, bool):  # the flag turns the default around
+                if default:  # a setting's help says what it does when on
                     kw["help"] = f"do not {s.help}"
                 g.add_argument(s.flag, action="store_false" if default else "store_true", **kw)
                 continue
@@ -71,7 +89,7 @@ def config_from_args(args, base: RuntimeConfig | None = None) -> RuntimeConfig:
     values: dict[str, dict] = {}
     for dest, v in vars(args).items():
         if dest.startswith(PREFIX):
-            section, name = dest[len(PREFIX):].split("__")
+            section, name = dest[len(PREFIX) :].split("__")
             values.setdefault(section, {})[name] = v
     parts = {}
     try:
@@ -89,9 +107,10 @@ def _as_dict(obj) -> dict:
 
 
 def _flag_words(msg: str) -> str:
-    """"model.prefill_chunk must be >= 0" -> "--prefill-chunk must be >= 0"."""
+    """ "model.prefill_chunk must be >= 0" -> "--prefill-chunk must be >= 0"."""
     for section in SECTIONS:
         for f in flag_fields(section):
-            msg = msg.replace(f"{section}.{f.name} ", f"{meta(f).flag} ").replace(f"{section}.{f.name}:",
-                                                                                  f"{meta(f).flag}:")
+            msg = msg.replace(f"{section}.{f.name} ", f"{meta(f).flag} ").replace(
+                f"{section}.{f.name}:", f"{meta(f).flag}:"
+            )
     return msg

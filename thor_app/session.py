@@ -16,6 +16,7 @@ Three things outlive a plan, each kept on disk for the next process:
 evals/plan_bench.py) each plan through a session built from an assembled runtime
 (thor_app/assembly.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,13 @@ def shared_prefix_ids(tokenizer, skills) -> list[int]:
     from agent.planner.prompt import shared_instructions, shared_start
 
     text = shared_instructions(skills)
-    return shared_start(tokenizer, lambda w: [{"role": "system", "content": f"{text}\nWorld: {w}"},
-                                              {"role": "user", "content": f"Task: {w}"}])
+    return shared_start(
+        tokenizer,
+        lambda w: [
+            {"role": "system", "content": f"{text}\nWorld: {w}"},
+            {"role": "user", "content": f"Task: {w}"},
+        ],
+    )
 
 
 def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) -> dict:
@@ -63,14 +69,19 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
     source, s)."""
     import torch
 
-    from thor_runtime.cache import KVScales
-    from thor_runtime.cache import load_prefix as load, prefix_key, prefix_path, save_prefix as save
+    from thor_runtime.cache import KVScales, prefix_key, prefix_path
+    from thor_runtime.cache import load_prefix as load
+    from thor_runtime.cache import save_prefix as save
 
     t0 = time.perf_counter()
     model = runtime.model
     # a runtime without a prefix cache (a scripted one in tests) simply gets none
-    if (getattr(runtime, "prefixes", None) is None or directory is None
-            or model.device.type != "cpu" or not getattr(model, "source", "")):
+    if (
+        getattr(runtime, "prefixes", None) is None
+        or directory is None
+        or model.device.type != "cpu"
+        or not getattr(model, "source", "")
+    ):
         return {"source": "off", "tokens": 0}
     ids = shared_prefix_ids(tokenizer, skills)
     if not runtime.prefixes.min_tokens <= len(ids) < model.cfg.max_position_embeddings - 1:
@@ -89,11 +100,15 @@ def attach_prefix(runtime, tokenizer, skills, directory: Path | None, log=None) 
         source = "built"
         try:
             save(path, cache, ids, key)
-        except OSError as e:     # a read-only cache dir: this process still has it in memory
+        except OSError as e:  # a read-only cache dir: this process still has it in memory
             source = f"built (not stored: {e.strerror or e})"
     runtime.prefixes.pin(ids, cache)
-    info = {"source": source, "tokens": len(ids), "s": round(time.perf_counter() - t0, 3),
-            "path": str(path)}
+    info = {
+        "source": source,
+        "tokens": len(ids),
+        "s": round(time.perf_counter() - t0, 3),
+        "path": str(path),
+    }
     if log is not None:
         log(f"shared prompt prefix: {len(ids)} tokens, {source} ({info['s']:.2f} s)")
     return info
@@ -111,8 +126,15 @@ class PlanSession:
     ``resume``).
     """
 
-    def __init__(self, assembled, log=None, warn=None, shelf=FROM_CONFIG,
-                 save_every_s: float = 0.0, keep_learned: bool = True):
+    def __init__(
+        self,
+        assembled,
+        log=None,
+        warn=None,
+        shelf=FROM_CONFIG,
+        save_every_s: float = 0.0,
+        keep_learned: bool = True,
+    ):
         self.config = assembled.config
         self.runtime = assembled.runtime
         self.tokenizer = assembled.loaded.tokenizer
@@ -120,9 +142,9 @@ class PlanSession:
         self.shelf = world_shelf(self.config) if shelf is FROM_CONFIG else shelf
         self.log, self.warn = log, warn or log
         self.save_every_s, self.keep_learned = save_every_s, keep_learned
-        self.starts: dict[str, dict] = {}     # the prompt starts attached: text -> what happened
+        self.starts: dict[str, dict] = {}  # the prompt starts attached: text -> what happened
         self._learned_read = False
-        self._saved_at = -save_every_s         # when auto's state was last written (a plan writes)
+        self._saved_at = -save_every_s  # when auto's state was last written (a plan writes)
         self._planner = None
 
     # ---- the prompt start of a skill library --------------------------------------------------
@@ -134,8 +156,9 @@ class PlanSession:
 
         text = shared_instructions(skills)
         if text not in self.starts:
-            self.starts[text] = attach_prefix(self.runtime, self.tokenizer, skills,
-                                              prefix_dir(self.config), self.log)
+            self.starts[text] = attach_prefix(
+                self.runtime, self.tokenizer, skills, prefix_dir(self.config), self.log
+            )
         return self.starts[text]
 
     def attach_skill_sets(self, paths) -> list[dict]:
@@ -152,7 +175,7 @@ class PlanSession:
             try:
                 skills = load_skills(f)
             except ThorError:
-                continue                 # not a skill set: the request that names it gets the error
+                continue  # not a skill set: the request that names it gets the error
             out.append(self.attach(skills))
         return out
 
@@ -192,12 +215,21 @@ class PlanSession:
         from agent.planner import Planner
 
         p = self.config.planner
-        kw = dict(max_tokens=p.max_tokens, attempts=p.attempts, thinking=p.think,
-                  max_steps=p.max_steps or None, on_progress=on_progress, complete=p.solver,
-                  goal_choice=p.goal_choice, lexicon=p.lexicon, shelf=self.shelf)
+        kw = dict(
+            max_tokens=p.max_tokens,
+            attempts=p.attempts,
+            thinking=p.think,
+            max_steps=p.max_steps or None,
+            on_progress=on_progress,
+            complete=p.solver,
+            goal_choice=p.goal_choice,
+            lexicon=p.lexicon,
+            shelf=self.shelf,
+        )
         kw.update(settings)
-        return Planner(self.runtime if runtime is None else runtime, self.tokenizer,
-                       self.speculation, **kw)
+        return Planner(
+            self.runtime if runtime is None else runtime, self.tokenizer, self.speculation, **kw
+        )
 
     def plan(self, request, world=None, skills=None, schema=None, *, planner=None, on_token=None):
         """Plan ``request`` with ``planner`` (default: the session's own, made on first use): a
@@ -223,7 +255,7 @@ class PlanSession:
         if not self.keep_learned:
             return
         now = time.monotonic()
-        if now - self._saved_at >= self.save_every_s:   # a synced write, not on every request
+        if now - self._saved_at >= self.save_every_s:  # a synced write, not on every request
             self._saved_at = now
             from thor_runtime.speculative import save_auto_state
 

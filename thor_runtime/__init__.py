@@ -18,10 +18,20 @@ The folders, by role:
 
 Names load on first use, so ``import thor_runtime`` stays light (no torch until one is asked for).
 """
+
 from __future__ import annotations
 
-__all__ = ["Result", "Runtime", "RuntimeConfig", "SamplingParams", "SpecOptions", "Speculation",
-           "ThorError", "build_speculation", "load"]
+__all__ = [
+    "Result",
+    "Runtime",
+    "RuntimeConfig",
+    "SamplingParams",
+    "SpecOptions",
+    "Speculation",
+    "ThorError",
+    "build_speculation",
+    "load",
+]
 
 
 def __getattr__(name: str):

@@ -5,6 +5,7 @@
 stay light); ``resolve_device`` turns it into a ``torch.device`` and refuses a CUDA device
 this machine does not have, with one line that says so.
 """
+
 from __future__ import annotations
 
 import platform
@@ -35,8 +36,10 @@ def resolve_device(spec: str = DEVICE_DEFAULT):
     if s == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ThorError(f"device {s}: this machine has no CUDA device torch can use "
-                        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu")
+        raise ThorError(
+            f"device {s}: this machine has no CUDA device torch can use "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu"
+        )
     index = int(s.split(":")[1]) if ":" in s else 0
     if index >= torch.cuda.device_count():
         raise ThorError(f"device {s}: only {torch.cuda.device_count()} CUDA device(s) here")

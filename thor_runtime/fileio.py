@@ -1,5 +1,6 @@
 """Small file helpers every loader shares: JSON with one-line errors, atomic writes,
 and the list of pickle suffixes we refuse to open."""
+
 from __future__ import annotations
 
 import hashlib

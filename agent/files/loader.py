@@ -5,6 +5,7 @@ place inside it, before any model is loaded. The JSON meta-schemas in ``agent/sc
 shapes; the semantic rules (unique names, min < max, values only on enums) live in the
 dataclasses' ``__post_init__`` so a World or SkillSet built in code is held to the same rules.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,16 @@ from pathlib import Path
 
 import jsonschema
 
-from thor_runtime.errors import ThorError
-
 from agent.files.names import name_words, words
 from agent.symbolic.conditions import EFFECT_KINDS, SKILL_PRE_KINDS, Cond, parse_conds
+from thor_runtime.errors import ThorError
 
 AGENT_DIR = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = AGENT_DIR / "schemas"
 DEFAULT_SKILLS = AGENT_DIR / "skills" / "manipulation.json"
 PLAN_SCHEMA = SCHEMA_DIR / "plan.schema.json"
 ARG_TYPES = ("number", "integer", "string", "enum", "object", "place", "position")
-MAX_PLAN_STEPS = 99         # step ids are s1..s99 (plan.schema.json)
+MAX_PLAN_STEPS = 99  # step ids are s1..s99 (plan.schema.json)
 OBJECT_STATES = ("open", "closed")
 
 
@@ -36,10 +36,10 @@ class WorldObject:
     position: tuple[float, float, float]
     mass_kg: float
     graspable: bool = True
-    at: str | None = None        # the place it rests at initially (None: at no named place)
-    state: str | None = None     # open / closed, for drawers, doors, lids (None: not stated)
+    at: str | None = None  # the place it rests at initially (None: at no named place)
+    state: str | None = None  # open / closed, for drawers, doors, lids (None: not stated)
     aliases: tuple[str, ...] = ()  # what the people here also call it ("the guitar")
-    on: str | None = None        # the object it rests on initially (a block on a block), instead of `at`
+    on: str | None = None  # the object it rests on initially (a block on a block), instead of `at`
 
     def __post_init__(self):
         _check_xyz(self.position, f"object {self.name!r} position")
@@ -47,7 +47,9 @@ class WorldObject:
         if not (math.isfinite(self.mass_kg) and self.mass_kg >= 0):
             raise ThorError(f"object {self.name!r}: mass_kg must be a finite number >= 0")
         if self.state is not None and self.state not in OBJECT_STATES:
-            raise ThorError(f"object {self.name!r}: state must be one of {', '.join(OBJECT_STATES)}")
+            raise ThorError(
+                f"object {self.name!r}: state must be one of {', '.join(OBJECT_STATES)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Robot:
     workspace_min: tuple[float, float, float]
     workspace_max: tuple[float, float, float]
     max_payload_kg: float
-    at: str | None = None        # a mobile base's initial place
+    at: str | None = None  # a mobile base's initial place
 
     def __post_init__(self):
         _check_xyz(self.workspace_min, "robot.workspace.min")
@@ -87,14 +89,16 @@ class World:
     objects: tuple[WorldObject, ...]
     places: tuple[Place, ...]
     robot: Robot
-    skills_ref: str | None = None      # the world's own `skills` entry, resolved to a path
+    skills_ref: str | None = None  # the world's own `skills` entry, resolved to a path
     source: str = "<memory>"
 
     def __post_init__(self):
         seen: set[str] = set()
         for n in [o.name for o in self.objects] + [p.name for p in self.places]:
             if n in seen:
-                raise ThorError(f"name {n!r} is used twice (objects and places share one namespace)")
+                raise ThorError(
+                    f"name {n!r} is used twice (objects and places share one namespace)"
+                )
             seen.add(n)
         # one phrase for two things would let a task's reading pick either
         called = {" ".join(name_words(t.name)): t.name for t in self.objects + self.places}
@@ -106,7 +110,9 @@ class World:
         if not self.objects and not self.places:
             raise ThorError("the world has no objects and no places")
         places = {p.name for p in self.places}
-        for who, where in [(f"object {o.name!r}", o.at) for o in self.objects] + [("robot", self.robot.at)]:
+        for who, where in [(f"object {o.name!r}", o.at) for o in self.objects] + [
+            ("robot", self.robot.at)
+        ]:
             if where is not None and where not in places:
                 raise ThorError(f"{who}: `at` names {where!r}, which is not a place of this world")
         _check_supports(self.objects)
@@ -126,9 +132,13 @@ def _check_supports(objects) -> None:
         if o.on is None:
             continue
         if o.at is not None:
-            raise ThorError(f"object {o.name!r}: give `at` or `on`, not both (it rests on one thing)")
+            raise ThorError(
+                f"object {o.name!r}: give `at` or `on`, not both (it rests on one thing)"
+            )
         if o.on == o.name or not any(x.name == o.on for x in objects):
-            raise ThorError(f"object {o.name!r}: `on` names {o.on!r}, which is not another object of this world")
+            raise ThorError(
+                f"object {o.name!r}: `on` names {o.on!r}, which is not another object of this world"
+            )
         seen, cur = {o.name}, o.on
         while cur in below:
             if cur in seen:
@@ -146,9 +156,9 @@ class ArgSpec:
     max: float | None = None
     unit: str | None = None
     values: tuple[str, ...] = ()
-    object_types: tuple[str, ...] = ()   # object args: only objects of these types qualify
-    payload: bool = False                # object args: the robot lifts it (mass vs. max payload)
-    max_length: int = 40                 # string args: keeps decoding bounded
+    object_types: tuple[str, ...] = ()  # object args: only objects of these types qualify
+    payload: bool = False  # object args: the robot lifts it (mass vs. max payload)
+    max_length: int = 40  # string args: keeps decoding bounded
 
     def __post_init__(self):
         where = f"arg {self.name!r}"
@@ -158,13 +168,18 @@ class ArgSpec:
             raise ThorError(f"{where}: type enum needs a non-empty `values` list")
         if self.values and self.type != "enum":
             raise ThorError(f"{where}: `values` is only for type enum, not {self.type}")
-        if (self.min is not None or self.max is not None) and self.type not in ("number", "integer"):
+        if (self.min is not None or self.max is not None) and self.type not in (
+            "number",
+            "integer",
+        ):
             raise ThorError(f"{where}: `min`/`max` are only for number and integer args")
         if self.min is not None and self.max is not None and not self.min <= self.max:
             raise ThorError(f"{where}: min {self.min} is above max {self.max}")
         if (self.payload or self.object_types) and self.type != "object":
             raise ThorError(f"{where}: `payload`/`object_types` are only for type object")
-        if self.type == "integer" and any(v is not None and v != int(v) for v in (self.min, self.max)):
+        if self.type == "integer" and any(
+            v is not None and v != int(v) for v in (self.min, self.max)
+        ):
             raise ThorError(f"{where}: integer bounds must be whole numbers")
 
 
@@ -173,10 +188,10 @@ class Skill:
     name: str
     description: str
     args: tuple[ArgSpec, ...]
-    timeout_s: float | None = None       # the skill's own limit; a step may not ask for more
+    timeout_s: float | None = None  # the skill's own limit; a step may not ask for more
     preconditions: tuple[Cond, ...] = ()
     effects: tuple[Cond, ...] = ()
-    unchanged: tuple[str, ...] = ()      # object args the skill states it leaves as they are
+    unchanged: tuple[str, ...] = ()  # object args the skill states it leaves as they are
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -189,29 +204,40 @@ class Skill:
             for c in conds:
                 for ref, kind in c.refs():
                     if ref.startswith("$") and types.get(ref[1:]) != kind:
-                        raise ThorError(f"skill {self.name!r}: {what} {c.to_dict()} needs {ref!r} to be "
-                                        f"an argument of type {kind}")
+                        raise ThorError(
+                            f"skill {self.name!r}: {what} {c.to_dict()} needs {ref!r} to be "
+                            f"an argument of type {kind}"
+                        )
         if any(c.kind == "hand" and c.value != "empty" for c in self.effects):
-            raise ThorError(f"skill {self.name!r}: the only hand effect is {{\"hand\": \"empty\"}} "
-                            "(say what is held with {\"holding\": ...})")
+            raise ThorError(
+                f'skill {self.name!r}: the only hand effect is {{"hand": "empty"}} '
+                '(say what is held with {"holding": ...})'
+            )
         for n in self.unchanged:
             if types.get(n) != "object":
-                raise ThorError(f"skill {self.name!r}: `unchanged` names {n!r}, not an object argument")
+                raise ThorError(
+                    f"skill {self.name!r}: `unchanged` names {n!r}, not an object argument"
+                )
         # Fail closed: an object argument whose fate the file does not state would escape the
         # payload and executability checks, so such a skill is refused rather than trusted.
         stated = {ref[1:] for c in self.effects for ref, _ in c.refs() if ref.startswith("$")}
         for a in self.args:
             if a.type == "object" and a.name not in stated and a.name not in self.unchanged:
-                raise ThorError(f"skill {self.name!r}: the effect on object argument {a.name!r} is not stated; "
-                                f"add an effect naming \"${a.name}\" (e.g. {{\"holding\": \"${a.name}\"}}) "
-                                f"or list it in `unchanged`")
+                raise ThorError(
+                    f"skill {self.name!r}: the effect on object argument {a.name!r} is not stated; "
+                    f'add an effect naming "${a.name}" (e.g. {{"holding": "${a.name}"}}) '
+                    f"or list it in `unchanged`"
+                )
 
     @property
     def carries(self) -> frozenset[str]:
         """Object args this skill holds or moves: they get the payload and graspability checks
         whatever their `payload` flag says."""
-        return frozenset(c.subject[1:] for c in self.effects
-                         if c.kind in ("holding", "at", "on") and c.subject and c.subject.startswith("$"))
+        return frozenset(
+            c.subject[1:]
+            for c in self.effects
+            if c.kind in ("holding", "at", "on") and c.subject and c.subject.startswith("$")
+        )
 
 
 @dataclass(frozen=True)
@@ -244,7 +270,9 @@ class SkillSet:
 def _check_aliases(aliases, where: str) -> None:
     for a in aliases:
         if not isinstance(a, str) or not any(ch.isalpha() for ch in a) or len(a) > 40:
-            raise ThorError(f"{where}: alias {a!r} must be 1-40 characters with at least one letter")
+            raise ThorError(
+                f"{where}: alias {a!r} must be 1-40 characters with at least one letter"
+            )
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -266,7 +294,9 @@ def read_json(path, what: str):
     except UnicodeDecodeError:
         raise ThorError(f"{p}: not UTF-8 text") from None
     except UnicodeEncodeError:
-        raise ThorError(f"{p}: holds a string that is not valid Unicode (a lone surrogate such as \\ud800)") from None
+        raise ThorError(
+            f"{p}: holds a string that is not valid Unicode (a lone surrogate such as \\ud800)"
+        ) from None
     except RecursionError:
         raise ThorError(f"{p}: JSON nested too deeply to read") from None
     except OSError as e:
@@ -285,19 +315,36 @@ def _meta_check(data, meta_name: str, path) -> None:
 def world_from_dict(data: dict, source: str = "<memory>", base_dir: Path | None = None) -> World:
     _meta_check(data, "world.schema.json", source)
     try:
-        objs = tuple(WorldObject(o["name"], o["type"], tuple(o["position"]), float(o["mass_kg"]),
-                                 bool(o.get("graspable", True)), o.get("at"), o.get("state"),
-                                 tuple(o.get("aliases", ())), o.get("on"))
-                     for o in data["objects"])
-        places = tuple(Place(p["name"], tuple(p["position"]), tuple(p.get("aliases", ()))) for p in data["places"])
+        objs = tuple(
+            WorldObject(
+                o["name"],
+                o["type"],
+                tuple(o["position"]),
+                float(o["mass_kg"]),
+                bool(o.get("graspable", True)),
+                o.get("at"),
+                o.get("state"),
+                tuple(o.get("aliases", ())),
+                o.get("on"),
+            )
+            for o in data["objects"]
+        )
+        places = tuple(
+            Place(p["name"], tuple(p["position"]), tuple(p.get("aliases", ())))
+            for p in data["places"]
+        )
         ws = data["robot"]["workspace"]
-        robot = Robot(tuple(ws["min"]), tuple(ws["max"]), float(data["robot"]["max_payload_kg"]),
-                      data["robot"].get("at"))
+        robot = Robot(
+            tuple(ws["min"]),
+            tuple(ws["max"]),
+            float(data["robot"]["max_payload_kg"]),
+            data["robot"].get("at"),
+        )
         ref = data.get("skills")
         if ref is not None and base_dir is not None:
             try:
                 ref = str((base_dir / ref).resolve())
-            except (ValueError, OSError) as e:      # a NUL byte, a symlink loop
+            except (ValueError, OSError) as e:  # a NUL byte, a symlink loop
                 raise ThorError(f"skills {ref!r} is not a usable path: {e}") from None
         return World(str(data.get("name", Path(source).stem)), objs, places, robot, ref, source)
     except ThorError as e:
@@ -314,17 +361,38 @@ def skills_from_dict(data: dict, source: str = "<memory>") -> SkillSet:
     skills = []
     for s in data["skills"]:
         try:
-            args = tuple(ArgSpec(n, a["type"], a.get("min"), a.get("max"), a.get("unit"),
-                                 tuple(a.get("values", ())), tuple(a.get("object_types", ())),
-                                 bool(a.get("payload", False)), int(a.get("max_length", 40)))
-                         for n, a in s["args"].items())
+            args = tuple(
+                ArgSpec(
+                    n,
+                    a["type"],
+                    a.get("min"),
+                    a.get("max"),
+                    a.get("unit"),
+                    tuple(a.get("values", ())),
+                    tuple(a.get("object_types", ())),
+                    bool(a.get("payload", False)),
+                    int(a.get("max_length", 40)),
+                )
+                for n, a in s["args"].items()
+            )
             where = f"skill {s['name']!r}"
-            skills.append(Skill(s["name"], s["description"], args, s.get("timeout_s"),
-                                parse_conds(s.get("preconditions", []), SKILL_PRE_KINDS, f"{where} preconditions"),
-                                parse_conds(s.get("effects", []), EFFECT_KINDS, f"{where} effects"),
-                                tuple(s.get("unchanged", ()))))
+            skills.append(
+                Skill(
+                    s["name"],
+                    s["description"],
+                    args,
+                    s.get("timeout_s"),
+                    parse_conds(
+                        s.get("preconditions", []), SKILL_PRE_KINDS, f"{where} preconditions"
+                    ),
+                    parse_conds(s.get("effects", []), EFFECT_KINDS, f"{where} effects"),
+                    tuple(s.get("unchanged", ())),
+                )
+            )
         except ThorError as e:
-            msg = str(e) if str(e).startswith("skill ") else f"skill {s['name']!r}: {e}"  # named once
+            msg = (
+                str(e) if str(e).startswith("skill ") else f"skill {s['name']!r}: {e}"
+            )  # named once
             raise ThorError(f"{source}: {msg}") from None
     try:
         return SkillSet(tuple(skills), source, data.get("max_steps"))

@@ -10,14 +10,23 @@ to drop before comparing (articles) is a lexicon's (agent/language/lexicons/).
 The loader refuses two things whose names or aliases have the same words; the task's reading
 looks for a thing's words among the task's.
 """
+
 from __future__ import annotations
 
 import unicodedata
 
 # Unicode blocks written without spaces between words: CJK ideographs (and their extensions and
 # compatibility forms), hiragana, katakana, and Thai
-_UNSPACED = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),
-             (0x20000, 0x2FA1F), (0x0E00, 0x0E7F), (0x31F0, 0x31FF), (0xFF66, 0xFF9F))
+_UNSPACED = (
+    (0x3040, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFAFF),
+    (0x20000, 0x2FA1F),
+    (0x0E00, 0x0E7F),
+    (0x31F0, 0x31FF),
+    (0xFF66, 0xFF9F),
+)
 _JOIN_DIGITS = ".,"
 
 
@@ -44,12 +53,12 @@ def words(text: str) -> list[str]:
             out.append(ch)
         elif ch.isalnum():
             if cur and cur[-1].isdigit() != ch.isdigit() and cur[-1] != ".":
-                flush()                             # "5cm" -> "5", "cm"
+                flush()  # "5cm" -> "5", "cm"
             cur.append(ch)
         elif cur and i + 1 < len(s) and not unspaced(s[i + 1]) and s[i + 1].isalnum():
             prev, nxt = cur[-1], s[i + 1]
             if ch in _JOIN_DIGITS and prev.isdigit() and nxt.isdigit():
-                cur.append(".")                     # "2,5" and "2.5" -> "2.5"
+                cur.append(".")  # "2,5" and "2.5" -> "2.5"
                 continue
             flush()
         else:

@@ -16,6 +16,7 @@ An amount inside a thing's name ("bay 2") is no amount. A number said with no un
 knows ("3 jars", "5 Zentimeter" with no German lexicon) may be a count of things or part of a
 name: it asks for nothing here, and only ranks the goals that take it (``takes_amounts``).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,10 @@ def _takers(a: Amount, skills: SkillSet) -> bool:
         for arg in s.args:
             if arg.type not in ("number", "integer"):
                 continue
-            if a.unit not in (None, "count") and _UNIT_OF_ARG.get(arg.unit or "") not in (None, a.unit):
+            if a.unit not in (None, "count") and _UNIT_OF_ARG.get(arg.unit or "") not in (
+                None,
+                a.unit,
+            ):
                 continue
             lo = arg.min if arg.min is not None else -math.inf
             hi = arg.max if arg.max is not None else math.inf
@@ -64,25 +68,43 @@ def _taken(a: Amount, goal) -> bool:
         for act in acts:
             calls[act.skill] = calls.get(act.skill, 0) + act.times
         if any(_close(n, a.value) for n in calls.values() if n > 1):
-            return True                 # "twice": times 2, or the same call made twice
+            return True  # "twice": times 2, or the same call made twice
     for act in acts:
         for _, v in act.args:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) \
-                    and any(_close(float(v), x) for x in _values(a)):
+            if (
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and any(_close(float(v), x) for x in _values(a))
+            ):
                 return True
     return False
 
 
-def task_findings(words: TaskWords, plan, world: World, skills: SkillSet | None = None,
-                  parsed: ParsedGoal | None = None) -> list[Finding]:
+def task_findings(
+    words: TaskWords,
+    plan,
+    world: World,
+    skills: SkillSet | None = None,
+    parsed: ParsedGoal | None = None,
+) -> list[Finding]:
     """The findings above for a plan whose goal parses; [] when it has none to check."""
     raw = plan.get("goal") if isinstance(plan, dict) else None
-    missing = [d["missing"] for d in raw if isinstance(d, dict) and isinstance(d.get("missing"), str)] \
-        if isinstance(raw, list) else []
-    if missing:         # (the executor reports the thing as not here: the refusal's own finding)
-        return [Finding(None, "object", f"the goal says {m!r} is missing, but the task does not say "
-                                        f"{m!r}; name the thing the task asks for")
-                for m in missing if not words.says(m)]
+    missing = (
+        [d["missing"] for d in raw if isinstance(d, dict) and isinstance(d.get("missing"), str)]
+        if isinstance(raw, list)
+        else []
+    )
+    if missing:  # (the executor reports the thing as not here: the refusal's own finding)
+        return [
+            Finding(
+                None,
+                "object",
+                f"the goal says {m!r} is missing, but the task does not say "
+                f"{m!r}; name the thing the task asks for",
+            )
+            for m in missing
+            if not words.says(m)
+        ]
     goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     if goal is None or problems:
         return []
@@ -91,24 +113,42 @@ def task_findings(words: TaskWords, plan, world: World, skills: SkillSet | None 
     about = {c.subject for c in goal if c.kind in _OBJECT_KINDS} | goal.objects(world) | members
     for name in sorted(goal.objects(world) - members):
         if not words.mentions(name):
-            out.append(Finding(None, "object", f"the goal is about {name}, which the task does not "
-                                               "name; if the task asks for a thing this world does "
-                                               'not have, the goal is [{"missing": "<that thing>"}]'))
+            out.append(
+                Finding(
+                    None,
+                    "object",
+                    f"the goal is about {name}, which the task does not "
+                    "name; if the task asks for a thing this world does "
+                    'not have, the goal is [{"missing": "<that thing>"}]',
+                )
+            )
     about |= {v for step in _steps(plan) for v in _values_of(step.get("args"))}
     for name, _ in sorted(words.named.items(), key=lambda kv: kv[1]):
         if world.object(name) is not None and name not in about:
-            out.append(Finding(None, "goal", f"the task names {name}, but the goal says nothing "
-                                             "about it; state one condition for each object the "
-                                             "task names"))
+            out.append(
+                Finding(
+                    None,
+                    "goal",
+                    f"the task names {name}, but the goal says nothing "
+                    "about it; state one condition for each object the "
+                    "task names",
+                )
+            )
     if skills is not None:
         for a in words.amounts:
             if a.unit is None or a.unit == "count" and a.value == 1:
                 continue
             if _takers(a, skills) and not _taken(a, goal):
                 said = f"{a.value:g}" + (f" {a.unit}" if a.unit not in (None, "count") else "")
-                out.append(Finding(None, "goal", f"the task says {said}, and no call in the goal "
-                                                 'takes it: {"do": SKILL, "args": {...}} with it, '
-                                                 'or "times"'))
+                out.append(
+                    Finding(
+                        None,
+                        "goal",
+                        f"the task says {said}, and no call in the goal "
+                        'takes it: {"do": SKILL, "args": {...}} with it, '
+                        'or "times"',
+                    )
+                )
     return out
 
 
@@ -131,5 +171,6 @@ def takes_amounts(words: TaskWords, goal, world: World, skills: SkillSet | None)
     parsed, problems = parse_goal({"goal": goal}, world, skills)
     if parsed is None or problems:
         return 0
-    return sum(1 for a in words.amounts
-               if a.value != 1 and _takers(a, skills) and _taken(a, parsed))
+    return sum(
+        1 for a in words.amounts if a.value != 1 and _takers(a, skills) and _taken(a, parsed)
+    )

@@ -10,6 +10,7 @@ the same shape (``--lexicon FILE``), with no code.
 This module is the only one of the planner that holds words of a language, and it holds them
 only as they are read from the files.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from thor_runtime.errors import ThorError
-
 from agent.files.names import words
+from thor_runtime.errors import ThorError
 
 LEXICON_DIR = Path(__file__).resolve().parent / "lexicons"
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "lexicon.schema.json"
@@ -32,14 +32,15 @@ Phrase = tuple[str, ...]
 @dataclass(frozen=True)
 class Lexicon:
     """Several languages' lexicons merged: what any of them knows, the task's language unknown."""
+
     languages: tuple[str, ...] = ()
     ignore: frozenset[str] = frozenset()
-    joiners: frozenset[str] = frozenset()      # "a hundred and eighty": and
+    joiners: frozenset[str] = frozenset()  # "a hundred and eighty": and
     numbers: dict[Phrase, float] = field(default_factory=dict)
-    units: dict[Phrase, tuple[str, float]] = field(default_factory=dict)     # -> (unit, factor)
-    forms: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)        # every|before|times
-    skills: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)       # skill name ->
-    states: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)       # state ->
+    units: dict[Phrase, tuple[str, float]] = field(default_factory=dict)  # -> (unit, factor)
+    forms: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)  # every|before|times
+    skills: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)  # skill name ->
+    states: dict[str, tuple[Phrase, ...]] = field(default_factory=dict)  # state ->
 
     @property
     def empty(self) -> bool:
@@ -66,11 +67,22 @@ def _merge(parts: list[dict]) -> Lexicon:
         languages=tuple(doc["language"] for doc in parts),
         ignore=frozenset(w for doc in parts for x in doc.get("ignore", ()) for w in words(x)),
         joiners=frozenset(w for doc in parts for x in doc.get("joiners", ()) for w in words(x)),
-        numbers={_phrase(k): float(v) for doc in parts for k, v in doc.get("numbers", {}).items()
-                 if _phrase(k)},
-        units={_phrase(k): (v["unit"], float(v["factor"])) for doc in parts
-               for k, v in doc.get("units", {}).items() if _phrase(k)},
-        forms=phrases("forms"), skills=phrases("skills"), states=phrases("states"))
+        numbers={
+            _phrase(k): float(v)
+            for doc in parts
+            for k, v in doc.get("numbers", {}).items()
+            if _phrase(k)
+        },
+        units={
+            _phrase(k): (v["unit"], float(v["factor"]))
+            for doc in parts
+            for k, v in doc.get("units", {}).items()
+            if _phrase(k)
+        },
+        forms=phrases("forms"),
+        skills=phrases("skills"),
+        states=phrases("states"),
+    )
 
 
 def read_lexicon(path) -> dict:
@@ -85,7 +97,8 @@ def read_lexicon(path) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ThorError(f"{p}: not a JSON lexicon ({e})") from None
     err = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).iter_errors(doc))
+        jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).iter_errors(doc)
+    )
     if err is not None:
         where = "/".join(str(x) for x in err.absolute_path) or "lexicon"
         raise ThorError(f"{p}: {where}: {err.message}")
@@ -118,13 +131,14 @@ def find(toks: list[str], phrase: Phrase, start: int = 0) -> int | None:
     """The first index >= ``start`` where ``phrase`` runs in ``toks``, else None."""
     n = len(phrase)
     for i in range(start, len(toks) - n + 1):
-        if tuple(toks[i:i + n]) == phrase:
+        if tuple(toks[i : i + n]) == phrase:
             return i
     return None
 
 
 def cues(lex: Lexicon, toks: list[str]) -> dict[str, set[str]]:
     """What the task's words hint at: {"forms": {...}, "skills": {...}, "states": {...}}."""
+
     def said(table: dict[str, tuple[Phrase, ...]]) -> set[str]:
         return {name for name, ps in table.items() if any(find(toks, p) is not None for p in ps)}
 

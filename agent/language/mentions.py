@@ -7,6 +7,7 @@ are long and one begins the other (an inflected form: "Becher", "Bechers"). A sc
 without spaces matches character by character. A lexicon adds number words, units and the
 words to drop from aliases (articles); without one, digits are the only numbers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,20 +23,21 @@ _STEM, _ENDING = 5, 3
 @dataclass(frozen=True)
 class Amount:
     value: float
-    unit: str | None      # m | s | deg | count, or None where no lexicon knows the word after it
-    at: int               # the index of its first word in the task
+    unit: str | None  # m | s | deg | count, or None where no lexicon knows the word after it
+    at: int  # the index of its first word in the task
 
 
 @dataclass(frozen=True)
 class TaskWords:
     """A task's words against one world (read once per request)."""
-    toks: tuple[str, ...]
-    named: dict[str, int] = field(default_factory=dict)    # thing -> first word naming it
-    typed: dict[str, int] = field(default_factory=dict)    # object -> first word of its type
-    amounts: tuple[Amount, ...] = ()
-    hints: dict[str, frozenset[str]] = field(default_factory=dict)   # forms|skills|states ->
 
-    loose: frozenset[str] = frozenset()   # things a word of whose name the task says
+    toks: tuple[str, ...]
+    named: dict[str, int] = field(default_factory=dict)  # thing -> first word naming it
+    typed: dict[str, int] = field(default_factory=dict)  # object -> first word of its type
+    amounts: tuple[Amount, ...] = ()
+    hints: dict[str, frozenset[str]] = field(default_factory=dict)  # forms|skills|states ->
+
+    loose: frozenset[str] = frozenset()  # things a word of whose name the task says
 
     def mentions(self, name: str) -> bool:
         """Named by its name, an alias or its type, or by one word of its name ("the door" for
@@ -93,7 +95,7 @@ def _longest(toks: list[str], i: int, table: dict[Phrase, object]):
     """The longest phrase of ``table`` starting at ``toks[i]`` -> (phrase, value), else None."""
     best = None
     for p, v in table.items():
-        if tuple(toks[i:i + len(p)]) == p and (best is None or len(p) > len(best[0])):
+        if tuple(toks[i : i + len(p)]) == p and (best is None or len(p) > len(best[0])):
             best = (p, v)
     return best
 
@@ -130,15 +132,18 @@ def amounts(toks: list[str], lex: Lexicon, skip: set[int]) -> list[Amount]:
 def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
     """The task's words against ``world`` (see the module doc)."""
     toks = words(task)
-    spans = []                                  # (start, end, thing) of every name said
+    spans = []  # (start, end, thing) of every name said
     for thing in list(world.objects) + list(world.places):
         for p in _phrases(thing, lex):
             at = _run(toks, p)
             if at is not None:
                 spans.append((at, at + len(p), thing.name))
     # a name said inside a longer one names nothing of its own ("mould" in "the mould cupboard")
-    spans = [x for x in spans if not any(y[0] <= x[0] and x[1] <= y[1] and y[1] - y[0] > x[1] - x[0]
-                                         for y in spans)]
+    spans = [
+        x
+        for x in spans
+        if not any(y[0] <= x[0] and x[1] <= y[1] and y[1] - y[0] > x[1] - x[0] for y in spans)
+    ]
     named: dict[str, int] = {}
     inside: set[int] = set()
     for at, end, name in sorted(spans):
@@ -150,8 +155,13 @@ def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
         at = _run(toks, p) if p else None
         if at is not None and o.name not in named:
             typed[o.name] = at
-    loose = frozenset(t.name for t in list(world.objects) + list(world.places)
-                      if any(len(w) >= 3 and w not in lex.ignore and _run(toks, (w,)) is not None
-                             for w in name_words(t.name)))
+    loose = frozenset(
+        t.name
+        for t in list(world.objects) + list(world.places)
+        if any(
+            len(w) >= 3 and w not in lex.ignore and _run(toks, (w,)) is not None
+            for w in name_words(t.name)
+        )
+    )
     hints = {k: frozenset(v) for k, v in cues(lex, toks).items()}
     return TaskWords(tuple(toks), named, typed, tuple(amounts(toks, lex, inside)), hints, loose)

@@ -26,9 +26,9 @@ The forwards here are the model's plain ``forward`` (not the decode loop's row-e
 scores are deterministic for a given model and input, and the greedy goal's own tokens are the
 decode loop's, so only the ranking reads these numbers.
 """
+
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -48,20 +48,21 @@ TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "inf
 
 @dataclass
 class Candidate:
-    ids: list[int]            # generated ids from the first through the one that opens the steps
-    logprob: float            # sum over the goal's tokens of the grammar-masked log-probability
-    tokens: int               # goal tokens scored
-    branch: int | None        # index into ids where it left the greedy head; None: the greedy one
+    ids: list[int]  # generated ids from the first through the one that opens the steps
+    logprob: float  # sum over the goal's tokens of the grammar-masked log-probability
+    tokens: int  # goal tokens scored
+    branch: int | None  # index into ids where it left the greedy head; None: the greedy one
     text: str = ""
     tier: int = UNREACHED
     goal: list | None = None
-    prior: float = 0.0        # the same goal's log-likelihood with no task (``priors``)
-    start: int = 0            # index into ids of the goal's first token
+    prior: float = 0.0  # the same goal's log-likelihood with no task (``priors``)
+    start: int = 0  # index into ids of the goal's first token
 
 
 @dataclass
 class Choice:
     """What the choice did, for the plan's stats."""
+
     chosen: Candidate | None
     candidates: list[Candidate] = field(default_factory=list)
     changed: bool = False
@@ -69,10 +70,21 @@ class Choice:
     note: str = ""
 
     def summary(self) -> dict:
-        return {"changed": self.changed, "seconds": round(self.seconds, 4), "note": self.note,
-                "candidates": [{"goal": c.goal, "logprob": round(c.logprob, 4), "tokens": c.tokens,
-                                "greedy": c.branch is None, "tier": TIER_NAMES[c.tier]}
-                               for c in self.candidates]}
+        return {
+            "changed": self.changed,
+            "seconds": round(self.seconds, 4),
+            "note": self.note,
+            "candidates": [
+                {
+                    "goal": c.goal,
+                    "logprob": round(c.logprob, 4),
+                    "tokens": c.tokens,
+                    "greedy": c.branch is None,
+                    "tier": TIER_NAMES[c.tier],
+                }
+                for c in self.candidates
+            ],
+        }
 
 
 def head_span(token_bytes: list[bytes], ids: list[int], start: int = 0) -> tuple[int, int] | None:
@@ -89,7 +101,11 @@ def head_span(token_bytes: list[bytes], ids: list[int], start: int = 0) -> tuple
             if at >= 0:
                 open_end = at + len(GOAL_OPEN)
                 # the first token with a byte past the bracket: that one may already choose
-                g = next(start + j for j, e in enumerate(ends) if e > open_end) if len(text) > open_end else i + 1
+                g = (
+                    next(start + j for j, e in enumerate(ends) if e > open_end)
+                    if len(text) > open_end
+                    else i + 1
+                )
         if g is not None and text.find(STEPS_OPEN, max(0, len(text) - len(STEPS_OPEN) - 16)) >= 0:
             return g, i + 1
     return None
@@ -104,16 +120,23 @@ def _masked_logprobs(constraint, logits: torch.Tensor, drafts: list[int]) -> tor
 class GoalChooser:
     """``branches``: how many alternative goals to score (0: none, the chooser is off)."""
 
-    def __init__(self, model, tokenizer, gtok, new_cache, branches: int, prefill_chunk: int = 0,
-                 restore=None):
+    def __init__(
+        self, model, tokenizer, gtok, new_cache, branches: int, prefill_chunk: int = 0, restore=None
+    ):
         """restore(prompt_ids, cache, limit) -> positions filled from the runtime's prefix cache
         (the prompt the attempt's decode just stored), or None when it keeps none."""
         self.model, self.tok, self.gtok = model, tokenizer, gtok
         self.new_cache, self.branches, self.prefill_chunk = new_cache, int(branches), prefill_chunk
         self.restore = restore
 
-    def candidates(self, prompt_ids: list[int], gen_ids: list[int], grammar, start: int = 0,
-                   forms: tuple[str, ...] = ()) -> list[Candidate]:
+    def candidates(
+        self,
+        prompt_ids: list[int],
+        gen_ids: list[int],
+        grammar,
+        start: int = 0,
+        forms: tuple[str, ...] = (),
+    ) -> list[Candidate]:
         """The greedy goal (``gen_ids``' head), up to ``branches`` alternatives, and one goal per
         text of ``forms`` (how a goal's first item opens: ``{"do":"inspect"``), each scored."""
         span = head_span(self.gtok.token_bytes, gen_ids, start)
@@ -126,18 +149,23 @@ class GoalChooser:
         # stored this very prompt), else one prefill; its last row always runs (its logits)
         done = self.restore(prompt_ids, cache, P - 1) if self.restore is not None else 0
         ids = torch.tensor(prompt_ids[done:], dtype=torch.long)
-        last = self.model.prefill(ids, cache, self.prefill_chunk).logits                # [1, V]
-        out = self.model.forward(torch.tensor(head[:h - 1], dtype=torch.long), cache,
-                                 logits_rows=slice(max(g - 1, 0), None))
-        rows = out.logits if g > 0 else torch.cat([last[-1:], out.logits])    # [h - g, V]: predict head[g:h]
+        last = self.model.prefill(ids, cache, self.prefill_chunk).logits  # [1, V]
+        out = self.model.forward(
+            torch.tensor(head[: h - 1], dtype=torch.long),
+            cache,
+            logits_rows=slice(max(g - 1, 0), None),
+        )
+        rows = (
+            out.logits if g > 0 else torch.cat([last[-1:], out.logits])
+        )  # [h - g, V]: predict head[g:h]
         c = grammar.constraint()
         for t in head[:g]:
             c.advance(t)
-        lp = _masked_logprobs(c, rows, head[g:h - 1])                              # [h - g, V]
-        picked = lp[torch.arange(h - g), torch.tensor(head[g:h])]                   # [h - g]
+        lp = _masked_logprobs(c, rows, head[g : h - 1])  # [h - g, V]
+        picked = lp[torch.arange(h - g), torch.tensor(head[g:h])]  # [h - g]
         greedy = Candidate(head, float(picked.sum()), h - g, None)
         tb = self.gtok.token_bytes
-        rest = [b"".join(tb[t] for t in head[g + j:h] if t < len(tb)) for j in range(h - g)]
+        rest = [b"".join(tb[t] for t in head[g + j : h] if t < len(tb)) for j in range(h - g)]
 
         def options(j: int, n: int) -> list[int]:
             """The likeliest legal tokens at goal token j other than the greedy one, one per text
@@ -169,13 +197,23 @@ class GoalChooser:
         first = choices[0]
         points = [(first, t) for t in alts[first]]
         lead = {j: float(picked[j] - lp[j, alts[j][0]]) for j in choices[1:]}
-        points += [(j, alts[j][0]) for j in sorted(lead, key=lead.get)][:self.branches - len(points)]
+        points += [(j, alts[j][0]) for j in sorted(lead, key=lead.get)][
+            : self.branches - len(points)
+        ]
         out_c = [greedy]
         # latest branch first: each one only crops the cache back further, and the K/V before
         # its branch point are still the greedy head's
         for j, t in sorted(points, key=lambda p: -p[0]):
-            cand = self._complete(cache, P, head[:g + j], t, float(picked[:j].sum() + lp[j, t]),
-                                  grammar, j + 1, g + j)
+            cand = self._complete(
+                cache,
+                P,
+                head[: g + j],
+                t,
+                float(picked[:j].sum() + lp[j, t]),
+                grammar,
+                j + 1,
+                g + j,
+            )
             if cand is not None:
                 out_c.append(cand)
         out_c += self._opened(cache, P, head, g, start, lp[0], forms, grammar)
@@ -195,24 +233,34 @@ class GoalChooser:
         N = len(neutral_ids)
         cache = self.new_cache(N + MAX_GOAL_TOKENS + max(len(c.ids) for c in cands))
         done = self.restore(neutral_ids, cache, N - 1) if self.restore is not None else 0
-        last = self.model.prefill(torch.tensor(neutral_ids[done:], dtype=torch.long), cache,
-                                  self.prefill_chunk).logits                          # [1, V]
+        last = self.model.prefill(
+            torch.tensor(neutral_ids[done:], dtype=torch.long), cache, self.prefill_chunk
+        ).logits  # [1, V]
         for cand in cands:
             goal = cand.ids[g:]
             cache.crop(N)
             rows = last[-1:]
             if len(goal) > 1:
                 out = self.model.forward(torch.tensor(goal[:-1], dtype=torch.long), cache).logits
-                rows = torch.cat([last[-1:], out])                                   # [n, V]
+                rows = torch.cat([last[-1:], out])  # [n, V]
             c = grammar.constraint()
             for t in cands[0].ids[:g]:
                 c.advance(t)
-            lp = _masked_logprobs(c, rows, goal[:-1])                                # [n, V]
-            each = lp[torch.arange(len(goal)), torch.tensor(goal)]                    # [n]
+            lp = _masked_logprobs(c, rows, goal[:-1])  # [n, V]
+            each = lp[torch.arange(len(goal)), torch.tensor(goal)]  # [n]
             cand.prior = float(each[torch.isfinite(each)].sum())
 
-    def _opened(self, cache, P: int, head: list[int], g: int, start: int, first: torch.Tensor,
-                forms: tuple[str, ...], grammar) -> list[Candidate]:
+    def _opened(
+        self,
+        cache,
+        P: int,
+        head: list[int],
+        g: int,
+        start: int,
+        first: torch.Tensor,
+        forms: tuple[str, ...],
+        grammar,
+    ) -> list[Candidate]:
         """One goal per form: its opening text written after the goal's bracket, then completed
         greedily. ``first``: the grammar-masked log-probabilities [V] of the goal's first token.
         A form the grammar does not allow here is left out."""
@@ -232,13 +280,14 @@ class GoalChooser:
                 for t in head[:g] + ids[:1]:
                     c.advance(t)
                 rows = self.model.forward(torch.tensor(ids[:-1], dtype=torch.long), cache).logits
-                lp = _masked_logprobs(c, rows, ids[1:-1])                        # [k - 1, V]
-                each = lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]     # [k - 1]
+                lp = _masked_logprobs(c, rows, ids[1:-1])  # [k - 1, V]
+                each = lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]  # [k - 1]
                 if not bool(torch.isfinite(each).all()):
                     continue
                 score += float(each.sum())
-            cand = self._complete(cache, P, head[:g] + ids[:-1], ids[-1], score, grammar,
-                                  len(ids), g)
+            cand = self._complete(
+                cache, P, head[:g] + ids[:-1], ids[-1], score, grammar, len(ids), g
+            )
             if cand is not None:
                 out.append(cand)
         return out
@@ -253,25 +302,37 @@ class GoalChooser:
             c.advance(t)
         out: list[int] = []
         while want:
-            allowed = c.allowed_rows([], 1, self.gtok.n_vocab)[0]                     # [V]
+            allowed = c.allowed_rows([], 1, self.gtok.n_vocab)[0]  # [V]
             guess = self.tok.encode(want.decode("utf-8", "replace"), add_special=False)
             t = guess[0] if guess and allowed[guess[0]] and want.startswith(tb[guess[0]]) else None
             if t is None:
                 legal = allowed.nonzero()[0]
-                if len(legal) > 4096:        # an open choice the text did not fit: not this form
+                if len(legal) > 4096:  # an open choice the text did not fit: not this form
                     return []
-                fits = [int(x) for x in legal if tb[x] and (want.startswith(tb[x])
-                                                            or tb[x].startswith(want))]
+                fits = [
+                    int(x)
+                    for x in legal
+                    if tb[x] and (want.startswith(tb[x]) or tb[x].startswith(want))
+                ]
                 if not fits:
                     return []
                 t = max(fits, key=lambda x: min(len(tb[x]), len(want)))
             out.append(t)
             c.advance(t)
-            want = want[len(tb[t]):] if want.startswith(tb[t]) else b""
+            want = want[len(tb[t]) :] if want.startswith(tb[t]) else b""
         return out
 
-    def _complete(self, cache, P: int, prefix: list[int], alt: int, score: float, grammar, scored: int,
-                  branch: int) -> Candidate | None:
+    def _complete(
+        self,
+        cache,
+        P: int,
+        prefix: list[int],
+        alt: int,
+        score: float,
+        grammar,
+        scored: int,
+        branch: int,
+    ) -> Candidate | None:
         """The goal from ``prefix`` + ``alt``, completed greedily under the grammar until the steps
         open; None when it ends first or runs past MAX_GOAL_TOKENS."""
         cache.crop(P + len(prefix))
@@ -298,8 +359,10 @@ class GoalChooser:
                 scored += 1
                 if push(t):
                     return Candidate(ids, score, scored, branch)
-            logits = self.model.forward(torch.tensor(feed, dtype=torch.long), cache, logits_rows="last").logits
-            lp = _masked_logprobs(c, logits[-1:], [])[0]                              # [V]
+            logits = self.model.forward(
+                torch.tensor(feed, dtype=torch.long), cache, logits_rows="last"
+            ).logits
+            lp = _masked_logprobs(c, logits[-1:], [])[0]  # [V]
             t = int(torch.argmax(lp))
             if t in eos or not torch.isfinite(lp[t]):
                 return None
@@ -328,8 +391,14 @@ class GoalChooser:
         reachable = [c for c in seen.values() if c.tier == REACHABLE and c.goal != greedy.goal]
         best = max(reachable, key=score, default=None)
         if best is not None and (greedy.tier != REACHABLE or score(best) > score(greedy)):
-            return Choice(best, cands, True, note="likelier reachable goal" if greedy.tier == REACHABLE
-                          else "the greedy goal is not reached; a reachable one is")
+            return Choice(
+                best,
+                cands,
+                True,
+                note="likelier reachable goal"
+                if greedy.tier == REACHABLE
+                else "the greedy goal is not reached; a reachable one is",
+            )
         return Choice(greedy, cands, False, note="greedy kept")
 
 
@@ -365,8 +434,11 @@ def hinted(goal, hints: dict) -> int:
                 states.add(d["is"])
 
     walk(goal)
-    return (len(forms & hints.get("forms", set())) + len(skills & hints.get("skills", set()))
-            + len(states & hints.get("states", set())))
+    return (
+        len(forms & hints.get("forms", set()))
+        + len(skills & hints.get("skills", set()))
+        + len(states & hints.get("states", set()))
+    )
 
 
 def rank(cand: Candidate, hints: dict) -> float:

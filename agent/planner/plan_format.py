@@ -14,6 +14,7 @@ specialized schema and the grammar's options. It therefore moves with any change
 rendering code, the base schema, the specializer or the grammar options, and with the default
 skills file (it is part of every prompt), but not with edits to the sample worlds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,13 +27,38 @@ FORMAT_KEY = "plan_format"
 # cannot be grasped and has a state, and a robot's workspace and payload.
 _WORLD = {
     "name": "format_probe",
-    "objects": [{"name": "red_cup", "type": "cup", "position": [0.3, 0.1, 0.92], "mass_kg": 0.25, "at": "counter"},
-                {"name": "wrench", "type": "tool", "position": [0.2, -0.3, 0.95], "mass_kg": 0.5, "at": "shelf_a"},
-                {"name": "drawer", "type": "drawer", "position": [0.2, -0.4, 0.7], "mass_kg": 4.0,
-                 "graspable": False, "state": "closed"}],
-    "places": [{"name": "counter", "position": [0.0, 0.0, 0.9]},
-               {"name": "shelf_a", "position": [0.3, -0.4, 1.1]}],
-    "robot": {"workspace": {"min": [-0.6, -0.6, 0.6], "max": [0.6, 0.6, 1.3]}, "max_payload_kg": 2.0},
+    "objects": [
+        {
+            "name": "red_cup",
+            "type": "cup",
+            "position": [0.3, 0.1, 0.92],
+            "mass_kg": 0.25,
+            "at": "counter",
+        },
+        {
+            "name": "wrench",
+            "type": "tool",
+            "position": [0.2, -0.3, 0.95],
+            "mass_kg": 0.5,
+            "at": "shelf_a",
+        },
+        {
+            "name": "drawer",
+            "type": "drawer",
+            "position": [0.2, -0.4, 0.7],
+            "mass_kg": 4.0,
+            "graspable": False,
+            "state": "closed",
+        },
+    ],
+    "places": [
+        {"name": "counter", "position": [0.0, 0.0, 0.9]},
+        {"name": "shelf_a", "position": [0.3, -0.4, 1.1]},
+    ],
+    "robot": {
+        "workspace": {"min": [-0.6, -0.6, 0.6], "max": [0.6, 0.6, 1.3]},
+        "max_payload_kg": 2.0,
+    },
 }
 _TASK = "Put the red cup on shelf A."
 _REPAIR = [{"step": 0, "check": "json", "message": "not valid JSON"}]
@@ -42,17 +68,20 @@ _REPAIR = [{"step": 0, "check": "json", "message": "not valid JSON"}]
 def plan_format_fingerprint() -> str:
     """-> "sha256:<hex>" of the planner's current request format (see the module docstring)."""
     from agent.files.loader import DEFAULT_SKILLS, load_skills, world_from_dict
-    from agent.schema.grammar import _JSON_OPTIONS
-    from agent.planner.request import specialize_request
     from agent.planner.prompt import build_messages
+    from agent.planner.request import specialize_request
+    from agent.schema.grammar import _JSON_OPTIONS
 
     world = world_from_dict(_WORLD, source="<format probe>")
     skills = load_skills(DEFAULT_SKILLS)
     req = specialize_request(_TASK, world, skills)
     first = build_messages(_TASK, world, skills)
     repair = build_messages(_TASK, world, skills, errors=_REPAIR, previous='{"goal":[]}')
-    blob = json.dumps({"messages": first, "repair": repair, "schema": req.schema, "grammar": _JSON_OPTIONS},
-                      sort_keys=True, ensure_ascii=False)
+    blob = json.dumps(
+        {"messages": first, "repair": repair, "schema": req.schema, "grammar": _JSON_OPTIONS},
+        sort_keys=True,
+        ensure_ascii=False,
+    )
     return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -18,6 +18,7 @@ A plan is up to 1 + ``attempts`` attempts; each runs the same stages, a method e
 The request is prepared once, before any generation (request.py); the attempts and the result
 are result.py's types.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,19 +26,28 @@ import json
 import time
 from dataclasses import replace
 
-from thor_runtime.config import PlannerSettings
-from thor_runtime.engine import SamplingParams
-from thor_runtime.errors import ThorError
-from thor_runtime.speculative import PLAIN, Speculation
-
 from agent.files.loader import SkillSet, World
 from agent.language.checks import takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
-from agent.planner.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, Choice,
-                                       HINT_NATS, GoalChooser, goal_openings, rank)
+from agent.planner.goal_choice import (
+    HINT_NATS,
+    INFEASIBLE,
+    REACHABLE,
+    UNREACHED,
+    Candidate,
+    Choice,
+    GoalChooser,
+    goal_openings,
+    rank,
+)
 from agent.planner.prompt import build_messages, shared_start, system_prompt
-from agent.planner.request import (PreparedRequest, SpecializedRequest, compile_request,
-                                   prepare_request, specialize_request)
+from agent.planner.request import (
+    PreparedRequest,
+    SpecializedRequest,
+    compile_request,
+    prepare_request,
+    specialize_request,
+)
 from agent.planner.result import Attempt, PlanResult, merge_stats
 from agent.schema.free_text import drop_free_text, trailing_free_text
 from agent.schema.grammar import GrammarTokenizer
@@ -45,22 +55,43 @@ from agent.symbolic.executor import ParsedGoal, parse_goal
 from agent.symbolic.gate import Finding, GateResult, check_plan, parse_plan
 from agent.symbolic.solver import complete as solve_from_goal
 from agent.symbolic.solver import goal_reasons, goal_stop, stated_goal
+from thor_runtime.config import PlannerSettings
+from thor_runtime.engine import SamplingParams
+from thor_runtime.errors import ThorError
+from thor_runtime.speculative import PLAIN, Speculation
 
 # the names callers import from here: the request's preparation and the result
-__all__ = ["Planner", "PlanResult", "PreparedRequest", "SpecializedRequest",
-           "compile_request", "merge_stats", "prepare_request", "specialize_request"]
+__all__ = [
+    "Planner",
+    "PlanResult",
+    "PreparedRequest",
+    "SpecializedRequest",
+    "compile_request",
+    "merge_stats",
+    "prepare_request",
+    "specialize_request",
+]
 
 
 class Planner:
     """speculation: built once by ``build_speculation`` (the CLI's default is ``auto``)."""
 
-    def __init__(self, runtime, tokenizer, speculation: Speculation = PLAIN,
-                 max_tokens: int = PlannerSettings.max_tokens,
-                 attempts: int = PlannerSettings.attempts, thinking: bool | None = None,
-                 max_steps: int | None = None, on_progress=None,
-                 grammar_tokenizer: GrammarTokenizer | None = None, complete: bool = True,
-                 goal_choice: int = PlannerSettings.goal_choice, lexicon: str = SHIPPED,
-                 shelf=None):
+    def __init__(
+        self,
+        runtime,
+        tokenizer,
+        speculation: Speculation = PLAIN,
+        max_tokens: int = PlannerSettings.max_tokens,
+        attempts: int = PlannerSettings.attempts,
+        thinking: bool | None = None,
+        max_steps: int | None = None,
+        on_progress=None,
+        grammar_tokenizer: GrammarTokenizer | None = None,
+        complete: bool = True,
+        goal_choice: int = PlannerSettings.goal_choice,
+        lexicon: str = SHIPPED,
+        shelf=None,
+    ):
         if max_tokens < 16:
             raise ThorError(f"max_tokens must be >= 16 for a plan, got {max_tokens}")
         if attempts < 0:
@@ -68,7 +99,7 @@ class Planner:
         self.rt, self.tok, self.speculation = runtime, tokenizer, speculation
         self.max_tokens, self.attempts, self.max_steps = max_tokens, attempts, max_steps
         self.progress = on_progress or (lambda msg: None)
-        self.solver = bool(complete)        # the complete stage runs the solver
+        self.solver = bool(complete)  # the complete stage runs the solver
         self.gtok = grammar_tokenizer or GrammarTokenizer(tokenizer)
         # None = think when the tokenizer can; the span is optional in the grammar either way.
         self.thinking = self.gtok.think_ids is not None if thinking is None else bool(thinking)
@@ -80,29 +111,46 @@ class Planner:
         # goal_choice: alternative goals scored against the greedy one (goal_choice.py); its
         # forwards crop the cache back, which a hybrid target's recurrent state cannot do
         model = getattr(runtime, "model", None)
-        self.chooser = (GoalChooser(model, tokenizer, self.gtok, runtime.new_cache, goal_choice,
-                                    getattr(runtime, "prefill_chunk", 0), _prefix_restore(runtime))
-                        if goal_choice > 0 and model is not None and not model.is_hybrid else None)
+        self.chooser = (
+            GoalChooser(
+                model,
+                tokenizer,
+                self.gtok,
+                runtime.new_cache,
+                goal_choice,
+                getattr(runtime, "prefill_chunk", 0),
+                _prefix_restore(runtime),
+            )
+            if goal_choice > 0 and model is not None and not model.is_hybrid
+            else None
+        )
         # word knowledge the goal choice may use as hints (language/lexicon.py; "none": no words)
         self.lexicon = lexicon
         # world starts on disk (thor_runtime/cache/prefix_shelf.py): fetched before a first
         # attempt, kept after it; the caller flushes them once the plan is out
         self.shelf = shelf
-        self._starts: dict[str, tuple[int, ...]] = {}   # system prompt -> the ids all tasks share
+        self._starts: dict[str, tuple[int, ...]] = {}  # system prompt -> the ids all tasks share
 
-    def prepare(self, world: World, skills: SkillSet, schema: dict | None = None,
-                task: str | None = None) -> PreparedRequest:
-        return prepare_request(self.gtok, world, skills, schema, self.max_steps, self.thinking,
-                               task, self.lexicon)
+    def prepare(
+        self, world: World, skills: SkillSet, schema: dict | None = None, task: str | None = None
+    ) -> PreparedRequest:
+        return prepare_request(
+            self.gtok, world, skills, schema, self.max_steps, self.thinking, task, self.lexicon
+        )
 
     def compile(self, req: SpecializedRequest) -> PreparedRequest:
         """A request specialized before the model was loaded, compiled for this planner's
         tokenizer."""
         return compile_request(self.gtok, req, self.thinking)
 
-    def plan(self, request: PreparedRequest | str, world: World | None = None,
-             skills: SkillSet | None = None, schema: dict | None = None,
-             on_token=None) -> PlanResult:
+    def plan(
+        self,
+        request: PreparedRequest | str,
+        world: World | None = None,
+        skills: SkillSet | None = None,
+        schema: dict | None = None,
+        on_token=None,
+    ) -> PlanResult:
         """Plan a prepared request (``prepare`` / ``prepare_request``), or a task with its world,
         skills and optional base schema, prepared here. ``on_token(token_id)`` sees every committed
         token of every attempt; an exception it raises (a cancellation) ends the plan with it."""
@@ -111,8 +159,11 @@ class Planner:
             raise ThorError("the task is empty")
         t0 = time.perf_counter()
         # a task is prepared here: bad input raises before any generation
-        req = (request if isinstance(request, PreparedRequest)
-               else self.prepare(world, skills, schema, task))
+        req = (
+            request
+            if isinstance(request, PreparedRequest)
+            else self.prepare(world, skills, schema, task)
+        )
         attempts, repair = [], None
         for n in range(1 + self.attempts):
             a = self.decode(req, repair, first=n == 0, on_token=on_token)
@@ -130,8 +181,9 @@ class Planner:
         return self._result(req, attempts, t0)
 
     # ---- the stages of one attempt ----------------------------------------------------------
-    def decode(self, req: PreparedRequest, repair: tuple | None = None, first: bool = True,
-               on_token=None) -> Attempt:
+    def decode(
+        self, req: PreparedRequest, repair: tuple | None = None, first: bool = True, on_token=None
+    ) -> Attempt:
         """One attempt's generation: the prompt (carrying ``repair``, the last attempt's findings
         and plan) decoded under the request's grammar, which a goal that alone shows the task
         cannot be done ends before its steps; the first attempt's world start from the shelf.
@@ -144,12 +196,20 @@ class Planner:
         # may be relaxed, and neither its length nor its words may steer what is
         free = trailing_free_text(req.schema) if self.relaxed_spans else ()
         constraint = req.grammar.constraint(stop, free)
-        start = (self._world_start(ids, world, skills) if first and self.shelf is not None
-                 and self.shelf.usable(self.rt) else ())
+        start = (
+            self._world_start(ids, world, skills)
+            if first and self.shelf is not None and self.shelf.usable(self.rt)
+            else ()
+        )
         if start:
             self.shelf.fetch(self.rt, start)
-        res = self.rt.generate(ids, SamplingParams(max_tokens=self.max_tokens), self.speculation,
-                               constraint=constraint, on_token=on_token)
+        res = self.rt.generate(
+            ids,
+            SamplingParams(max_tokens=self.max_tokens),
+            self.speculation,
+            constraint=constraint,
+            on_token=on_token,
+        )
         if start:
             self.shelf.keep(self.rt, start)
         a = Attempt(res, stop, [res.stats])
@@ -176,8 +236,13 @@ class Planner:
             plan, text = done, json.dumps(done)
         if plan is None and stop.ended:
             # not a cut-off or malformed output: the goal's own reasons follow
-            unreadable = [Finding(None, "json", "the plan ends at its goal: the goal alone shows "
-                                                "the task cannot be done here")]
+            unreadable = [
+                Finding(
+                    None,
+                    "json",
+                    "the plan ends at its goal: the goal alone shows the task cannot be done here",
+                )
+            ]
         a.plan, a.unreadable, a.text, a.model_text = plan, unreadable, text, text
         # cut off by the budget (or ended after it), the goal written before the steps may be whole
         a.stated = stated_goal(text) if plan is None else None
@@ -188,9 +253,17 @@ class Planner:
         budget cut outside its free text is also told to be shorter."""
         a.gate = _check(req.task, a.plan, a.unreadable, req, a.parsed)
         if a.result.finish_reason == "length" and not a.cut_in_free and not a.gate.valid:
-            a.gate = GateResult(a.gate.plan, a.gate.findings + (Finding(
-                None, "json",
-                f"stopped at the token budget ({self.max_tokens}); write a shorter plan"),))
+            a.gate = GateResult(
+                a.gate.plan,
+                a.gate.findings
+                + (
+                    Finding(
+                        None,
+                        "json",
+                        f"stopped at the token budget ({self.max_tokens}); write a shorter plan",
+                    ),
+                ),
+            )
 
     def complete(self, a: Attempt, req: PreparedRequest) -> None:
         """A rejected attempt with a goal: the solver's steps from the model's goal, taken when
@@ -205,8 +278,10 @@ class Planner:
     def explain(self, a: Attempt, req: PreparedRequest) -> None:
         """A refusal of a plan that is not whole names its goal's own reasons."""
         if not a.gate.valid and a.stated is not None:
-            a.gate = GateResult(a.gate.plan, a.gate.findings + tuple(
-                goal_reasons(a.stated, req.world, req.skills, a.parsed)))
+            a.gate = GateResult(
+                a.gate.plan,
+                a.gate.findings + tuple(goal_reasons(a.stated, req.world, req.skills, a.parsed)),
+            )
 
     def repair(self, a: Attempt, req: PreparedRequest) -> tuple[list, str]:
         """What the next attempt's prompt carries: the findings, and the rejected plan without
@@ -215,9 +290,14 @@ class Planner:
 
     # ---- after the attempts -----------------------------------------------------------------
     def _report(self, a: Attempt, n: int) -> None:
-        self.progress(f"attempt {n + 1}/{1 + self.attempts}: {a.result.stats.generated} tokens, "
-                      + (("valid (steps completed from the goal)" if a.completed else "valid")
-                         if a.gate.valid else f"rejected ({len(a.gate.findings)} problems)"))
+        self.progress(
+            f"attempt {n + 1}/{1 + self.attempts}: {a.result.stats.generated} tokens, "
+            + (
+                ("valid (steps completed from the goal)" if a.completed else "valid")
+                if a.gate.valid
+                else f"rejected ({len(a.gate.findings)} problems)"
+            )
+        )
 
     def _result(self, req: PreparedRequest, attempts: list[Attempt], t0: float) -> PlanResult:
         """The last attempt's plan and verdict, with every generation's stats summed."""
@@ -225,23 +305,42 @@ class Planner:
         last = attempts[-1]
         merged = merge_stats(stats).to_dict()
         # spec: the proposer that ran (auto's choice for the last attempt), not the option
-        ran = (merged.get("auto_choice")
-               or {"proposer": self.speculation.name, "k_max": self.speculation.k})
+        ran = merged.get("auto_choice") or {
+            "proposer": self.speculation.name,
+            "k_max": self.speculation.k,
+        }
         if self.chooser is not None:
             choices = [a.choice for a in attempts if a.choice is not None]
-            merged.update(goal_choice=choices, goal_changed=sum(c["changed"] for c in choices),
-                          goal_choice_s=round(sum(c["seconds"] for c in choices), 6))
-        check_s = 0.0              # the gate, the grounding check and the solver, every attempt
+            merged.update(
+                goal_choice=choices,
+                goal_changed=sum(c["changed"] for c in choices),
+                goal_choice_s=round(sum(c["seconds"] for c in choices), 6),
+            )
+        check_s = 0.0  # the gate, the grounding check and the solver, every attempt
         for a in attempts:
             check_s += a.check_s
-        merged.update(attempts=len(stats), spec=ran["proposer"], k=ran["k_max"],
-                      completed=last.completed, grammar_compile_s=round(req.compile_s, 6),
-                      time_check_s=round(check_s, 6),
-                      plan_latency_s=round(time.perf_counter() - t0, 6))
+        merged.update(
+            attempts=len(stats),
+            spec=ran["proposer"],
+            k=ran["k_max"],
+            completed=last.completed,
+            grammar_compile_s=round(req.compile_s, 6),
+            time_check_s=round(check_s, 6),
+            plan_latency_s=round(time.perf_counter() - t0, 6),
+        )
         goal = last.parsed[0]
-        return PlanResult(last.gate.plan, last.gate.valid, last.gate.report(), merged, len(stats),
-                          last.text, tuple(a.record() for a in attempts), last.completed,
-                          tuple(stats), tuple(goal.expansion()) if goal else ())
+        return PlanResult(
+            last.gate.plan,
+            last.gate.valid,
+            last.gate.report(),
+            merged,
+            len(stats),
+            last.text,
+            tuple(a.record() for a in attempts),
+            last.completed,
+            tuple(stats),
+            tuple(goal.expansion()) if goal else (),
+        )
 
     # ---- the world's start, the goal choice, the output's JSON -----------------------------
     def _world_start(self, ids: list[int], world: World, skills: SkillSet) -> tuple[int, ...]:
@@ -256,7 +355,7 @@ class Planner:
             if len(self._starts) >= 8:
                 self._starts.clear()
             self._starts[text] = start
-        return start[:common_prefix(start, ids)]
+        return start[: common_prefix(start, ids)]
 
     def _choose(self, ids: list[int], res, req: PreparedRequest, task: str, stats: list, on_token):
         """-> (the attempt's result, the Choice or None): the greedy result, or the chosen goal's
@@ -265,18 +364,21 @@ class Planner:
         t0 = time.perf_counter()
         greedy = stated_goal(self._json_text(res.token_ids))
         if greedy is None:
-            return res, None                      # no whole goal: nothing to choose among
+            return res, None  # no whole goal: nothing to choose among
         world, skills = req.world, req.skills
-        if goal_reasons(greedy, world, skills):   # cheap, before any forward: the refusal stands
-            return res, Choice(None, [], False, time.perf_counter() - t0,
-                               "refused from the goal alone: kept")
+        if goal_reasons(greedy, world, skills):  # cheap, before any forward: the refusal stands
+            return res, Choice(
+                None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept"
+            )
         start = self._think_end(res.token_ids)
-        cands = self.chooser.candidates(ids, res.token_ids, req.grammar, start,
-                                        goal_openings(skills))
+        cands = self.chooser.candidates(
+            ids, res.token_ids, req.grammar, start, goal_openings(skills)
+        )
         if not cands:
             return res, None
-        self.chooser.priors(self._neutral_ids(req, res.token_ids[start:cands[0].start]), cands,
-                            req.grammar)
+        self.chooser.priors(
+            self._neutral_ids(req, res.token_ids[start : cands[0].start]), cands, req.grammar
+        )
         own = parse_plan(self._json_text(res.token_ids))[0]
         said = req.reading
         hints = said.hints if said is not None else {}
@@ -295,16 +397,25 @@ class Planner:
         if self.solver:
             return replace(res, token_ids=list(head), text="", finish_reason="stop"), choice
         after = req.grammar.constraint(
-            None, trailing_free_text(req.schema) if self.relaxed_spans else ())
+            None, trailing_free_text(req.schema) if self.relaxed_spans else ()
+        )
         for t in head:
             after.advance(t)
-        more = self.rt.generate(ids + head,
-                                SamplingParams(max_tokens=max(16, self.max_tokens - len(head))),
-                                self.speculation, constraint=after, on_token=on_token)
+        more = self.rt.generate(
+            ids + head,
+            SamplingParams(max_tokens=max(16, self.max_tokens - len(head))),
+            self.speculation,
+            constraint=after,
+            on_token=on_token,
+        )
         stats.append(more.stats)
         choice.seconds = time.perf_counter() - t0
-        whole = replace(res, token_ids=list(head) + list(more.token_ids), text="",
-                        finish_reason=more.finish_reason)
+        whole = replace(
+            res,
+            token_ids=list(head) + list(more.token_ids),
+            text="",
+            finish_reason=more.finish_reason,
+        )
         return whole, choice
 
     def _neutral_ids(self, req: PreparedRequest, head: list[int]) -> list[int]:
@@ -324,12 +435,13 @@ class Planner:
                     break
                 i += 1
             if end is not None:
-                text = text[:at + len(key)] + text[end:]
+                text = text[: at + len(key)] + text[end:]
         ids = self.tok.encode_chat(build_messages("", req.world, req.skills))
         return ids + self.tok.encode(text, add_special=False)
 
-    def _judge(self, cand: Candidate, req: PreparedRequest, task: str,
-               own: dict | None) -> tuple[int, list | None]:
+    def _judge(
+        self, cand: Candidate, req: PreparedRequest, task: str, own: dict | None
+    ) -> tuple[int, list | None]:
         """A candidate goal's tier: infeasible from the goal alone, reachable (the solver's steps
         for it, or for the greedy one its own steps, pass the gate and the grounding check), or
         not."""
@@ -357,21 +469,24 @@ class Planner:
         ids = [t for t in token_ids if t not in self.gtok.eos_ids]
         if self.gtok.think_ids is not None and self.gtok.think_ids[1] in ids:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
-            ids = ids[last + 1:]
+            ids = ids[last + 1 :]
         return self.tok.decode(ids).strip()
 
 
-def _check(task: str, plan: dict | None, unreadable: list, req: PreparedRequest,
-           parsed: ParsedGoal) -> GateResult:
+def _check(
+    task: str, plan: dict | None, unreadable: list, req: PreparedRequest, parsed: ParsedGoal
+) -> GateResult:
     """The gate, then the goal held to the things and amounts the task names (checks.py), on
     the attempt's parsed goal and the request's reading. ``unreadable``: why the text gave no plan (gate.parse_plan)."""
     if plan is None:
         return GateResult(None, tuple(unreadable))
     gate = check_plan(plan, req.schema, req.world, req.skills, parsed)
-    if req.reading is None:                           # no task to hold the goal to
+    if req.reading is None:  # no task to hold the goal to
         return gate
-    return GateResult(gate.plan, gate.findings + tuple(
-        task_findings(req.reading, gate.plan, req.world, req.skills, parsed)))
+    return GateResult(
+        gate.plan,
+        gate.findings + tuple(task_findings(req.reading, gate.plan, req.world, req.skills, parsed)),
+    )
 
 
 def _prefix_restore(runtime):
@@ -385,6 +500,7 @@ def _prefix_restore(runtime):
     def restore(ids, cache, limit: int) -> int:
         with lock:
             return prefixes.restore(ids, cache, limit)
+
     return restore
 
 

@@ -5,6 +5,7 @@ prompt is where the n-gram drafter finds its continuations (world names, skill n
 So the world and skills are written as one line per entry, names first, and the JSON layout is
 given once as a template rather than explained. The calibration data generator reuses this.
 """
+
 from __future__ import annotations
 
 from agent.files.loader import ArgSpec, Skill, SkillSet, World
@@ -13,11 +14,13 @@ from agent.files.loader import ArgSpec, Skill, SkillSet, World
 # deliberately from no sample world, so its names are never copied into a valid plan.
 # The goal comes first: a small model states "cup at box" far more reliably than it writes a
 # whole correct sequence, and the steps are then held to it by symbolic execution.
-_EXAMPLE = ('{"plan_id":"p1","task":"put the cup in the box","goal":[{"object":"cup","at":"box"}],"steps":['
-            '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":[],'
-            '"expected_effects":["holding cup"],"timeout_s":10,"on_failure":"retry"},'
-            '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":[],'
-            '"expected_effects":["cup at box"],"timeout_s":10,"on_failure":"abort"}]}')
+_EXAMPLE = (
+    '{"plan_id":"p1","task":"put the cup in the box","goal":[{"object":"cup","at":"box"}],"steps":['
+    '{"id":"s1","skill":"pick","args":{"object":"cup"},"preconditions":[],'
+    '"expected_effects":["holding cup"],"timeout_s":10,"on_failure":"retry"},'
+    '{"id":"s2","skill":"place","args":{"object":"cup","target":"box"},"preconditions":[],'
+    '"expected_effects":["cup at box"],"timeout_s":10,"on_failure":"abort"}]}'
+)
 
 
 def _num(v: float) -> str:
@@ -60,10 +63,14 @@ def _obj(o, coordinates: bool) -> str:
     # Coordinates only where nothing else locates the object: a place or a support says where
     # it is in a few tokens, and digits cost one token each (a position is ~14). Mass only for
     # what can be carried. The gate checks reach and payload from the world file, not from this.
-    extra = [f"{_num(o.mass_kg)} kg" if o.graspable else "",
-             _xyz(o.position) if coordinates and not (o.at or o.on) else "",
-             f"at {o.at}" if o.at else "", f"on {o.on}" if o.on else "", o.state or "",
-             "" if o.graspable else "fixed"]
+    extra = [
+        f"{_num(o.mass_kg)} kg" if o.graspable else "",
+        _xyz(o.position) if coordinates and not (o.at or o.on) else "",
+        f"at {o.at}" if o.at else "",
+        f"on {o.on}" if o.on else "",
+        o.state or "",
+        "" if o.graspable else "fixed",
+    ]
     return f"{o.name} ({', '.join([o.type, *(e for e in extra if e)])}{_called(o)})"
 
 
@@ -84,14 +91,21 @@ def describe_world(world: World, skills: SkillSet | None = None) -> str:
     robot = f"max payload {_num(r.max_payload_kg)} kg" + (f"; robot at {r.at}" if r.at else "")
     if coords:
         lo, hi = r.workspace_min, r.workspace_max
-        robot = f"workspace x {_num(lo[0])}..{_num(hi[0])}, y {_num(lo[1])}..{_num(hi[1])}, " \
-                f"z {_num(lo[2])}..{_num(hi[2])} m; " + robot
+        robot = (
+            f"workspace x {_num(lo[0])}..{_num(hi[0])}, y {_num(lo[1])}..{_num(hi[1])}, "
+            f"z {_num(lo[2])}..{_num(hi[2])} m; " + robot
+        )
     lines = [f"World: {world.name}", "Robot: " + robot]
     if world.objects:
         lines.append("Objects: " + "; ".join(_obj(o, coords) for o in world.objects))
     if world.places:
-        lines.append("Places: " + "; ".join(p.name + (f" {_xyz(p.position)}" if coords else "") + _called(p)
-                                            for p in world.places))
+        lines.append(
+            "Places: "
+            + "; ".join(
+                p.name + (f" {_xyz(p.position)}" if coords else "") + _called(p)
+                for p in world.places
+            )
+        )
     return "\n".join(lines)
 
 
@@ -99,7 +113,10 @@ def describe_world(world: World, skills: SkillSet | None = None) -> str:
 # grammar allows no others). A small model copies the kind of condition it has seen, so with only
 # `at` shown it writes "cabinet at ..." for "open the cabinet". Names are from no sample world.
 _GOAL_EXAMPLES = {
-    "at": ("put the cup and the pen in the box", '{"object":"cup","at":"box"},{"object":"pen","at":"box"}'),
+    "at": (
+        "put the cup and the pen in the box",
+        '{"object":"cup","at":"box"},{"object":"pen","at":"box"}',
+    ),
     "open": ("open the lid", '{"object":"lid","is":"open"}'),
     "closed": ("close the lid", '{"object":"lid","is":"closed"}'),
     "inspected": ("inspect the pen", '{"object":"pen","is":"inspected"}'),
@@ -114,14 +131,28 @@ _GOAL_EXAMPLES = {
 # only when the library has what it needs: (the skill names and condition kinds it uses, task, goal).
 _PROCESS_EXAMPLES = (
     ({"wait"}, "wait 5 seconds", '{"do":"wait","args":{"duration":5}}'),
-    ({"push"}, "push the cup 5 cm left", '{"do":"push","args":{"object":"cup","direction":"left","distance":0.05}}'),
+    (
+        {"push"},
+        "push the cup 5 cm left",
+        '{"do":"push","args":{"object":"cup","direction":"left","distance":0.05}}',
+    ),
     ({"inspect"}, "inspect the pen twice", '{"do":"inspect","args":{"object":"pen"},"times":2}'),
-    ({"inspect", "at"}, "check the pen, then put it in the box",
-     '{"before":[{"do":"inspect","args":{"object":"pen"}},{"object":"pen","at":"box"}]},{"object":"pen","at":"box"}'),
-    ({"wait", "robot_at"}, "go to the dock, wait 5 seconds, then come back to the desk",
-     '{"before":[{"robot_at":"dock"},{"do":"wait","args":{"duration":5}},{"robot_at":"desk"}]},{"robot_at":"desk"}'),
+    (
+        {"inspect", "at"},
+        "check the pen, then put it in the box",
+        '{"before":[{"do":"inspect","args":{"object":"pen"}},{"object":"pen","at":"box"}]},{"object":"pen","at":"box"}',
+    ),
+    (
+        {"wait", "robot_at"},
+        "go to the dock, wait 5 seconds, then come back to the desk",
+        '{"before":[{"robot_at":"dock"},{"do":"wait","args":{"duration":5}},{"robot_at":"desk"}]},{"robot_at":"desk"}',
+    ),
     ({"at"}, "move everything on the shelf to the box", '{"every":{"at":"shelf"},"at":"box"}'),
-    ({"at"}, "put all the cups you can carry in the box", '{"every":{"type":"cup","carriable":true},"at":"box"}'),
+    (
+        {"at"},
+        "put all the cups you can carry in the box",
+        '{"every":{"type":"cup","carriable":true},"at":"box"}',
+    ),
 )
 
 
@@ -130,15 +161,19 @@ def goal_forms(skills: SkillSet) -> str:
     kinds = skills.kinds
     kinds |= {c.value for s in skills.skills for c in s.effects if c.kind == "is"}
     have = kinds | {s.name for s in skills.skills}
-    return "; ".join([f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds]
-                     + [f'"{t}" -> [{g}]' for need, t, g in _PROCESS_EXAMPLES if need <= have])
+    return "; ".join(
+        [f'"{t}" -> [{g}]' for k, (t, g) in _GOAL_EXAMPLES.items() if k in kinds]
+        + [f'"{t}" -> [{g}]' for need, t, g in _PROCESS_EXAMPLES if need <= have]
+    )
 
 
 # the instructions' own words, around the example and the goal forms (prompt_parts.py counts them)
 OPENING = "You are a robot task planner. Reply with one JSON plan and nothing else."
-GOAL_RULE = ("Goal first, one condition per object the task names: ",
-             '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
-             "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.")
+GOAL_RULE = (
+    "Goal first, one condition per object the task names: ",
+    '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
+    "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
+)
 
 
 def describe_skills(skills: SkillSet) -> str:
@@ -148,12 +183,14 @@ def describe_skills(skills: SkillSet) -> str:
 def shared_instructions(skills: SkillSet) -> str:
     """The system text every world and task on ``skills`` shares. It opens the prompt, so its
     K/V can be computed once and kept on disk (thor_runtime/cache/prefix_store.py)."""
-    return "\n".join([
-        OPENING,
-        "Example: " + _EXAMPLE,
-        GOAL_RULE[0] + goal_forms(skills) + GOAL_RULE[1],
-        describe_skills(skills),
-    ])
+    return "\n".join(
+        [
+            OPENING,
+            "Example: " + _EXAMPLE,
+            GOAL_RULE[0] + goal_forms(skills) + GOAL_RULE[1],
+            describe_skills(skills),
+        ]
+    )
 
 
 def system_prompt(world: World, skills: SkillSet) -> str:
@@ -167,7 +204,7 @@ def shared_start(tokenizer, messages) -> list[int]:
     from thor_runtime.cache import common_prefix
 
     a, b = (tokenizer.encode_chat(messages(x)) for x in ("a", "b"))
-    return a[:common_prefix(a, b)]
+    return a[: common_prefix(a, b)]
 
 
 def format_errors(errors) -> str:
@@ -182,15 +219,25 @@ def format_errors(errors) -> str:
     return "\n".join(lines)
 
 
-def build_messages(task: str, world: World, skills: SkillSet, errors=None, previous: str | None = None) -> list[dict]:
+def build_messages(
+    task: str, world: World, skills: SkillSet, errors=None, previous: str | None = None
+) -> list[dict]:
     """-> chat messages. With ``errors`` (from a rejected attempt) the rejected plan is shown as
     the assistant's turn and the problems as the next user turn, so the model repairs rather
     than starts over."""
-    msgs = [{"role": "system", "content": system_prompt(world, skills)},
-            {"role": "user", "content": f"Task: {task}"}]
+    msgs = [
+        {"role": "system", "content": system_prompt(world, skills)},
+        {"role": "user", "content": f"Task: {task}"},
+    ]
     if errors:
         if previous:
             msgs.append({"role": "assistant", "content": previous})
-        msgs.append({"role": "user", "content": "That plan was rejected:\n" + format_errors(errors)
-                     + "\nWrite a corrected plan for the same task."})
+        msgs.append(
+            {
+                "role": "user",
+                "content": "That plan was rejected:\n"
+                + format_errors(errors)
+                + "\nWrite a corrected plan for the same task.",
+            }
+        )
     return msgs

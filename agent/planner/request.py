@@ -6,6 +6,7 @@ input fails in milliseconds, no tokenizer needed), ``compile_request`` after; th
 prepares before queueing (``prepare_request``, both at once). Each hands the result to
 ``Planner.plan``.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,10 +23,11 @@ from agent.schema.specialize import specialize
 class SpecializedRequest:
     """A request checked without the model: what the task names in the world, and the schema
     specialized to the world and the skills."""
+
     task: str | None
     world: World
     skills: SkillSet
-    reading: TaskWords | None      # None without a task
+    reading: TaskWords | None  # None without a task
     schema: dict
     seconds: float
 
@@ -34,17 +36,24 @@ class SpecializedRequest:
 class PreparedRequest:
     """Everything checked before any generation: the task and its reading, the specialized schema
     and its grammar. Built once per request; every attempt of ``Planner.plan`` reuses it."""
+
     task: str | None
     world: World
     skills: SkillSet
     reading: TaskWords | None
     schema: dict
     grammar: Grammar
-    compile_s: float           # reading + specializing + compiling
+    compile_s: float  # reading + specializing + compiling
 
 
-def specialize_request(task: str | None, world: World, skills: SkillSet, schema: dict | None = None,
-                       max_steps: int | None = None, lexicon: str = SHIPPED) -> SpecializedRequest:
+def specialize_request(
+    task: str | None,
+    world: World,
+    skills: SkillSet,
+    schema: dict | None = None,
+    max_steps: int | None = None,
+    lexicon: str = SHIPPED,
+) -> SpecializedRequest:
     """Read what the task names in this world (mentions.py: names, aliases, types, amounts, and
     the hints of the ``lexicon``: ``shipped``, ``none`` or files) and specialize the schema to
     the world and the skills. The goal grammar is the same for every task, in every language:
@@ -53,24 +62,40 @@ def specialize_request(task: str | None, world: World, skills: SkillSet, schema:
     t0 = time.perf_counter()
     lex = load_lexicon(lexicon)
     reading = read_words(task, world, lex) if task is not None else None
-    spec_schema = specialize(schema if schema is not None else base_plan_schema(), world, skills,
-                             max_steps)
+    spec_schema = specialize(
+        schema if schema is not None else base_plan_schema(), world, skills, max_steps
+    )
     return SpecializedRequest(task, world, skills, reading, spec_schema, time.perf_counter() - t0)
 
 
-def compile_request(gtok: GrammarTokenizer, req: SpecializedRequest,
-                    thinking: bool = False) -> PreparedRequest:
+def compile_request(
+    gtok: GrammarTokenizer, req: SpecializedRequest, thinking: bool = False
+) -> PreparedRequest:
     """The specialized schema's grammar, exactly as the planner decodes under it."""
     t0 = time.perf_counter()
     grammar = Grammar(gtok, req.schema, thinking=thinking)
-    return PreparedRequest(req.task, req.world, req.skills, req.reading, req.schema, grammar,
-                           req.seconds + time.perf_counter() - t0)
+    return PreparedRequest(
+        req.task,
+        req.world,
+        req.skills,
+        req.reading,
+        req.schema,
+        grammar,
+        req.seconds + time.perf_counter() - t0,
+    )
 
 
-def prepare_request(gtok: GrammarTokenizer, world: World, skills: SkillSet,
-                    schema: dict | None = None, max_steps: int | None = None,
-                    thinking: bool = False, task: str | None = None,
-                    lexicon: str = SHIPPED) -> PreparedRequest:
+def prepare_request(
+    gtok: GrammarTokenizer,
+    world: World,
+    skills: SkillSet,
+    schema: dict | None = None,
+    max_steps: int | None = None,
+    thinking: bool = False,
+    task: str | None = None,
+    lexicon: str = SHIPPED,
+) -> PreparedRequest:
     """specialize_request, then compile_request."""
-    return compile_request(gtok, specialize_request(task, world, skills, schema, max_steps,
-                                                    lexicon), thinking)
+    return compile_request(
+        gtok, specialize_request(task, world, skills, schema, max_steps, lexicon), thinking
+    )

@@ -1,15 +1,15 @@
 """Schemas of one skill's arguments and steps over one world's names (specialize.py builds the
 plan schema from them): number ranges with bounded digits, object and place enums, the compact
 object shapes every goal branch uses."""
+
 from __future__ import annotations
 
 import copy
 
+from agent.files.loader import ArgSpec, Skill, World
 from thor_runtime.errors import ThorError
 
-from agent.files.loader import ArgSpec, Skill, World
-
-NUMBER_STEP = 0.001     # resolution of number args: 1 mm, 1 ms, 1 mN ...
+NUMBER_STEP = 0.001  # resolution of number args: 1 mm, 1 ms, 1 mN ...
 TIMEOUT_STEP = 0.1
 MAX_TIMEOUT_S = 600.0
 
@@ -51,7 +51,7 @@ def arg_schema(arg: ArgSpec, world: World) -> dict | None:
     t = arg.type
     if t in ("number", "integer"):
         hi = arg.max
-        if arg.unit == "kg":   # a mass argument can never exceed what the robot can lift
+        if arg.unit == "kg":  # a mass argument can never exceed what the robot can lift
             hi = world.robot.max_payload_kg if hi is None else min(hi, world.robot.max_payload_kg)
         return _number(arg.min, hi, t == "integer")
     if t == "string":
@@ -59,15 +59,22 @@ def arg_schema(arg: ArgSpec, world: World) -> dict | None:
     if t == "enum":
         return {"enum": list(arg.values)}
     if t == "object":
-        names = [o.name for o in world.objects if not arg.object_types or o.type in arg.object_types]
+        names = [
+            o.name for o in world.objects if not arg.object_types or o.type in arg.object_types
+        ]
         return {"enum": names} if names else None
     if t == "place":
         names = [p.name for p in world.places]
         return {"enum": names} if names else None
     if t == "position":
         lo, hi = world.robot.workspace_min, world.robot.workspace_max
-        return {"type": "array", "prefixItems": [_number(a, b, False) for a, b in zip(lo, hi)],
-                "items": False, "minItems": 3, "maxItems": 3}
+        return {
+            "type": "array",
+            "prefixItems": [_number(a, b, False) for a, b in zip(lo, hi)],
+            "items": False,
+            "minItems": 3,
+            "maxItems": 3,
+        }
     raise ThorError(f"arg {arg.name!r}: unknown type {t!r}")
 
 
@@ -78,7 +85,12 @@ def args_schema(skill: Skill, world: World) -> dict | None:
         if s is None:
             return None
         props[a.name] = s
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+    }
 
 
 def step_schema(step_base: dict, skill: Skill, world: World) -> dict | None:
@@ -90,9 +102,16 @@ def step_schema(step_base: dict, skill: Skill, world: World) -> dict | None:
     props["skill"] = {"const": skill.name}
     props["args"] = args
     limit = min(skill.timeout_s or MAX_TIMEOUT_S, MAX_TIMEOUT_S)
-    props["timeout_s"] = {"type": "number", "minimum": TIMEOUT_STEP, "maximum": limit, "multipleOf": TIMEOUT_STEP}
+    props["timeout_s"] = {
+        "type": "number",
+        "minimum": TIMEOUT_STEP,
+        "maximum": limit,
+        "multipleOf": TIMEOUT_STEP,
+    }
     # Key order is the generation order: keep the base's, append anything new at the end.
-    out["properties"] = {k: props[k] for k in [*step_base.get("properties", {}), *props] if k in props}
+    out["properties"] = {
+        k: props[k] for k in [*step_base.get("properties", {}), *props] if k in props
+    }
     out["additionalProperties"] = False
     return out
 
@@ -102,4 +121,9 @@ def _enum(names: list[str]) -> dict:
 
 
 def _shape(props: dict) -> dict:
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+    }

@@ -11,6 +11,7 @@ suffices: a stack of open containers, whether a string is open (and whether it i
 last top-level key. Bytes inside ``<think>...</think>`` (a thinking span before the JSON) are
 skipped by token id, as the grammar treats those tokens as atomic markers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -26,23 +27,25 @@ _QUOTE, _ESCAPE, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
 @dataclass(frozen=True)
 class _Pos:
     """The position after some text. Frozen: a draft walk starts from the committed one."""
-    stack: tuple[str, ...] = ()      # open containers, "o" object / "a" array
-    thinking: bool = False           # inside <think>...</think>: no JSON yet
+
+    stack: tuple[str, ...] = ()  # open containers, "o" object / "a" array
+    thinking: bool = False  # inside <think>...</think>: no JSON yet
     in_string: bool = False
-    escape: bool = False             # the previous string byte was an unescaped backslash
-    is_key: bool = False             # the open string is an object key
-    want_key: bool = False           # in an object, the next string is a key
-    key: bytes = b""                 # the top-level key being read, or the last one read
-    free: bool = False               # the open string is a free-text value
+    escape: bool = False  # the previous string byte was an unescaped backslash
+    is_key: bool = False  # the open string is an object key
+    want_key: bool = False  # in an object, the next string is a key
+    key: bytes = b""  # the top-level key being read, or the last one read
+    free: bool = False  # the open string is a free-text value
 
 
 @dataclass
 class FreeTextTracker:
     """Tracks the committed text of one generation; ``spans(drafts)`` says which drafts lie wholly
     inside a free-text value (neither the quote that opens it nor the one that closes it)."""
+
     token_bytes: list[bytes]
     keys: frozenset[bytes]
-    skip: frozenset[int] = frozenset()                 # ids that write no JSON (EOS)
+    skip: frozenset[int] = frozenset()  # ids that write no JSON (EOS)
     think_ids: tuple[int, int] | None = None
     pos: _Pos = field(default_factory=_Pos)
 
@@ -79,7 +82,9 @@ class FreeTextTracker:
 def _byte(p: _Pos, b: int, keys: frozenset[bytes]) -> _Pos:
     if p.in_string:
         if p.escape:
-            return replace(p, escape=False, key=p.key + bytes([b]) if p.is_key and len(p.stack) == 1 else p.key)
+            return replace(
+                p, escape=False, key=p.key + bytes([b]) if p.is_key and len(p.stack) == 1 else p.key
+            )
         if b == _ESCAPE:
             return replace(p, escape=True)
         if b == _QUOTE:
@@ -100,8 +105,10 @@ def _byte(p: _Pos, b: int, keys: frozenset[bytes]) -> _Pos:
         if top == "o" and p.want_key:
             # a top-level key is read afresh; a nested one leaves the top-level key as it was
             return replace(p, in_string=True, is_key=True, key=b"" if len(p.stack) == 1 else p.key)
-        return replace(p, in_string=True, is_key=False, free=len(p.stack) == 1 and top == "o" and p.key in keys)
-    return p                          # numbers, literals, whitespace
+        return replace(
+            p, in_string=True, is_key=False, free=len(p.stack) == 1 and top == "o" and p.key in keys
+        )
+    return p  # numbers, literals, whitespace
 
 
 def trailing_free_text(schema: dict, keys=PLAN_FREE_TEXT) -> tuple[str, ...]:
@@ -133,8 +140,8 @@ def drop_free_text(text: str, keys) -> tuple[str, bool]:
     if not kset:
         return text, False
     pos, keep, at = _Pos(), bytearray(), 0
-    member = sep = None                # where the current free member starts; the last top-level comma
-    key_at = 0                         # where the top-level key being read starts (its comma, if any)
+    member = sep = None  # where the current free member starts; the last top-level comma
+    key_at = 0  # where the top-level key being read starts (its comma, if any)
     for i, b in enumerate(data):
         top = len(pos.stack) == 1 and not pos.in_string
         if top and b == _COMMA and member is None:
@@ -149,10 +156,16 @@ def drop_free_text(text: str, keys) -> tuple[str, bool]:
             sep = i if b == _COMMA and end == i else None
         before = pos
         pos = _byte(pos, b, kset)
-        if before.in_string and before.is_key and not before.escape and b == _QUOTE \
-                and len(pos.stack) == 1 and pos.key in kset:
+        if (
+            before.in_string
+            and before.is_key
+            and not before.escape
+            and b == _QUOTE
+            and len(pos.stack) == 1
+            and pos.key in kset
+        ):
             member = key_at
-    if member is not None:            # ended inside a free member: close the object before it
+    if member is not None:  # ended inside a free member: close the object before it
         return (bytes(keep + data[at:member]) + b"}").decode("utf-8", "replace"), True
     if at == 0:
         return text, False

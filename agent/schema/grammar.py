@@ -11,6 +11,7 @@ to build on a Jetson), already a runtime dependency.
 The grammar always works on the *tokenizer's* vocabulary; the model's logits may be wider
 (padded embedding rows), and those ids are never legal.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,15 +23,14 @@ import llguidance as llg
 import numpy as np
 import torch
 
+from agent.schema.free_text import FreeTextTracker
 from thor_runtime.engine import Constraint, masked
 from thor_runtime.errors import ThorError
-
-from agent.schema.free_text import FreeTextTracker
 
 # Compact JSON: no free whitespace means fewer tokens to decode and more of them forced.
 _JSON_OPTIONS = {"whitespace_flexible": False}
 THINK_TOKENS = ("<think>", "</think>")
-_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
 
 
 # ---- schema checks (no tokenizer needed: run before any model is loaded) ----------------------
@@ -40,7 +40,9 @@ def _find_keyword(node, key: str, path: str = "") -> str | None:
         if key in node:
             return path or "/"
         for k, v in node.items():
-            if k in ("properties", "$defs", "definitions", "patternProperties") and isinstance(v, dict):
+            if k in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
+                v, dict
+            ):
                 for name, sub in v.items():
                     hit = _find_keyword(sub, key, f"{path}/{k}/{name}")
                     if hit:
@@ -62,8 +64,10 @@ def _engine_error(message: str, schema: dict) -> ThorError:
     if m:
         keys = [k.strip().strip('"') for k in m.group(1).split(",") if k.strip()]
         where = ", ".join(f"'{k}' (at {_find_keyword(schema, k) or '?'})" for k in keys)
-        return ThorError(f"unsupported schema keyword {where}: the grammar engine (llguidance) cannot "
-                         "enforce it; remove it or express it with supported keywords")
+        return ThorError(
+            f"unsupported schema keyword {where}: the grammar engine (llguidance) cannot "
+            "enforce it; remove it or express it with supported keywords"
+        )
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
     if "oneOf" in message:
         first = "oneOf whose branches may overlap is not supported; use anyOf"
@@ -101,7 +105,7 @@ def _check_text(text: str) -> None:
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(_with_options(schema))
         is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar)
-    except ValueError as e:        # e.g. an integer past 64 bits
+    except ValueError as e:  # e.g. an integer past 64 bits
         raise _engine_error(str(e), schema) from None
     if is_err:
         raise _engine_error(msgs[0] if msgs else "", schema)
@@ -120,7 +124,9 @@ class _TokenSource:
 
     def __call__(self, text):
         if isinstance(text, bytes):
-            raise TypeError("str only")  # TokenizerWrapper probes with bytes, then falls back to str
+            raise TypeError(
+                "str only"
+            )  # TokenizerWrapper probes with bytes, then falls back to str
         return self._tok.encode(text, add_special=False)
 
 
@@ -147,13 +153,15 @@ class GrammarTokenizer:
 
     def __init__(self, tokenizer):
         if not tokenizer.eos_token_ids:
-            raise ThorError("the tokenizer has no end-of-sequence token; constrained decoding needs one")
+            raise ThorError(
+                "the tokenizer has no end-of-sequence token; constrained decoding needs one"
+            )
         tb = tokenizer.token_bytes()
-        self.token_bytes = tb          # what a committed token writes (GrammarConstraint's stop)
+        self.token_bytes = tb  # what a committed token writes (GrammarConstraint's stop)
         self.n_vocab = len(tb)
         self.eos_ids = tuple(int(i) for i in tokenizer.eos_token_ids)
         specials = _special_ids(tokenizer, len(tb))
-        self.special_ids = frozenset(specials)   # atomic markers: a grammar names them <like_this>
+        self.special_ids = frozenset(specials)  # atomic markers: a grammar names them <like_this>
         src = _TokenSource(tokenizer, tb, specials)
         self.ll = llg.LLTokenizer(llg.TokenizerWrapper(src), eos_token=list(self.eos_ids))
         b, e = (tokenizer.token_to_id(t) for t in THINK_TOKENS)
@@ -165,17 +173,25 @@ class Grammar:
     ``<think>...</think>`` span (thinking models only). ``constraint()`` hands out a fresh
     matcher per generation."""
 
-    def __init__(self, gtok: GrammarTokenizer, schema: dict, thinking: bool = False, think_max_chars: int = 2000):
+    def __init__(
+        self,
+        gtok: GrammarTokenizer,
+        schema: dict,
+        thinking: bool = False,
+        think_max_chars: int = 2000,
+    ):
         check_schema(schema)
         self.gtok, self.schema = gtok, schema
         self.thinking = bool(thinking and gtok.think_ids)
         if self.thinking:
             # Thinking text is free (bounded so it terminates); special tokens can't occur in it,
             # so </think> is the only way out, and the JSON after it is fully constrained.
-            lark = (f'start: thinking? plan\n'
-                    f'thinking: <think> THINK </think> "\\n"?\n'
-                    f'THINK: /(?s:.){{0,{int(think_max_chars)}}}/\n'
-                    f'plan: %json {json.dumps(_with_options(schema))}\n')
+            lark = (
+                f"start: thinking? plan\n"
+                f'thinking: <think> THINK </think> "\\n"?\n'
+                f"THINK: /(?s:.){{0,{int(think_max_chars)}}}/\n"
+                f"plan: %json {json.dumps(_with_options(schema))}\n"
+            )
             self.text = llg.LLMatcher.grammar_from_lark(lark)
         else:
             self.text = llg.LLMatcher.grammar_from_json_schema(_with_options(schema))
@@ -231,17 +247,20 @@ class GrammarConstraint(Constraint):
     """
 
     STEPS = b'"steps":['
-    STEP = b'"skill":'          # once per step object
+    STEP = b'"skill":'  # once per step object
 
     def __init__(self, matcher, gtok: GrammarTokenizer, stop=None, free_text: tuple[str, ...] = ()):
         self.m, self.gtok = matcher, gtok
         self.eos = frozenset(gtok.eos_ids)
-        self.finished = False          # EOS committed
+        self.finished = False  # EOS committed
         self.stop, self.cut, self.text = stop, False, bytearray()
-        self.step_cap, self.steps = None, 0     # set when the stop check leaves a cap on the steps
+        self.step_cap, self.steps = None, 0  # set when the stop check leaves a cap on the steps
         # only when asked for: tracking costs a little Python per committed byte
-        self.free = (FreeTextTracker.for_keys(gtok.token_bytes, free_text, self.eos, gtok.think_ids)
-                     if free_text else None)
+        self.free = (
+            FreeTextTracker.for_keys(gtok.token_bytes, free_text, self.eos, gtok.think_ids)
+            if free_text
+            else None
+        )
 
     # -- queries that leave the state unchanged ------------------------------------------------
     def forced(self) -> list[int]:
@@ -262,7 +281,7 @@ class GrammarConstraint(Constraint):
         grammar refuses (or past EOS) repeat the last row: the accept step never reads them,
         but they must not be all -inf either (NaN probabilities)."""
         # numpy for the per-row work: many tiny torch ops cost more than the masks themselves.
-        allowed = np.zeros((rows, width), dtype=np.bool_)                       # [R, V]
+        allowed = np.zeros((rows, width), dtype=np.bool_)  # [R, V]
         filled = []
 
         def fill(j: int) -> None:
@@ -270,7 +289,7 @@ class GrammarConstraint(Constraint):
                 allowed[j] = self._allowed(width)
                 filled.append(j)
 
-        self._walk(list(drafts)[:rows - 1], fill)
+        self._walk(list(drafts)[: rows - 1], fill)
         for j in range(len(filled), rows):
             allowed[j] = allowed[j - 1] if j else self._allowed(width)
         return allowed
@@ -294,13 +313,15 @@ class GrammarConstraint(Constraint):
                 raise RuntimeError("end-of-sequence committed where the grammar is incomplete")
             self.finished = True
         elif self.cut:
-            raise RuntimeError(f"token {t} committed after the plan ended (only end-of-sequence is legal)")
+            raise RuntimeError(
+                f"token {t} committed after the plan ended (only end-of-sequence is legal)"
+            )
         elif not self.m.consume_token(t):
             raise RuntimeError(f"grammar refused committed token {t}: {self.m.get_error()}")
         else:
             self._track(t, keep=True)
         if self.free is not None:
-            self.free.advance(t)           # EOS writes nothing there
+            self.free.advance(t)  # EOS writes nothing there
 
     # -- helpers -------------------------------------------------------------------------------
     def _track(self, t: int, keep: bool) -> None:
@@ -313,17 +334,19 @@ class GrammarConstraint(Constraint):
         self.text += tb
         if self.step_cap is not None:
             # a marker ending in this token's bytes: the window cannot hold one counted before
-            if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1):]:
+            if self.STEP in self.text[-(len(tb) + len(self.STEP) - 1) :]:
                 self.steps += 1
                 if self.steps > self.step_cap or (
-                        self.steps > 1 and self.stop.step_opened(self.text.decode("utf-8", "replace"), keep=keep)):
+                    self.steps > 1
+                    and self.stop.step_opened(self.text.decode("utf-8", "replace"), keep=keep)
+                ):
                     self.cut, self.stop = True, None
-        elif self.STEPS in self.text[-len(self.STEPS) - 16:]:
+        elif self.STEPS in self.text[-len(self.STEPS) - 16 :]:
             text = self.text.decode("utf-8", "replace")
             self.cut = bool(self.stop(text, keep=keep))
             self.step_cap = None if self.cut else self.stop.step_cap_for(text)
             if self.step_cap is None:
-                self.stop = None       # asked once
+                self.stop = None  # asked once
 
     def _walk(self, drafts: list[int], at_row) -> int:
         """Advance over the legal prefix of ``drafts``, calling ``at_row(j)`` at each state j
@@ -338,7 +361,7 @@ class GrammarConstraint(Constraint):
             for j, t in enumerate(drafts):
                 at_row(j)
                 t = int(t)
-                if self.cut:        # ended (before the walk or by a draft): only EOS from here
+                if self.cut:  # ended (before the walk or by a draft): only EOS from here
                     return n + (t in self.eos)
                 if t in self.eos:
                     n += bool(self.m.is_accepting())
@@ -351,10 +374,12 @@ class GrammarConstraint(Constraint):
             at_row(len(drafts))
             return n
         finally:
-            del self.text[saved[0]:]
+            del self.text[saved[0] :]
             self.steps, self.step_cap, self.stop, self.cut = saved[1:]
             if consumed and not self.m.rollback(consumed):
-                raise RuntimeError(f"grammar rollback of {consumed} tokens failed: {self.m.get_error()}")
+                raise RuntimeError(
+                    f"grammar rollback of {consumed} tokens failed: {self.m.get_error()}"
+                )
 
     def _allowed(self, width: int) -> np.ndarray:
         """[width] bool of legal next ids: the matcher's mask, EOS exactly where it accepts."""
@@ -363,7 +388,9 @@ class GrammarConstraint(Constraint):
             out[[i for i in self.gtok.eos_ids if i < width]] = True
             return out
         n = min(width, self.gtok.n_vocab)
-        bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        bits = np.unpackbits(
+            np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )
         out[:n] = bits[:n]
         eos = [i for i in self.gtok.eos_ids if i < width]
         out[eos] = bool(self.m.is_accepting())

@@ -13,25 +13,26 @@ Shape choices that keep decoding fast and finite: one `anyOf` branch per skill, 
 false` and all-required properties in a fixed order (nothing for the model to choose); bounded
 strings, arrays and step counts; numbers with `multipleOf` so their digits are bounded too.
 """
+
 from __future__ import annotations
 
 import copy
 
-import jsonschema
-
+from agent.files.loader import SkillSet, World
+from agent.schema.arg_schemas import _enum, _resolve, _shape, args_schema, step_schema
+from agent.schema.validator import PlanValidator  # noqa: F401  (re-exported)
+from agent.symbolic.executor import states_by_object
+from agent.symbolic.goals import MAX_TIMES
 from thor_runtime.errors import ThorError
 
-from agent.schema.validator import PlanValidator  # noqa: F401  (re-exported)
-from agent.schema.arg_schemas import _enum, _resolve, _shape, args_schema, step_schema
-from agent.files.loader import SkillSet, World
-from agent.symbolic.goals import MAX_TIMES
-from agent.symbolic.executor import states_by_object
 
-def _object_branches(objs: list[str], kinds: set[str], places: list[str], states: dict,
-                     bases=None) -> list[dict]:
+def _object_branches(
+    objs: list[str], kinds: set[str], places: list[str], states: dict, bases=None
+) -> list[dict]:
     """Conditions about these objects: at a place, held, in a state their type can reach, or on
     another object (objects with the same choices share one branch, so the grammar stays small).
     bases: f(object) -> the objects an `on` may take."""
+
     def grouped(key: str, values) -> list[dict]:
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in objs:
@@ -86,9 +87,18 @@ def _do_branches(world: World, skills: SkillSet, objs: list[str] | None = None) 
             if any(not p.get("enum", True) for p in args["properties"].values()):
                 continue
         # "times" is the one optional key: most calls are asked for once
-        out.append({**_shape({"do": {"const": s.name}, "args": args,
-                              "times": {"type": "integer", "minimum": 2, "maximum": MAX_TIMES}}),
-                    "required": ["do", "args"]})
+        out.append(
+            {
+                **_shape(
+                    {
+                        "do": {"const": s.name},
+                        "args": args,
+                        "times": {"type": "integer", "minimum": 2, "maximum": MAX_TIMES},
+                    }
+                ),
+                "required": ["do", "args"],
+            }
+        )
     return out
 
 
@@ -97,10 +107,29 @@ def _every_branches(world: World, kinds: set[str], states: dict, ref) -> list[di
     them, and pairs of those: each member at a place, or in a state."""
     types = sorted({o.type for o in world.objects})
     homes = [p.name for p in world.places if any(o.at == p.name for o in world.objects)]
-    tests = {"type": _enum(types), "at": _enum(homes) if homes else None, "carriable": {"const": True}}
-    shapes = [("type",), ("at",), ("carriable",), ("type", "carriable"), ("at", "carriable"), ("at", "type")]
-    sel = ref("goal_selector", {"anyOf": [_shape({k: tests[k] for k in ks}) for ks in shapes
-                                          if all(tests[k] is not None for k in ks)]})
+    tests = {
+        "type": _enum(types),
+        "at": _enum(homes) if homes else None,
+        "carriable": {"const": True},
+    }
+    shapes = [
+        ("type",),
+        ("at",),
+        ("carriable",),
+        ("type", "carriable"),
+        ("at", "carriable"),
+        ("at", "type"),
+    ]
+    sel = ref(
+        "goal_selector",
+        {
+            "anyOf": [
+                _shape({k: tests[k] for k in ks})
+                for ks in shapes
+                if all(tests[k] is not None for k in ks)
+            ]
+        },
+    )
     out = []
     if "at" in kinds and world.places:
         out.append(_shape({"every": sel, "at": _enum([p.name for p in world.places])}))
@@ -110,20 +139,33 @@ def _every_branches(world: World, kinds: set[str], states: dict, ref) -> list[di
     return out
 
 
-def _process_branches(world: World, skills: SkillSet, kinds: set[str], states: dict, conds: list[dict],
-                      objs: list[str] | None, ref, sets: bool = True) -> list[dict]:
+def _process_branches(
+    world: World,
+    skills: SkillSet,
+    kinds: set[str],
+    states: dict,
+    conds: list[dict],
+    objs: list[str] | None,
+    ref,
+    sets: bool = True,
+) -> list[dict]:
     """What a task asks beyond an end state (goals.py): a call, an order of calls and
     conditions (``conds``: the condition branches), a set of things. ``ref(name, schema)``
     -> a schema standing for it (a ``$ref`` into the plan's ``$defs``, so the branches a goal
     item and an order item share are written once)."""
     acts = _do_branches(world, skills, objs)
     events = [ref("goal_event", {"anyOf": acts + conds})] if acts + conds else []
-    order = [_shape({"before": {"type": "array", "minItems": 2, "maxItems": 3, "items": events[0]}})] if events else []
+    order = (
+        [_shape({"before": {"type": "array", "minItems": 2, "maxItems": 3, "items": events[0]}})]
+        if events
+        else []
+    )
     return acts + order + (_every_branches(world, kinds, states, ref) if sets else [])
 
 
-def goal_schema(world: World, skills: SkillSet, base: dict | None = None,
-                defs: dict | None = None) -> dict:
+def goal_schema(
+    world: World, skills: SkillSet, base: dict | None = None, defs: dict | None = None
+) -> dict:
     """The goal array over this world's names, the same for every task: only the kinds some skill
     can make true (nothing else could be reached), each object only in the states its type can
     reach; the calls, orders and sets the skills allow (goals.py); and `missing`, the plan's way
@@ -161,7 +203,11 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     """-> a new schema; ``base`` is not modified. A base without ``properties.steps`` (a custom
     schema for something else) comes back unchanged."""
     schema = copy.deepcopy(base)
-    steps = schema.get("properties", {}).get("steps") if isinstance(schema.get("properties"), dict) else None
+    steps = (
+        schema.get("properties", {}).get("steps")
+        if isinstance(schema.get("properties"), dict)
+        else None
+    )
     if not isinstance(steps, dict) or "items" not in steps:
         return schema
     step_base = _resolve(schema, steps["items"])
@@ -169,18 +215,20 @@ def specialize(base: dict, world: World, skills: SkillSet, max_steps: int | None
     branches = []
     for skill in skills.skills:
         s = step_schema(step_base, skill, world)
-        if s is not None:   # e.g. `open` in a world with nothing openable
+        if s is not None:  # e.g. `open` in a world with nothing openable
             defs[f"step_{skill.name}"] = s
             branches.append({"$ref": f"#/$defs/step_{skill.name}"})
     if not branches:
-        raise ThorError(f"no skill from {skills.source} can be used in world {world.name!r} "
-                        "(every skill needs an object or place the world lacks)")
+        raise ThorError(
+            f"no skill from {skills.source} can be used in world {world.name!r} "
+            "(every skill needs an object or place the world lacks)"
+        )
     steps["items"] = branches[0] if len(branches) == 1 else {"anyOf": branches}
     goal = schema["properties"].get("goal")
     if isinstance(goal, dict) and "items" in goal:
         schema["properties"]["goal"] = goal_schema(world, skills, goal, defs)
         _drop_unused(schema, ("condition", "action", "selector"))
-    if skills.max_steps is not None:      # a library of finer skills takes more steps per task
+    if skills.max_steps is not None:  # a library of finer skills takes more steps per task
         steps["maxItems"] = skills.max_steps
     if max_steps is not None:
         steps["maxItems"] = min(int(max_steps), int(steps.get("maxItems", max_steps)))

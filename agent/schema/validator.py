@@ -3,6 +3,7 @@
 Apart from the schema's construction (specialize.py), so the gate checks a plan against a
 schema without importing anything that reads the task.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -20,4 +21,6 @@ def _multiple_of(validator, m, instance, schema):
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {m}")
 
 
-PlanValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _multiple_of})
+PlanValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"multipleOf": _multiple_of}
+)

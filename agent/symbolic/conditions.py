@@ -14,6 +14,7 @@ A condition is a small JSON object; its key set says which kind it is:
 In a skills file a name may be ``$arg``, the value of that argument of the step. The kinds are a
 registry (dict) so a new one is one entry here plus its rule in symbolic.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,8 @@ NAME_VALUES = ("place", "object")
 @dataclass(frozen=True)
 class Cond:
     kind: str
-    subject: str | None = None     # object / place name (or "$arg" in a skill)
-    value: str | None = None       # place, state word or hand word
+    subject: str | None = None  # object / place name (or "$arg" in a skill)
+    value: str | None = None  # place, state word or hand word
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -71,18 +72,32 @@ class Cond:
     def text(self) -> str:
         """Short words for prompts, notes and findings: "apple at table", "hand empty"."""
         s, v = self.subject, self.value
-        return {"hand": f"hand {v}", "holding": f"holding {s}", "at": f"{s} at {v}", "is": f"{s} {v}",
-                "place_is": f"{s} {v}", "robot_at": f"robot at {v}", "missing": f"{s} is not in this world",
-                "on": f"{s} on {v}", "clear": f"{s} clear"}[self.kind]
+        return {
+            "hand": f"hand {v}",
+            "holding": f"holding {s}",
+            "at": f"{s} at {v}",
+            "is": f"{s} {v}",
+            "place_is": f"{s} {v}",
+            "robot_at": f"robot at {v}",
+            "missing": f"{s} is not in this world",
+            "on": f"{s} on {v}",
+            "clear": f"{s} clear",
+        }[self.kind]
 
     def ground(self, args: dict) -> "Cond":
         """Replace ``$arg`` names with the step's argument values (non-strings stay unresolved)."""
+
         def sub(x):
             if isinstance(x, str) and x.startswith("$"):
                 v = args.get(x[1:])
                 return v if isinstance(v, str) else None
             return x
-        return Cond(self.kind, sub(self.subject), sub(self.value) if KINDS[self.kind][4] in NAME_VALUES else self.value)
+
+        return Cond(
+            self.kind,
+            sub(self.subject),
+            sub(self.value) if KINDS[self.kind][4] in NAME_VALUES else self.value,
+        )
 
     def refs(self) -> list[tuple[str, str]]:
         """[(name, "object"|"place"|"name")] this condition mentions (skills: "$arg" names)."""

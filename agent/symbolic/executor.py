@@ -16,48 +16,70 @@ does not ask to hold), `goal` (a goal condition not reached, or a goal that is n
 and `payload` / `graspable` / `workspace` / `object` for a goal no safe steps can reach (it
 moves a heavy or fixed object, touches something out of reach, or names a missing thing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from agent.files.loader import Skill, SkillSet, World
+from agent.symbolic.conditions import Cond
+from agent.symbolic.findings import Finding
+from agent.symbolic.goals import (
+    Goal,
+    advance,
+    done,
+    empty_sets,
+    parse_goal_items,
+    progress_findings,
+    start,
+)
+from agent.symbolic.limits import _arg_findings
 from thor_runtime.errors import ThorError
 
-from agent.symbolic.conditions import Cond
-from agent.files.loader import Skill, SkillSet, World
-from agent.symbolic.findings import Finding
-from agent.symbolic.goals import Goal, advance, done, empty_sets, parse_goal_items, progress_findings, start
-from agent.symbolic.limits import _arg_findings
-
-HELD = "(held)"          # an object's location while the robot holds it
+HELD = "(held)"  # an object's location while the robot holds it
 
 
 @dataclass(frozen=True)
 class State:
     held: str | None = None
-    loc: dict = field(default_factory=dict)          # object -> place | object under it | HELD | None
-    status: dict = field(default_factory=dict)       # object -> "open" | "closed"
+    loc: dict = field(default_factory=dict)  # object -> place | object under it | HELD | None
+    status: dict = field(default_factory=dict)  # object -> "open" | "closed"
     inspected: frozenset = frozenset()
     robot_at: str | None = None
-    dropped: frozenset = frozenset()                 # objects this plan let go of at no place
-    why: dict = field(default_factory=dict)          # object -> how it got where it is (for messages)
+    dropped: frozenset = frozenset()  # objects this plan let go of at no place
+    why: dict = field(default_factory=dict)  # object -> how it got where it is (for messages)
 
     def key(self) -> tuple:
         """What identifies a state for search (``why`` is only for messages)."""
-        return (self.held, tuple(sorted(self.loc.items(), key=lambda kv: kv[0])),
-                tuple(sorted(self.status.items())), self.inspected, self.robot_at, self.dropped)
+        return (
+            self.held,
+            tuple(sorted(self.loc.items(), key=lambda kv: kv[0])),
+            tuple(sorted(self.status.items())),
+            self.inspected,
+            self.robot_at,
+            self.dropped,
+        )
 
 
 def initial_state(world: World) -> State:
-    return State(loc={o.name: o.on or o.at for o in world.objects},
-                 status={o.name: o.state for o in world.objects if o.state is not None},
-                 robot_at=world.robot.at)
+    return State(
+        loc={o.name: o.on or o.at for o in world.objects},
+        status={o.name: o.state for o in world.objects if o.state is not None},
+        robot_at=world.robot.at,
+    )
 
 
 def where(st: State, obj: str) -> str:
     """Where an object is, in words, with how it got there when the plan moved it."""
     at = st.loc.get(obj)
     # every object is a key of ``loc``: a location that is one is what the object rests on
-    text = "held" if at == HELD else (f"on {at}" if at in st.loc else f"at {at}") if at else "at no named place"
+    text = (
+        "held"
+        if at == HELD
+        else (f"on {at}" if at in st.loc else f"at {at}")
+        if at
+        else "at no named place"
+    )
     how = st.why.get(obj)
     return f"{obj} is {text}" + (f" ({how})" if how else "")
 
@@ -77,8 +99,11 @@ def holds(c: Cond, st: State) -> tuple[bool | None, str]:
         return st.loc.get(s) == v, where(st, s)
     if k == "clear":
         above = sorted(o for o, at in st.loc.items() if at == s)
-        return (st.held != s and not above), (f"{s} is held" if st.held == s else
-                                              f"{' and '.join(above)} {'is' if len(above) == 1 else 'are'} on {s}")
+        return (st.held != s and not above), (
+            f"{s} is held"
+            if st.held == s
+            else f"{' and '.join(above)} {'is' if len(above) == 1 else 'are'} on {s}"
+        )
     if k in ("is", "place_is"):
         if v == "inspected":
             return s in st.inspected, f"{s} was not inspected"
@@ -88,12 +113,17 @@ def holds(c: Cond, st: State) -> tuple[bool | None, str]:
         if st.robot_at is None:
             return None, "the robot's place is unknown"
         return st.robot_at == v, f"the robot is at {st.robot_at}"
-    return False, c.text()          # "missing" never holds
+    return False, c.text()  # "missing" never holds
 
 
 def apply(effects, st: State, sid: str) -> State:
     held, loc, status = st.held, dict(st.loc), dict(st.status)
-    inspected, robot_at, dropped, why = set(st.inspected), st.robot_at, set(st.dropped), dict(st.why)
+    inspected, robot_at, dropped, why = (
+        set(st.inspected),
+        st.robot_at,
+        set(st.dropped),
+        dict(st.why),
+    )
 
     def drop(obj: str, how: str):
         loc[obj] = None
@@ -114,7 +144,7 @@ def apply(effects, st: State, sid: str) -> State:
             why[s] = f"put {k} {v} in step {sid}"
             if held == s:
                 held = None
-        elif k == "hand":            # only "empty" is an effect: let go of whatever is held
+        elif k == "hand":  # only "empty" is an effect: let go of whatever is held
             if held is not None:
                 drop(held, f"let go of in step {sid}")
             held = None
@@ -127,11 +157,21 @@ def apply(effects, st: State, sid: str) -> State:
             inspected.add(s)
         elif k == "robot_at":
             robot_at = v
-    return replace(st, held=held, loc=loc, status=status, inspected=frozenset(inspected),
-                   robot_at=robot_at, dropped=frozenset(dropped), why=why)
+    return replace(
+        st,
+        held=held,
+        loc=loc,
+        status=status,
+        inspected=frozenset(inspected),
+        robot_at=robot_at,
+        dropped=frozenset(dropped),
+        why=why,
+    )
 
 
-def step_conds(skill: Skill, args: dict, world: World) -> tuple[tuple[Cond, ...], tuple[Cond, ...]] | None:
+def step_conds(
+    skill: Skill, args: dict, world: World
+) -> tuple[tuple[Cond, ...], tuple[Cond, ...]] | None:
     """The step's grounded (preconditions, effects), or None when its object / place args are
     not world names (the safety gate reports those; execution cannot go past such a step)."""
     for a in skill.args:
@@ -140,30 +180,45 @@ def step_conds(skill: Skill, args: dict, world: World) -> tuple[tuple[Cond, ...]
             return None
         if a.type == "place" and not (isinstance(v, str) and world.place(v)):
             return None
-    return (tuple(c.ground(args) for c in skill.preconditions), tuple(c.ground(args) for c in skill.effects))
+    return (
+        tuple(c.ground(args) for c in skill.preconditions),
+        tuple(c.ground(args) for c in skill.effects),
+    )
 
 
 def _unmet(skill: Skill, c: Cond, actual: str, sid: str) -> Finding:
     if c.kind == "hand" and c.value == "empty":
-        return Finding(sid, "hand_full", f"{skill.name} needs an empty hand, but {actual}; place it first")
+        return Finding(
+            sid, "hand_full", f"{skill.name} needs an empty hand, but {actual}; place it first"
+        )
     if c.kind == "holding":
-        return Finding(sid, "not_held", f"{skill.name} needs {c.subject} held, but {actual}; pick it first")
+        return Finding(
+            sid, "not_held", f"{skill.name} needs {c.subject} held, but {actual}; pick it first"
+        )
     return Finding(sid, "precondition", f"{skill.name} needs {c.text()}, but {actual}")
 
 
 def step_call(step, world: World, skills: SkillSet):
     """-> (skill, args, grounded (preconditions, effects)) of one plan step; the conditions are
     None when the step names no known skill, has no args object, or its names are not the world's."""
-    skill = skills.get(step.get("skill")) if isinstance(step, dict) and isinstance(step.get("skill"), str) else None
+    skill = (
+        skills.get(step.get("skill"))
+        if isinstance(step, dict) and isinstance(step.get("skill"), str)
+        else None
+    )
     args = step.get("args") if isinstance(step, dict) else None
-    return skill, args, step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None
+    return (
+        skill,
+        args,
+        step_conds(skill, args, world) if skill is not None and isinstance(args, dict) else None,
+    )
 
 
 @dataclass(frozen=True)
 class Execution:
     findings: tuple[Finding, ...]
-    state: State            # after the last step that could be run
-    complete: bool          # every step could be interpreted
+    state: State  # after the last step that could be run
+    complete: bool  # every step could be interpreted
     # what happened, in order: (step id, skill name, args, state before, state after) per step run
     calls: tuple = ()
 
@@ -173,14 +228,24 @@ def execute(steps, world: World, skills: SkillSet, state: State | None = None) -
     out: list[Finding] = []
     calls: list = []
     for i, step in enumerate(steps if isinstance(steps, list) else []):
-        sid = step.get("id") if isinstance(step, dict) and isinstance(step.get("id"), str) else f"#{i + 1}"
+        sid = (
+            step.get("id")
+            if isinstance(step, dict) and isinstance(step.get("id"), str)
+            else f"#{i + 1}"
+        )
         skill, args, conds = step_call(step, world, skills)
         if conds is None:
             return Execution(tuple(out), st, False, tuple(calls))
         for a in skill.args:
             if a.type == "object" and args[a.name] in st.dropped:
-                out.append(Finding(sid, "dropped", f"{skill.name} uses {args[a.name]}, but "
-                                                   f"{where(st, args[a.name])}: its place is unknown"))
+                out.append(
+                    Finding(
+                        sid,
+                        "dropped",
+                        f"{skill.name} uses {args[a.name]}, but "
+                        f"{where(st, args[a.name])}: its place is unknown",
+                    )
+                )
         for c in conds[0]:
             ok, actual = holds(c, st)
             if ok is False:
@@ -203,7 +268,9 @@ def parse_goal(plan, world: World, skills: SkillSet | None = None) -> ParsedGoal
         return None, []
     raw = plan["goal"]
     if isinstance(raw, list) and not raw:
-        return None, [Finding(None, "goal", "the goal is empty; state what holds when the task is done")]
+        return None, [
+            Finding(None, "goal", "the goal is empty; state what holds when the task is done")
+        ]
     try:
         goal = parse_goal_items(raw, world, skills)
     except ThorError as e:
@@ -212,43 +279,92 @@ def parse_goal(plan, world: World, skills: SkillSet | None = None) -> ParsedGoal
     for c in goal.all_conds():
         if c.kind == "missing":
             if world.object(c.subject) or world.place(c.subject):
-                out.append(Finding(None, "goal", f"{c.subject!r} is in this world; name it in a condition instead"))
-            else:     # the one way a plan says "this task cannot be done here"
-                out.append(Finding(None, "object", f"the task needs {c.subject!r}, which is not in this world"))
+                out.append(
+                    Finding(
+                        None,
+                        "goal",
+                        f"{c.subject!r} is in this world; name it in a condition instead",
+                    )
+                )
+            else:  # the one way a plan says "this task cannot be done here"
+                out.append(
+                    Finding(
+                        None, "object", f"the task needs {c.subject!r}, which is not in this world"
+                    )
+                )
             continue
         for name, kind in c.refs():
             ok = world.object(name) if kind == "object" else world.place(name)
             if not ok:
-                out.append(Finding(None, "goal", f"goal {c.text()}: {name!r} is not a {kind} of this world"))
+                out.append(
+                    Finding(
+                        None, "goal", f"goal {c.text()}: {name!r} is not a {kind} of this world"
+                    )
+                )
     return goal, out
 
 
-def goal_limits(goal: tuple[Cond, ...], world: World, skills: SkillSet | None = None) -> list[Finding]:
+def goal_limits(
+    goal: tuple[Cond, ...], world: World, skills: SkillSet | None = None
+) -> list[Finding]:
     """What the goal itself asks beyond the robot: moving or holding an object that is too heavy,
     fixed or out of reach, or reaching a place outside the workspace. No steps can make such a
     goal safe, so the report names the reason rather than only the steps' symptoms."""
     r, out = world.robot, []
-    for c in (goal.all_conds() if isinstance(goal, Goal) else goal):
-        o = world.object(c.subject) if c.kind in ("at", "holding", "is", "on") and c.subject else None
-        if o is not None and (c.kind == "holding" or (c.kind == "at" and c.value != o.at)
-                              or (c.kind == "on" and c.value != o.on)):
+    for c in goal.all_conds() if isinstance(goal, Goal) else goal:
+        o = (
+            world.object(c.subject)
+            if c.kind in ("at", "holding", "is", "on") and c.subject
+            else None
+        )
+        if o is not None and (
+            c.kind == "holding"
+            or (c.kind == "at" and c.value != o.at)
+            or (c.kind == "on" and c.value != o.on)
+        ):
             if o.mass_kg > r.max_payload_kg:
-                out.append(Finding(None, "payload", f"goal {c.text()}: {o.name} weighs {o.mass_kg:g} kg, above "
-                                                    f"the max payload {r.max_payload_kg:g} kg"))
+                out.append(
+                    Finding(
+                        None,
+                        "payload",
+                        f"goal {c.text()}: {o.name} weighs {o.mass_kg:g} kg, above "
+                        f"the max payload {r.max_payload_kg:g} kg",
+                    )
+                )
             if not o.graspable:
-                out.append(Finding(None, "graspable", f"goal {c.text()}: {o.name} cannot be grasped"))
+                out.append(
+                    Finding(None, "graspable", f"goal {c.text()}: {o.name} cannot be grasped")
+                )
         if o is not None and not r.inside(o.position):
-            out.append(Finding(None, "workspace", f"goal {c.text()}: {o.name} at {list(o.position)} "
-                                                  "is outside the workspace"))
+            out.append(
+                Finding(
+                    None,
+                    "workspace",
+                    f"goal {c.text()}: {o.name} at {list(o.position)} is outside the workspace",
+                )
+            )
         p = world.place(c.value) if c.kind in ("at", "robot_at") and c.value else None
         if p is not None and not r.inside(p.position):
-            out.append(Finding(None, "workspace", f"goal {c.text()}: place {p.name} at {list(p.position)} "
-                                                  "is outside the workspace"))
+            out.append(
+                Finding(
+                    None,
+                    "workspace",
+                    f"goal {c.text()}: place {p.name} at {list(p.position)} "
+                    "is outside the workspace",
+                )
+            )
         u = world.object(c.value) if c.kind == "on" and c.value else None
-        if u is not None and not r.inside(u.position):      # what it goes on must be in reach too
-            out.append(Finding(None, "workspace", f"goal {c.text()}: {u.name} at {list(u.position)} "
-                                                  "is outside the workspace"))
-    return out + (act_limits(goal, world, skills) if isinstance(goal, Goal) and skills is not None else [])
+        if u is not None and not r.inside(u.position):  # what it goes on must be in reach too
+            out.append(
+                Finding(
+                    None,
+                    "workspace",
+                    f"goal {c.text()}: {u.name} at {list(u.position)} is outside the workspace",
+                )
+            )
+    return out + (
+        act_limits(goal, world, skills) if isinstance(goal, Goal) and skills is not None else []
+    )
 
 
 def act_limits(goal: Goal, world: World, skills: SkillSet) -> list[Finding]:
@@ -293,7 +409,9 @@ def run_progress(goal: Goal, calls, start_state: State):
 
 def achieves(goal: Goal, ex: "Execution", world: World) -> bool:
     """The run reached every end condition and did every required call in every order."""
-    return reaches(goal, ex.state) and done(goal, run_progress(goal, ex.calls, initial_state(world)))
+    return reaches(goal, ex.state) and done(
+        goal, run_progress(goal, ex.calls, initial_state(world))
+    )
 
 
 def process_done(goal: Goal, plan, world: World, skills: SkillSet) -> bool:
@@ -302,12 +420,14 @@ def process_done(goal: Goal, plan, world: World, skills: SkillSet) -> bool:
     return done(goal, run_progress(goal, ex.calls, initial_state(world)))
 
 
-def symbolic_findings(plan: dict, world: World, skills: SkillSet, parsed: ParsedGoal | None = None) -> list[Finding]:
+def symbolic_findings(
+    plan: dict, world: World, skills: SkillSet, parsed: ParsedGoal | None = None
+) -> list[Finding]:
     """Executability by step, then the goal. Nothing is said past a step the gate already
     refused by name (unknown skill / object / place): the state after it would be a guess.
     ``parsed``: ``parse_goal(plan, world, skills)`` when the caller already has it."""
     goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
-    out = list(problems)        # the caller's parse is shared by its other checks: not extended in place
+    out = list(problems)  # the caller's parse is shared by its other checks: not extended in place
     if goal is not None and not out:
         out += goal_limits(goal, world, skills)
     steps = plan.get("steps") if isinstance(plan, dict) else None
@@ -318,8 +438,13 @@ def symbolic_findings(plan: dict, world: World, skills: SkillSet, parsed: Parsed
     last = steps[-1].get("id") if steps and isinstance(steps[-1], dict) else None
     asked = {c.subject for c in goal or () if c.kind == "holding"}
     if ex.state.held is not None and ex.state.held not in asked:
-        out.append(Finding(last, "left_held", f"{ex.state.held} is still held at the end of the plan; "
-                                              "put it down at a place"))
+        out.append(
+            Finding(
+                last,
+                "left_held",
+                f"{ex.state.held} is still held at the end of the plan; put it down at a place",
+            )
+        )
     if goal is not None and not any(f.check == "goal" for f in out):
         out += goal_findings(goal, ex.state, last)
         out += progress_findings(goal, run_progress(goal, ex.calls, initial_state(world)))
@@ -337,7 +462,10 @@ def states_by_object(world: World, skills: SkillSet) -> dict[str, tuple[str, ...
                 continue
             a = specs.get(c.subject[1:]) if c.subject.startswith("$") else None
             for o in world.objects:
-                if (a is not None and a.type == "object" and (not a.object_types or o.type in a.object_types)) \
-                        or c.subject == o.name:
+                if (
+                    a is not None
+                    and a.type == "object"
+                    and (not a.object_types or o.type in a.object_types)
+                ) or c.subject == o.name:
                     out[o.name].add(c.value)
     return {k: tuple(sorted(v)) for k, v in out.items()}

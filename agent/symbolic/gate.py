@@ -11,16 +11,17 @@ they reach the plan's own stated goal: a safe plan that does not do its task is 
 
 Every problem is a ``Finding(step, check, message)``; an empty list means the plan may run.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
 from agent.files.loader import SkillSet, World
-from agent.symbolic.findings import CHECKS, Finding  # noqa: F401  (CHECKS re-exported)
-from agent.symbolic.limits import _arg_findings, _is_num  # noqa: F401  (re-exported: the solver's safe values)
 from agent.schema.validator import PlanValidator
 from agent.symbolic.executor import ParsedGoal, symbolic_findings
+from agent.symbolic.findings import CHECKS, Finding  # noqa: F401  (CHECKS re-exported)
+from agent.symbolic.limits import _arg_findings, _is_num  # noqa: F401  (re-exported: the solver's safe values)
 
 ON_FAILURE_WORDS = ("abort", "retry")
 
@@ -42,10 +43,18 @@ def parse_plan(text: str) -> tuple[dict | None, list[Finding]]:
     try:
         plan = json.loads(text)
     except json.JSONDecodeError as e:
-        return None, [Finding(None, "json", f"not valid JSON ({e.msg} at char {e.pos}); "
-                                            "the output may have been cut off by the token budget")]
+        return None, [
+            Finding(
+                None,
+                "json",
+                f"not valid JSON ({e.msg} at char {e.pos}); "
+                "the output may have been cut off by the token budget",
+            )
+        ]
     if not isinstance(plan, dict):
-        return None, [Finding(None, "json", f"the plan must be a JSON object, got {type(plan).__name__}")]
+        return None, [
+            Finding(None, "json", f"the plan must be a JSON object, got {type(plan).__name__}")
+        ]
     return plan, []
 
 
@@ -55,7 +64,12 @@ def schema_findings(plan, schema: dict) -> list[Finding]:
     for err in sorted(PlanValidator(schema).iter_errors(plan), key=lambda e: list(e.absolute_path)):
         path = list(err.absolute_path)
         step = None
-        if len(path) >= 2 and path[0] == "steps" and isinstance(path[1], int) and isinstance(steps, list):
+        if (
+            len(path) >= 2
+            and path[0] == "steps"
+            and isinstance(path[1], int)
+            and isinstance(steps, list)
+        ):
             step = _step_name(steps[path[1]], path[1])
         where = "/".join(str(p) for p in path) or "plan"
         out.append(Finding(step, "schema", f"{where}: {_short(err)}"))
@@ -94,8 +108,14 @@ def gate_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
             continue
         skill = skills.get(step.get("skill")) if isinstance(step.get("skill"), str) else None
         if skill is None:
-            out.append(Finding(sid, "skill", f"unknown skill {step.get('skill')!r}; known: "
-                                             f"{', '.join(s.name for s in skills.skills)}"))
+            out.append(
+                Finding(
+                    sid,
+                    "skill",
+                    f"unknown skill {step.get('skill')!r}; known: "
+                    f"{', '.join(s.name for s in skills.skills)}",
+                )
+            )
         else:
             args = step.get("args")
             if not isinstance(args, dict):
@@ -107,24 +127,43 @@ def gate_findings(plan: dict, world: World, skills: SkillSet) -> list[Finding]:
                 for name in args.keys() - specs.keys():
                     out.append(Finding(sid, "args", f"{skill.name} has no argument {name!r}"))
                 for name in [n for n in specs if n in args]:
-                    out += _arg_findings(sid, name, specs[name], args[name], world, name in skill.carries)
+                    out += _arg_findings(
+                        sid, name, specs[name], args[name], world, name in skill.carries
+                    )
         t = step.get("timeout_s")
         limit = skill.timeout_s if skill is not None and skill.timeout_s else None
         if not _is_num(t) or t <= 0:
-            out.append(Finding(sid, "timeout", f"timeout_s must be a positive number of seconds, got {t!r}"))
+            out.append(
+                Finding(
+                    sid, "timeout", f"timeout_s must be a positive number of seconds, got {t!r}"
+                )
+            )
         elif limit is not None and t > limit:
-            out.append(Finding(sid, "timeout", f"timeout_s {t:g} s exceeds {skill.name}'s limit of {limit:g} s"))
+            out.append(
+                Finding(
+                    sid, "timeout", f"timeout_s {t:g} s exceeds {skill.name}'s limit of {limit:g} s"
+                )
+            )
         of = step.get("on_failure")
         if of not in ON_FAILURE_WORDS:
             if not isinstance(of, str) or of not in seen:
-                out.append(Finding(sid, "on_failure", f"on_failure {of!r} is neither abort, retry nor a step id"))
+                out.append(
+                    Finding(
+                        sid,
+                        "on_failure",
+                        f"on_failure {of!r} is neither abort, retry nor a step id",
+                    )
+                )
             elif of == step.get("id"):
-                out.append(Finding(sid, "on_failure", "on_failure jumps to its own step; use \"retry\""))
+                out.append(
+                    Finding(sid, "on_failure", 'on_failure jumps to its own step; use "retry"')
+                )
     return out
 
 
-def check_plan(text_or_plan, schema: dict, world: World, skills: SkillSet,
-               parsed: ParsedGoal | None = None) -> GateResult:
+def check_plan(
+    text_or_plan, schema: dict, world: World, skills: SkillSet, parsed: ParsedGoal | None = None
+) -> GateResult:
     """Parse (when given text), validate against ``schema``, then run the safety gate.
     ``parsed``: the plan's goal as ``parse_goal`` gives it, when the caller already has it."""
     if isinstance(text_or_plan, str):

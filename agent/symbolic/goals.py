@@ -23,28 +23,29 @@ Why events and not a temporal logic: a task says "first", "then", "again", and a
 calls and state changes says exactly that, can be checked by one pass over the steps, and keeps
 the solver's search state small (one counter per `do`, one position per `before`).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from agent.files.loader import SkillSet, World
+from agent.symbolic.conditions import GOAL_KINDS, IS_STATES, Cond, parse_cond
+from agent.symbolic.findings import Finding
 from thor_runtime.errors import ThorError
 
-from agent.symbolic.conditions import GOAL_KINDS, IS_STATES, Cond, parse_cond
-from agent.files.loader import SkillSet, World
-from agent.symbolic.findings import Finding
-
-MAX_TIMES = 5              # "three times" is a task; "forty times" is a loop for the executive
+MAX_TIMES = 5  # "three times" is a task; "forty times" is a loop for the executive
 MAX_ORDER = 4
 
 
 @dataclass(frozen=True)
 class Act:
     """A required call: ``skill`` with at least these ``args`` (name -> JSON value)."""
+
     skill: str
-    args: tuple = ()                 # ((name, value), ...) as written (the task's words' order)
+    args: tuple = ()  # ((name, value), ...) as written (the task's words' order)
     times: int = 1
-    kind: str = "do"                 # so code that looks at ``.kind`` of goal items can tell
+    kind: str = "do"  # so code that looks at ``.kind`` of goal items can tell
 
     @property
     def arg_dict(self) -> dict:
@@ -59,8 +60,10 @@ class Act:
         return [v for _, v in self.args if isinstance(v, str) and world.object(v)]
 
     def text(self) -> str:
-        vals = " ".join(f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-                        for _, v in self.args)
+        vals = " ".join(
+            f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+            for _, v in self.args
+        )
         return f"{self.skill} {vals}".strip() + (f" x{self.times}" if self.times > 1 else "")
 
     def to_dict(self) -> dict:
@@ -82,10 +85,21 @@ def _carriable(world: World, o) -> bool:
 
 
 SELECTORS = {
-    "type": (lambda w, v: isinstance(v, str) and bool(v), lambda w, o, v: o.type == v, lambda v: f"is a {v}"),
-    "at": (lambda w, v: isinstance(v, str) and w.place(v) is not None, lambda w, o, v: o.at == v,
-           lambda v: f"is at {v}"),
-    "carriable": (lambda w, v: v is True, lambda w, o, v: _carriable(w, o), lambda v: "can be carried"),
+    "type": (
+        lambda w, v: isinstance(v, str) and bool(v),
+        lambda w, o, v: o.type == v,
+        lambda v: f"is a {v}",
+    ),
+    "at": (
+        lambda w, v: isinstance(v, str) and w.place(v) is not None,
+        lambda w, o, v: o.at == v,
+        lambda v: f"is at {v}",
+    ),
+    "carriable": (
+        lambda w, v: v is True,
+        lambda w, o, v: _carriable(w, o),
+        lambda v: "can be carried",
+    ),
 }
 # template key -> the condition kind each member gets
 TEMPLATES = {"at": "at", "is": "is"}
@@ -94,13 +108,25 @@ TEMPLATES = {"at": "at", "is": "is"}
 def select(sel, world: World, where: str = "every") -> tuple[list[str], str]:
     """-> (names of the objects the selector picks, in world order; its words)."""
     if not isinstance(sel, dict) or not sel or not set(sel) <= set(SELECTORS):
-        raise ThorError(f"{where}: a selector is an object with some of {', '.join(SELECTORS)}, got {sel!r}")
+        raise ThorError(
+            f"{where}: a selector is an object with some of {', '.join(SELECTORS)}, got {sel!r}"
+        )
     for k, v in sel.items():
         if not SELECTORS[k][0](world, v):
-            raise ThorError(f"{where}: {k} {v!r} is not a selector value here"
-                            + (" (a place of this world)" if k == "at" else " (true)" if k == "carriable" else ""))
+            raise ThorError(
+                f"{where}: {k} {v!r} is not a selector value here"
+                + (
+                    " (a place of this world)"
+                    if k == "at"
+                    else " (true)"
+                    if k == "carriable"
+                    else ""
+                )
+            )
     words = " and ".join(SELECTORS[k][2](v) for k, v in sel.items())
-    return [o.name for o in world.objects if all(SELECTORS[k][1](world, o, v) for k, v in sel.items())], words
+    return [
+        o.name for o in world.objects if all(SELECTORS[k][1](world, o, v) for k, v in sel.items())
+    ], words
 
 
 class Goal(tuple):
@@ -111,10 +137,10 @@ class Goal(tuple):
     def __new__(cls, conds=(), acts=(), orders=(), sets=(), raw=None):
         self = super().__new__(cls, conds)
         self.acts, self.orders, self.sets = tuple(acts), tuple(orders), tuple(sets)
-        self.raw = list(raw) if raw is not None else [c.to_dict() for c in conds]   # as written
+        self.raw = list(raw) if raw is not None else [c.to_dict() for c in conds]  # as written
         return self
 
-    def __bool__(self) -> bool:          # a goal of calls alone still asks for something
+    def __bool__(self) -> bool:  # a goal of calls alone still asks for something
         return bool(len(self) or self.acts or self.orders or self.sets)
 
     @property
@@ -136,8 +162,12 @@ class Goal(tuple):
 
 
 def parse_act(d, skills: SkillSet | None, where: str) -> Act:
-    if not isinstance(d, dict) or not isinstance(d.get("do"), str) or not set(d) <= {"do", "args", "times"}:
-        raise ThorError(f"{where}: an action is {{\"do\": SKILL, \"args\": {{...}}}}, got {d!r}")
+    if (
+        not isinstance(d, dict)
+        or not isinstance(d.get("do"), str)
+        or not set(d) <= {"do", "args", "times"}
+    ):
+        raise ThorError(f'{where}: an action is {{"do": SKILL, "args": {{...}}}}, got {d!r}')
     args = d.get("args", {})
     if not isinstance(args, dict):
         raise ThorError(f"{where}: args must be an object")
@@ -146,7 +176,9 @@ def parse_act(d, skills: SkillSet | None, where: str) -> Act:
         raise ThorError(f"{where}: times must be a whole number 1..{MAX_TIMES}, got {times!r}")
     skill = skills.get(d["do"]) if skills is not None else None
     if skills is not None and skill is None:
-        raise ThorError(f"{where}: no skill {d['do']!r} here (known: {', '.join(s.name for s in skills.skills)})")
+        raise ThorError(
+            f"{where}: no skill {d['do']!r} here (known: {', '.join(s.name for s in skills.skills)})"
+        )
     if skill is not None:
         extra = set(args) - {a.name for a in skill.args}
         if extra:
@@ -164,7 +196,9 @@ def _item(d, skills, where):
 def _every(d: dict, world: World, where: str) -> tuple[list[Cond], tuple[str, tuple]]:
     keys = set(d) - {"every"}
     if len(keys) != 1 or next(iter(keys)) not in TEMPLATES:
-        raise ThorError(f"{where}: `every` takes one of {', '.join(TEMPLATES)} beside it, got {sorted(keys)}")
+        raise ThorError(
+            f"{where}: `every` takes one of {', '.join(TEMPLATES)} beside it, got {sorted(keys)}"
+        )
     key = keys.pop()
     names, words = select(d["every"], world, where)
     val = d[key]
@@ -173,7 +207,9 @@ def _every(d: dict, world: World, where: str) -> tuple[list[Cond], tuple[str, tu
     return [Cond(TEMPLATES[key], n, val) for n in names], (words, tuple(names))
 
 
-def parse_goal_items(raw, world: World, skills: SkillSet | None = None, where: str = "goal") -> Goal:
+def parse_goal_items(
+    raw, world: World, skills: SkillSet | None = None, where: str = "goal"
+) -> Goal:
     """-> Goal; raises ThorError on a malformed entry. Plain conditions keep their order; an
     `every` adds its members' conditions where it stands (an empty set adds none: see
     ``empty_sets``)."""
@@ -186,8 +222,14 @@ def parse_goal_items(raw, world: World, skills: SkillSet | None = None, where: s
             acts.append(parse_act(d, skills, at))
         elif isinstance(d, dict) and "before" in d:
             items = d["before"]
-            if set(d) != {"before"} or not isinstance(items, list) or not 2 <= len(items) <= MAX_ORDER:
-                raise ThorError(f"{at}: `before` is a list of 2..{MAX_ORDER} actions or conditions, in order")
+            if (
+                set(d) != {"before"}
+                or not isinstance(items, list)
+                or not 2 <= len(items) <= MAX_ORDER
+            ):
+                raise ThorError(
+                    f"{at}: `before` is a list of 2..{MAX_ORDER} actions or conditions, in order"
+                )
             orders.append(tuple(_item(x, skills, f"{at}.before[{j}]") for j, x in enumerate(items)))
         elif isinstance(d, dict) and "every" in d:
             more, s = _every(d, world, at)
@@ -202,16 +244,27 @@ def parse_goal_items(raw, world: World, skills: SkillSet | None = None, where: s
 
 def empty_sets(goal: Goal) -> list[Finding]:
     """A quantifier that picks nothing: the task is about things this world does not have."""
-    return [Finding(None, "object", f"nothing in this world {words}" + (
-        "" if "is at" not in words else " (the world file says where each object rests with `at`)"))
-        for words, names in goal.sets if not names]
+    return [
+        Finding(
+            None,
+            "object",
+            f"nothing in this world {words}"
+            + (
+                ""
+                if "is at" not in words
+                else " (the world file says where each object rests with `at`)"
+            ),
+        )
+        for words, names in goal.sets
+        if not names
+    ]
 
 
 # ---- progress over a run: what the process parts of a goal have seen so far ------------------
 @dataclass(frozen=True)
 class Progress:
-    counts: tuple = ()        # per goal.acts: calls seen, capped at its times
-    pos: tuple = ()           # per goal.orders: items matched so far (earliest matching)
+    counts: tuple = ()  # per goal.acts: calls seen, capped at its times
+    pos: tuple = ()  # per goal.orders: items matched so far (earliest matching)
 
 
 def _cond_event(c: Cond, before, after, holds) -> bool:
@@ -238,7 +291,8 @@ def advance(goal: Goal, p: Progress, skill: str, args, before, after, holds) -> 
 
 def done(goal: Goal, p: Progress) -> bool:
     return all(n >= a.times for n, a in zip(p.counts, goal.acts)) and all(
-        k >= len(o) for k, o in zip(p.pos, goal.orders))
+        k >= len(o) for k, o in zip(p.pos, goal.orders)
+    )
 
 
 def progress_findings(goal: Goal, p: Progress) -> list[Finding]:
@@ -251,7 +305,13 @@ def progress_findings(goal: Goal, p: Progress) -> list[Finding]:
     for k, o in zip(p.pos, goal.orders):
         if k < len(o):
             seq = ", then ".join(i.text() for i in o)
-            got = (f"the steps reach {', then '.join(i.text() for i in o[:k])} but not "
-                   f"{o[k].text()} after it") if k else f"the steps never reach {o[0].text()}"
+            got = (
+                (
+                    f"the steps reach {', then '.join(i.text() for i in o[:k])} but not "
+                    f"{o[k].text()} after it"
+                )
+                if k
+                else f"the steps never reach {o[0].text()}"
+            )
             out.append(Finding(None, "order", f"the goal asks for {seq} in that order; {got}"))
     return out

@@ -20,6 +20,7 @@ breadth-first search over every block of a tower grows too fast, and the classic
 is complete for it. Each move is still found by this search, so the skills' own preconditions
 and effects decide which calls make it.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,25 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import product
 
-from agent.symbolic.conditions import Cond
 from agent.files.loader import ArgSpec, Skill, SkillSet, World
+from agent.schema.arg_schemas import MAX_TIMEOUT_S
 from agent.symbolic import stacking
+from agent.symbolic.conditions import Cond
+from agent.symbolic.executor import (
+    ParsedGoal,
+    State,
+    achieves,
+    apply,
+    execute,
+    goal_limits,
+    holds,
+    initial_state,
+    parse_goal,
+    reaches,
+    step_conds,
+)
 from agent.symbolic.goals import Act, Goal, advance, done, start
 from agent.symbolic.limits import _arg_findings
-from agent.schema.arg_schemas import MAX_TIMEOUT_S
-from agent.symbolic.executor import (ParsedGoal, State, achieves, apply, execute, goal_limits, holds, initial_state, parse_goal,
-                       reaches, step_conds)
 
 MAX_STATES = 20_000
 NOTE_CHARS = 60
@@ -51,7 +63,11 @@ class Action:
 def _default(a: ArgSpec, world: World, template: dict | None, name: str):
     """A value for a non-symbolic argument: the model's own, when the gate accepts it; else the
     middle of the allowed range (first enum value). None when nothing safe can be chosen."""
-    if template is not None and name in template and not _arg_findings("x", name, a, template[name], world):
+    if (
+        template is not None
+        and name in template
+        and not _arg_findings("x", name, a, template[name], world)
+    ):
         return template[name]
     if a.type == "enum":
         v = a.values[0]
@@ -59,21 +75,34 @@ def _default(a: ArgSpec, world: World, template: dict | None, name: str):
         lo, hi = a.min, a.max
         if a.unit == "kg":
             hi = world.robot.max_payload_kg if hi is None else min(hi, world.robot.max_payload_kg)
-        v = (lo + hi) / 2 if lo is not None and hi is not None else lo if lo is not None else hi if hi is not None else 0
+        v = (
+            (lo + hi) / 2
+            if lo is not None and hi is not None
+            else lo
+            if lo is not None
+            else hi
+            if hi is not None
+            else 0
+        )
         v = int(round(v)) if a.type == "integer" else round(v, 3)
     elif a.type == "string":
         v = "done"[: a.max_length]
     else:
-        return None          # a position is the model's to choose
+        return None  # a position is the model's to choose
     return None if _arg_findings("x", name, a, v, world) else v
 
 
-def ground_actions(world: World, skills: SkillSet, objects: set[str], templates: dict,
-                   required: tuple[Act, ...] = ()) -> list[Action]:
+def ground_actions(
+    world: World,
+    skills: SkillSet,
+    objects: set[str],
+    templates: dict,
+    required: tuple[Act, ...] = (),
+) -> list[Action]:
     """Calls of skills with effects over ``objects``, and the ``required`` calls of the goal
     (their fixed arguments as given, when safe; a fixed argument that is not gives no call)."""
     out, seen = [], set()
-    todo = [(s, {}) for s in skills.skills if s.effects]       # no effect: nothing a condition asks
+    todo = [(s, {}) for s in skills.skills if s.effects]  # no effect: nothing a condition asks
     todo += [(skills.get(a.skill), a.arg_dict) for a in required if skills.get(a.skill) is not None]
     for skill, given in todo:
         tmpl = templates.get(skill.name)
@@ -84,17 +113,26 @@ def ground_actions(world: World, skills: SkillSet, objects: set[str], templates:
                 ok = not _arg_findings("x", a.name, a, v, world, a.name in skill.carries)
                 fixed[a.name] = v if ok else None
             elif a.type == "object":
-                domains[a.name] = [o for o in sorted(objects) if world.object(o) and not _arg_findings(
-                    "x", a.name, a, o, world, a.name in skill.carries)]
+                domains[a.name] = [
+                    o
+                    for o in sorted(objects)
+                    if world.object(o)
+                    and not _arg_findings("x", a.name, a, o, world, a.name in skill.carries)
+                ]
             elif a.type == "place":
-                domains[a.name] = [p.name for p in world.places if not _arg_findings("x", a.name, a, p.name, world)]
+                domains[a.name] = [
+                    p.name for p in world.places if not _arg_findings("x", a.name, a, p.name, world)
+                ]
             else:
                 fixed[a.name] = _default(a, world, tmpl.get("args") if tmpl else None, a.name)
         if any(v is None for v in fixed.values()):
             continue
         names = list(domains)
         for combo in product(*(domains[n] for n in names)):
-            args = {a.name: fixed[a.name] if a.name in fixed else combo[names.index(a.name)] for a in skill.args}
+            args = {
+                a.name: fixed[a.name] if a.name in fixed else combo[names.index(a.name)]
+                for a in skill.args
+            }
             conds = step_conds(skill, args, world)
             key = (skill.name, repr(sorted(args.items())))
             if conds is not None and key not in seen:
@@ -111,12 +149,20 @@ def relevant(goal: tuple[Cond, ...], actions: list[Action]) -> list[Action]:
     conds = goal.all_conds() if isinstance(goal, Goal) else goal
     need = {c.kind for c in conds} | {c.kind for a in actions for c in a.pre}
     acts = goal.all_acts() if isinstance(goal, Goal) else []
-    return [a for a in actions if any(c.kind in need for c in a.eff)
-            or any(r.matches(a.skill.name, a.args) for r in acts)]
+    return [
+        a
+        for a in actions
+        if any(c.kind in need for c in a.eff) or any(r.matches(a.skill.name, a.args) for r in acts)
+    ]
 
 
-def search(goal: tuple[Cond, ...], world: World, actions: list[Action], max_depth: int,
-           state: State | None = None) -> list[Action] | None:
+def search(
+    goal: tuple[Cond, ...],
+    world: World,
+    actions: list[Action],
+    max_depth: int,
+    state: State | None = None,
+) -> list[Action] | None:
     """Shortest action sequence from ``state`` (the world's initial state) that reaches the goal."""
     actions = relevant(goal, actions)
     first = initial_state(world) if state is None else state
@@ -153,8 +199,13 @@ def _timeout(skill: Skill, tmpl: dict | None) -> float:
     return limit
 
 
-def complete(plan, world: World, skills: SkillSet, max_steps: int | None = None,
-             parsed: ParsedGoal | None = None) -> dict | None:
+def complete(
+    plan,
+    world: World,
+    skills: SkillSet,
+    max_steps: int | None = None,
+    parsed: ParsedGoal | None = None,
+) -> dict | None:
     """-> a plan with the model's goal and solver-made steps, or None (no goal, a goal naming
     something missing, already reached, or unreachable with safe calls within ``max_steps``:
     the library's own cap, else 10). ``parsed``: ``parse_goal(plan, world, skills)`` when the
@@ -165,26 +216,45 @@ def complete(plan, world: World, skills: SkillSet, max_steps: int | None = None,
         return None
     steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
     templates = {}
-    for s in steps:          # the model's own values (grasp, force, speed, timeout) win where safe
-        if isinstance(s, dict) and isinstance(s.get("skill"), str) and isinstance(s.get("args"), dict):
+    for s in steps:  # the model's own values (grasp, force, speed, timeout) win where safe
+        if (
+            isinstance(s, dict)
+            and isinstance(s.get("skill"), str)
+            and isinstance(s.get("args"), dict)
+        ):
             templates.setdefault(s["skill"], s)
     objects = goal.objects(world)
-    objects |= {n for sk in skills.skills for c in sk.preconditions + sk.effects
-                for n, kind in c.refs() if kind == "object" and not n.startswith("$")}
+    objects |= {
+        n
+        for sk in skills.skills
+        for c in sk.preconditions + sk.effects
+        for n, kind in c.refs()
+        if kind == "object" and not n.startswith("$")
+    }
     if stacking.applies(goal):
         objects |= stacking.towers_of(objects, world)
     actions = ground_actions(world, skills, objects, templates, tuple(goal.all_acts()))
-    path = stacking.plan(goal, world, actions, max_steps, search) if stacking.applies(goal) else \
-        search(goal, world, actions, max_steps)
+    path = (
+        stacking.plan(goal, world, actions, max_steps, search)
+        if stacking.applies(goal)
+        else search(goal, world, actions, max_steps)
+    )
     if not path:
         return None
     out_steps = []
     for i, act in enumerate(path):
         tmpl = templates.get(act.skill.name)
-        out_steps.append({"id": f"s{i + 1}", "skill": act.skill.name, "args": act.args,
-                          "preconditions": [c.text()[:NOTE_CHARS] for c in act.pre][:3],
-                          "expected_effects": [c.text()[:NOTE_CHARS] for c in act.eff][:3],
-                          "timeout_s": _timeout(act.skill, tmpl), "on_failure": "abort"})
+        out_steps.append(
+            {
+                "id": f"s{i + 1}",
+                "skill": act.skill.name,
+                "args": act.args,
+                "preconditions": [c.text()[:NOTE_CHARS] for c in act.pre][:3],
+                "expected_effects": [c.text()[:NOTE_CHARS] for c in act.eff][:3],
+                "timeout_s": _timeout(act.skill, tmpl),
+                "on_failure": "abort",
+            }
+        )
     head = {k: plan[k] for k in ("plan_id", "task") if k in plan}
     return {**head, "goal": plan["goal"], "steps": out_steps}
 
@@ -215,7 +285,7 @@ def written_steps(text: str) -> list | None:
     if open_list < 0 or opened < open_list:
         return None
     try:
-        steps = json.loads("[" + text[open_list + 1:opened].rstrip().rstrip(",") + "]")
+        steps = json.loads("[" + text[open_list + 1 : opened].rstrip().rstrip(",") + "]")
     except json.JSONDecodeError:
         return None
     return steps if steps and all(isinstance(st, dict) for st in steps) else None
@@ -226,8 +296,9 @@ def _call(step: dict) -> tuple[str, str]:
     return repr(step.get("skill")), json.dumps(step.get("args"), sort_keys=True)
 
 
-def goal_reasons(plan: dict, world: World, skills: SkillSet | None = None,
-                 parsed: ParsedGoal | None = None) -> list:
+def goal_reasons(
+    plan: dict, world: World, skills: SkillSet | None = None, parsed: ParsedGoal | None = None
+) -> list:
     """Why a stated goal cannot be done here (a name this world lacks, a heavy, fixed or
     out-of-reach object, `missing`, a set that picks nothing, a required call out of bounds):
     the findings a refusal should name. ``parsed``: the plan's parse_goal, when the caller has it."""
@@ -263,10 +334,10 @@ class GoalStop:
 
     def __init__(self, world: World, skills: SkillSet | None = None, max_steps: int | None = None):
         self.world, self.skills, self.max_steps = world, skills, max_steps
-        self.goal, self.parsed = None, None     # the last goal read, as written and as parsed
+        self.goal, self.parsed = None, None  # the last goal read, as written and as parsed
         self.step_cap: int | None = None
-        self.ended = False                      # True: this check ended the plan at its goal
-        self.done_steps: list | None = None     # the written steps that did the goal (step_opened)
+        self.ended = False  # True: this check ended the plan at its goal
+        self.done_steps: list | None = None  # the written steps that did the goal (step_opened)
         # Each check is a pure function of the text, asked with keep=False for drafts (the
         # grammar's masks must foresee an end exactly where committing the same tokens would
         # make it) and again with keep=True as they commit: the answers are kept per text.
@@ -277,7 +348,13 @@ class GoalStop:
         (``goal``, ``parsed``, ``step_cap``, ``ended``) becomes this goal's."""
         goal, parsed, cap, refused = self._goal_in(text)
         if keep:
-            self.goal, self.parsed, self.step_cap, self.ended, self.done_steps = goal, parsed, cap, refused, None
+            self.goal, self.parsed, self.step_cap, self.ended, self.done_steps = (
+                goal,
+                parsed,
+                cap,
+                refused,
+                None,
+            )
         return refused
 
     def step_cap_for(self, text: str) -> int | None:
@@ -330,7 +407,7 @@ class GoalStop:
 
     def _read(self, key: tuple, compute):
         if key not in self._reads:
-            if len(self._reads) >= 256:         # drafts that never commit: keep it bounded
+            if len(self._reads) >= 256:  # drafts that never commit: keep it bounded
                 self._reads.clear()
             self._reads[key] = compute()
         return self._reads[key]
@@ -350,5 +427,7 @@ class GoalStop:
         return self.parsed
 
 
-def goal_stop(world: World, skills: SkillSet | None = None, max_steps: int | None = None) -> GoalStop:
+def goal_stop(
+    world: World, skills: SkillSet | None = None, max_steps: int | None = None
+) -> GoalStop:
     return GoalStop(world, skills, max_steps)

@@ -17,14 +17,15 @@ Every move ("red_block on blue_block", "red_block at table") is itself found by 
 breadth-first search from the current state, a few calls deep, so the skills' preconditions and
 effects decide which calls make it (unstack and put down; pick up and stack) and which are safe.
 """
+
 from __future__ import annotations
 
-from agent.symbolic.conditions import Cond
 from agent.files.loader import World
-from agent.symbolic.goals import Goal
+from agent.symbolic.conditions import Cond
 from agent.symbolic.executor import HELD, State, apply, holds, initial_state, reaches
+from agent.symbolic.goals import Goal
 
-MOVE_DEPTH = 4          # calls one move may take: take it (unstack / pick up), put it (stack / put down)
+MOVE_DEPTH = 4  # calls one move may take: take it (unstack / pick up), put it (stack / put down)
 
 
 def applies(goal) -> bool:
@@ -76,7 +77,7 @@ def plan(goal: Goal, world: World, actions: list, max_steps: int, search) -> lis
         at = st.loc.get(x)
         if at in (HELD, None) or (x in want and want[x] != at):
             return False
-        if at in st.loc:                          # on an object: its spot, and what holds it up
+        if at in st.loc:  # on an object: its spot, and what holds it up
             return wanted_on.get(at, x) == x and in_place(at)
         return True
 
@@ -85,18 +86,31 @@ def plan(goal: Goal, world: World, actions: list, max_steps: int, search) -> lis
 
     while not all(in_place(x) for x in members):
         loose = [x for x in members if not in_place(x) and clear(x)]
-        builds = [Cond("on" if world.object(want[x]) else "at", x, want[x]) for x in loose if x in want
-                  and (not world.object(want[x]) or (in_place(want[x]) and clear(want[x])))]
-        steps = next((s for c in builds for s in [search((c,), world, actions, MOVE_DEPTH, st)] if s), None)
-        if steps is None:                          # nothing builds: clear a misplaced one off its tower
-            steps = next((s for x in loose if st.loc.get(x) in st.loc
-                          for s in [_park(x, world, actions, st, search)] if s), None)
+        builds = [
+            Cond("on" if world.object(want[x]) else "at", x, want[x])
+            for x in loose
+            if x in want and (not world.object(want[x]) or (in_place(want[x]) and clear(want[x])))
+        ]
+        steps = next(
+            (s for c in builds for s in [search((c,), world, actions, MOVE_DEPTH, st)] if s), None
+        )
+        if steps is None:  # nothing builds: clear a misplaced one off its tower
+            steps = next(
+                (
+                    s
+                    for x in loose
+                    if st.loc.get(x) in st.loc
+                    for s in [_park(x, world, actions, st, search)]
+                    if s
+                ),
+                None,
+            )
         if steps is None or len(path) + len(steps) > max_steps:
             return None
         for a in steps:
             st = apply(a.eff, st, "")
         path += steps
-    if not reaches(goal, st):                      # what else the goal asks, from the built towers
+    if not reaches(goal, st):  # what else the goal asks, from the built towers
         rest = search(goal, world, actions, max_steps - len(path), st)
         if rest is None:
             return None

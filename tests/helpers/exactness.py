@@ -1,13 +1,16 @@
 """Exact by construction, the comparison: one-row steps against one verify over the same ids,
 compared bit for bit (logits, taps and the cache's K/V)."""
+
 from __future__ import annotations
 
 import torch
 
 from thor_runtime.cache.kv_cache import KVCache
 
-PROMPT = ("The robot picks up the red mug and places it in the dish rack, then it goes back to the "
-          "dock and")
+PROMPT = (
+    "The robot picks up the red mug and places it in the dish rack, then it goes back to the "
+    "dock and"
+)
 
 
 def steps_vs_verify(model, ids, split, kv, taps=()):
@@ -17,7 +20,7 @@ def steps_vs_verify(model, ids, split, kv, taps=()):
         cache = KVCache(model.cfg, len(ids) + 4, kv, model.dtype)
         model.prefill(ids[:split], cache)
         if one_row:
-            outs = [model.verify(ids[j:j + 1], cache, taps) for j in range(split, len(ids))]
+            outs = [model.verify(ids[j : j + 1], cache, taps) for j in range(split, len(ids))]
             logits = torch.cat([o.logits for o in outs])
             tap = {i: torch.cat([o.taps[i] for o in outs]) for i in taps}
         else:

@@ -1,24 +1,40 @@
 """Write a tiny checkpoint as GGUF the way llama.cpp's converter does (names mapped; for
 llama the Q/K rows permuted), so the GGUF loader is tested on files we control."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 _NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
-def write_tiny_gguf(path, cfg, weights: dict[str, torch.Tensor], qtype: str = "F32",
-                    override: dict | None = None, arch: str = "llama") -> None:
+def write_tiny_gguf(
+    path,
+    cfg,
+    weights: dict[str, torch.Tensor],
+    qtype: str = "F32",
+    override: dict | None = None,
+    arch: str = "llama",
+) -> None:
     """qtype: F32 | F16 | a type gguf.quants can quantize (Q8_0, Q5_0, ...) for 2-D weights. ``override``: {gguf tensor name: (np.uint8 data,
     GGMLQuantizationType)} to plant raw tensors (e.g. an unsupported type)."""
     import gguf
@@ -69,7 +85,13 @@ def write_tiny_gguf(path, cfg, weights: dict[str, torch.Tensor], qtype: str = "F
 # Where a K-quant super-block (256 weights) keeps its fp16 scale fields (d, and dmin where the
 # type has one), as laid out in ggml's block_q*_K structs, and roughly how far a weight can
 # exceed d (largest sub-block scale times largest code), so weights stay within ~0.1.
-_K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_K_SCALE_OFFSETS = {
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 _K_GAIN = {"Q2_K": 45, "Q3_K": 128, "Q4_K": 1024, "Q5_K": 2048, "Q6_K": 4096}
 
 
@@ -83,8 +105,10 @@ def random_kquant(rows: int, cols: int, qtype: str, seed: int = 0) -> np.ndarray
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
     for off in _K_SCALE_OFFSETS[qtype]:
-        scale = (rng.uniform(0.3, 1.0, size=(rows, cols // block)) * 0.1 / _K_GAIN[qtype]).astype(np.float16)
-        data[..., off:off + 2] = scale[..., None].view(np.uint8).reshape(rows, cols // block, 2)
+        scale = (rng.uniform(0.3, 1.0, size=(rows, cols // block)) * 0.1 / _K_GAIN[qtype]).astype(
+            np.float16
+        )
+        data[..., off : off + 2] = scale[..., None].view(np.uint8).reshape(rows, cols // block, 2)
     return data.reshape(rows, -1)
 
 
@@ -92,21 +116,31 @@ def random_kquant(rows: int, cols: int, qtype: str, seed: int = 0) -> np.ndarray
 # What llama.cpp's converter writes for these checkpoints (its Qwen3NextModel and, for Qwen3.5,
 # the value-head reorder of _LinearAttentionVReorderBase), restated here so the loader is tested
 # against files laid out as a converted checkpoint is, not against its own inverse.
-HYBRID_GGUF_ARCH = {"qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}
+HYBRID_GGUF_ARCH = {
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe_text": "qwen35moe",
+    "qwen3_next": "qwen3next",
+}
 _GGUF_MODEL_ARCH = {"qwen35": "QWEN35", "qwen35moe": "QWEN35MOE", "qwen3next": "QWEN3NEXT"}
 
 
-def tile_value_heads(x: torch.Tensor, dim: int, num_k_heads: int, per_k: int, head_dim: int) -> torch.Tensor:
+def tile_value_heads(
+    x: torch.Tensor, dim: int, num_k_heads: int, per_k: int, head_dim: int
+) -> torch.Tensor:
     """Value heads along ``dim`` from grouped by key head [G0v0, G0v1, G1v0, ...] to the tiled order
     llama.cpp broadcasts over [G0v0, G1v0, ..., G0v1, G1v1, ...]."""
     shape = list(x.shape)
-    x = x.reshape(*shape[:dim], num_k_heads, per_k, head_dim, *shape[dim + 1:])
+    x = x.reshape(*shape[:dim], num_k_heads, per_k, head_dim, *shape[dim + 1 :])
     return x.transpose(dim, dim + 1).reshape(shape).contiguous()
 
 
 def _tile_for_qwen35(name: str, w: torch.Tensor, c: dict) -> torch.Tensor:
-    hk, hv, dk, dv = (c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
-                      c["linear_value_head_dim"])
+    hk, hv, dk, dv = (
+        c["linear_num_key_heads"],
+        c["linear_num_value_heads"],
+        c["linear_key_head_dim"],
+        c["linear_value_head_dim"],
+    )
     r = hv // hk
     if hk == hv or ".linear_attn." not in name:
         return w
@@ -155,7 +189,9 @@ def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
 
     c = json.loads((hf_dir / "config.json").read_text())
     arch = HYBRID_GGUF_ARCH[c["model_type"]]
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, _GGUF_MODEL_ARCH[arch]), c["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(
+        getattr(gguf.MODEL_ARCH, _GGUF_MODEL_ARCH[arch]), c["num_hidden_layers"]
+    )
     out = {}
     for name, w in _stack_experts(load_file(str(hf_dir / "model.safetensors"))).items():
         w = w.float()
@@ -164,7 +200,7 @@ def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
         if name.endswith(".A_log"):
             w = -torch.exp(w)
         elif name.endswith(".dt_bias"):
-            name = name[:-len(".dt_bias")] + ".dt_proj.bias"
+            name = name[: -len(".dt_bias")] + ".dt_proj.bias"
         elif ".conv1d." in name:
             w = w.squeeze()
         elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
@@ -174,21 +210,33 @@ def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
             rv = c["linear_num_value_heads"] // hk * c["linear_value_head_dim"]
             q, k, v, z = w.reshape(hk, -1, w.shape[-1]).split([dk, dk, rv, rv], dim=1)
             bid = name.split(".")[2]
-            out[f"blk.{bid}.attn_qkv.weight"] = torch.cat([t.reshape(-1, w.shape[-1]) for t in (q, k, v)])
+            out[f"blk.{bid}.attn_qkv.weight"] = torch.cat(
+                [t.reshape(-1, w.shape[-1]) for t in (q, k, v)]
+            )
             out[f"blk.{bid}.attn_gate.weight"] = z.reshape(-1, w.shape[-1])
             continue
         g = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if g is None and ".mlp." in name:  # the package lists only expert FFNs for qwen3next
-            part = {"gate_proj": gguf.MODEL_TENSOR.FFN_GATE, "up_proj": gguf.MODEL_TENSOR.FFN_UP,
-                    "down_proj": gguf.MODEL_TENSOR.FFN_DOWN}[name.split(".")[-2]]
+            part = {
+                "gate_proj": gguf.MODEL_TENSOR.FFN_GATE,
+                "up_proj": gguf.MODEL_TENSOR.FFN_UP,
+                "down_proj": gguf.MODEL_TENSOR.FFN_DOWN,
+            }[name.split(".")[-2]]
             g = gguf.TENSOR_NAMES[part].format(bid=int(name.split(".")[2])) + ".weight"
         assert g is not None, name
         out[g] = w
     return arch, c, out
 
 
-def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool = False,
-                      edit=None, meta: dict | None = None, mtp_blocks: int = 0) -> None:
+def write_hybrid_gguf(
+    path,
+    hf_dir,
+    qtype: str = "F32",
+    store_dequantized: bool = False,
+    edit=None,
+    meta: dict | None = None,
+    mtp_blocks: int = 0,
+) -> None:
     """The tiny hybrid at ``hf_dir`` as a converted GGUF, with its tokenizer. qtype: F32 | F16 | a type
     gguf can quantize, for 2-D and stacked 3-D expert weights except the conv (kept F32, as llama.cpp keeps it);
     store_dequantized: write those weights' quantize -> dequantize round trip as F32 instead.
@@ -211,7 +259,7 @@ def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool 
         w.add_nextn_predict_layers(mtp_blocks)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
-    if "intermediate_size" in c:   # Qwen3.5-MoE has no dense MLP
+    if "intermediate_size" in c:  # Qwen3.5-MoE has no dense MLP
         w.add_feed_forward_length(c["intermediate_size"])
     if c.get("num_experts"):
         w.add_expert_count(c["num_experts"])
@@ -231,7 +279,9 @@ def write_hybrid_gguf(path, hf_dir, qtype: str = "F32", store_dequantized: bool 
     w.add_rope_freq_base(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
     w.add_rope_dimension_count(int(c["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
     if arch in ("qwen35", "qwen35moe"):
-        w.add_rope_dimension_sections([11, 11, 10, 0])  # multimodal RoPE sections; text positions ignore them
+        w.add_rope_dimension_sections(
+            [11, 11, 10, 0]
+        )  # multimodal RoPE sections; text positions ignore them
     w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
     w.add_ssm_state_size(c["linear_key_head_dim"])
     w.add_ssm_group_count(c["linear_num_key_heads"])

@@ -1,5 +1,6 @@
 """Low-bit models in the tests: int4 on the ORT kernels with the row kernel beside them, a drafter
 with a short draft vocabulary, int4's stated tolerance against fp32, and the end of the context."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,9 @@ REL_TOL, REGRET = 0.05, 1.0
 
 
 def int4_ort_model(tiny):
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
     weights = hf_weights(Path(tiny.source))
     return attach(TargetModel(tiny.cfg, weights, quant="int4", int4_kernel="ort"))

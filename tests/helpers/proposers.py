@@ -1,4 +1,5 @@
 """Proposers written for the tests."""
+
 from __future__ import annotations
 
 import random
@@ -7,6 +8,7 @@ import random
 class Steered:
     """Proposes the true continuation with one random position corrupted, so cycles accept every
     n in 0..K (a random proposer almost never hits)."""
+
     name, tap_layers, window = "steered", (), 0
 
     def __init__(self, truth, seed):
@@ -19,7 +21,7 @@ class Steered:
         pass
 
     def propose(self, seq, k):
-        true = list(self.truth[len(seq):len(seq) + k])
+        true = list(self.truth[len(seq) : len(seq) + k])
         j = self.rng.randrange(len(true) + 1)
         if j < len(true):
             true[j] = (true[j] + 1) % 300

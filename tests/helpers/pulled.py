@@ -1,4 +1,5 @@
 """Models pulled from the catalog: a test that needs one skips, saying how to pull it."""
+
 from __future__ import annotations
 
 import pytest

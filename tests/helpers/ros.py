@@ -13,10 +13,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.helpers.worlds import good_plan
 from thor_runtime.engine.generate import Result
 from thor_runtime.engine.stats import Stats
-
-from tests.helpers.worlds import good_plan
 
 # a valid plan for "put the apple on the table" in the kitchen, as the scripted runtime says it
 GOOD = json.dumps(good_plan())

@@ -1,5 +1,6 @@
 """Stand-ins for Runtime: they answer each generate() with scripted text, so the planner's loop
 runs without a model deciding what it says."""
+
 from __future__ import annotations
 
 from thor_runtime.engine.generate import Result
@@ -25,9 +26,10 @@ class BudgetRuntime(ScriptedRuntime):
 
     def generate(self, prompt_ids, params, speculation=None, constraint=None, on_token=None):
         r = super().generate(prompt_ids, params)
-        ids = r.token_ids[:-1]                                   # no EOS: it was cut
-        return Result(ids, self.tok.decode(ids), "length", r.prompt_tokens,
-                      Stats(generated=len(ids)))
+        ids = r.token_ids[:-1]  # no EOS: it was cut
+        return Result(
+            ids, self.tok.decode(ids), "length", r.prompt_tokens, Stats(generated=len(ids))
+        )
 
 
 class Echo:
@@ -37,24 +39,31 @@ class Echo:
     def __init__(self, tok, texts):
         self.tok, self.texts, self.calls = tok, list(texts), 0
 
-    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None,
-                 on_prefill=None):
+    def generate(
+        self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None, on_prefill=None
+    ):
         text = self.texts[min(self.calls, len(self.texts) - 1)]
         self.calls += 1
         ids = self.tok.encode(text, add_special=False) + [self.tok.eos_token_ids[0]]
         for t in ids:
             if on_token is not None:
                 on_token(t)
-        return Result(ids, self.tok.decode(ids), "eos", len(prompt_ids),
-                      Stats(prompt_tokens=len(prompt_ids), generated=len(ids)))
+        return Result(
+            ids,
+            self.tok.decode(ids),
+            "eos",
+            len(prompt_ids),
+            Stats(prompt_tokens=len(prompt_ids), generated=len(ids)),
+        )
 
 
 class Decoding(Echo):
     """Echo that commits each token to the grammar constraint as the runtime does, so the
     goal check asked when the steps open runs; a plan it cuts ends there with EOS."""
 
-    def generate(self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None,
-                 on_prefill=None):
+    def generate(
+        self, prompt_ids, params, speculation=PLAIN, constraint=None, on_token=None, on_prefill=None
+    ):
         text = self.texts[min(self.calls, len(self.texts) - 1)]
         self.calls += 1
         ids = []
@@ -65,5 +74,10 @@ class Decoding(Echo):
             ids.append(t)
         ids.append(self.tok.eos_token_ids[0])
         constraint.advance(ids[-1])
-        return Result(ids, self.tok.decode(ids), "eos", len(prompt_ids),
-                      Stats(prompt_tokens=len(prompt_ids), generated=len(ids)))
+        return Result(
+            ids,
+            self.tok.decode(ids),
+            "eos",
+            len(prompt_ids),
+            Stats(prompt_tokens=len(prompt_ids), generated=len(ids)),
+        )

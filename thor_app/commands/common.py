@@ -1,5 +1,6 @@
 """Argument types shared by the commands. The runtime's own flags come from the config table
 (thor_app/flags.py); the runtime is built by thor_app/assembly.py."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ def _int_at_least(low: int, what: str):
         if v < low:
             raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
         return v
+
     return parse
 
 
@@ -29,7 +31,14 @@ def add_engine_build_args(p: argparse.ArgumentParser) -> None:
     from thor_app.flags import add_config_args
 
     # The graph backends export float weights; fp32 is the reference the self-test compares to.
-    add_config_args(p, ("model",), defaults={"model.dtype": "fp32"},
-                    only={"model.name", "model.dtype", "model.device", "model.prefill_chunk"})
-    add_config_args(p, ("engine", "speculation"),
-                    titles={"speculation": "the runtime's speculation (K + 1 is TensorRT's verify profile)"})
+    add_config_args(
+        p,
+        ("model",),
+        defaults={"model.dtype": "fp32"},
+        only={"model.name", "model.dtype", "model.device", "model.prefill_chunk"},
+    )
+    add_config_args(
+        p,
+        ("engine", "speculation"),
+        titles={"speculation": "the runtime's speculation (K + 1 is TensorRT's verify profile)"},
+    )

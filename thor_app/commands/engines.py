@@ -6,14 +6,15 @@ of `thor serve`'s config); list shows the usable entries (interrupted builds are
 verify re-hashes every file against its manifest (exit 2 on any mismatch); prune removes
 interrupted builds and entries that fail verification (--all: everything).
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
-from thor_runtime.errors import ThorError
-from thor_app.flags import add_config_args, config_from_args
 from thor_app.commands.common import add_engine_build_args
+from thor_app.flags import add_config_args, config_from_args
+from thor_runtime.errors import ThorError
 
 
 def register(sub) -> None:
@@ -22,9 +23,11 @@ def register(sub) -> None:
     b = verbs.add_parser("build", help="export / build the engines of a model")
     add_engine_build_args(b)
     b.set_defaults(func=run_build)
-    for name, fn, helptext in (("list", run_list, "list cache entries"),
-                               ("verify", run_verify, "re-hash every file against its manifest"),
-                               ("prune", run_prune, "remove interrupted builds and bad entries")):
+    for name, fn, helptext in (
+        ("list", run_list, "list cache entries"),
+        ("verify", run_verify, "re-hash every file against its manifest"),
+        ("prune", run_prune, "remove interrupted builds and bad entries"),
+    ):
         q = verbs.add_parser(name, help=helptext)
         add_config_args(q, ("engine",), only={"engine.cache_dir"})
         q.add_argument("--json", action="store_true")
@@ -39,7 +42,9 @@ def _cache(args):
     from engines.backend import BackendOptions
     from engines.cache import EngineCache
 
-    return EngineCache(BackendOptions(cache_dir=config_from_args(args).engine.cache_dir or None).root)
+    return EngineCache(
+        BackendOptions(cache_dir=config_from_args(args).engine.cache_dir or None).root
+    )
 
 
 def run_build(args) -> int:
@@ -47,8 +52,10 @@ def run_build(args) -> int:
 
     config = config_from_args(args)
     if config.engine.backend == "torch":
-        raise ThorError("the torch backend needs no engines; choose --backend onnxruntime or tensorrt")
-    backend_options(config)                     # a bad option combination fails before the model loads
+        raise ThorError(
+            "the torch backend needs no engines; choose --backend onnxruntime or tensorrt"
+        )
+    backend_options(config)  # a bad option combination fails before the model loads
     loaded = load_model(config)
     b = make_backend(config, loaded, build_speculation(config, loaded), attach=False)
     print(f"{b.entry.key}  {b.name}  {len(b.plan)} graphs  {b.entry.path}")
@@ -62,12 +69,16 @@ def run_list(args) -> int:
         return 0
     usable = [r for r in rows if r["status"] == "ok"]
     for r in usable:
-        print(f"{r['key']}  {r['backend']:<11} {r['form']:<8} {r['precision']:<5} {r['bytes'] / 1e6:8.1f} MB  "
-              f"{r['model']}  {r['runtime']}  {r['created']}")
+        print(
+            f"{r['key']}  {r['backend']:<11} {r['form']:<8} {r['precision']:<5} {r['bytes'] / 1e6:8.1f} MB  "
+            f"{r['model']}  {r['runtime']}  {r['created']}"
+        )
     other = len(rows) - len(usable)
     if other:
-        print(f"({other} interrupted or unreadable build(s) not usable; `thor engines prune` removes them)",
-              file=sys.stderr)
+        print(
+            f"({other} interrupted or unreadable build(s) not usable; `thor engines prune` removes them)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -80,8 +91,10 @@ def run_verify(args) -> int:
             print(f"{k}  {'ok' if not problems else 'BAD: ' + '; '.join(problems)}")
     bad = [k for k, p in res.items() if p]
     if bad:
-        raise ThorError(f"{len(bad)} engine cache entr{'y' if len(bad) == 1 else 'ies'} failed verification: "
-                        f"{', '.join(bad)}")
+        raise ThorError(
+            f"{len(bad)} engine cache entr{'y' if len(bad) == 1 else 'ies'} failed verification: "
+            f"{', '.join(bad)}"
+        )
     return 0
 
 
@@ -90,6 +103,8 @@ def run_prune(args) -> int:
     if args.json:
         print(json.dumps({"removed": removed}))
     else:
-        print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}" +
-              (f": {', '.join(removed)}" if removed else ""))
+        print(
+            f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}"
+            + (f": {', '.join(removed)}" if removed else "")
+        )
     return 0

@@ -6,6 +6,7 @@ schema compiled to a grammar, before the model is loaded: bad input fails in mil
 Without --model it plans with the embedded default model, as `thor serve` does (one default
 for the CLI and the service); a pulled catalog model plans better: --model NAME.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,29 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="plan a robot task as schema-valid, safety-gated JSON")
     p.add_argument("task", help="what the robot should do, in words")
     p.add_argument("--world", required=True, help="world file (JSON: objects, places, robot)")
-    p.add_argument("--skills", default=None,
-                   help="skills file (default: the world's `skills` entry, else agent/skills/manipulation.json)")
-    p.add_argument("--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)")
+    p.add_argument(
+        "--skills",
+        default=None,
+        help="skills file (default: the world's `skills` entry, else agent/skills/manipulation.json)",
+    )
+    p.add_argument(
+        "--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)"
+    )
     p.add_argument("--out", default=None, help="write the plan here (atomically) instead of stdout")
-    p.add_argument("--json", action="store_true", help='print one object {"plan","valid","report","expansion","stats"}')
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print one object {"plan","valid","report","expansion","stats"}',
+    )
     add_config_args(p, ("planner", "model", "engine", "speculation"))
-    p.add_argument("--no-thinking", dest="cfg__planner__thinking", action="store_const", const="off",
-                   default=argparse.SUPPRESS, help="the same as --thinking off")
+    p.add_argument(
+        "--no-thinking",
+        dest="cfg__planner__thinking",
+        action="store_const",
+        const="off",
+        default=argparse.SUPPRESS,
+        help="the same as --thinking off",
+    )
     p.set_defaults(func=run)
 
 
@@ -50,15 +66,17 @@ def write_atomic(path: Path, text: str) -> None:
 
 def _load_inputs(args, config):
     from agent.files.loader import load_schema, load_skills, load_world, resolve_skills_path
-    from agent.schema.grammar import check_schema
     from agent.planner import specialize_request
+    from agent.schema.grammar import check_schema
 
     spec = config.speculation
     # a given drafter is checked here; the shipped one is the target's, known once it is loaded
     if spec.method in ("dflash", "combined", "hybrid", "auto") and spec.drafter:
         drafter = Path(spec.drafter)
         if not drafter.exists():
-            raise ThorError(f"DFlash drafter not found: {drafter} (pass --drafter DIR, or --spec ngram)")
+            raise ThorError(
+                f"DFlash drafter not found: {drafter} (pass --drafter DIR, or --spec ngram)"
+            )
     if args.out and not Path(args.out).parent.is_dir():
         raise ThorError(f"--out: directory does not exist: {Path(args.out).parent}")
     world = load_world(args.world)
@@ -67,8 +85,9 @@ def _load_inputs(args, config):
     # Read the task and specialize the schema once, here without the model, so an unsupported
     # keyword or an unusable skill set is reported before minutes of model loading on a small
     # board; the planner compiles this same schema for the model's tokenizer.
-    request = specialize_request(args.task, world, skills, schema, config.planner.max_steps or None,
-                                 config.planner.lexicon)
+    request = specialize_request(
+        args.task, world, skills, schema, config.planner.max_steps or None, config.planner.lexicon
+    )
     check_schema(request.schema)
     return request
 
@@ -77,15 +96,17 @@ def run(args) -> int:
     config = config_from_args(args)
     request = _load_inputs(args, config)
     world, skills = request.world, request.skills
-    _log(f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
-         f"{len(skills.skills)} skills from {skills.source}")
+    _log(
+        f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
+        f"{len(skills.skills)} skills from {skills.source}"
+    )
     _log(f"loading model {config.model.name} ...")
     t0 = time.perf_counter()
     assembled = build_runtime(config)
     _log(f"model loaded in {time.perf_counter() - t0:.2f} s")
     session = PlanSession(assembled, log=_log)
-    session.attach(skills)        # the prompt start this skill library shares, from disk when stored
-    session.load_learned()        # what --spec auto learned before
+    session.attach(skills)  # the prompt start this skill library shares, from disk when stored
+    session.load_learned()  # what --spec auto learned before
     res = session.plan(request, planner=session.planner(on_progress=_log))
     plan_text = json.dumps(res.plan, indent=2) + "\n" if res.plan is not None else ""
     if res.valid and args.out:
@@ -95,12 +116,14 @@ def run(args) -> int:
         print(json.dumps(res.document()))
     elif res.valid and not args.out:
         sys.stdout.write(plan_text)
-    for line in res.expansion:              # what a set in the goal came to in this world
+    for line in res.expansion:  # what a set in the goal came to in this world
         _log(f"goal: {line}")
-    session.after_plan()          # the world's start and what auto learned, after the plan is out
+    session.after_plan()  # the world's start and what auto learned, after the plan is out
     s = res.stats
-    _log(f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
-         f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts")
+    _log(
+        f"{res.attempts} attempt(s), {s['generated_tokens']} tokens, {s['plan_latency_s']:.2f} s, "
+        f"jump-forward {s['jump_forward_tokens']}, accepted {s['accepted']}/{s['drafted']} drafts"
+    )
     if not res.valid:
         for f in res.report:
             where = f"step {f['step']}: " if f["step"] else ""

@@ -6,6 +6,7 @@ the reason while the model loads, warms up and runs its self-test. SIGTERM (or C
 accepting, answers queued requests 503, lets in-flight ones finish for ``server.shutdown_grace_s``
 (once), cuts what is left with a proper error and exits 0.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,14 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve plans and OpenAI-compatible chat over a local HTTP API")
-    p.add_argument("--config", default=None, help="TOML config file (default: $THOR_CONFIG, else built-in defaults)")
-    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; config server.host)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML config file (default: $THOR_CONFIG, else built-in defaults)",
+    )
+    p.add_argument(
+        "--host", default=None, help="address to bind (default 127.0.0.1; config server.host)"
+    )
     p.add_argument("--port", type=int, default=None, help="port (default 8700; config server.port)")
     p.set_defaults(func=run)
 
@@ -25,9 +32,11 @@ def run(args) -> int:
 
     from thor_app.server.config import load_config
 
-    cfg = load_config(args.config).with_overrides(args.host, args.port)   # replace() re-validates
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="thor serve: %(levelname)s %(message)s")
-    cfg.auth.load_keys()                        # a missing keys file fails now, not at the first request
+    cfg = load_config(args.config).with_overrides(args.host, args.port)  # replace() re-validates
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="thor serve: %(levelname)s %(message)s"
+    )
+    cfg.auth.load_keys()  # a missing keys file fails now, not at the first request
     return asyncio.run(serve(cfg))
 
 
@@ -51,18 +60,22 @@ async def serve(cfg) -> int:
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise ThorError(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}") from None
+        raise ThorError(
+            f"cannot listen on {cfg.server.host}:{cfg.server.port}: {e.strerror or e}"
+        ) from None
     log.info("listening on http://%s:%d (config: %s)", cfg.server.host, cfg.server.port, cfg.source)
     if cfg.server.host not in ("127.0.0.1", "localhost", "::1") and not cfg.auth.api_keys_file:
-        log.warning("listening beyond loopback (%s) with no API keys: anyone who can reach it can plan",
-                    cfg.server.host)
+        log.warning(
+            "listening beyond loopback (%s) with no API keys: anyone who can reach it can plan",
+            cfg.server.host,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: finishing in-flight requests (up to %.0f s)", cfg.server.shutdown_grace_s)
-    for s in list(runner.sites):        # stop accepting: new connections are refused from here
+    for s in list(runner.sites):  # stop accepting: new connections are refused from here
         await s.stop()
     await drain(app, cfg.server.shutdown_grace_s)
     await runner.cleanup()

@@ -40,8 +40,6 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
-from thor_runtime.errors import ThorError
-
 from thor_app.ros.inputs import check_task, read_inputs, read_plan
 from thor_app.ros.params import declare
 from thor_app.ros.planning import Cancelled, Planning, Progress
@@ -58,6 +56,7 @@ from thor_app.ros.robot import (
     message_dict,
     run_steps,
 )
+from thor_runtime.errors import ThorError
 
 NODE_NAME = "thor"
 HEARTBEAT_S = 0.25  # feedback repeated at least this often while a goal is active
@@ -551,8 +550,9 @@ class ThorNode:
             request.skills_file,
         )
         response.valid, response.plan_json = out["valid"], _dump(out["plan"])
-        response.report_json, response.document_json = json.dumps(out["report"]), _dump(
-            out["document"]
+        response.report_json, response.document_json = (
+            json.dumps(out["report"]),
+            _dump(out["document"]),
         )
         response.error = out["error"]
         return response
@@ -662,7 +662,9 @@ class ThorNode:
             "interfaces": (
                 "typed and json"
                 if self.typed and self.settings.json_topics
-                else "typed" if self.typed else "json"
+                else "typed"
+                if self.typed
+                else "json"
             ),
             "world_topic": self.settings.world_topic or "(none)",
             "world_received": "yes" if self.latest_world is not None else "no",

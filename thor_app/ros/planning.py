@@ -43,7 +43,6 @@ def default_build(config: RuntimeConfig):
     prefill in one pass would let nothing stop or mark a long prompt meanwhile: the service's
     chunk then, so a cancel acts between chunks."""
     from agent.schema.grammar import GrammarTokenizer
-
     from thor_app.assembly import build_runtime
     from thor_app.server.host import SERVICE_PREFILL_CHUNK, Hosted, ModelHost
 
@@ -197,7 +196,11 @@ class Planning:
         # the request is read and its schema specialized before the goal waits for the model:
         # bad input is answered at once
         request = specialize_request(
-            task, inputs.world, inputs.skills, None, self.config.planner.max_steps or None,
+            task,
+            inputs.world,
+            inputs.skills,
+            None,
+            self.config.planner.max_steps or None,
             self.config.planner.lexicon,
         )
         check_schema(request.schema)

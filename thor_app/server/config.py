@@ -6,15 +6,23 @@ thor_runtime.config.RuntimeConfig, whose field table the CLI flags are derived f
 (exit 2) instead of minutes later on the robot. Unknown tables and keys are refused for the same
 reason. The only environment variable is ``THOR_CONFIG``, which points at the file.
 """
+
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+import tomllib
+
+from thor_runtime.config import (
+    SECTIONS,
+    PlannerSettings,
+    RuntimeConfig,
+    section_from_table,
+    toml_fields,
+)
 from thor_runtime.errors import ThorError
-from thor_runtime.config import PlannerSettings, RuntimeConfig, SECTIONS, section_from_table, toml_fields
 
 CONFIG_ENV = "THOR_CONFIG"
 
@@ -28,45 +36,71 @@ def _check(cond: bool, msg: str) -> None:
 class ServerSection:
     host: str = "127.0.0.1"
     port: int = 8700
-    stall_s: float = 60.0          # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
-    shutdown_grace_s: float = 20.0  # SIGTERM: how long in-flight work may finish before it is cancelled
+    stall_s: float = 60.0  # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
+    shutdown_grace_s: float = (
+        20.0  # SIGTERM: how long in-flight work may finish before it is cancelled
+    )
     # Host header names served besides the loopback ones (a web page that rebinds its own DNS
     # name to 127.0.0.1 sends that name, and is refused)
     allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self):
-        _check(isinstance(self.allowed_hosts, (list, tuple)) and all(
-            isinstance(h, str) and h and h == h.strip() for h in self.allowed_hosts),
-            "server.allowed_hosts must be a list of host names")
+        _check(
+            isinstance(self.allowed_hosts, (list, tuple))
+            and all(isinstance(h, str) and h and h == h.strip() for h in self.allowed_hosts),
+            "server.allowed_hosts must be a list of host names",
+        )
         object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in self.allowed_hosts))
-        _check(isinstance(self.host, str) and bool(self.host), "server.host must be a non-empty string")
-        _check(isinstance(self.port, int) and 0 <= self.port <= 65535, f"server.port must be 0..65535, got {self.port!r}")
+        _check(
+            isinstance(self.host, str) and bool(self.host), "server.host must be a non-empty string"
+        )
+        _check(
+            isinstance(self.port, int) and 0 <= self.port <= 65535,
+            f"server.port must be 0..65535, got {self.port!r}",
+        )
         _check(_num(self.stall_s) and self.stall_s > 0, "server.stall_s must be > 0")
-        _check(_num(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "server.shutdown_grace_s must be >= 0")
+        _check(
+            _num(self.shutdown_grace_s) and self.shutdown_grace_s >= 0,
+            "server.shutdown_grace_s must be >= 0",
+        )
 
 
 @dataclass(frozen=True)
 class LimitsSection:
     max_body_bytes: int = 1 << 20
-    queue_size: int = 8            # requests waiting for a generation slot; more -> 429
-    batch: int = 4                 # requests generating at once, their forwards shared; 1 = one at a time
+    queue_size: int = 8  # requests waiting for a generation slot; more -> 429
+    batch: int = 4  # requests generating at once, their forwards shared; 1 = one at a time
     request_timeout_s: float = 120.0
     default_max_tokens: int = 256  # chat, when the request gives none
-    max_tokens: int = 2048         # chat, the most a request may ask for
+    max_tokens: int = 2048  # chat, the most a request may ask for
 
     def __post_init__(self):
-        _check(_int(self.max_body_bytes) and self.max_body_bytes >= 1024, "limits.max_body_bytes must be >= 1024")
-        _check(_int(self.queue_size) and self.queue_size >= 1, "limits.queue_size must be an integer >= 1")
+        _check(
+            _int(self.max_body_bytes) and self.max_body_bytes >= 1024,
+            "limits.max_body_bytes must be >= 1024",
+        )
+        _check(
+            _int(self.queue_size) and self.queue_size >= 1,
+            "limits.queue_size must be an integer >= 1",
+        )
         _check(_int(self.batch) and 1 <= self.batch <= 16, "limits.batch must be an integer 1..16")
-        _check(_num(self.request_timeout_s) and self.request_timeout_s > 0, "limits.request_timeout_s must be > 0")
-        _check(_int(self.default_max_tokens) and self.default_max_tokens >= 1, "limits.default_max_tokens must be >= 1")
-        _check(_int(self.max_tokens) and self.max_tokens >= self.default_max_tokens,
-               "limits.max_tokens must be an integer >= limits.default_max_tokens")
+        _check(
+            _num(self.request_timeout_s) and self.request_timeout_s > 0,
+            "limits.request_timeout_s must be > 0",
+        )
+        _check(
+            _int(self.default_max_tokens) and self.default_max_tokens >= 1,
+            "limits.default_max_tokens must be >= 1",
+        )
+        _check(
+            _int(self.max_tokens) and self.max_tokens >= self.default_max_tokens,
+            "limits.max_tokens must be an integer >= limits.default_max_tokens",
+        )
 
 
 @dataclass(frozen=True)
 class AuthSection:
-    api_keys_file: str = ""        # one key per line, '#' comments; "" = no authentication
+    api_keys_file: str = ""  # one key per line, '#' comments; "" = no authentication
 
     def __post_init__(self):
         _check(isinstance(self.api_keys_file, str), "auth.api_keys_file must be a path string")
@@ -81,8 +115,10 @@ class AuthSection:
             raise ThorError(f"auth.api_keys_file {p}: {e.strerror or e}") from None
         keys = tuple(s for s in (ln.strip() for ln in lines) if s and not s.startswith("#"))
         _check(bool(keys), f"auth.api_keys_file {p} holds no keys")
-        _check(all(len(k) >= 16 and not any(c.isspace() for c in k) for k in keys),
-               f"auth.api_keys_file {p}: every key must be at least 16 characters with no spaces")
+        _check(
+            all(len(k) >= 16 and not any(c.isspace() for c in k) for k in keys),
+            f"auth.api_keys_file {p}: every key must be at least 16 characters with no spaces",
+        )
         return keys
 
 
@@ -125,7 +161,9 @@ class ServeConfig:
         return self.runtime.planner
 
     def with_overrides(self, host: str | None = None, port: int | None = None) -> "ServeConfig":
-        server = replace(self.server, **{k: v for k, v in (("host", host), ("port", port)) if v is not None})
+        server = replace(
+            self.server, **{k: v for k, v in (("host", host), ("port", port)) if v is not None}
+        )
         return replace(self, server=server)
 
 
@@ -160,7 +198,9 @@ def config_from_dict(doc: dict, source: str = "<memory>") -> ServeConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(table) - known)
         if unknown:
-            raise ThorError(f"{source}: unknown key {name}.{unknown[0]} (known: {', '.join(sorted(known))})")
+            raise ThorError(
+                f"{source}: unknown key {name}.{unknown[0]} (known: {', '.join(sorted(known))})"
+            )
         values = dict(table)
         for f in fields(cls):  # TOML writes 120 for 120.0; a float field takes either
             if f.type == "float" and _int(values.get(f.name)):
@@ -183,7 +223,9 @@ def _moved_keys(doc: dict, source: str) -> dict:
         if isinstance(table, dict) and old_k in table:
             target = doc.setdefault(new_t, {})
             if isinstance(target, dict) and new_k in target:
-                raise ThorError(f"{source}: {old_t}.{old_k} and {new_t}.{new_k} both set; keep {new_t}.{new_k}")
+                raise ThorError(
+                    f"{source}: {old_t}.{old_k} and {new_t}.{new_k} both set; keep {new_t}.{new_k}"
+                )
             if isinstance(target, dict):
                 target[new_k] = table.pop(old_k)
     return doc

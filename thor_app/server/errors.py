@@ -1,4 +1,5 @@
 """The one error shape every route answers with: OpenAI's ``{"error": {message, type, param, code}}``."""
+
 from __future__ import annotations
 
 import json
@@ -6,24 +7,48 @@ import json
 from aiohttp import web
 
 # HTTP status -> OpenAI error type
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict | None = None, extra: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict | None = None,
+        extra: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.headers = headers or {}
-        self.extra = extra or {}     # more top-level keys (the plan report on a 422)
+        self.extra = extra or {}  # more top-level keys (the plan report on a 422)
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error" if status >= 500 else
-                                                                 "invalid_request_error"),
-                      "param": param, "code": code}}
+def error_body(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(
+                status, "server_error" if status >= 500 else "invalid_request_error"
+            ),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
 def error_response(e: ApiError) -> web.Response:

@@ -6,6 +6,7 @@ a browser only sends cross-origin after a preflight this server never answers. A
 rebind its own DNS name to 127.0.0.1 and then read the answers as same-origin; its requests
 still carry its own name in ``Host``, so only loopback names and the configured ones are served.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,7 +20,7 @@ def host_name(header: str) -> str:
     """``Host`` header -> the lowercase name without the port (``[::1]:8700`` -> ``::1``)."""
     h = header.strip().lower()
     if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
+        return h[1 : h.find("]")] if "]" in h else h
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
@@ -34,15 +35,22 @@ def allowed_hosts(bind_host: str, extra: tuple[str, ...]) -> frozenset[str]:
 def check_host(header: str | None, allowed: frozenset[str]) -> None:
     # A request with no Host at all (HTTP/1.0 tools) is no browser's: browsers always send it.
     if header is not None and host_name(header) not in allowed:
-        raise ApiError(403, f"Host {header!r} is not served here (server.allowed_hosts lists the names "
-                       "besides loopback)", "host_not_allowed")
+        raise ApiError(
+            403,
+            f"Host {header!r} is not served here (server.allowed_hosts lists the names "
+            "besides loopback)",
+            "host_not_allowed",
+        )
 
 
 def check_json_type(content_type: str) -> None:
     """``content_type``: the media type without parameters (aiohttp's ``request.content_type``)."""
     if content_type != "application/json":
-        raise ApiError(415, f"POST bodies must be Content-Type: application/json, got {content_type!r}",
-                       "unsupported_media_type")
+        raise ApiError(
+            415,
+            f"POST bodies must be Content-Type: application/json, got {content_type!r}",
+            "unsupported_media_type",
+        )
 
 
 def model_names(model_id: str, source) -> frozenset[str]:
@@ -59,5 +67,9 @@ def check_model(body: dict, names: frozenset[str]) -> None:
     if not isinstance(m, str):
         raise ApiError(400, "model must be a string", "invalid_request", "model")
     if m not in names:
-        raise ApiError(404, f"the model {m[:80]!r} is not served here; GET /v1/models lists the one that is",
-                       "model_not_found", "model")
+        raise ApiError(
+            404,
+            f"the model {m[:80]!r} is not served here; GET /v1/models lists the one that is",
+            "model_not_found",
+            "model",
+        )

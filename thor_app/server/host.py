@@ -4,6 +4,7 @@ Start-up goes loading -> warming_up -> self_test -> ready, or to failed with the
 never ready without a passing self-test: the self-test is a callable (injectable for tests; by
 default the on-device parity check ``engines.selftest.run_selftest`` in its quick form).
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from thor_runtime.errors import ThorError
-
 from thor_app.server.config import ServeConfig
 from thor_app.server.jobs import JobContext
 from thor_app.server.openai_api import ChatRequest, TextStreamer, check_max_tokens
+from thor_runtime.errors import ThorError
 
 log = logging.getLogger("thor.serve")
 STARTUP = ("starting", "loading", "warming_up", "self_test")
@@ -34,11 +34,12 @@ LEARNED_EVERY_S = 60.0
 class Hosted:
     """What a loader returns: the loaded model and the runtime and speculation over it, and the
     backend its dense segments run on (None: torch's own methods)."""
-    loaded: object            # thor_runtime.loading.Loaded
-    runtime: object           # thor_runtime.engine.generate.Runtime
-    speculation: object       # thor_runtime.speculative.Speculation
-    backend: object = None    # engines.backend.GraphBackend, attached to the model
-    session: object = None    # thor_app.session.PlanSession over it; None: the host makes one
+
+    loaded: object  # thor_runtime.loading.Loaded
+    runtime: object  # thor_runtime.engine.generate.Runtime
+    speculation: object  # thor_runtime.speculative.Speculation
+    backend: object = None  # engines.backend.GraphBackend, attached to the model
+    session: object = None  # thor_app.session.PlanSession over it; None: the host makes one
 
 
 def plan_session(assembled):
@@ -54,12 +55,11 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     from dataclasses import replace
 
     from thor_app.assembly import build_runtime
-
     from thor_app.server.leftovers import cache_roots, remove_abandoned
 
-    remove_abandoned(cache_roots(cfg))      # before this start builds (and perhaps is killed) itself
+    remove_abandoned(cache_roots(cfg))  # before this start builds (and perhaps is killed) itself
     rc = cfg.runtime
-    if not rc.model.prefill_chunk:   # one pass: nothing could stop or mark a long prompt meanwhile
+    if not rc.model.prefill_chunk:  # one pass: nothing could stop or mark a long prompt meanwhile
         rc = replace(rc, model=replace(rc.model, prefill_chunk=SERVICE_PREFILL_CHUNK))
     a = build_runtime(rc)
     from thor_app.server.config import skills_path
@@ -67,7 +67,7 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     session = plan_session(a)
     # the planner prompt's shared start for each configured skill set: from disk, or stored there
     session.attach_skill_sets([skills_path(cfg.planner)])
-    session.load_learned()             # what --spec auto learned in its last run
+    session.load_learned()  # what --spec auto learned in its last run
     return Hosted(a.loaded, a.runtime, a.speculation, a.backend, session)
 
 
@@ -84,17 +84,24 @@ def runtime_settings(h: Hosted, thinking: bool) -> dict:
     from thor_runtime.device import device_name
 
     rt, spec, model = h.runtime, h.speculation, h.loaded.model
-    return {"source": Path(str(h.loaded.source)).name,      # the file, not where it lives
-            "weights": getattr(model, "quant", None) or "float", "dtype": str(model.dtype).removeprefix("torch."),
-            "device": device_name(model.device),
-            "weights_layout": model.layout, "decode_kernel": getattr(model, "decode_kernel", "torch"),
-            "prefill_kernel": getattr(model, "prefill_kernel", "torch"),
-            "kv_dtype": rt.kv_dtype, "prefill_chunk": rt.prefill_chunk,
-            "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
-            "speculation": spec.name, "spec_k": spec.k,
-            "speculation_free_text": spec.free_text.name if spec.free_text is not None else spec.name,
-            "thinking": thinking, "threads": torch.get_num_threads(),
-            "backend": h.backend.name if h.backend is not None else "torch"}
+    return {
+        "source": Path(str(h.loaded.source)).name,  # the file, not where it lives
+        "weights": getattr(model, "quant", None) or "float",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "device": device_name(model.device),
+        "weights_layout": model.layout,
+        "decode_kernel": getattr(model, "decode_kernel", "torch"),
+        "prefill_kernel": getattr(model, "prefill_kernel", "torch"),
+        "kv_dtype": rt.kv_dtype,
+        "prefill_chunk": rt.prefill_chunk,
+        "prefix_cache": rt.prefixes.entries if rt.prefixes is not None else 0,
+        "speculation": spec.name,
+        "spec_k": spec.k,
+        "speculation_free_text": spec.free_text.name if spec.free_text is not None else spec.name,
+        "thinking": thinking,
+        "threads": torch.get_num_threads(),
+        "backend": h.backend.name if h.backend is not None else "torch",
+    }
 
 
 def default_selftest(loaded, backend):
@@ -102,20 +109,26 @@ def default_selftest(loaded, backend):
     try:
         from engines.selftest import run_selftest
     except ImportError:
-        raise ThorError("the self-test is unavailable (engines.selftest is not installed)") from None
+        raise ThorError(
+            "the self-test is unavailable (engines.selftest is not installed)"
+        ) from None
     return run_selftest(loaded, backend=backend if backend is not None else "torch", quick=True)
 
 
 @dataclass(frozen=True)
 class PreparedChat:
     ids: list
-    params: object            # SamplingParams
-    grammar: object | None    # agent.schema.grammar.Grammar
+    params: object  # SamplingParams
+    grammar: object | None  # agent.schema.grammar.Grammar
 
 
 class ModelHost:
-    def __init__(self, cfg: ServeConfig, loader: Callable[[ServeConfig], Hosted] | None = None,
-                 selftest: Callable | None = None):
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        loader: Callable[[ServeConfig], Hosted] | None = None,
+        selftest: Callable | None = None,
+    ):
         self.cfg = cfg
         self.loader = loader or default_loader
         self.selftest = selftest or default_selftest
@@ -124,10 +137,10 @@ class ModelHost:
         self.gtok = None
         self.report = None
         self.startup_s: dict[str, float] = {}
-        self.on_status: Callable[[str, str], None] | None = None   # each phase, as it begins
-        self.concurrency = 1           # requests the runtime may generate at once (set when ready)
+        self.on_status: Callable[[str, str], None] | None = None  # each phase, as it begins
+        self.concurrency = 1  # requests the runtime may generate at once (set when ready)
         self._lock = threading.Lock()
-        self._session = None           # (hosted, its session) when the loader gave none
+        self._session = None  # (hosted, its session) when the loader gave none
 
     @property
     def ready(self) -> bool:
@@ -147,8 +160,9 @@ class ModelHost:
         if self._session is None or self._session[0] is not h:
             from thor_app.assembly import Assembled
 
-            made = plan_session(Assembled(self.cfg.runtime, h.loaded, h.runtime, h.speculation,
-                                          h.backend))
+            made = plan_session(
+                Assembled(self.cfg.runtime, h.loaded, h.runtime, h.speculation, h.backend)
+            )
             self._session = (h, made)
         return self._session[1]
 
@@ -197,8 +211,11 @@ class ModelHost:
         # the requests the workers run at once share the target's forwards (inflight.py)
         self.concurrency = hosted.runtime.share(self.cfg.limits.batch)
         if self.concurrency < self.cfg.limits.batch:
-            log.info("limits.batch %d: one request at a time (the engine backend's fixed-shape decode "
-                     "keeps one KV store)", self.cfg.limits.batch)
+            log.info(
+                "limits.batch %d: one request at a time (the engine backend's fixed-shape decode "
+                "keeps one KV store)",
+                self.cfg.limits.batch,
+            )
         self.hosted, self.gtok = hosted, gtok
         self._set("ready", f"self-test passed: {_summary(report)}")
         return True
@@ -219,8 +236,12 @@ class ModelHost:
         tok = h.loaded.tokenizer
         ids = tok.encode_chat([{"role": "user", "content": "Say hello."}])
         h.runtime.generate(ids, SamplingParams(max_tokens=4), h.speculation)
-        h.runtime.generate(ids, SamplingParams(max_tokens=4), h.speculation,
-                           constraint=Grammar(gtok, {"type": "object"}).constraint())
+        h.runtime.generate(
+            ids,
+            SamplingParams(max_tokens=4),
+            h.speculation,
+            constraint=Grammar(gtok, {"type": "object"}).constraint(),
+        )
 
     # ---- chat ---------------------------------------------------------------------------------
     def prepare_chat(self, req: ChatRequest) -> PreparedChat:
@@ -232,11 +253,20 @@ class ModelHost:
         try:
             ids = h.loaded.tokenizer.encode_chat(list(req.messages))
         except Exception as e:  # noqa: BLE001 - a chat template may refuse a message order
-            raise ThorError(f"messages cannot be rendered by the model's chat template: {e}") from None
+            raise ThorError(
+                f"messages cannot be rendered by the model's chat template: {e}"
+            ) from None
         context = h.loaded.cfg.max_position_embeddings
-        max_tokens = check_max_tokens(len(ids), req.max_tokens, lim.default_max_tokens, lim.max_tokens, context)
-        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                seed=req.seed, stop=req.stop)
+        max_tokens = check_max_tokens(
+            len(ids), req.max_tokens, lim.default_max_tokens, lim.max_tokens, context
+        )
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=req.stop,
+        )
         grammar = None
         if req.response_format == "json_object":
             grammar = Grammar(self.gtok, {"type": "object"})
@@ -255,11 +285,19 @@ class ModelHost:
                     delta = streamer.push(t)
                     if delta:
                         on_text(delta)
+
             constraint = p.grammar.constraint() if p.grammar is not None else None
-            res = h.runtime.generate(p.ids, p.params, h.speculation, constraint=constraint, on_token=on_token,
-                                     on_prefill=lambda rows: ctx.check())
+            res = h.runtime.generate(
+                p.ids,
+                p.params,
+                h.speculation,
+                constraint=constraint,
+                on_token=on_token,
+                on_prefill=lambda rows: ctx.check(),
+            )
             tail = streamer.finish(res.text) if streamer is not None else ""
             return res, tail
+
         return run
 
     # ---- plan ---------------------------------------------------------------------------------
@@ -267,8 +305,16 @@ class ModelHost:
         """The specialized schema and its grammar: a bad schema or skill set is a 400 here."""
         from agent.planner import prepare_request
 
-        return prepare_request(self.gtok, req.world, req.skills, req.schema, req.max_steps,
-                               self._thinking(), req.task, self.cfg.planner.lexicon)
+        return prepare_request(
+            self.gtok,
+            req.world,
+            req.skills,
+            req.schema,
+            req.max_steps,
+            self._thinking(),
+            req.task,
+            self.cfg.planner.lexicon,
+        )
 
     def _thinking(self) -> bool:
         return resolve_thinking(self.cfg.planner.thinking, self.gtok)
@@ -282,14 +328,20 @@ class ModelHost:
         h, session = self.hosted, self.session
 
         def run(ctx: JobContext):
-            planner = session.planner(_Checked(h.runtime, ctx), max_tokens=req.max_tokens,
-                                      attempts=req.attempts, thinking=self._thinking(),
-                                      max_steps=req.max_steps, grammar_tokenizer=self.gtok)
+            planner = session.planner(
+                _Checked(h.runtime, ctx),
+                max_tokens=req.max_tokens,
+                attempts=req.attempts,
+                thinking=self._thinking(),
+                max_steps=req.max_steps,
+                grammar_tokenizer=self.gtok,
+            )
             res = session.plan(prepared, planner=planner, on_token=ctx.check)
             # a world's first plan: its start goes to disk (~40 ms); what auto learned, for the
             # next start, at most once a minute
             session.after_plan()
             return res
+
         return run
 
 

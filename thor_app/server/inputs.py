@@ -7,16 +7,17 @@ valid JSON but not encodable as UTF-8, which the tokenizer and the grammar engin
 Catching them on the event loop, before the job is queued, keeps a bad request from costing a
 queue slot. The walk is iterative, so the check itself cannot overflow the stack.
 """
+
 from __future__ import annotations
 
 import json
 
 from thor_app.server.errors import ApiError, bad_request
 
-MAX_DEPTH = 64            # arrays/objects inside one another in a body (a plan's world is ~5 deep)
-MAX_SCHEMA_DEPTH = 32     # subschemas inside one another
-MAX_SCHEMA_NODES = 4096   # objects and arrays in one schema: the grammar compile grows with it
-SEED_LIMIT = 2 ** 64      # what torch.Generator.manual_seed takes
+MAX_DEPTH = 64  # arrays/objects inside one another in a body (a plan's world is ~5 deep)
+MAX_SCHEMA_DEPTH = 32  # subschemas inside one another
+MAX_SCHEMA_NODES = 4096  # objects and arrays in one schema: the grammar compile grows with it
+SEED_LIMIT = 2**64  # what torch.Generator.manual_seed takes
 # Queue order: a higher priority is served first. Plans default above chat, so a robot's replan
 # overtakes an operator's queued chat; a caller may say otherwise.
 PRIORITIES = range(0, 10)
@@ -28,7 +29,9 @@ def parse_body(raw: bytes):
     try:
         doc = json.loads(raw)
     except RecursionError:
-        raise bad_request(f"the JSON body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+        raise bad_request(
+            f"the JSON body nests deeper than {MAX_DEPTH} levels", code="invalid_json"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from None
     check_document(doc)
@@ -46,8 +49,10 @@ def check_document(doc, max_depth: int = MAX_DEPTH, what: str = "the JSON body")
         elif isinstance(v, (dict, list)):
             nodes += 1
             if depth > max_depth:
-                raise bad_request(f"{what} nests deeper than {max_depth} levels (at {path or 'top level'})",
-                                  code="too_deep")
+                raise bad_request(
+                    f"{what} nests deeper than {max_depth} levels (at {path or 'top level'})",
+                    code="too_deep",
+                )
             items = v.items() if isinstance(v, dict) else enumerate(v)
             for k, x in items:
                 if isinstance(k, str):
@@ -60,8 +65,11 @@ def _check_text(s: str, path: str, what: str) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request(f"{what} holds a string that is not valid Unicode (a lone surrogate) at "
-                          f"{path or 'top level'}", code="invalid_string") from None
+        raise bad_request(
+            f"{what} holds a string that is not valid Unicode (a lone surrogate) at "
+            f"{path or 'top level'}",
+            code="invalid_string",
+        ) from None
 
 
 def check_schema_shape(schema, param: str) -> None:
@@ -69,8 +77,13 @@ def check_schema_shape(schema, param: str) -> None:
     engine sees it (both recurse, and the compile's time grows with the schema)."""
     nodes = check_document(schema, MAX_SCHEMA_DEPTH, what=f"{param}")
     if nodes > MAX_SCHEMA_NODES:
-        raise ApiError(400, f"{param} has {nodes} objects and arrays; the most this server compiles is "
-                       f"{MAX_SCHEMA_NODES}", "schema_too_large", param)
+        raise ApiError(
+            400,
+            f"{param} has {nodes} objects and arrays; the most this server compiles is "
+            f"{MAX_SCHEMA_NODES}",
+            "schema_too_large",
+            param,
+        )
 
 
 def priority(body: dict, default: int) -> int:
@@ -78,8 +91,11 @@ def priority(body: dict, default: int) -> int:
     if v is None:
         return default
     if not isinstance(v, int) or isinstance(v, bool) or v not in PRIORITIES:
-        raise bad_request(f"priority must be an integer in [{PRIORITIES[0]}, {PRIORITIES[-1]}] (higher is served "
-                          "first)", param="priority")
+        raise bad_request(
+            f"priority must be an integer in [{PRIORITIES[0]}, {PRIORITIES[-1]}] (higher is served "
+            "first)",
+            param="priority",
+        )
     return v
 
 

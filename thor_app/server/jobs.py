@@ -18,6 +18,7 @@ Each check also records progress; the watchdog reads it to tell a slow generatio
 one, so a long prompt's prefill counts as progress chunk by chunk, and any running job's
 progress counts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,15 +44,15 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(eq=False)                         # identity: jobs live in a set
+@dataclass(eq=False)  # identity: jobs live in a set
 class Job:
     fn: Callable[["JobContext"], Any]
-    deadline: float                          # monotonic
+    deadline: float  # monotonic
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    cancel_reason: str | None = None         # set from the event loop; read by the worker
+    cancel_reason: str | None = None  # set from the event loop; read by the worker
     started: bool = False
-    tokens: int = 0                          # committed tokens seen by check()
+    tokens: int = 0  # committed tokens seen by check()
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     timer: asyncio.TimerHandle | None = None
@@ -88,8 +89,13 @@ class JobContext:
 class JobQueue:
     """submit() from the event loop; results come back as asyncio futures."""
 
-    def __init__(self, queue_size: int, clock: Callable[[], float] = time.monotonic,
-                 on_cancel: Callable[[str, int], None] | None = None, workers: int = 1):
+    def __init__(
+        self,
+        queue_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_cancel: Callable[[str, int], None] | None = None,
+        workers: int = 1,
+    ):
         """on_cancel(reason, tokens committed before the stop): called in a worker thread.
         workers: jobs running at once."""
         if workers < 1:
@@ -100,18 +106,20 @@ class JobQueue:
         self._arrival = itertools.count()
         self._threads: list[threading.Thread] = []
         self.running: set[Job] = set()
-        self._count = threading.Lock()      # the counters below, from several workers
+        self._count = threading.Lock()  # the counters below, from several workers
         self.last_progress = clock()
         self.completed = 0
         self.cancelled: dict[str, int] = {}
-        self._mean_job_s = 1.0              # running mean, for Retry-After
+        self._mean_job_s = 1.0  # running mean, for Retry-After
         self._stopping = False
-        self.pending: set[Job] = set()      # submitted, not yet answered (the loop's side)
+        self.pending: set[Job] = set()  # submitted, not yet answered (the loop's side)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._work, name=f"thor-generate-{i}", daemon=True)
-                         for i in range(self.workers)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"thor-generate-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
         for t in self._threads:
             t.start()
 
@@ -130,7 +138,7 @@ class JobQueue:
             for job in list(self.running):
                 job.cancel("shutdown")
         for _ in self._threads:
-            self._q.put((float("-inf"), next(self._arrival), None))   # ahead of everything: stop
+            self._q.put((float("-inf"), next(self._arrival), None))  # ahead of everything: stop
         end = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, end - time.monotonic()))
@@ -173,7 +181,7 @@ class JobQueue:
         if job.timer is not None:
             job.timer.cancel()
         if job.future.done() and not job.future.cancelled():
-            job.future.exception()    # retrieved: a request that left has nobody to read it
+            job.future.exception()  # retrieved: a request that left has nobody to read it
 
     def refuse_new(self) -> None:
         self._stopping = True
@@ -221,7 +229,7 @@ class JobQueue:
             self.on_cancel(exc.reason, job.tokens)
 
         def deliver():
-            if job.future.done():     # the handler is gone (client disconnected)
+            if job.future.done():  # the handler is gone (client disconnected)
                 return
             if exc is not None:
                 job.future.set_exception(exc)
@@ -230,5 +238,5 @@ class JobQueue:
 
         try:
             job.loop.call_soon_threadsafe(deliver)
-        except RuntimeError:          # the loop is closed: nobody is waiting any more
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass

@@ -10,6 +10,7 @@ computes for longer than that without writing would lose its scratch directory a
 never serve a partial entry). The weight cache's ``.old-<entry>-<pid>`` (an entry being
 replaced) names its owner, and goes when that process is gone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ def _newest_mtime(d: Path) -> float:
     for p in d.rglob("*"):
         try:
             newest = max(newest, p.stat().st_mtime)
-        except OSError:      # removed meanwhile
+        except OSError:  # removed meanwhile
             pass
     return newest
 
@@ -63,7 +64,7 @@ def remove_abandoned(roots, stale_s: float = STALE_S, now: float | None = None) 
                 if d.is_dir() and not d.is_symlink() and abandoned(d, now, stale_s):
                     shutil.rmtree(d)
                     gone.append(d)
-            except OSError as e:    # another process's, or removed meanwhile: leave it
+            except OSError as e:  # another process's, or removed meanwhile: leave it
                 log.warning("could not remove the leftover %s: %s", d, e.strerror or e)
     if gone:
         log.info("removed %d leftover(s) of interrupted cache builds", len(gone))

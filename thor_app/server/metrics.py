@@ -1,4 +1,5 @@
 """Prometheus metrics of one server (its own registry: two apps in one process never mix)."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,25 +14,55 @@ class Metrics:
     def __init__(self, queue_depth, ready):
         """queue_depth, ready: callables read at scrape time."""
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("thor_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "thor_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
         self.prompt_tokens = Counter("thor_prompt_tokens", "prompt tokens prefilled", registry=r)
-        self.generated_tokens = Counter("thor_generated_tokens", "tokens generated (committed)", registry=r)
+        self.generated_tokens = Counter(
+            "thor_generated_tokens", "tokens generated (committed)", registry=r
+        )
         self.drafted = Counter("thor_drafted_tokens", "draft tokens verified", registry=r)
         self.accepted = Counter("thor_accepted_tokens", "draft tokens accepted", registry=r)
-        self.pos_offered = Counter("thor_draft_position_offered", "cycles that verified a draft at this position",
-                                   ["position"], registry=r)
-        self.pos_accepted = Counter("thor_draft_position_accepted", "cycles that accepted the draft at this position",
-                                    ["position"], registry=r)
-        self.cancelled = Counter("thor_generations_cancelled", "generations stopped before the end", ["reason"],
-                                 registry=r)
-        self.ttft = Histogram("thor_ttft_seconds", "time to first token (prefill)", buckets=_TTFT_BUCKETS, registry=r)
-        self.latency = Histogram("thor_request_latency_seconds", "request latency by route", ["route"],
-                                 buckets=_LATENCY_BUCKETS, registry=r)
-        Gauge("thor_queue_depth", "requests waiting for the generation worker", registry=r).set_function(queue_depth)
-        Gauge("thor_ready", "1 when the model is loaded and passed its self-test", registry=r).set_function(
-            lambda: 1.0 if ready() else 0.0)
-        self._acceptance = Gauge("thor_acceptance_by_position", "accepted / offered drafts at this position",
-                                 ["position"], registry=r)
+        self.pos_offered = Counter(
+            "thor_draft_position_offered",
+            "cycles that verified a draft at this position",
+            ["position"],
+            registry=r,
+        )
+        self.pos_accepted = Counter(
+            "thor_draft_position_accepted",
+            "cycles that accepted the draft at this position",
+            ["position"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "thor_generations_cancelled",
+            "generations stopped before the end",
+            ["reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "thor_ttft_seconds", "time to first token (prefill)", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.latency = Histogram(
+            "thor_request_latency_seconds",
+            "request latency by route",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        Gauge(
+            "thor_queue_depth", "requests waiting for the generation worker", registry=r
+        ).set_function(queue_depth)
+        Gauge(
+            "thor_ready", "1 when the model is loaded and passed its self-test", registry=r
+        ).set_function(lambda: 1.0 if ready() else 0.0)
+        self._acceptance = Gauge(
+            "thor_acceptance_by_position",
+            "accepted / offered drafts at this position",
+            ["position"],
+            registry=r,
+        )
         self._offered_sum: list[int] = []
         self._accepted_sum: list[int] = []
 

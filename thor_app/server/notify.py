@@ -8,6 +8,7 @@ The watchdog ping comes from a task on the serving event loop, so a loop that st
 stops the pings; and it is withheld while the running generation has made no progress for
 ``stall_s`` (a hung kernel or a dead lock in the worker), so systemd restarts either.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,11 +24,13 @@ class Notifier:
     def __init__(self, address: str | None):
         self.address = address or None
         self._sock: socket.socket | None = None
-        self._dropping = False     # warn once per run of dropped messages, not once a second
+        self._dropping = False  # warn once per run of dropped messages, not once a second
         if self.address:
             # Non-blocking: a receiver that stops reading fills its queue (10 datagrams by
             # default), and a blocking send would then freeze the serving loop with it.
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            self._sock = socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Notifier":
@@ -43,7 +46,9 @@ class Notifier:
             return True
         except BlockingIOError:
             if not self._dropping:
-                log.warning("sd_notify to %s: the receiver's queue is full; dropping messages", self.address)
+                log.warning(
+                    "sd_notify to %s: the receiver's queue is full; dropping messages", self.address
+                )
             self._dropping = True
             return False
         except OSError as e:  # systemd gone or socket removed: the service keeps serving
@@ -57,8 +62,10 @@ class Notifier:
             return False
         addr = "\0" + self.address[1:] if self.address.startswith("@") else self.address
         try:
-            await asyncio.wait_for(asyncio.get_running_loop().sock_sendto(
-                self._sock, "\n".join(lines).encode(), addr), timeout_s)
+            await asyncio.wait_for(
+                asyncio.get_running_loop().sock_sendto(self._sock, "\n".join(lines).encode(), addr),
+                timeout_s,
+            )
             return True
         except (OSError, asyncio.TimeoutError) as e:
             log.warning("sd_notify %s to %s failed: %s", lines[0], self.address, e or "timed out")
@@ -77,7 +84,7 @@ def watchdog_interval(env: Mapping[str, str] = os.environ, pid: int | None = Non
         return None
     want_pid = env.get("WATCHDOG_PID")
     if want_pid and want_pid.isdigit() and int(want_pid) != (pid or os.getpid()):
-        return None   # the variables were meant for another process (inherited)
+        return None  # the variables were meant for another process (inherited)
     try:
         us = int(usec)
     except ValueError:

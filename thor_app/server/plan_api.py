@@ -5,18 +5,18 @@ A name is a bare file stem (``kitchen``), never a path: a request cannot make th
 a file outside the directories its operator configured. For the same reason an inline world's
 own ``skills`` reference is not followed; pass ``skills`` (a name or an object) instead.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from thor_runtime.errors import ThorError
-
-from thor_app.server.config import worlds_path, skills_path
-from thor_runtime.config import PlannerSettings
+from thor_app.server.config import skills_path, worlds_path
 from thor_app.server.errors import bad_request
 from thor_app.server.inputs import PLAN_PRIORITY, check_schema_shape, priority
+from thor_runtime.config import PlannerSettings
+from thor_runtime.errors import ThorError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -24,8 +24,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 @dataclass(frozen=True)
 class PlanRequest:
     task: str
-    world: object                  # agent.files.loader.World
-    skills: object                 # agent.files.loader.SkillSet
+    world: object  # agent.files.loader.World
+    skills: object  # agent.files.loader.SkillSet
     schema: dict | None
     max_tokens: int
     attempts: int
@@ -36,11 +36,16 @@ class PlanRequest:
 def _by_name(directory: Path, name: str, what: str) -> Path:
     stem = name[:-5] if name.endswith(".json") else name
     if not _NAME.match(stem) or ".." in stem:
-        raise bad_request(f"{what} name {name!r} is not a plain name (letters, digits, _ . -)", param=what)
+        raise bad_request(
+            f"{what} name {name!r} is not a plain name (letters, digits, _ . -)", param=what
+        )
     p = directory / f"{stem}.json"
     if not p.is_file():
-        raise bad_request(f"no {what} named {stem!r} in the configured {what.removesuffix('s')}s directory", code=f"{what}_not_found",
-                          param=what)
+        raise bad_request(
+            f"no {what} named {stem!r} in the configured {what.removesuffix('s')}s directory",
+            code=f"{what}_not_found",
+            param=what,
+        )
     return p
 
 
@@ -55,8 +60,14 @@ def _int_field(body: dict, key: str, default, lo: int, hi: int):
 
 def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
     """Reads world/skills files (small JSON): call it off the event loop."""
-    from agent.files.loader import (DEFAULT_SKILLS, load_skills, load_world, resolve_skills_path, skills_from_dict,
-                             world_from_dict)
+    from agent.files.loader import (
+        DEFAULT_SKILLS,
+        load_skills,
+        load_world,
+        resolve_skills_path,
+        skills_from_dict,
+        world_from_dict,
+    )
     from agent.schema.grammar import check_schema
 
     if not isinstance(body, dict):
@@ -71,16 +82,22 @@ def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
         elif isinstance(w, dict):
             world = world_from_dict({k: v for k, v in w.items() if k != "skills"}, "request world")
         else:
-            raise bad_request("world must be a world object or the name of a configured world", param="world")
+            raise bad_request(
+                "world must be a world object or the name of a configured world", param="world"
+            )
         if isinstance(s, str):
             skills = load_skills(_by_name(skills_path(cfg), s, "skills"))
         elif isinstance(s, dict):
             skills = skills_from_dict(s, "request skills")
         elif s is None:
-            skills = load_skills(resolve_skills_path(world, None) if isinstance(w, str) else DEFAULT_SKILLS)
+            skills = load_skills(
+                resolve_skills_path(world, None) if isinstance(w, str) else DEFAULT_SKILLS
+            )
         else:
-            raise bad_request("skills must be a skills object, the name of a configured skill set, or absent",
-                              param="skills")
+            raise bad_request(
+                "skills must be a skills object, the name of a configured skill set, or absent",
+                param="skills",
+            )
         if schema is not None:
             if not isinstance(schema, dict):
                 raise bad_request("schema must be a JSON Schema object", param="schema")
@@ -88,7 +105,13 @@ def parse_plan(body, cfg: PlannerSettings) -> PlanRequest:
             check_schema(schema)
     except ThorError as e:
         raise bad_request(str(e)) from None
-    return PlanRequest(task, world, skills, schema,
-                       _int_field(body, "max_tokens", cfg.max_tokens, 16, cfg.max_tokens),
-                       _int_field(body, "attempts", cfg.attempts, 0, cfg.attempts),
-                       _int_field(body, "max_steps", cfg.max_steps or None, 1, 256), priority(body, PLAN_PRIORITY))
+    return PlanRequest(
+        task,
+        world,
+        skills,
+        schema,
+        _int_field(body, "max_tokens", cfg.max_tokens, 16, cfg.max_tokens),
+        _int_field(body, "attempts", cfg.attempts, 0, cfg.attempts),
+        _int_field(body, "max_steps", cfg.max_steps or None, 1, 256),
+        priority(body, PLAN_PRIORITY),
+    )

@@ -31,6 +31,7 @@ The answer: ``CallReader`` turns the generated text into content and tool calls,
 (``completion``) or delta by delta as tokens commit (OpenAI's stream chunks: the call's index,
 id, type and name first, then its arguments in fragments); both read the same text the same way.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,43 +39,50 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from thor_runtime.errors import ThorError
-
 from thor_app.server.errors import bad_request
 from thor_app.server.openai_api import ChatRequest, check_max_tokens, completion_body
+from thor_runtime.errors import ThorError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-WS = None                                 # in a form's parts: optional whitespace
+WS = None  # in a form's parts: optional whitespace
 # The forms a call is read in, each as parts up to its name, between its name and its arguments,
 # and after them. "tagged" is the template's; "fenced" and "bare" are how models also write calls
 # (Qwen2.5-Coder's answers, as a fenced JSON block), read where tool_choice is auto.
 FORMS = {
     "tagged": ((OPEN, "\n", '{"name": "'), ('", "arguments": ',), ("}\n" + CLOSE,)),
-    "fenced": (("```json", WS, "{", WS, '"name"', WS, ":", WS, '"'),
-               ('"', WS, ",", WS, '"arguments"', WS, ":", WS), (WS, "}", WS, "```")),
-    "bare": (("{", WS, '"name"', WS, ":", WS, '"'),
-             ('"', WS, ",", WS, '"arguments"', WS, ":", WS), (WS, "}")),
+    "fenced": (
+        ("```json", WS, "{", WS, '"name"', WS, ":", WS, '"'),
+        ('"', WS, ",", WS, '"arguments"', WS, ":", WS),
+        (WS, "}", WS, "```"),
+    ),
+    "bare": (
+        ("{", WS, '"name"', WS, ":", WS, '"'),
+        ('"', WS, ",", WS, '"arguments"', WS, ":", WS),
+        (WS, "}"),
+    ),
 }
 SPACE = " \t\r\n"
 # the arguments' JSON as chat templates write it (tojson: json.dumps' separators); in the other
 # forms as the model lays it out
 ARGUMENT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 FREE_JSON = {"whitespace_flexible": True}
-CONTENT_JSON = {"whitespace_flexible": False}          # response_format's JSON, as without tools
+CONTENT_JSON = {"whitespace_flexible": False}  # response_format's JSON, as without tools
 TOOLS_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tools}\n"
     "</tools>\n\nFor each function call, return a json object with function name and arguments "
     "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
 
 
 @dataclass(frozen=True)
 class CallShape:
     """What the answer may hold: ``choice`` none (content only), auto, required or function."""
+
     choice: str = "none"
     names: frozenset = frozenset()
-    forms: tuple = ("tagged",)        # the forms calls are read in (auto: the others too)
+    forms: tuple = ("tagged",)  # the forms calls are read in (auto: the others too)
 
     @property
     def can_call(self) -> bool:
@@ -117,7 +125,7 @@ def conversation(messages, tools, native: bool) -> tuple[list[dict], dict]:
             out.append({"role": "assistant", "content": content})
         elif m["role"] == "tool":
             result = f"<tool_response>\n{m['content']}\n</tool_response>"
-            if out and out[-1].get("tool_results"):    # one turn's results: one user turn
+            if out and out[-1].get("tool_results"):  # one turn's results: one user turn
                 out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + result}
             else:
                 out.append({"role": "user", "content": result, "tool_results": True})
@@ -142,8 +150,10 @@ def _marker(gtok, tokenizer, text: str) -> str:
     if tid is None or tid not in gtok.special_ids:
         return json.dumps(text)
     if tokenizer.decode([tid]) != text:
-        raise ThorError(f"this model's tokenizer drops {text} from decoded text: its tool calls "
-                        "could not be read back")
+        raise ThorError(
+            f"this model's tokenizer drops {text} from decoded text: its tool calls "
+            "could not be read back"
+        )
     return text
 
 
@@ -151,8 +161,9 @@ def closed(params: dict) -> dict:
     """A function takes the parameters it declares: a parameters object that lists properties
     and says nothing of others allows no others (JSON Schema would allow any, and a small model
     then invents keys). Nested objects keep JSON Schema's reading."""
-    if "properties" in params and not any(k in params for k in (
-            "additionalProperties", "patternProperties", "unevaluatedProperties")):
+    if "properties" in params and not any(
+        k in params for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    ):
         return {**params, "additionalProperties": False}
     return params
 
@@ -163,8 +174,15 @@ def auto_forms(content_schema: dict | None) -> tuple:
     return ("tagged", "fenced") if content_schema is not None else tuple(FORMS)
 
 
-def call_lark(tools, choice: str, name: str | None, parallel: bool, content_schema: dict | None,
-              open_: str = json.dumps(OPEN), close: str = json.dumps(CLOSE)) -> str:
+def call_lark(
+    tools,
+    choice: str,
+    name: str | None,
+    parallel: bool,
+    content_schema: dict | None,
+    open_: str = json.dumps(OPEN),
+    close: str = json.dumps(CLOSE),
+) -> str:
     """The Lark grammar of an answer: see the module's docstring. ``open_`` / ``close``: the
     markers as the grammar spells them (``_marker``). With ``auto`` a call may also be written
     fenced or bare (``FORMS``): text that opens one with a tool's name is that call."""
@@ -178,7 +196,7 @@ def call_lark(tools, choice: str, name: str | None, parallel: bool, content_sche
         tagged = json.dumps({**params, "x-guidance": ARGUMENT_JSON})
         lines.append(f'f{i}: {head} %json {tagged} "}}"')
         free = json.dumps({**params, "x-guidance": FREE_JSON})
-        if "fenced" in others:      # one lexeme up to the name: where content stops being possible
+        if "fenced" in others:  # one lexeme up to the name: where content stops being possible
             lines.append(f'FENCED{i}: /```json{w}*\\{{{w}*"name"{w}*:{w}*"{f["name"]}"/')
             lines.append(f"fenced{i}: FENCED{i} MID %json {free} FENCE_END")
         if "bare" in others:
@@ -187,10 +205,14 @@ def call_lark(tools, choice: str, name: str | None, parallel: bool, content_sche
     alts = " | ".join(f"f{i}" for i in range(len(funcs)))
     lines.append(f'call: {open_} "\\n" ({alts}) "\\n" {close}')
     # a newline may end the calls: the model's own habit before its end of turn
-    lines.append('calls: call ("\\n" call)* "\\n"?' if parallel and choice != "function"
-                 else 'calls: call "\\n"?')
+    lines.append(
+        'calls: call ("\\n" call)* "\\n"?'
+        if parallel and choice != "function"
+        else 'calls: call "\\n"?'
+    )
     start = {"required": "calls", "function": "calls", "none": "content"}.get(
-        choice, "calls | content")
+        choice, "calls | content"
+    )
     opens = ["<tool_call>"]
     if others:
         lines.append(f'MID: /{w}*,{w}*"arguments"{w}*:{w}*/')
@@ -199,8 +221,11 @@ def call_lark(tools, choice: str, name: str | None, parallel: bool, content_sche
         if "fenced" in others:
             lines.append(f"FENCE_END: /{w}*\\}}{w}*```/")
             lines.append("fenced: " + " | ".join(f"fenced{i}" for i in range(len(funcs))))
-            lines.append("fenced_calls: fenced (SPACE fenced)* SPACE?" if parallel
-                         else "fenced_calls: fenced SPACE?")
+            lines.append(
+                "fenced_calls: fenced (SPACE fenced)* SPACE?"
+                if parallel
+                else "fenced_calls: fenced SPACE?"
+            )
             start += " | fenced_calls"
             opens.append(f'```json{w}*\\{{{w}*"name"{w}*:{w}*"({names})"')
         if "bare" in others:
@@ -234,8 +259,11 @@ def tool_grammar(gtok, tokenizer, req: ChatRequest):
         try:
             check_schema(t["function"]["parameters"])
         except ThorError as e:
-            raise bad_request(f"tools[{i}].function.parameters ({t['function']['name']}): {e}",
-                              code="invalid_schema", param="tools") from None
+            raise bad_request(
+                f"tools[{i}].function.parameters ({t['function']['name']}): {e}",
+                code="invalid_schema",
+                param="tools",
+            ) from None
     content = None
     if req.response_format == "json_object":
         content = {"type": "object"}
@@ -245,13 +273,23 @@ def tool_grammar(gtok, tokenizer, req: ChatRequest):
             check_schema(content)
         except ThorError as e:
             raise bad_request(str(e), code="invalid_schema", param="response_format") from None
-    lark = call_lark(req.tools, req.tool_choice, req.tool_name, req.parallel_tool_calls, content,
-                     _marker(gtok, tokenizer, OPEN), _marker(gtok, tokenizer, CLOSE))
+    lark = call_lark(
+        req.tools,
+        req.tool_choice,
+        req.tool_name,
+        req.parallel_tool_calls,
+        content,
+        _marker(gtok, tokenizer, OPEN),
+        _marker(gtok, tokenizer, CLOSE),
+    )
     try:
         return _compiled(gtok, lark)
     except ThorError as e:
-        raise bad_request(f"the tools cannot be decoded under a grammar: {e}",
-                          code="invalid_schema", param="tools") from None
+        raise bad_request(
+            f"the tools cannot be decoded under a grammar: {e}",
+            code="invalid_schema",
+            param="tools",
+        ) from None
 
 
 def prepare(host, req: ChatRequest):
@@ -271,13 +309,19 @@ def prepare(host, req: ChatRequest):
     except Exception as e:  # noqa: BLE001 - a chat template may refuse a message order
         raise ThorError(f"messages cannot be rendered by the model's chat template: {e}") from None
     context = h.loaded.cfg.max_position_embeddings
-    max_tokens = check_max_tokens(len(ids), req.max_tokens, lim.default_max_tokens, lim.max_tokens,
-                                  context)
-    params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
-                            seed=req.seed, stop=req.stop)
+    max_tokens = check_max_tokens(
+        len(ids), req.max_tokens, lim.default_max_tokens, lim.max_tokens, context
+    )
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop=req.stop,
+    )
     if req.tools:
         grammar = tool_grammar(gtok, tok, req)
-    elif req.response_format != "text":     # tool turns, nothing to call now: as without them
+    elif req.response_format != "text":  # tool turns, nothing to call now: as without them
         from agent.schema.grammar import Grammar
 
         schema = req.schema if req.response_format == "json_schema" else {"type": "object"}
@@ -305,8 +349,8 @@ class CallReader:
         self.shape, self.new_id = shape, new_id
         self.state = "start" if shape.can_call else "content"
         self.buf = ""
-        self.text = ""                  # content
-        self.calls: list[dict] = []     # finished, well-formed calls
+        self.text = ""  # content
+        self.calls: list[dict] = []  # finished, well-formed calls
         self.form: str | None = None
         self.open_call: dict | None = None
 
@@ -322,7 +366,7 @@ class CallReader:
         string) is not among ``calls``."""
         out = self.push(tail)
         if self.state == "start" and self.buf and not self.shape.calls_only:
-            self.state = "content"          # the start of a form and no more
+            self.state = "content"  # the start of a form and no more
             self._content(out)
         self.buf = ""
         if self.calls and reason == "eos":
@@ -339,9 +383,18 @@ class CallReader:
             if got == "full":
                 self.form, self.buf = form, self.buf[end:]
                 self.open_call = {"id": self.new_id(), "name": name, "arguments": ""}
-                out.append({"tool_calls": [{"index": len(self.calls), "id": self.open_call["id"],
-                                            "type": "function",
-                                            "function": {"name": name, "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": len(self.calls),
+                                "id": self.open_call["id"],
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
                 self.state = "mid"
                 return True
             waiting |= got == "partial"
@@ -380,8 +433,9 @@ class CallReader:
         if upto > sent:
             piece = b[sent:upto]
             call["arguments"] += piece
-            out.append({"tool_calls": [{"index": len(self.calls),
-                                        "function": {"arguments": piece}}]})
+            out.append(
+                {"tool_calls": [{"index": len(self.calls), "function": {"arguments": piece}}]}
+            )
         if end is None:
             return False
         self.buf, self.state = b[end:], "end"
@@ -395,8 +449,13 @@ class CallReader:
             return self._junk()
         call, self.open_call = self.open_call, None
         if _json_object(call["arguments"]):
-            self.calls.append({"id": call["id"], "type": "function",
-                               "function": {"name": call["name"], "arguments": call["arguments"]}})
+            self.calls.append(
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            )
         self.buf, self.state = self.buf[i:], "between"
         return True
 
@@ -435,7 +494,7 @@ def _parts(parts, text: str, i: int) -> tuple[str, int]:
             if i == len(text):
                 return "partial", i
             continue
-        chunk = text[i:i + len(p)]
+        chunk = text[i : i + len(p)]
         if chunk != p:
             return ("partial" if p.startswith(chunk) and i + len(chunk) == len(text) else "no"), i
         i += len(p)
@@ -446,7 +505,7 @@ def _json_end(text: str) -> int | None:
     """Where the JSON value at the start of ``text`` ends, None while it may go on."""
     if not text:
         return None
-    if text[0] not in "{[\"":
+    if text[0] not in '{["':
         for i, ch in enumerate(text):
             if ch in SPACE + ",}]":
                 return i

@@ -6,6 +6,7 @@ losslessness gate (spec/lossless.py) against the plain rows: identical tokens, o
 that is a numerical tie under a fresh reference forward. Plain rows measure that noise floor:
 the same plain decoding at one thread, judged the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,7 @@ import time
 from pathlib import Path
 
 from thor_app.assembly import build_speculation, load_model, make_runtime, with_settings
-
 from thor_app.tools.bench_report import device_info, median, peak_rss_mb, print_table
-
 
 BENCH_PROMPTS = [
     "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
@@ -27,9 +26,11 @@ BENCH_PROMPTS = [
     "Write a JSON plan: navigate to shelf A3, pick the blue box (1.2 kg), place it on pallet 2, "
     "then return to the charging dock.",
 ]
-LONG_PROMPT = ("World: objects red_mug (0.3 kg) at [0.4, 0.1, 0.9], blue_box (1.2 kg) at [1.1, -0.3, 0.5], "
-               "screwdriver (0.1 kg) at [0.2, 0.5, 0.8]; places counter, dish_rack, shelf_a3, pallet_2, dock. "
-               "Skills: navigate(place), pick(object), place(object, place), open(object), close(object). ")
+LONG_PROMPT = (
+    "World: objects red_mug (0.3 kg) at [0.4, 0.1, 0.9], blue_box (1.2 kg) at [1.1, -0.3, 0.5], "
+    "screwdriver (0.1 kg) at [0.2, 0.5, 0.8]; places counter, dish_rack, shelf_a3, pallet_2, dock. "
+    "Skills: navigate(place), pick(object), place(object, place), open(object), close(object). "
+)
 
 
 def chat_prompts(tokenizer) -> list[list[int]]:
@@ -58,15 +59,25 @@ def bench_runtime(config, loaded, kv, spec_names, args, prompts) -> list[tuple[d
     rt = make_runtime(with_settings(config, model__kv_dtype=kv, model__prefix_cache=0), loaded)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     long = long_ids(loaded.tokenizer, args.prefill_tokens)
-    specs = [build_speculation(with_settings(config, speculation__method=name.split("-")[0],
-                                             speculation__seed_window=not name.endswith("noseed")), loaded)
-             for name in spec_names]
+    specs = [
+        build_speculation(
+            with_settings(
+                config,
+                speculation__method=name.split("-")[0],
+                speculation__seed_window=not name.endswith("noseed"),
+            ),
+            loaded,
+        )
+        for name in spec_names
+    ]
     runs = [{"decode": [], "accept": [], "per_pos": [], "outputs": []} for _ in spec_names]
     rt.generate(prompts[0][:8], SamplingParams(max_tokens=2))  # warm-up (allocator, kernels)
     turn = 0
-    prefill = []                  # no speculation runs in a prefill: one timing per repeat serves every row
+    prefill = []  # no speculation runs in a prefill: one timing per repeat serves every row
     for r in range(args.repeats):
-        prefill.append(rt.generate(long, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"])
+        prefill.append(
+            rt.generate(long, SamplingParams(max_tokens=1)).stats.to_dict()["prefill_tok_s"]
+        )
         for ids in prompts:
             for n in range(len(specs)):
                 j = (turn + n) % len(specs)
@@ -87,15 +98,24 @@ def bench_runtime(config, loaded, kv, spec_names, args, prompts) -> list[tuple[d
             per_pos = run["per_pos"]
             width = max(len(p) for p in per_pos)
             row["accept_length_mean"] = median(run["accept"])
-            row["accept_per_position"] = [round(statistics.mean(p[j] for p in per_pos if len(p) > j), 3)
-                                          for j in range(width)]
+            row["accept_per_position"] = [
+                round(statistics.mean(p[j] for p in per_pos if len(p) > j), 3) for j in range(width)
+            ]
         if name == "none":
             if torch.get_num_threads() > 1:
-                row["plain_1thread"] = _one_thread_gate(rt, prompts, run["outputs"], params, args.tie_tol)
+                row["plain_1thread"] = _one_thread_gate(
+                    rt, prompts, run["outputs"], params, args.tie_tol
+                )
         elif reference is not None:
             row["tokens_identical_to_plain"] = run["outputs"] == reference
-            row.update(summarize([judge(rt, p, a, b, args.tie_tol)
-                                  for p, a, b in zip(prompts, reference, run["outputs"])]))
+            row.update(
+                summarize(
+                    [
+                        judge(rt, p, a, b, args.tie_tol)
+                        for p, a, b in zip(prompts, reference, run["outputs"])
+                    ]
+                )
+            )
         out.append((row, run["outputs"]))
     return out
 
@@ -133,7 +153,13 @@ def bench_transformers(path, dtype, args, prompts, long: list[int]):
     def gen(ids, n):
         t = time.perf_counter()
         with torch.inference_mode():
-            hf.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+            hf.generate(
+                ids,
+                max_new_tokens=n,
+                do_sample=False,
+                attention_mask=torch.ones_like(ids),
+                pad_token_id=0,
+            )
         return time.perf_counter() - t
 
     gen(torch_ids[0][:, :8], 2)
@@ -155,8 +181,14 @@ def run_decode(args, config, configs, specs) -> int:
         specs.insert(specs.index("dflash") + 1, "dflash-noseed")
     path = resolve(config.model.name)
     rows: list[dict] = []
-    results = {"device": device_info(config), "model": config.model.name, "max_tokens": args.max_tokens,
-               "repeats": args.repeats, "prefill_tokens": args.prefill_tokens, "rows": rows}
+    results = {
+        "device": device_info(config),
+        "model": config.model.name,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "prefill_tokens": args.prefill_tokens,
+        "rows": rows,
+    }
     for wdt in dict.fromkeys(c[0] for c in configs):
         t0 = time.perf_counter()
         loaded = load_model(with_settings(config, model__dtype=wdt))
@@ -164,20 +196,37 @@ def run_decode(args, config, configs, specs) -> int:
         prompts = chat_prompts(loaded.tokenizer)
         plain_fp32kv = None
         for kv in [c[1] for c in configs if c[0] == wdt]:
-            print(f"bench: {wdt} weights, {kv} KV, specs {', '.join(specs)} in turn ...", file=sys.stderr)
-            for spec, (row, outs) in zip(specs, bench_runtime(config, loaded, kv, specs, args, prompts)):
+            print(
+                f"bench: {wdt} weights, {kv} KV, specs {', '.join(specs)} in turn ...",
+                file=sys.stderr,
+            )
+            for spec, (row, outs) in zip(
+                specs, bench_runtime(config, loaded, kv, specs, args, prompts)
+            ):
                 if spec == "none":
                     if kv == "fp32":
                         plain_fp32kv = outs
                     elif plain_fp32kv is not None:
                         row["greedy_agreement_vs_fp32_kv"] = _agreement(outs, plain_fp32kv)
-                rows.append({"engine": "thor", "weights": wdt, "layout": loaded.model.layout, "kv": kv, "spec": spec,
-                             **row})
+                rows.append(
+                    {
+                        "engine": "thor",
+                        "weights": wdt,
+                        "layout": loaded.model.layout,
+                        "kv": kv,
+                        "spec": spec,
+                        **row,
+                    }
+                )
         if not args.no_baseline and wdt in DTYPES:  # transformers has no int8 weight-only CPU path
             print(f"bench: transformers generate, {wdt} weights ...", file=sys.stderr)
-            hf = bench_transformers(path, DTYPES[wdt], args, prompts, long_ids(loaded.tokenizer, args.prefill_tokens))
+            hf = bench_transformers(
+                path, DTYPES[wdt], args, prompts, long_ids(loaded.tokenizer, args.prefill_tokens)
+            )
             if hf is not None:
-                rows.append({"engine": "transformers", "weights": wdt, "kv": wdt, "spec": "none", **hf})
+                rows.append(
+                    {"engine": "transformers", "weights": wdt, "kv": wdt, "spec": "none", **hf}
+                )
     _ratios(rows)
     results["peak_rss_mb"] = peak_rss_mb()
     print(f"load s: {results['load_s']}  peak RSS: {results['peak_rss_mb']} MB", file=sys.stderr)
@@ -197,12 +246,17 @@ def _agreement(outs, ref) -> dict:
         d = first_divergence(a, b)
         first.append(n if d is None else d)
         agree.append(sum(x == y for x, y in zip(a, b)) / max(n, 1))
-    return {"token_agreement": round(statistics.mean(agree), 3), "mean_first_divergence": statistics.mean(first)}
+    return {
+        "token_agreement": round(statistics.mean(agree), 3),
+        "mean_first_divergence": statistics.mean(first),
+    }
 
 
 def _ratios(rows) -> None:
     base = {r["weights"]: r for r in rows if r["engine"] == "transformers"}
-    plain = {(r["weights"], r["kv"]): r for r in rows if r["engine"] == "thor" and r["spec"] == "none"}
+    plain = {
+        (r["weights"], r["kv"]): r for r in rows if r["engine"] == "thor" and r["spec"] == "none"
+    }
     for r in rows:
         if r["engine"] != "thor":
             continue

@@ -7,6 +7,7 @@ prefill tok/s, eager step vs fixed-shape (CUDA-graph) step, the 16-row verify ag
 read per token), and a plan-shaped request (prompt and output lengths of `make demo`'s
 plan). Medians of repeats. JSON + table + plot.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,24 +15,45 @@ import time
 from pathlib import Path
 
 from thor_app.tools.bench_device_probes import kernel_probe, quant_options
-from thor_app.tools.bench_device_shapes import PLAN_SHAPE, SHAPES, NullTokenizer, copy_bandwidth, random_model, shape_config, \
-    sync, timed, weight_bytes
+from thor_app.tools.bench_device_shapes import (
+    PLAN_SHAPE,
+    SHAPES,
+    NullTokenizer,
+    copy_bandwidth,
+    random_model,
+    shape_config,
+    sync,
+    timed,
+    weight_bytes,
+)
 
 
-def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_tokens: int,
-                clients: tuple[int, ...] = ()) -> dict:
+def bench_shape(
+    name: str,
+    device,
+    dtype_name: str,
+    kv: str,
+    repeats: int,
+    new_tokens: int,
+    clients: tuple[int, ...] = (),
+) -> dict:
     """clients: also plan-shaped requests that many at once (bench_device_batch.py)."""
     import torch
 
-    from thor_runtime.engine import FixedShapeDecoder
     from thor_runtime.cache import KVCache
+    from thor_runtime.engine import FixedShapeDecoder
     from thor_runtime.loading import DTYPES
 
     cfg = shape_config(name)
     dtype = DTYPES[dtype_name]
     model = random_model(cfg, device, dtype)
-    row = {"model_shape": name, "device": str(device), "weights": dtype_name, "kv_dtype": kv,
-           "weight_bytes": weight_bytes(model)}
+    row = {
+        "model_shape": name,
+        "device": str(device),
+        "weights": dtype_name,
+        "kv_dtype": kv,
+        "weight_bytes": weight_bytes(model),
+    }
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (PLAN_SHAPE[0],), generator=g)
     ctx = PLAN_SHAPE[0] + new_tokens + 16
@@ -79,10 +101,11 @@ def bench_shape(name: str, device, dtype_name: str, kv: str, repeats: int, new_t
     row.update(drafter_block(model, prompt, device, repeats))
 
     # decode through the runtime (padded, graphed), a plan-shaped request
-    from thor_runtime.engine import Runtime
-    from thor_runtime.engine import SamplingParams
+    from thor_runtime.engine import Runtime, SamplingParams
 
-    rt = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16)
+    rt = Runtime(
+        model, NullTokenizer(), kv_dtype=kv, fixed_shape=graphs or None, max_context=ctx + 16
+    )
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     results = []
     for _ in range(repeats):
@@ -111,13 +134,18 @@ def auto_block(rt, rows: int = 16) -> dict:
     """The verify cost curve `--spec auto` measures on this device (1..rows rows, in one-row
     steps) and the block it then picks for a drafter whose every position is accepted with
     probability a: short where rows cost more (a CPU), long where they cost the same (a GPU)."""
-    from thor_runtime.speculative import Arm
-    from thor_runtime.speculative import measure
+    from thor_runtime.speculative import Arm, measure
 
     curve = measure(rt, rows)
-    return {"verify_cost_curve": [round(c, 3) for c in curve.costs],
-            **{f"auto_k_at_accept_{a}": Arm("drafter", object(), rows - 1, prior=a).best_k(curve, rows - 1, 0, 0.0)[0]
-               for a in (0.6, 0.8, 0.9)}}
+    return {
+        "verify_cost_curve": [round(c, 3) for c in curve.costs],
+        **{
+            f"auto_k_at_accept_{a}": Arm("drafter", object(), rows - 1, prior=a).best_k(
+                curve, rows - 1, 0, 0.0
+            )[0]
+            for a in (0.6, 0.8, 0.9)
+        },
+    }
 
 
 def drafter_block(model, prompt, device, repeats: int) -> dict:
@@ -126,34 +154,60 @@ def drafter_block(model, prompt, device, repeats: int) -> dict:
     import torch
 
     from thor_runtime.cache import KVCache
-    from thor_runtime.speculative import DFlashProposer
-    from thor_runtime.speculative import default_tap_layers
-    from thor_runtime.speculative import DFlashConfig, DFlashDrafter
+    from thor_runtime.speculative import (
+        DFlashConfig,
+        DFlashDrafter,
+        DFlashProposer,
+        default_tap_layers,
+    )
 
     c = model.cfg
     taps = default_tap_layers(c.num_layers, min(3, c.num_layers))
-    dc = DFlashConfig(tap_layers=taps, mask_token_id=c.vocab_size - 1, hidden_size=c.hidden_size, num_layers=1,
-                      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                      intermediate_size=c.intermediate_size, block_size=16, rms_eps=c.rms_eps,
-                      rope_theta=c.rope_theta, target_id=c.name, window=128)
+    dc = DFlashConfig(
+        tap_layers=taps,
+        mask_token_id=c.vocab_size - 1,
+        hidden_size=c.hidden_size,
+        num_layers=1,
+        num_heads=c.num_heads,
+        num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        intermediate_size=c.intermediate_size,
+        block_size=16,
+        rms_eps=c.rms_eps,
+        rope_theta=c.rope_theta,
+        target_id=c.name,
+        window=128,
+    )
     d = DFlashDrafter(dc)
     with torch.no_grad():
         for name, p in d.named_parameters():
-            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.randn_like(p) * 0.02)
+            p.copy_(
+                torch.ones_like(p) if name.endswith("norm.weight") else torch.randn_like(p) * 0.02
+            )
     cache = KVCache(c, len(prompt) + 1, "bf16", model.dtype, None, device)
     out = model.prefill(prompt, cache, chunk=256, taps=taps, tap_rows=128)
-    seq = prompt.tolist() + [5]                                   # the prompt, then the anchor
+    seq = prompt.tolist() + [5]  # the prompt, then the anchor
     res = {}
     for fixed in (False, True):
         p = DFlashProposer(d, model, fixed_block=fixed)
         p.start(seq[:-1], out.taps)
         res["drafter_block_fixed_ms" if fixed else "drafter_block_eager_ms"] = round(
-            1e3 * timed(lambda: p.propose(seq, 15), device, repeats * 5), 3)
+            1e3 * timed(lambda: p.propose(seq, 15), device, repeats * 5), 3
+        )
     return res
 
 
-def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, new_tokens: int,
-        out: Path | None, weight_formats: bool = True, clients: tuple[int, ...] = ()) -> dict:
+def run(
+    device_spec: str,
+    shapes: list[str],
+    dtype: str,
+    kv: str,
+    repeats: int,
+    new_tokens: int,
+    out: Path | None,
+    weight_formats: bool = True,
+    clients: tuple[int, ...] = (),
+) -> dict:
     """weight_formats: also time the formats a quantized GGUF could run as (quant_options).
     clients: requests at once for the batch columns (none: not run)."""
     import torch
@@ -163,8 +217,13 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
     device = resolve_device(device_spec)
     torch.manual_seed(0)
     bw = copy_bandwidth(device)
-    doc = {"device": device_name(device), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / 1e9, 1),
-           "plan_shape": {"prompt_tokens": PLAN_SHAPE[0], "new_tokens": new_tokens}, "rows": []}
+    doc = {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "copy_bandwidth_GBps": round(bw / 1e9, 1),
+        "plan_shape": {"prompt_tokens": PLAN_SHAPE[0], "new_tokens": new_tokens},
+        "rows": [],
+    }
     for name in shapes:
         row = bench_shape(name, device, dtype, kv, repeats, new_tokens, clients)
         row["decode_bandwidth_share"] = round(row["bytes_per_token"] * row["decode_tok_s"] / bw, 3)
@@ -181,26 +240,47 @@ def run(device_spec: str, shapes: list[str], dtype: str, kv: str, repeats: int, 
     return doc
 
 
-COLUMNS = ("model_shape", "weights", "kv_dtype", "prefill_tok_s", "eager_step_ms", "step_1row_ms", "step_8rows_ms",
-           "verify_16rows_ms", "verify16_over_step1", "graph_speedup_1row", "drafter_block_eager_ms",
-           "drafter_block_fixed_ms", "decode_tok_s", "decode_bandwidth_share", "plan_shaped_latency_s",
-           "auto_k_at_accept_0.8")
+COLUMNS = (
+    "model_shape",
+    "weights",
+    "kv_dtype",
+    "prefill_tok_s",
+    "eager_step_ms",
+    "step_1row_ms",
+    "step_8rows_ms",
+    "verify_16rows_ms",
+    "verify16_over_step1",
+    "graph_speedup_1row",
+    "drafter_block_eager_ms",
+    "drafter_block_fixed_ms",
+    "decode_tok_s",
+    "decode_bandwidth_share",
+    "plan_shaped_latency_s",
+    "auto_k_at_accept_0.8",
+)
 
 
 def table(doc: dict) -> str:
-    lines = [f"device: {doc['device']}  copy bandwidth {doc['copy_bandwidth_GBps']} GB/s",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"device: {doc['device']}  copy bandwidth {doc['copy_bandwidth_GBps']} GB/s",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     for r in doc["rows"]:
         lines.append("| " + " | ".join(str(r.get(c)) for c in COLUMNS) + " |")
     for r in doc["rows"]:
         for n, b in (r.get("batch") or {}).items():
             if n.startswith("clients_"):
-                lines.append(f"  {r['model_shape']}, {n.split('_')[1]} requests at once: {b['tok_s']} tok/s, "
-                             f"{b['speedup_vs_one_at_a_time']}x one at a time "
-                             f"({r['batch']['one_at_a_time_tok_s']} tok/s), latency p50 {b['latency_p50_s']} s")
+                lines.append(
+                    f"  {r['model_shape']}, {n.split('_')[1]} requests at once: {b['tok_s']} tok/s, "
+                    f"{b['speedup_vs_one_at_a_time']}x one at a time "
+                    f"({r['batch']['one_at_a_time_tok_s']} tok/s), latency p50 {b['latency_p50_s']} s"
+                )
     for q in doc.get("quantized_weight_options", []):
-        lines.append(f"  {q['shape']}, {q['rows']} rows, {q['format']}: "
-                     + (f"{q['ms']} ms, rel. error {q['rel_error_vs_fp32']}" if "ms" in q else q["error"]))
+        lines.append(
+            f"  {q['shape']}, {q['rows']} rows, {q['format']}: "
+            + (f"{q['ms']} ms, rel. error {q['rel_error_vs_fp32']}" if "ms" in q else q["error"])
+        )
     return "\n".join(lines)
 
 
@@ -216,8 +296,12 @@ def plot(docs: list[dict], path: Path) -> None:
     width = 0.8 / max(len(docs), 1)
     for j, d in enumerate(docs):
         by = {r["model_shape"]: r["decode_tok_s"] for r in d["rows"]}
-        ax.bar([i + j * width for i in range(len(shapes))], [by.get(s, 0) for s in shapes], width,
-               label=d["device"])
+        ax.bar(
+            [i + j * width for i in range(len(shapes))],
+            [by.get(s, 0) for s in shapes],
+            width,
+            label=d["device"],
+        )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes)
     ax.set_ylabel("decode tok/s (batch 1, greedy)")
     ax.set_yscale("log")
@@ -226,14 +310,25 @@ def plot(docs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-BATCH_CLIENTS = (1, 2, 4, 8)      # on the device: requests at once, through a KV slot each
+BATCH_CLIENTS = (1, 2, 4, 8)  # on the device: requests at once, through a KV slot each
 
 
 def side_by_side(device_spec: str, out: Path, repeats: int = 3) -> int:
     """`thor bench --device cuda`: every shape on the device, the small ones on this host's CPU
     (its usual weights and fewer tokens: the CPU is 10-100x slower), one JSON, tables, a plot."""
-    docs = [run(device_spec, list(SHAPES), "bf16", "bf16", repeats, PLAN_SHAPE[1], None, clients=BATCH_CLIENTS),
-            run("cpu", ["smollm2-135m", "qwen2.5-0.5b"], "fp32", "bf16", max(1, repeats - 1), 32, None)]
+    docs = [
+        run(
+            device_spec,
+            list(SHAPES),
+            "bf16",
+            "bf16",
+            repeats,
+            PLAN_SHAPE[1],
+            None,
+            clients=BATCH_CLIENTS,
+        ),
+        run("cpu", ["smollm2-135m", "qwen2.5-0.5b"], "fp32", "bf16", max(1, repeats - 1), 32, None),
+    ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"runs": docs}, indent=1) + "\n")
     for d in docs:
@@ -254,24 +349,47 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=PLAN_SHAPE[1])
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--compare", type=Path, action="append", default=[],
-                   help="earlier result JSON (another device) to put beside this one in the plot")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        help="earlier result JSON (another device) to put beside this one in the plot",
+    )
     p.add_argument("--plot", type=Path, default=None)
-    p.add_argument("--clients", default="", help="comma list: plan-shaped requests at once (e.g. 1,2,4,8)")
-    p.add_argument("--kernel-probe", action="store_true", help="kernels per step, and torch.compile's effect")
-    p.add_argument("--probe-rows", default="1,16", help="--kernel-probe: comma list of step row counts")
+    p.add_argument(
+        "--clients", default="", help="comma list: plan-shaped requests at once (e.g. 1,2,4,8)"
+    )
+    p.add_argument(
+        "--kernel-probe", action="store_true", help="kernels per step, and torch.compile's effect"
+    )
+    p.add_argument(
+        "--probe-rows", default="1,16", help="--kernel-probe: comma list of step row counts"
+    )
     a = p.parse_args(argv)
     if a.kernel_probe:
         from thor_runtime.device import resolve_device
 
         counts = tuple(int(r) for r in a.probe_rows.split(","))
-        rows = [kernel_probe(s, resolve_device(a.device), a.repeats, counts) for s in a.shapes.split(",")]
+        rows = [
+            kernel_probe(s, resolve_device(a.device), a.repeats, counts)
+            for s in a.shapes.split(",")
+        ]
         if a.json is not None:
             a.json.write_text(json.dumps({"kernel_probe": rows}, indent=1) + "\n")
         return 0
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
     clients = tuple(int(n) for n in a.clients.split(",") if n)
-    doc = run(a.device, a.shapes.split(","), dtype, a.kv_dtype, a.repeats, a.new_tokens, a.json, clients=clients)
+    doc = run(
+        a.device,
+        a.shapes.split(","),
+        dtype,
+        a.kv_dtype,
+        a.repeats,
+        a.new_tokens,
+        a.json,
+        clients=clients,
+    )
     print(table(doc))
     if a.plot is not None:
         plot([doc] + [json.loads(c.read_text()) for c in a.compare], a.plot)

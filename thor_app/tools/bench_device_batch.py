@@ -5,6 +5,7 @@ the same requests one after another on the one-slot decoder `thor plan` runs.
 Random weights, greedy, every request its own prompt. Throughput counts every request's wall
 time, prefill included, as a client sees it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -43,34 +44,36 @@ def _at_once(rt, prompts, params, device) -> tuple[float, list[list[int]], list[
     return time.perf_counter() - t0, out, lat
 
 
-def batch_block(model, prompt, device, kv: str, ctx: int, new_tokens: int, clients, repeats: int) -> dict:
+def batch_block(
+    model, prompt, device, kv: str, ctx: int, new_tokens: int, clients, repeats: int
+) -> dict:
     """{clients: {tok_s, latency p50 / max, speed-up over one at a time}} and whether a request's
     tokens in the batch are the one-slot decoder's (informative: the shapes differ)."""
-    from thor_runtime.engine import Runtime
-    from thor_runtime.engine import SamplingParams
+    from thor_runtime.engine import Runtime, SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     base = prompt.tolist()
     prompts = [[(base[0] + i) % model.cfg.vocab_size] + base[1:] for i in range(max(clients))]
     single = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
-    single.generate(prompts[0], params)                                            # graphs captured
+    single.generate(prompts[0], params)  # graphs captured
     t = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        alone = [single.generate(p, params).token_ids for p in prompts[:max(clients)]]
+        alone = [single.generate(p, params).token_ids for p in prompts[: max(clients)]]
         t.append((time.perf_counter() - t0) / len(alone))
-    one_s = statistics.median(t)                       # one request's wall, one at a time
+    one_s = statistics.median(t)  # one request's wall, one at a time
     res = {"one_at_a_time_tok_s": round(new_tokens / one_s, 1)}
     for n in clients:
         rt = Runtime(model, NullTokenizer(), kv_dtype=kv, fixed_shape=True, max_context=ctx)
         rt.share(n)
-        _at_once(rt, prompts[:n], params, device)                                 # graphs captured
+        _at_once(rt, prompts[:n], params, device)  # graphs captured
         runs = [_at_once(rt, prompts[:n], params, device) for _ in range(repeats)]
         wall, toks, lat = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
         res[f"clients_{n}"] = {
             "tok_s": round(n * new_tokens / wall, 1),
             "speedup_vs_one_at_a_time": round(n * one_s / wall, 2),
-            "latency_p50_s": round(statistics.median(lat), 3), "latency_max_s": round(max(lat), 3),
+            "latency_p50_s": round(statistics.median(lat), 3),
+            "latency_max_s": round(max(lat), 3),
             "same_tokens_as_one_slot": sum(a == b for a, b in zip(toks, alone[:n])),
         }
         del rt

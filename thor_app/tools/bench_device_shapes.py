@@ -1,4 +1,5 @@
 """The model shapes the device benchmark runs, random models at them, and its timing helpers."""
+
 from __future__ import annotations
 
 import statistics
@@ -18,16 +19,28 @@ def shape_config(name: str):
     from thor_runtime.models import ModelConfig
 
     arch, d, inter, n, h, hk, dh, v, tied = SHAPES[name]
-    return ModelConfig(arch=arch, vocab_size=v, hidden_size=d, intermediate_size=inter, num_layers=n,
-                       num_heads=h, num_kv_heads=hk, head_dim=dh, tie_word_embeddings=tied,
-                       max_position_embeddings=32768, rope_theta=1e6, name=name)
+    return ModelConfig(
+        arch=arch,
+        vocab_size=v,
+        hidden_size=d,
+        intermediate_size=inter,
+        num_layers=n,
+        num_heads=h,
+        num_kv_heads=hk,
+        head_dim=dh,
+        tie_word_embeddings=tied,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        name=name,
+    )
 
 
 def random_model(cfg, device, dtype):
     """A TargetModel of ``cfg`` with seeded random weights, made directly on ``device``."""
     import torch
 
-    from thor_runtime.models import TargetModel, dense_expected_shapes as _expected_shapes
+    from thor_runtime.models import TargetModel
+    from thor_runtime.models import dense_expected_shapes as _expected_shapes
 
     g = torch.Generator(device=device).manual_seed(0)
     weights = {}
@@ -35,7 +48,7 @@ def random_model(cfg, device, dtype):
         if name.endswith("norm.weight"):
             weights[name] = torch.ones(shape, device=device, dtype=dtype)
         else:
-            weights[name] = (torch.randn(shape, generator=g, device=device, dtype=dtype) * 0.02)
+            weights[name] = torch.randn(shape, generator=g, device=device, dtype=dtype) * 0.02
     return TargetModel(cfg, weights, dtype, source=cfg.name, device=device)
 
 
@@ -77,11 +90,25 @@ def weight_bytes(model) -> int:
 
     total = 0
     for L in model.layers:
-        for t in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down, L.q_norm, L.k_norm, L.bqkv):
+        for t in (
+            L.attn_norm,
+            L.wqkv,
+            L.wo,
+            L.mlp_norm,
+            L.w_gate_up,
+            L.w_down,
+            L.q_norm,
+            L.k_norm,
+            L.bqkv,
+        ):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     head = model.head_w if isinstance(model.head_w, torch.Tensor) else model.lm_head
-    return total + head.numel() * head.element_size() + model.embed_w.shape[1] * model.embed_w.element_size()
+    return (
+        total
+        + head.numel() * head.element_size()
+        + model.embed_w.shape[1] * model.embed_w.element_size()
+    )
 
 
 class NullTokenizer:

@@ -1,12 +1,12 @@
 """What every `thor bench` mode reports beside its rows: the machine, the peak memory, medians,
 and the plain-text table printed after the JSON is written."""
+
 from __future__ import annotations
 
 import os
 import platform
 import statistics
 import sys
-
 
 # the weight dtypes a bench configuration may name (--configs, --peers-configs)
 BENCH_WEIGHTS = ("fp32", "bf16", "int8", "int4")
@@ -18,8 +18,14 @@ def device_info(config=None) -> dict:
 
     from thor_runtime.device import cpu_name
 
-    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine()}
+    info = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
     # the instruction sets the run was told to act as (an AVX2-only CPU, emulated)
     info["aten_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     from thor_runtime.kernels import cpu_isa
@@ -37,6 +43,7 @@ def device_info(config=None) -> dict:
 def peak_rss_mb() -> float:
     """This process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
     import resource
+
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(r / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
@@ -45,8 +52,19 @@ def median(xs):
     return round(statistics.median(xs), 3) if xs else None
 
 
-TABLE_COLUMNS = ["engine", "weights", "kv", "spec", "prefill_tok_s", "decode_tok_s", "decode_vs_transformers",
-                 "decode_vs_plain", "accept_length_mean", "tokens_identical_to_plain", "gate"]
+TABLE_COLUMNS = [
+    "engine",
+    "weights",
+    "kv",
+    "spec",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "decode_vs_transformers",
+    "decode_vs_plain",
+    "accept_length_mean",
+    "tokens_identical_to_plain",
+    "gate",
+]
 
 
 def _cell(r: dict, c: str) -> str:

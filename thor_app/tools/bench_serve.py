@@ -22,6 +22,7 @@ Measured:
   * HTTP latency minus the plan time the server reports for itself: the transport, parsing and
     queueing alone, a different figure from the paired overhead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: int, batch: int,
-                  name: str = "thor.toml") -> Path:
+def _write_config(
+    args,
+    tmp: Path,
+    wdt: str,
+    kv: str,
+    spec: str,
+    prefix_cache: int,
+    batch: int,
+    name: str = "thor.toml",
+) -> Path:
     """The one config both sides run (TOML strings written as JSON strings: the same escapes)."""
     from thor_app.flags import config_from_args
 
@@ -69,14 +78,16 @@ def _write_config(args, tmp: Path, wdt: str, kv: str, spec: str, prefix_cache: i
     backend = args.backend.split(",")[0].strip()
     c = config_from_args(args)
     m, s = c.model, c.speculation
-    text = (f"[server]\nport = {_free_port()}\n"
-            f"[model]\nname = {q(m.name)}\ndevice = {q(m.device)}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
-            f"prefix_cache = {prefix_cache}\n"
-            f"[engine]\nbackend = {q(backend)}\n"
-            f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(s.drafter)}\n"
-            f"block_size = {s.block_size}\nwindow = {s.window}\n"
-            f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\nbatch = {batch}\n"
-            f"[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n")
+    text = (
+        f"[server]\nport = {_free_port()}\n"
+        f"[model]\nname = {q(m.name)}\ndevice = {q(m.device)}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
+        f"prefix_cache = {prefix_cache}\n"
+        f"[engine]\nbackend = {q(backend)}\n"
+        f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(s.drafter)}\n"
+        f"block_size = {s.block_size}\nwindow = {s.window}\n"
+        f"[limits]\nqueue_size = 64\nrequest_timeout_s = 3600\nbatch = {batch}\n"
+        f"[planner]\nmax_tokens = {max(args.max_tokens, 16)}\nattempts = 0\n"
+    )
     path = tmp / name
     path.write_text(text)
     return path
@@ -86,11 +97,18 @@ def _start_server(cfg_path: Path, threads: int, log: Path) -> subprocess.Popen:
     # torch sizes its intra-op pool from OMP_NUM_THREADS when it starts: the server's threads
     # and this process's own thor_app first on the path: both sides run the same code
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    with open(log, "w") as err:        # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg_path)],
-                                stdout=subprocess.DEVNULL, stderr=err, env=env)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    }
+    with open(log, "w") as err:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "thor_app.cli", "serve", "--config", str(cfg_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
 
 
 def _wait_ready(proc, port: int, log: Path) -> dict:
@@ -136,9 +154,16 @@ class InProcess:
         from thor_app.server.plan_api import parse_plan
 
         h, req = self.hosted, parse_plan(body, self.cfg.planner)
-        planner = Planner(h.runtime, h.loaded.tokenizer, h.speculation, max_tokens=req.max_tokens,
-                          attempts=req.attempts, thinking=self.thinking, max_steps=req.max_steps,
-                          grammar_tokenizer=self.gtok)
+        planner = Planner(
+            h.runtime,
+            h.loaded.tokenizer,
+            h.speculation,
+            max_tokens=req.max_tokens,
+            attempts=req.attempts,
+            thinking=self.thinking,
+            max_steps=req.max_steps,
+            grammar_tokenizer=self.gtok,
+        )
         t = time.perf_counter()
         res = planner.plan(req.task, req.world, req.skills, req.schema)
         return time.perf_counter() - t, res
@@ -156,7 +181,10 @@ class InProcess:
         def on_token(tok):
             if not first and streamer.push(tok):
                 first.append(time.perf_counter() - t)
-        h.runtime.generate(ids, SamplingParams(max_tokens=CHAT_TOKENS), h.speculation, on_token=on_token)
+
+        h.runtime.generate(
+            ids, SamplingParams(max_tokens=CHAT_TOKENS), h.speculation, on_token=on_token
+        )
         return first[0] if first else float("nan")
 
 
@@ -164,7 +192,7 @@ def _plan_body(task: str, world: str, max_tokens: int) -> dict:
     return {"task": task, "world": world, "max_tokens": max_tokens, "attempts": 0}
 
 
-SENT: Counter = Counter()       # plan requests posted per server (its base URL)
+SENT: Counter = Counter()  # plan requests posted per server (its base URL)
 
 
 async def _post_plan(s, base: str, body: dict):
@@ -179,8 +207,10 @@ async def _post_plan(s, base: str, body: dict):
 
 async def _http_ttft(s, base: str) -> float:
     t = time.perf_counter()
-    async with s.post(f"{base}/v1/chat/completions",
-                      json={"messages": CHAT, "max_tokens": CHAT_TOKENS, "stream": True}) as r:
+    async with s.post(
+        f"{base}/v1/chat/completions",
+        json={"messages": CHAT, "max_tokens": CHAT_TOKENS, "stream": True},
+    ) as r:
         out = float("nan")
         async for raw in r.content:
             if b'"content": "' in raw and b'"content": ""' not in raw:
@@ -197,7 +227,7 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
 
     pairs, ttft = [], []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
-        for task in TASKS:                      # unrecorded: the same prompts enter both caches
+        for task in TASKS:  # unrecorded: the same prompts enter both caches
             await _post_plan(s, base, _plan_body(task, world, max_tokens))
             inproc.plan(_plan_body(task, world, max_tokens))
         for r in range(repeats):
@@ -210,17 +240,28 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
                     i_s, res = inproc.plan(body)
                     h_s, doc = await _post_plan(s, base, body)
                 st = doc["stats"]
-                pairs.append({
-                    "repeat": r, "task": task, "first": "http" if http_first else "in_process",
-                    "http_s": round(h_s, 4), "in_process_s": round(i_s, 4), "diff_s": round(h_s - i_s, 4),
-                    "overhead": round(h_s / i_s - 1, 5),
-                    # the server compiles the grammar before queueing, outside the planner's timer
-                    "server_reported_s": round(st["plan_latency_s"] + st["grammar_compile_s"], 4),
-                    "same_plan": doc["plan"] == res.plan and doc["valid"] == res.valid
-                    and st["generated_tokens"] == res.stats["generated_tokens"],
-                    "generated_tokens": st["generated_tokens"], "prompt_tokens": st["prompt_tokens"],
-                    "prompt_tokens_computed": st["prompt_tokens_computed"],
-                    "drafter_and_between_s": round(st["time_draft_s"] + st["time_rest_s"], 6)})
+                pairs.append(
+                    {
+                        "repeat": r,
+                        "task": task,
+                        "first": "http" if http_first else "in_process",
+                        "http_s": round(h_s, 4),
+                        "in_process_s": round(i_s, 4),
+                        "diff_s": round(h_s - i_s, 4),
+                        "overhead": round(h_s / i_s - 1, 5),
+                        # the server compiles the grammar before queueing, outside the planner's timer
+                        "server_reported_s": round(
+                            st["plan_latency_s"] + st["grammar_compile_s"], 4
+                        ),
+                        "same_plan": doc["plan"] == res.plan
+                        and doc["valid"] == res.valid
+                        and st["generated_tokens"] == res.stats["generated_tokens"],
+                        "generated_tokens": st["generated_tokens"],
+                        "prompt_tokens": st["prompt_tokens"],
+                        "prompt_tokens_computed": st["prompt_tokens_computed"],
+                        "drafter_and_between_s": round(st["time_draft_s"] + st["time_rest_s"], 6),
+                    }
+                )
         for r in range(repeats):
             if r % 2 == 0:
                 h, i = await _http_ttft(s, base), inproc.ttft()
@@ -230,7 +271,9 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
     return pairs, ttft
 
 
-async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int, plans: dict) -> dict:
+async def _levels(
+    base: str, clients: int, n: int, world: str, max_tokens: int, plans: dict
+) -> dict:
     """``plans``: task -> the set of plan documents answered for it (filled in)."""
     import aiohttp
 
@@ -240,80 +283,135 @@ async def _levels(base: str, clients: int, n: int, world: str, max_tokens: int, 
         while todo:
             task = LOAD_TASKS[todo.pop() % len(LOAD_TASKS)]
             dt, doc = await _post_plan(s, base, _plan_body(task, world, max_tokens))
-            plans.setdefault(task, set()).add(json.dumps([doc["plan"], doc["valid"]], sort_keys=True))
+            plans.setdefault(task, set()).add(
+                json.dumps([doc["plan"], doc["valid"]], sort_keys=True)
+            )
             lat.append(dt)
 
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
         await asyncio.gather(*(client(s) for _ in range(clients)))
     wall = time.perf_counter() - t0
-    return {"clients": clients, "requests": n, "req_per_s": round(n / wall, 4), "p50_s": _pct(lat, 0.5),
-            "p99_s": _pct(lat, 0.99)}
+    return {
+        "clients": clients,
+        "requests": n,
+        "req_per_s": round(n / wall, 4),
+        "p50_s": _pct(lat, 0.5),
+        "p99_s": _pct(lat, 0.99),
+    }
 
 
 def compare_levels(batched: list[dict], one: list[dict], plans: dict) -> dict:
     """Batched against one-at-a-time at each client count; the issue's yardsticks: plans/s at 4
     clients over one-at-a-time's, p99 at 4 clients over one client's p50."""
     by = {r["clients"]: r for r in one}
-    rows = [{"clients": r["clients"], "req_per_s_ratio": round(r["req_per_s"] / by[r["clients"]]["req_per_s"], 3),
-             "p50_ratio": round(r["p50_s"] / by[r["clients"]]["p50_s"], 3)} for r in batched if r["clients"] in by]
+    rows = [
+        {
+            "clients": r["clients"],
+            "req_per_s_ratio": round(r["req_per_s"] / by[r["clients"]]["req_per_s"], 3),
+            "p50_ratio": round(r["p50_s"] / by[r["clients"]]["p50_s"], 3),
+        }
+        for r in batched
+        if r["clients"] in by
+    ]
     single = next((r for r in batched if r["clients"] == 1), None)
     four = next((r for r in batched if r["clients"] == 4), None)
-    return {"levels": rows,
-            "p99_4_over_p50_1": round(four["p99_s"] / single["p50_s"], 3) if four and single else None,
-            "tasks": len(plans), "plans_identical": all(len(v) == 1 for v in plans.values())}
+    return {
+        "levels": rows,
+        "p99_4_over_p50_1": round(four["p99_s"] / single["p50_s"], 3) if four and single else None,
+        "tasks": len(plans),
+        "plans_identical": all(len(v) == 1 for v in plans.values()),
+    }
 
 
 def summarize(pairs: list[dict], ttft: list[dict]) -> dict:
     over = [p["overhead"] for p in pairs]
     added = [p["http_s"] - p["server_reported_s"] for p in pairs]
     return {
-        "pairs": len(pairs), "plans_identical": sum(p["same_plan"] for p in pairs),
+        "pairs": len(pairs),
+        "plans_identical": sum(p["same_plan"] for p in pairs),
         "http_p50_s": _pct([p["http_s"] for p in pairs], 0.5),
         "in_process_p50_s": _pct([p["in_process_s"] for p in pairs], 0.5),
         "diff_median_s": round(statistics.median(p["diff_s"] for p in pairs), 4),
-        "overhead_median": round(statistics.median(over), 5), "overhead_p25": _pct(over, 0.25, 5),
-        "overhead_p75": _pct(over, 0.75, 5), "overhead_min": min(over), "overhead_max": max(over),
+        "overhead_median": round(statistics.median(over), 5),
+        "overhead_p25": _pct(over, 0.25, 5),
+        "overhead_p75": _pct(over, 0.75, 5),
+        "overhead_min": min(over),
+        "overhead_max": max(over),
         "http_minus_server_reported_p50_s": _pct(added, 0.5),
         "http_minus_server_reported_fraction": round(
-            statistics.median(added) / statistics.median(p["server_reported_s"] for p in pairs), 5),
+            statistics.median(added) / statistics.median(p["server_reported_s"] for p in pairs), 5
+        ),
         "ttft_stream_p50_s": _pct([t["http_s"] for t in ttft], 0.5),
         "ttft_in_process_p50_s": _pct([t["in_process_s"] for t in ttft], 0.5),
-        "ttft_diff_median_s": round(statistics.median(t["http_s"] - t["in_process_s"] for t in ttft), 4)}
+        "ttft_diff_median_s": round(
+            statistics.median(t["http_s"] - t["in_process_s"] for t in ttft), 4
+        ),
+    }
 
 
 def markdown(doc: dict) -> str:
     s, srv, inp = doc["summary"], doc["settings"]["server"], doc["settings"]["in_process"]
-    out = ["## thor bench --serve", "", (f"model {doc['model']}, world {doc['world']}, plan max_tokens "
-           f"{doc['max_tokens']}, {s['pairs']} paired plans ({doc['repeats']} repeats x {len(TASKS)} tasks)"), "",
-           "| setting | server | in-process |", "|---|---|---|"]
+    out = [
+        "## thor bench --serve",
+        "",
+        (
+            f"model {doc['model']}, world {doc['world']}, plan max_tokens "
+            f"{doc['max_tokens']}, {s['pairs']} paired plans ({doc['repeats']} repeats x {len(TASKS)} tasks)"
+        ),
+        "",
+        "| setting | server | in-process |",
+        "|---|---|---|",
+    ]
     out += [f"| {k} | {srv.get(k)} | {inp.get(k)} |" for k in sorted(set(srv) | set(inp))]
-    out += ["", "| paired plans | value |", "|---|---|",
-            f"| in-process p50 s | {s['in_process_p50_s']} |", f"| HTTP p50 s | {s['http_p50_s']} |",
-            f"| HTTP - in-process, median of pairs s | {s['diff_median_s']} |",
-            f"| overhead (HTTP / in-process - 1), median of pairs | {s['overhead_median']:+.2%} |",
-            f"| overhead quartiles | {s['overhead_p25']:+.2%} .. {s['overhead_p75']:+.2%} |",
-            f"| overhead range | {s['overhead_min']:+.2%} .. {s['overhead_max']:+.2%} |",
-            f"| plans identical on both sides | {s['plans_identical']}/{s['pairs']} |",
-            (f"| HTTP - server-reported plan time, p50 s (transport and parsing only) | "
-             f"{s['http_minus_server_reported_p50_s']} ({s['http_minus_server_reported_fraction']:.2%}) |"),
-            f"| streaming TTFT p50 s, HTTP / in-process | {s['ttft_stream_p50_s']} / {s['ttft_in_process_p50_s']} |",
-            "", "| repeat | task | first | HTTP s | in-process s | diff s | overhead |", "|---|---|---|---|---|---|---|"]
-    out += [f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | {p['diff_s']} | "
-            f"{p['overhead']:+.2%} |" for p in doc["pairs"]]
+    out += [
+        "",
+        "| paired plans | value |",
+        "|---|---|",
+        f"| in-process p50 s | {s['in_process_p50_s']} |",
+        f"| HTTP p50 s | {s['http_p50_s']} |",
+        f"| HTTP - in-process, median of pairs s | {s['diff_median_s']} |",
+        f"| overhead (HTTP / in-process - 1), median of pairs | {s['overhead_median']:+.2%} |",
+        f"| overhead quartiles | {s['overhead_p25']:+.2%} .. {s['overhead_p75']:+.2%} |",
+        f"| overhead range | {s['overhead_min']:+.2%} .. {s['overhead_max']:+.2%} |",
+        f"| plans identical on both sides | {s['plans_identical']}/{s['pairs']} |",
+        (
+            f"| HTTP - server-reported plan time, p50 s (transport and parsing only) | "
+            f"{s['http_minus_server_reported_p50_s']} ({s['http_minus_server_reported_fraction']:.2%}) |"
+        ),
+        f"| streaming TTFT p50 s, HTTP / in-process | {s['ttft_stream_p50_s']} / {s['ttft_in_process_p50_s']} |",
+        "",
+        "| repeat | task | first | HTTP s | in-process s | diff s | overhead |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | {p['diff_s']} | "
+        f"{p['overhead']:+.2%} |"
+        for p in doc["pairs"]
+    ]
     cmp = doc["batching"]
     ratio = {r["clients"]: r["req_per_s_ratio"] for r in cmp["levels"]}
-    out += ["", f"| clients | requests | req/s, batch {doc['batch']} | p50 s | p99 s | req/s, one at a time | "
-            "p50 s | p99 s | req/s ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        f"| clients | requests | req/s, batch {doc['batch']} | p50 s | p99 s | req/s, one at a time | "
+        "p50 s | p99 s | req/s ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     one = {r["clients"]: r for r in doc["levels_one_at_a_time"]}
     for r in doc["levels"]:
         o = one.get(r["clients"], {})
-        out.append(f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} | "
-                   f"{o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | {ratio.get(r['clients'])} |")
-    out += ["", f"p99 at 4 clients / p50 at 1 client (batched): {cmp['p99_4_over_p50_1']}; "
-            f"every task answered with one plan in both modes: {cmp['plans_identical']} ({cmp['tasks']} tasks)"]
+        out.append(
+            f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} | "
+            f"{o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | {ratio.get(r['clients'])} |"
+        )
+    out += [
+        "",
+        f"p99 at 4 clients / p50 at 1 client (batched): {cmp['p99_4_over_p50_1']}; "
+        f"every task answered with one plan in both modes: {cmp['plans_identical']} ({cmp['tasks']} tasks)",
+    ]
     if doc.get("ceiling"):
         from thor_app.tools.bench_ceiling import markdown_line
+
         out += ["", markdown_line(doc["ceiling"])]
     return "\n".join(out) + "\n"
 
@@ -322,8 +420,13 @@ def check_same_settings(server: dict, local: dict) -> None:
     """A comparison is only fair between sides that run the same way: refuse any other."""
     differ = sorted(k for k in set(server) | set(local) if server.get(k) != local.get(k))
     if differ or not server:
-        raise ThorError("the server and the in-process side run with different settings: " + (", ".join(
-            f"{k} {server.get(k)!r} vs {local.get(k)!r}" for k in differ) or "the server reported none"))
+        raise ThorError(
+            "the server and the in-process side run with different settings: "
+            + (
+                ", ".join(f"{k} {server.get(k)!r} vs {local.get(k)!r}" for k in differ)
+                or "the server reported none"
+            )
+        )
 
 
 def _levels_arg(text: str) -> list[int]:
@@ -354,7 +457,7 @@ def _level_rows(base, levels, repeats, world, max_tokens, plans, label, warm: di
     warm[label] = SENT[base]
     rows = []
     for c in levels:
-        n = max(2 * c, repeats)            # two waves at least: one wave times its slowest plan
+        n = max(2 * c, repeats)  # two waves at least: one wave times its slowest plan
         _log(f"{label}: {c} client(s), {n} plan requests ...")
         rows.append(asyncio.run(_levels(base, c, n, world, max_tokens, plans)))
     return rows
@@ -364,10 +467,9 @@ def run_serve(args) -> int:
     import torch
 
     from thor_app.server.config import LimitsSection, load_config
-    from thor_runtime.config import ModelSettings
-
     from thor_app.tools.bench_ceiling import against, ceiling, row_floor
     from thor_app.tools.bench_report import device_info
+    from thor_runtime.config import ModelSettings
 
     wdt, kv = args.configs.split(",")[0].strip().split("/")
     spec = args.spec.split(",")[0].strip()
@@ -381,7 +483,7 @@ def run_serve(args) -> int:
         tmp = Path(d)
         cfg_path = _write_config(args, tmp, wdt, kv, spec, prefix, batch)
         one_path = _write_config(args, tmp, wdt, kv, spec, prefix, 1, "one-at-a-time.toml")
-        cfg = load_config(str(cfg_path))                  # a bad setting fails here, before any load
+        cfg = load_config(str(cfg_path))  # a bad setting fails here, before any load
         port = cfg.server.port
         proc = _start_server(cfg_path, args.threads, tmp / "serve.log")
         base = f"http://127.0.0.1:{port}"
@@ -399,29 +501,58 @@ def run_serve(args) -> int:
             _log("the cores' ceiling: seconds per verify row at a plan's context ...")
             context = round(statistics.mean(p["prompt_tokens"] for p in pairs))
             ceil = ceiling(row_floor(inproc.hosted.runtime, context), pairs)
-            del inproc                                    # its memory: not beside the load runs
-            rows = _level_rows(base, levels, args.repeats, world, args.max_tokens, plans, "batched", warm)
+            del inproc  # its memory: not beside the load runs
+            rows = _level_rows(
+                base, levels, args.repeats, world, args.max_tokens, plans, "batched", warm
+            )
             proc.terminate()
             proc.wait(120)
             # the same config but one generation at a time, alone on the machine
             one_port = load_config(str(one_path)).server.port
             proc = _start_server(one_path, args.threads, tmp / "serve-one.log")
             _log(f"waiting for thor serve with batch = 1 on port {one_port} ...")
-            check_same_settings(_wait_ready(proc, one_port, tmp / "serve-one.log").get("runtime") or {}, served)
-            asyncio.run(_replay_paired(f"http://127.0.0.1:{one_port}", world, args.max_tokens, args.repeats))
-            one = _level_rows(f"http://127.0.0.1:{one_port}", levels, args.repeats, world, args.max_tokens, plans,
-                              "one at a time", warm)
+            check_same_settings(
+                _wait_ready(proc, one_port, tmp / "serve-one.log").get("runtime") or {}, served
+            )
+            asyncio.run(
+                _replay_paired(f"http://127.0.0.1:{one_port}", world, args.max_tokens, args.repeats)
+            )
+            one = _level_rows(
+                f"http://127.0.0.1:{one_port}",
+                levels,
+                args.repeats,
+                world,
+                args.max_tokens,
+                plans,
+                "one at a time",
+                warm,
+            )
         finally:
             torch.set_num_threads(threads_before)
             proc.terminate()
             proc.wait(120)
-    doc = {"device": device_info(cfg.runtime), "model": cfg.model.name, "weights": wdt, "kv": kv, "spec": spec,
-           "world": world, "max_tokens": args.max_tokens, "repeats": args.repeats, "tasks": list(TASKS),
-           "batch": batch, "load_tasks": list(LOAD_TASKS),
-           "settings": {"server": served, "in_process": local, "identical": served == local},
-           "summary": summarize(pairs, ttft), "pairs": pairs, "ttft_pairs": ttft, "levels": rows,
-           "levels_one_at_a_time": one, "warm_plans": warm, "batching": compare_levels(rows, one, plans),
-           "ceiling": against(ceil, one)}
+    doc = {
+        "device": device_info(cfg.runtime),
+        "model": cfg.model.name,
+        "weights": wdt,
+        "kv": kv,
+        "spec": spec,
+        "world": world,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "tasks": list(TASKS),
+        "batch": batch,
+        "load_tasks": list(LOAD_TASKS),
+        "settings": {"server": served, "in_process": local, "identical": served == local},
+        "summary": summarize(pairs, ttft),
+        "pairs": pairs,
+        "ttft_pairs": ttft,
+        "levels": rows,
+        "levels_one_at_a_time": one,
+        "warm_plans": warm,
+        "batching": compare_levels(rows, one, plans),
+        "ceiling": against(ceil, one),
+    }
     out = Path(args.json_out)
     out.write_text(json.dumps(doc, indent=1))
     md = out.with_suffix(".md")
@@ -429,6 +560,8 @@ def run_serve(args) -> int:
     print(markdown(doc))
     _log(f"results written to {out} and {md}")
     if not doc["batching"]["plans_identical"]:
-        raise ThorError("a task got different plans from the batched and the one-at-a-time server: " + ", ".join(
-            t for t, v in plans.items() if len(v) > 1))
+        raise ThorError(
+            "a task got different plans from the batched and the one-at-a-time server: "
+            + ", ".join(t for t, v in plans.items() if len(v) > 1)
+        )
     return 0

@@ -25,6 +25,7 @@ dicts element by element; an optional parameter left out only where its answer a
 ``parallel`` matches calls in any order, ``multiple`` has one call to pick, ``irrelevance``
 passes when no call is made.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,15 +40,39 @@ from pathlib import Path
 from thor_runtime.errors import ThorError
 
 BFCL_VERSION = "2026.3.23"
-CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
-              "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance"}
+CATEGORIES = {
+    "simple": "simple_python",
+    "multiple": "multiple",
+    "parallel": "parallel",
+    "parallel_multiple": "parallel_multiple",
+    "irrelevance": "irrelevance",
+}
 MODES = ("grammar", "plain")
 # the leaderboard's types as JSON Schema's (its GORILLA_TO_OPENAPI) and as Python's
-TO_SCHEMA = {"integer": "integer", "number": "number", "float": "number", "string": "string",
-             "boolean": "boolean", "bool": "boolean", "array": "array", "list": "array",
-             "dict": "object", "object": "object", "tuple": "array", "any": "string"}
-PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
-            "tuple": list, "dict": dict, "any": str}
+TO_SCHEMA = {
+    "integer": "integer",
+    "number": "number",
+    "float": "number",
+    "string": "string",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "list": "array",
+    "dict": "object",
+    "object": "object",
+    "tuple": "array",
+    "any": "string",
+}
+PY_TYPES = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
 SCHEMA_KEYS = ("type", "description", "properties", "required", "items", "enum", "default")
 # the system turn the model's template writes without a system message (Qwen2.5's)
 DEFAULT_SYSTEM = {"qwen": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."}
@@ -64,8 +89,10 @@ def data_dir(given: str | None) -> Path:
     for d in roots:
         if (d / "possible_answer").is_dir():
             return d
-    raise ThorError("the leaderboard's data is not installed: pip install --no-deps "
-                    f"bfcl-eval=={BFCL_VERSION} (or --tools-data DIR)")
+    raise ThorError(
+        "the leaderboard's data is not installed: pip install --no-deps "
+        f"bfcl-eval=={BFCL_VERSION} (or --tools-data DIR)"
+    )
 
 
 def load_category(root: Path, category: str, limit: int | None) -> list[tuple[dict, list | None]]:
@@ -75,6 +102,7 @@ def load_category(root: Path, category: str, limit: int | None) -> list[tuple[di
     def rows(p: Path) -> list[dict]:
         lines = p.read_text(encoding="utf-8").splitlines()
         return [json.loads(line) for line in lines if line.strip()]
+
     entries = rows(root / name)[:limit]
     answers = {}
     if (root / "possible_answer" / name).is_file():
@@ -107,9 +135,16 @@ def tools_of(functions: list[dict]) -> list[dict]:
     for f in functions:
         params = schema_of(f["parameters"])
         params["type"] = "object"
-        out.append({"type": "function", "function": {"name": openai_name(f["name"]),
-                                                     "description": f.get("description", ""),
-                                                     "parameters": params}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": openai_name(f["name"]),
+                    "description": f.get("description", ""),
+                    "parameters": params,
+                },
+            }
+        )
     return out
 
 
@@ -136,8 +171,9 @@ def _type_ok(value, expected, nested, possible: list) -> tuple[bool, bool]:
         if nested is None:
             return True, variable
         for a in possible:
-            if not isinstance(a, list) or all(type(v) is nested or type(v) is _answer_type(a)
-                                              for v in value):
+            if not isinstance(a, list) or all(
+                type(v) is nested or type(v) is _answer_type(a) for v in value
+            ):
                 return True, variable
     if answer_type is not None and type(value) is answer_type:
         return True, True
@@ -148,8 +184,10 @@ def _dict_ok(value: dict, possible: list) -> bool:
     for answer in possible:
         if answer == "" or not isinstance(answer, dict):
             continue
-        if all(k in answer and (_std(v) if isinstance(v, str) else v) in _std_list(answer[k])
-               for k, v in value.items()) and all(k in value or "" in v for k, v in answer.items()):
+        if all(
+            k in answer and (_std(v) if isinstance(v, str) else v) in _std_list(answer[k])
+            for k, v in value.items()
+        ) and all(k in value or "" in v for k, v in answer.items()):
             return True
     return False
 
@@ -157,7 +195,7 @@ def _dict_ok(value: dict, possible: list) -> bool:
 def check_call(desc: dict, call: dict, answer: dict) -> str | None:
     """One call against one possible answer ({name: {param: [values]}}): None when it passes,
     else why not."""
-    (_, expected), = answer.items()
+    ((_, expected),) = answer.items()
     if desc["name"] not in call:
         return "wrong function"
     params, props = call[desc["name"]], desc["parameters"].get("properties", {})
@@ -171,8 +209,11 @@ def check_call(desc: dict, call: dict, answer: dict) -> str | None:
             return f"unexpected parameter {p}"
         kind = props[p].get("type", "string")
         py = PY_TYPES.get(kind, str)
-        nested = PY_TYPES.get((props[p].get("items") or {}).get("type", "string"), str) \
-            if kind in ("array", "tuple") else None
+        nested = (
+            PY_TYPES.get((props[p].get("items") or {}).get("type", "string"), str)
+            if kind in ("array", "tuple")
+            else None
+        )
         if kind == "float" and type(value) is int:
             value = float(value)
         ok, variable = _type_ok(value, py, nested, expected[p])
@@ -184,9 +225,12 @@ def check_call(desc: dict, call: dict, answer: dict) -> str | None:
                     return f"wrong value for {p}"
                 continue
             if py is list and nested is dict:
-                if not any(isinstance(a, list) and len(a) == len(value)
-                           and all(_dict_ok(v, [d]) for v, d in zip(value, a))
-                           for a in expected[p]):
+                if not any(
+                    isinstance(a, list)
+                    and len(a) == len(value)
+                    and all(_dict_ok(v, [d]) for v, d in zip(value, a))
+                    for a in expected[p]
+                ):
                     return f"wrong value for {p}"
                 continue
             if py is str:
@@ -206,8 +250,9 @@ def check_call(desc: dict, call: dict, answer: dict) -> str | None:
     return None
 
 
-def score(category: str, functions: list[dict], calls: list[dict],
-          answer: list | None) -> str | None:
+def score(
+    category: str, functions: list[dict], calls: list[dict], answer: list | None
+) -> str | None:
     """The leaderboard's verdict on an entry's calls ([{name: args}]): None passes, else why."""
     if category == "irrelevance":
         return "made a call" if calls else None
@@ -215,13 +260,19 @@ def score(category: str, functions: list[dict], calls: list[dict],
     if len(calls) != len(answer):
         return f"{len(calls)} calls for {len(answer)}"
     if category in ("simple", "multiple"):
-        (name, _), = answer[0].items()
+        ((name, _),) = answer[0].items()
         return check_call(by_name[name], calls[0], answer[0])
     used: set[int] = set()
-    for a in answer:                        # each answer takes the first unused call that fits
-        (name, _), = a.items()
-        hit = next((i for i, c in enumerate(calls)
-                    if i not in used and check_call(by_name[name], c, a) is None), None)
+    for a in answer:  # each answer takes the first unused call that fits
+        ((name, _),) = a.items()
+        hit = next(
+            (
+                i
+                for i, c in enumerate(calls)
+                if i not in used and check_call(by_name[name], c, a) is None
+            ),
+            None,
+        )
         if hit is None:
             return f"no call matches {name}"
         used.add(hit)
@@ -248,8 +299,11 @@ def calls_in_text(text: str) -> list[dict] | None:
         except ValueError:
             return None
         for d in doc if isinstance(doc, list) else [doc]:
-            if not (isinstance(d, dict) and isinstance(d.get("name"), str)
-                    and isinstance(d.get("arguments"), dict)):
+            if not (
+                isinstance(d, dict)
+                and isinstance(d.get("name"), str)
+                and isinstance(d.get("arguments"), dict)
+            ):
                 return None
             out.append(d)
     return out
@@ -268,8 +322,11 @@ def tools_system(tools: list[dict], model: str) -> str:
 
 # ---- the run --------------------------------------------------------------------------------
 def _post(base: str, body: dict, timeout_s: float = 600) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return r.status, json.loads(r.read())
@@ -287,14 +344,21 @@ def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
         body.update(messages=messages, tools=tools)
     else:
         first = messages[0]["content"] if messages[0]["role"] == "system" else None
-        system = (tools_system(tools, model) if first is None
-                  else f"{first}\n\n{tools_system(tools, '')}")
+        system = (
+            tools_system(tools, model) if first is None else f"{first}\n\n{tools_system(tools, '')}"
+        )
         rest = [m for m in messages if m["role"] != "system"]
         body["messages"] = [{"role": "system", "content": system}] + rest
     t0 = time.perf_counter()
     status, doc = _post(base, body)
-    out = {"status": status, "latency_s": time.perf_counter() - t0, "calls": [], "malformed": 0,
-           "text": None, "prompt_tokens": (doc.get("usage") or {}).get("prompt_tokens")}
+    out = {
+        "status": status,
+        "latency_s": time.perf_counter() - t0,
+        "calls": [],
+        "malformed": 0,
+        "text": None,
+        "prompt_tokens": (doc.get("usage") or {}).get("prompt_tokens"),
+    }
     if status != 200:
         out["text"] = (doc.get("error") or {}).get("message")
         return out
@@ -337,10 +401,12 @@ def _write_config(path: Path, model: str, spec: str, max_tokens: int) -> int:
     from thor_app.tools.bench_serve import _free_port
 
     port = _free_port()
-    path.write_text(f"[server]\nport = {port}\n[model]\nname = {json.dumps(model)}\n"
-                    f"[speculation]\nmethod = {json.dumps(spec)}\n"
-                    f"[limits]\nqueue_size = 8\nrequest_timeout_s = 3600\nbatch = 1\n"
-                    f"max_tokens = {max(max_tokens, 16)}\n")
+    path.write_text(
+        f"[server]\nport = {port}\n[model]\nname = {json.dumps(model)}\n"
+        f"[speculation]\nmethod = {json.dumps(spec)}\n"
+        f"[limits]\nqueue_size = 8\nrequest_timeout_s = 3600\nbatch = 1\n"
+        f"max_tokens = {max(max_tokens, 16)}\n"
+    )
     return port
 
 
@@ -354,24 +420,30 @@ def summarize(rows: list[dict]) -> dict:
         for mode, rs in modes.items():
             lat = [r["latency_s"] for r in rs if r["status"] == 200]
             table.setdefault(cat, {})[mode] = {
-                "n": len(rs), "correct": sum(r["verdict"] is None for r in rs),
+                "n": len(rs),
+                "correct": sum(r["verdict"] is None for r in rs),
                 "accuracy": sum(r["verdict"] is None for r in rs) / len(rs),
                 "malformed": sum(r["malformed"] for r in rs),
                 "refused": sum(r["status"] != 200 for r in rs),
                 "latency_p50_s": statistics.median(lat) if lat else None,
-                "latency_mean_s": statistics.fmean(lat) if lat else None}
+                "latency_mean_s": statistics.fmean(lat) if lat else None,
+            }
         if {"grammar", "plain"} <= set(modes):
             g = {r["id"]: r["prompt_tokens"] for r in modes["grammar"]}
-            table[cat]["prompt_tokens_equal"] = all(g.get(r["id"]) == r["prompt_tokens"]
-                                                    for r in modes["plain"])
+            table[cat]["prompt_tokens_equal"] = all(
+                g.get(r["id"]) == r["prompt_tokens"] for r in modes["plain"]
+            )
     return table
 
 
 def markdown(table: dict, meta: dict) -> str:
-    lines = [f"model {meta['model']}, speculation {meta['spec']}, {meta['limit']} per category "
-             f"(first in file order), max_tokens {meta['max_tokens']}", "",
-             "| category | mode | accuracy | malformed | refused | p50 latency | mean latency |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"model {meta['model']}, speculation {meta['spec']}, {meta['limit']} per category "
+        f"(first in file order), max_tokens {meta['max_tokens']}",
+        "",
+        "| category | mode | accuracy | malformed | refused | p50 latency | mean latency |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cat, modes in table.items():
         for mode in MODES:
             s = modes.get(mode)
@@ -380,8 +452,9 @@ def markdown(table: dict, meta: dict) -> str:
             p50 = f"{s['latency_p50_s']:.2f} s" if s["latency_p50_s"] is not None else "-"
             mean = f"{s['latency_mean_s']:.2f} s" if s["latency_mean_s"] is not None else "-"
             acc = f"{s['correct']}/{s['n']} ({100 * s['accuracy']:.0f}%)"
-            lines.append(f"| {cat} | {mode} | {acc} | {s['malformed']} | {s['refused']} | {p50} | "
-                         f"{mean} |")
+            lines.append(
+                f"| {cat} | {mode} | {acc} | {s['malformed']} | {s['refused']} | {p50} | {mean} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -395,8 +468,9 @@ def run_tools(args) -> int:
     modes = [m.strip() for m in args.tools_modes.split(",") if m.strip()]
     for c in cats:
         if c not in CATEGORIES:
-            raise ThorError(f"unknown --tools-categories entry {c!r}; choose from "
-                            f"{', '.join(CATEGORIES)}")
+            raise ThorError(
+                f"unknown --tools-categories entry {c!r}; choose from {', '.join(CATEGORIES)}"
+            )
     for m in modes:
         if m not in MODES:
             raise ThorError(f"unknown --tools-modes entry {m!r}; choose from {', '.join(MODES)}")
@@ -418,8 +492,11 @@ def run_tools(args) -> int:
                     for entry, answer in data[cat]:
                         r = ask(base, model, mode, entry, args.max_tokens)
                         calls = _original_names(r["calls"], entry)
-                        verdict = (score(cat, entry["function"], calls, answer)
-                                   if r["status"] == 200 else f"HTTP {r['status']}")
+                        verdict = (
+                            score(cat, entry["function"], calls, answer)
+                            if r["status"] == 200
+                            else f"HTTP {r['status']}"
+                        )
                         r.update(id=entry["id"], category=cat, mode=mode, verdict=verdict)
                         rows.append(r)
                     done = [r for r in rows if r["category"] == cat and r["mode"] == mode]
@@ -427,8 +504,14 @@ def run_tools(args) -> int:
         finally:
             proc.terminate()
             proc.wait(60)
-    meta = {"model": model, "spec": spec, "limit": args.tools_limit or "all",
-            "max_tokens": args.max_tokens, "bfcl_eval": BFCL_VERSION, "threads": args.threads}
+    meta = {
+        "model": model,
+        "spec": spec,
+        "limit": args.tools_limit or "all",
+        "max_tokens": args.max_tokens,
+        "bfcl_eval": BFCL_VERSION,
+        "threads": args.threads,
+    }
     table = summarize(rows)
     out = Path(args.json_out)
     out.write_text(json.dumps({"settings": meta, "summary": table, "entries": rows}, indent=1))

@@ -4,9 +4,21 @@ starts (prefix_shelf).
 
 Other packages import caches through this module; names load on first use.
 """
+
 from __future__ import annotations
 
-__all__ = ["FP8_MAX", "KVCache", "KVScales", "PrefixShelf", "common_prefix", "load_prefix", "prefix_key", "prefix_path", "prompt_set_hash", "save_prefix"]
+__all__ = [
+    "FP8_MAX",
+    "KVCache",
+    "KVScales",
+    "PrefixShelf",
+    "common_prefix",
+    "load_prefix",
+    "prefix_key",
+    "prefix_path",
+    "prompt_set_hash",
+    "save_prefix",
+]
 
 
 def __getattr__(name: str):
@@ -19,7 +31,8 @@ def __getattr__(name: str):
         from thor_runtime.cache import prefix_shelf as module
     elif name in ("load_prefix", "prefix_key", "prefix_path", "save_prefix"):
         from thor_runtime.cache import prefix_store as module
-        name = {'load_prefix': 'load', 'save_prefix': 'save'}.get(name, name)
+
+        name = {"load_prefix": "load", "save_prefix": "save"}.get(name, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(module, name)

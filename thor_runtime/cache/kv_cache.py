@@ -4,6 +4,7 @@ FP8 keeps one byte per element and a scale per (layer, kv head) for K and for V:
 stored = clamp(x / scale, ±448) in e4m3, read back as stored * scale. Attention
 always sees the dequantized view in the model's compute dtype.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from thor_runtime.models.config import ModelConfig
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import read_json, write_json_atomic
+from thor_runtime.models.config import ModelConfig
 
 KV_DTYPES = {
     "fp32": torch.float32,
@@ -43,9 +44,14 @@ class KVScales:
         return cls(ones, ones.clone())
 
     def save(self, path: str | Path) -> None:
-        doc = {"format": "thor-kv-scales/1", "num_layers": int(self.k.shape[0]),
-               "num_kv_heads": int(self.k.shape[1]), "k": self.k.tolist(), "v": self.v.tolist(),
-               "prompt_set_sha256": self.prompt_set_sha256}
+        doc = {
+            "format": "thor-kv-scales/1",
+            "num_layers": int(self.k.shape[0]),
+            "num_kv_heads": int(self.k.shape[1]),
+            "k": self.k.tolist(),
+            "v": self.v.tolist(),
+            "prompt_set_sha256": self.prompt_set_sha256,
+        }
         write_json_atomic(path, doc)
 
     @classmethod
@@ -54,11 +60,18 @@ class KVScales:
         if doc.get("format") != "thor-kv-scales/1":
             raise ThorError(f"KV scales file {path}: expected format 'thor-kv-scales/1'")
         want = (cfg.num_layers, cfg.num_kv_heads)
-        k, v = torch.tensor(doc.get("k", []), dtype=torch.float32), torch.tensor(doc.get("v", []), dtype=torch.float32)
+        k, v = (
+            torch.tensor(doc.get("k", []), dtype=torch.float32),
+            torch.tensor(doc.get("v", []), dtype=torch.float32),
+        )
         if tuple(k.shape) != want or tuple(v.shape) != want:
-            raise ThorError(f"KV scales file {path}: shape k{tuple(k.shape)} v{tuple(v.shape)} does not "
-                            f"match the model's [layers, kv_heads] = {list(want)}")
-        if not (torch.isfinite(k).all() and torch.isfinite(v).all() and (k > 0).all() and (v > 0).all()):
+            raise ThorError(
+                f"KV scales file {path}: shape k{tuple(k.shape)} v{tuple(v.shape)} does not "
+                f"match the model's [layers, kv_heads] = {list(want)}"
+            )
+        if not (
+            torch.isfinite(k).all() and torch.isfinite(v).all() and (k > 0).all() and (v > 0).all()
+        ):
             raise ThorError(f"KV scales file {path}: scales must be finite and positive")
         return cls(k, v, str(doc.get("prompt_set_sha256", "")))
 
@@ -70,9 +83,16 @@ def prompt_set_hash(prompts: list[str]) -> str:
 class KVCache:
     """One sequence's keys and values for every layer, preallocated to ``max_len``."""
 
-    def __init__(self, cfg: ModelConfig, max_len: int, kv_dtype: str = "fp32",
-                 compute_dtype: torch.dtype = torch.float32, scales: KVScales | None = None,
-                 device: str | torch.device = "cpu", storage: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        max_len: int,
+        kv_dtype: str = "fp32",
+        compute_dtype: torch.dtype = torch.float32,
+        scales: KVScales | None = None,
+        device: str | torch.device = "cpu",
+        storage: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         """``storage``: (k, v) tensors of the shape below to hold the keys and values in (a slot
         of a SlotStore), instead of new ones."""
         if kv_dtype not in KV_DTYPES:
@@ -84,7 +104,7 @@ class KVCache:
         shape = (cfg.num_layers, cfg.num_kv_heads, max_len + 1, cfg.head_dim)
         if storage is None:
             storage = tuple(torch.zeros(shape, dtype=self.store_dtype, device=device) for _ in "kv")
-        self.k, self.v = storage                                             # [L, Hkv, S + 1, Dh] each
+        self.k, self.v = storage  # [L, Hkv, S + 1, Dh] each
         self.lengths = [0] * cfg.num_layers
         self.scales = scales or KVScales.unit(cfg)
         # [L, Hkv, 1, 1] so a whole layer quantizes in one broadcast.
@@ -103,10 +123,12 @@ class KVCache:
         """k, v: [Hkv, T, Dh] for the next T positions of ``layer``."""
         start, t = self.lengths[layer], k.shape[1]
         if start + t > self.max_len:
-            raise ThorError(f"sequence of {start + t} tokens exceeds the KV cache capacity {self.max_len}")
+            raise ThorError(
+                f"sequence of {start + t} tokens exceeds the KV cache capacity {self.max_len}"
+            )
         k, v = self._stored(layer, k, v)
-        self.k[layer, :, start:start + t] = k
-        self.v[layer, :, start:start + t] = v
+        self.k[layer, :, start : start + t] = k
+        self.v[layer, :, start : start + t] = v
         self.lengths[layer] = start + t
 
     def _stored(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -123,11 +145,15 @@ class KVCache:
         """The first n keys and values [Hkv, n, Dh] in the compute dtype, whatever their length."""
         return self.loaded(layer, self.k[layer, :, :n], self.v[layer, :, :n])
 
-    def loaded(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def loaded(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored keys and values of ``layer`` (any leading dims, [..., Hkv, n, Dh]) in the compute dtype."""
         if self.fp8:
-            return ((k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),
-                    (v.to(torch.float32) * self._vs[layer]).to(self.compute_dtype))
+            return (
+                (k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),
+                (v.to(torch.float32) * self._vs[layer]).to(self.compute_dtype),
+            )
         if k.dtype != self.compute_dtype:
             return k.to(self.compute_dtype), v.to(self.compute_dtype)
         return k, v
@@ -146,11 +172,19 @@ class KVCache:
 
     def load_prefix(self, src: "KVCache", n: int) -> None:
         """Make this cache hold exactly the first ``n`` positions of ``src`` (same bytes)."""
-        if src.kv_dtype != self.kv_dtype or src.k.shape[:2] != self.k.shape[:2] or not (
-                torch.equal(src.scales.k, self.scales.k) and torch.equal(src.scales.v, self.scales.v)):
+        if (
+            src.kv_dtype != self.kv_dtype
+            or src.k.shape[:2] != self.k.shape[:2]
+            or not (
+                torch.equal(src.scales.k, self.scales.k)
+                and torch.equal(src.scales.v, self.scales.v)
+            )
+        ):
             raise ValueError("prefix from a cache of another model, KV dtype or scales")
         if n > min(src.length, self.max_len):
-            raise ValueError(f"prefix of {n} positions: the source holds {src.length}, capacity {self.max_len}")
+            raise ValueError(
+                f"prefix of {n} positions: the source holds {src.length}, capacity {self.max_len}"
+            )
         self.k[:, :, :n] = src.k[:, :, :n]
         self.v[:, :, :n] = src.v[:, :, :n]
         self.lengths = [n] * self.cfg.num_layers
@@ -161,27 +195,48 @@ class SlotStore:
     and reads every slot (fixed_shape.py's in-flight batching). Slot b is also a KVCache over
     its own part of the tensors (``caches[b]``), for its prefill, its crop and the prefix cache."""
 
-    def __init__(self, cfg: ModelConfig, max_len: int, slots: int, kv_dtype: str = "fp32",
-                 compute_dtype: torch.dtype = torch.float32, scales: KVScales | None = None,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        max_len: int,
+        slots: int,
+        kv_dtype: str = "fp32",
+        compute_dtype: torch.dtype = torch.float32,
+        scales: KVScales | None = None,
+        device: str | torch.device = "cpu",
+    ):
         if kv_dtype not in KV_DTYPES:
             raise ThorError(f"unknown KV dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
         shape = (slots, cfg.num_layers, cfg.num_kv_heads, max_len + 1, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=KV_DTYPES[kv_dtype], device=device)   # [B, L, Hkv, S + 1, Dh]
-        self.v = torch.zeros(shape, dtype=KV_DTYPES[kv_dtype], device=device)   # [B, L, Hkv, S + 1, Dh]
-        self.caches = [KVCache(cfg, max_len, kv_dtype, compute_dtype, scales, device, storage=(self.k[b], self.v[b]))
-                       for b in range(slots)]
-        self._rows = torch.arange(slots, device=device)[:, None]                # [B, 1]
+        self.k = torch.zeros(
+            shape, dtype=KV_DTYPES[kv_dtype], device=device
+        )  # [B, L, Hkv, S + 1, Dh]
+        self.v = torch.zeros(
+            shape, dtype=KV_DTYPES[kv_dtype], device=device
+        )  # [B, L, Hkv, S + 1, Dh]
+        self.caches = [
+            KVCache(
+                cfg,
+                max_len,
+                kv_dtype,
+                compute_dtype,
+                scales,
+                device,
+                storage=(self.k[b], self.v[b]),
+            )
+            for b in range(slots)
+        ]
+        self._rows = torch.arange(slots, device=device)[:, None]  # [B, 1]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """k, v: [Hkv, B * R, Dh], slot by slot; pos [B, R]: each row's position in its slot."""
         B, R = pos.shape
         c = self.caches[0]
-        k, v = c._stored(layer, k, v)                              # quantized like every slot's
+        k, v = c._stored(layer, k, v)  # quantized like every slot's
         for src, dst in ((k, self.k), (v, self.v)):
-            src = src.reshape(src.shape[0], B, R, -1).permute(1, 2, 0, 3)          # [B, R, Hkv, Dh]
-            dst = dst[:, layer]                                                     # [B, Hkv, S + 1, Dh]
-            if c.fp8:     # index_put_ has no fp8 kernels: move the bytes
+            src = src.reshape(src.shape[0], B, R, -1).permute(1, 2, 0, 3)  # [B, R, Hkv, Dh]
+            dst = dst[:, layer]  # [B, Hkv, S + 1, Dh]
+            if c.fp8:  # index_put_ has no fp8 kernels: move the bytes
                 src, dst = src.view(torch.uint8), dst.view(torch.uint8)
             dst[self._rows, :, pos] = src
 

@@ -19,6 +19,7 @@ Entries are copies, never shared with a running sequence, so a generation's roll
 touch them; least recently used goes first. Pinned entries (a shared start restored from disk,
 prefix_store.py) are never evicted and not counted in ``entries``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,16 +31,16 @@ from thor_runtime.cache.kv_cache import KVCache
 class _Entry:
     ids: tuple[int, ...]
     cache: KVCache
-    taps: dict | None = None        # layer -> [T, D]: the taps of the prompt's last T rows
-    tap_start: int = 0              # the position of their first row
-    stored: bool = False            # read from disk (a world start: prefix_shelf.py)
+    taps: dict | None = None  # layer -> [T, D]: the taps of the prompt's last T rows
+    tap_start: int = 0  # the position of their first row
+    stored: bool = False  # read from disk (a world start: prefix_shelf.py)
 
     def taps_cover(self, start: int, end: int) -> bool:
         return self.taps is not None and self.tap_start <= start and end <= len(self.ids)
 
     def taps_between(self, start: int, end: int) -> dict:
         """The taps of rows start..end-1 (inside what ``taps_cover`` allowed)."""
-        return {i: t[start - self.tap_start:end - self.tap_start] for i, t in self.taps.items()}
+        return {i: t[start - self.tap_start : end - self.tap_start] for i, t in self.taps.items()}
 
 
 def tap_rows(taps: dict | None) -> int:
@@ -63,10 +64,10 @@ class PrefixCache:
         if entries < 1 or min_tokens < 1:
             raise ValueError("a prefix cache needs entries >= 1 and min_tokens >= 1")
         self.entries, self.min_tokens = entries, min_tokens
-        self._items: list[_Entry] = []          # most recently used last
+        self._items: list[_Entry] = []  # most recently used last
         self._pinned: list[_Entry] = []
         self.hits = self.tokens_reused = 0
-        self.last_from_disk = False             # the last restore came from a pinned or stored start
+        self.last_from_disk = False  # the last restore came from a pinned or stored start
 
     def __len__(self) -> int:
         return len(self._items)
@@ -99,8 +100,14 @@ class PrefixCache:
         that an entry holds; returns how many positions it now has (0: none was good enough)."""
         return self.restore_seeded(ids, cache, limit)[0]
 
-    def restore_seeded(self, ids, cache: KVCache, limit: int, taps_from: int | None = None,
-                       keep_from: int | None = None) -> tuple[int, dict]:
+    def restore_seeded(
+        self,
+        ids,
+        cache: KVCache,
+        limit: int,
+        taps_from: int | None = None,
+        keep_from: int | None = None,
+    ) -> tuple[int, dict]:
         """``restore`` for a caller that needs the taps of rows ``taps_from``.. of the prompt: a
         start past ``taps_from`` comes only from an entry holding the taps of its rows from
         there, returned as {layer: [n - s, D]}, s = ``taps_from``, or as far back as
@@ -108,7 +115,7 @@ class PrefixCache:
         next prompt, whose seed may start earlier); otherwise the start stops at ``taps_from``.
         -> (positions restored, taps)."""
         best, n = None, 0
-        for e in self._pinned + self._items:    # on a tie the earlier (pinned: memory-mapped) wins
+        for e in self._pinned + self._items:  # on a tie the earlier (pinned: memory-mapped) wins
             m = min(common_prefix(e.ids, ids), limit)
             if taps_from is not None and m > taps_from and not e.taps_cover(taps_from, m):
                 m = taps_from
@@ -117,7 +124,9 @@ class PrefixCache:
         self.last_from_disk = False
         if best is None or n < self.min_tokens:
             return 0, {}
-        first = taps_from if keep_from is None else max(min(keep_from, taps_from or 0), best.tap_start)
+        first = (
+            taps_from if keep_from is None else max(min(keep_from, taps_from or 0), best.tap_start)
+        )
         taps = best.taps_between(first, n) if taps_from is not None and n > taps_from else {}
         self.last_from_disk = best in self._pinned or best.stored
         cache.load_prefix(best.cache, n)
@@ -131,17 +140,21 @@ class PrefixCache:
     def covers(self, ids) -> bool:
         """Whether an entry (pinned or recent) starts with all of ``ids``."""
         ids = tuple(ids)
-        return any(e.ids[:len(ids)] == ids for e in self._pinned + self._items)
+        return any(e.ids[: len(ids)] == ids for e in self._pinned + self._items)
 
     def start_of(self, ids) -> tuple[KVCache, dict] | None:
         """The K/V of ``ids`` from a recent prompt that starts with them (a view of its copy: the
         first len(ids) positions) and its taps of those rows ({} when it kept none there);
         None when no recent prompt does."""
         ids = tuple(ids)
-        e = next((e for e in reversed(self._items) if e.ids[:len(ids)] == ids), None)
+        e = next((e for e in reversed(self._items) if e.ids[: len(ids)] == ids), None)
         if e is None:
             return None
-        taps = e.taps_between(e.tap_start, len(ids)) if e.taps is not None and e.tap_start < len(ids) else {}
+        taps = (
+            e.taps_between(e.tap_start, len(ids))
+            if e.taps is not None and e.tap_start < len(ids)
+            else {}
+        )
         return e.cache, taps
 
     def add(self, ids, cache: KVCache, taps: dict | None = None) -> None:
@@ -150,8 +163,10 @@ class PrefixCache:
         ids = tuple(ids)
         rows = tap_rows(taps)
         self._items = [e for e in self._items if e.ids != ids]
-        self._items.append(_Entry(ids, cache, dict(taps) if rows else None, len(ids) - rows, stored=True))
-        del self._items[:-self.entries]
+        self._items.append(
+            _Entry(ids, cache, dict(taps) if rows else None, len(ids) - rows, stored=True)
+        )
+        del self._items[: -self.entries]
 
     def store(self, ids, cache: KVCache, taps: dict | None = None) -> None:
         """Keep a copy of the first ``len(ids)`` positions of ``cache`` (the prompt's), and the
@@ -159,12 +174,14 @@ class PrefixCache:
         ids = tuple(ids)
         rows = tap_rows(taps)
         same = next((e for e in self._items if e.ids == ids), None)
-        if same is not None:            # the same prompt again: its copy is already here
+        if same is not None:  # the same prompt again: its copy is already here
             self._items.remove(same)
             self._items.append(same)
             if rows > (len(ids) - same.tap_start if same.taps else 0):
                 same.taps, same.tap_start = dict(taps), len(ids) - rows
             return
-        self._items = [e for e in self._items if ids[:len(e.ids)] != e.ids]
-        self._items.append(_Entry(ids, cache.snapshot(len(ids)), dict(taps) if rows else None, len(ids) - rows))
-        del self._items[:-self.entries]
+        self._items = [e for e in self._items if ids[: len(e.ids)] != e.ids]
+        self._items.append(
+            _Entry(ids, cache.snapshot(len(ids)), dict(taps) if rows else None, len(ids) - rows)
+        )
+        del self._items[: -self.entries]

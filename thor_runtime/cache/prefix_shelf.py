@@ -13,6 +13,7 @@ A file is keyed like the persistent prefix (the model, dtypes, kernels, prefill 
 exact token ids: prefix_store.prefix_key), so a changed world is another file; the oldest past
 ``keep`` are deleted. ``keep`` queues the write and ``flush`` does it, after the plan is out.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ from pathlib import Path
 from thor_runtime.cache.prefix_cache import tap_rows
 from thor_runtime.cache.prefix_store import prefix_key, prefix_path, read, save
 
-KEEP = 16          # world starts kept on disk (~23 MB each for the planner model in fp32)
+KEEP = 16  # world starts kept on disk (~23 MB each for the planner model in fp32)
 
 
 class PrefixShelf:
@@ -32,15 +33,19 @@ class PrefixShelf:
             raise ValueError(f"a prefix shelf keeps at least one start, got {keep}")
         self.dir, self.limit = Path(directory), keep
         self._pending: list[tuple] = []
-        self._rows: dict[Path, int] = {}       # files this shelf read or wrote: the taps rows they hold
-        self._queue = threading.Lock()         # requests of a service keep and flush at once
+        self._rows: dict[Path, int] = {}  # files this shelf read or wrote: the taps rows they hold
+        self._queue = threading.Lock()  # requests of a service keep and flush at once
         self._write = threading.Lock()
 
     @staticmethod
     def usable(runtime) -> bool:
         m = getattr(runtime, "model", None)
-        return (getattr(runtime, "prefixes", None) is not None and m is not None and m.device.type == "cpu"
-                and bool(getattr(m, "source", "")))
+        return (
+            getattr(runtime, "prefixes", None) is not None
+            and m is not None
+            and m.device.type == "cpu"
+            and bool(getattr(m, "source", ""))
+        )
 
     def _key(self, runtime, ids) -> dict:
         scales = runtime.kv_scales or _unit(runtime.model.cfg)
@@ -49,7 +54,9 @@ class PrefixShelf:
     @staticmethod
     def _read(runtime, path: Path, key: dict, ids):
         m = runtime.model
-        return read(path, key, ids, m.cfg, runtime.kv_dtype, m.dtype, runtime.kv_scales or _unit(m.cfg))
+        return read(
+            path, key, ids, m.cfg, runtime.kv_dtype, m.dtype, runtime.kv_scales or _unit(m.cfg)
+        )
 
     def fetch(self, runtime, ids) -> bool:
         """Before a prompt that starts with ``ids``: the stored start into the runtime's recent
@@ -67,7 +74,7 @@ class PrefixShelf:
             return False
         self._rows[path] = tap_rows(got[1])
         with contextlib.suppress(OSError):
-            os.utime(path)                       # used now: the last to go
+            os.utime(path)  # used now: the last to go
         with lock:
             runtime.prefixes.add(ids, *got)
         return True
@@ -84,7 +91,7 @@ class PrefixShelf:
             return
         key = self._key(runtime, ids)
         path = prefix_path(self.dir, key)
-        if path not in self._rows and path.exists():     # another process's: read once
+        if path not in self._rows and path.exists():  # another process's: read once
             old = self._read(runtime, path, key, ids)
             if old is not None:
                 self._rows[path] = tap_rows(old[1])
@@ -111,8 +118,10 @@ class PrefixShelf:
             except OSError as e:
                 problems.append(f"{path.name}: {e.strerror or e}")
         try:
-            files = sorted(self.dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-            for old in files[self.limit:]:
+            files = sorted(
+                self.dir.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns, reverse=True
+            )
+            for old in files[self.limit :]:
                 old.unlink(missing_ok=True)
                 self._rows.pop(old, None)
         except OSError as e:

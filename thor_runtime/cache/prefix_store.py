@@ -16,6 +16,7 @@ prefill chunk, and the exact token ids. A file whose key, ids, shapes or length 
 not match is refused (the caller rebuilds it); it is written to a temporary name, flushed and
 renamed, so a reader finds the whole file or none, whatever kills the writer.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,13 +29,18 @@ from pathlib import Path
 
 import torch
 
-from thor_runtime.errors import ThorError
 from thor_runtime.cache.kv_cache import KV_DTYPES, KVCache
+from thor_runtime.errors import ThorError
 
 FORMAT = "thor-prefix/1"
 # safetensors dtype names of the cache's storage dtypes (and the token ids)
-_ST = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
-       getattr(torch, "float8_e4m3fn", None): "F8_E4M3"}
+_ST = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    getattr(torch, "float8_e4m3fn", None): "F8_E4M3",
+}
 _TORCH = {v: k for k, v in _ST.items() if k is not None}
 
 
@@ -48,7 +54,10 @@ def _source_identity(source) -> dict:
         # a checkpoint directory: its files (replacing a weight file leaves the directory's mtime)
         files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
         stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-        return {"source": str(p.resolve()), "files": hashlib.sha256(repr(stats).encode()).hexdigest()}
+        return {
+            "source": str(p.resolve()),
+            "files": hashlib.sha256(repr(stats).encode()).hexdigest(),
+        }
     except OSError:
         return {"source": str(source)}
 
@@ -57,13 +66,25 @@ def prefix_key(model, kv_dtype: str, scales, ids, prefill_chunk: int = 0) -> dic
     """What the stored K/V depend on (see the module docstring), as strings. The prefill chunk
     too: kernels over other row counts may round otherwise."""
     ids_digest = hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()
-    scales_digest = hashlib.sha256(scales.k.numpy().tobytes() + scales.v.numpy().tobytes()).hexdigest()
-    key = {"format": FORMAT, **_source_identity(getattr(model, "source", "")),
-           "dtype": str(model.dtype), "quant": str(getattr(model, "quant", None)),
-           "layout": str(getattr(model, "layout", None)), "segments": _segments_identity(model), "kv_dtype": kv_dtype, "kv_scales": scales_digest, "prefill_chunk": prefill_chunk,
-           "torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
-           "prefill_kernel": _prefill_identity(model),
-           "tokens": str(len(ids)), "ids_sha256": ids_digest}
+    scales_digest = hashlib.sha256(
+        scales.k.numpy().tobytes() + scales.v.numpy().tobytes()
+    ).hexdigest()
+    key = {
+        "format": FORMAT,
+        **_source_identity(getattr(model, "source", "")),
+        "dtype": str(model.dtype),
+        "quant": str(getattr(model, "quant", None)),
+        "layout": str(getattr(model, "layout", None)),
+        "segments": _segments_identity(model),
+        "kv_dtype": kv_dtype,
+        "kv_scales": scales_digest,
+        "prefill_chunk": prefill_chunk,
+        "torch": torch.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "prefill_kernel": _prefill_identity(model),
+        "tokens": str(len(ids)),
+        "ids_sha256": ids_digest,
+    }
     return {k: str(v) for k, v in key.items()}
 
 
@@ -98,9 +119,12 @@ def save(path: str | Path, cache: KVCache, ids, key: dict, taps: dict | None = N
         raise ValueError(f"the cache holds {cache.length} positions, not the prefix's {n}")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {"k": cache.k[:, :, :n].contiguous(), "v": cache.v[:, :, :n].contiguous(),
-               "ids": torch.tensor(list(ids), dtype=torch.int64),
-               **{f"tap.{i}": t.float().contiguous() for i, t in (taps or {}).items()}}
+    tensors = {
+        "k": cache.k[:, :, :n].contiguous(),
+        "v": cache.v[:, :, :n].contiguous(),
+        "ids": torch.tensor(list(ids), dtype=torch.int64),
+        **{f"tap.{i}": t.float().contiguous() for i, t in (taps or {}).items()},
+    }
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     os.close(fd)
     try:
@@ -119,17 +143,21 @@ def _read_header(mm) -> tuple[dict, int]:
     (hlen,) = struct.unpack("<Q", mm[:8])
     if hlen > len(mm) - 8:
         raise ValueError("header runs past the end")
-    return json.loads(bytes(mm[8:8 + hlen])), 8 + hlen
+    return json.loads(bytes(mm[8 : 8 + hlen])), 8 + hlen
 
 
-def load(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales) -> KVCache | None:
+def load(
+    path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales
+) -> KVCache | None:
     """The stored prefix as a read-only cache over the memory-mapped file, or None when there is
     none or it does not match ``key``, ``ids`` and the model's shapes (the caller rebuilds it)."""
     got = read(path, key, ids, cfg, kv_dtype, compute_dtype, scales)
     return got[0] if got is not None else None
 
 
-def read(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales) -> tuple[KVCache, dict] | None:
+def read(
+    path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, scales
+) -> tuple[KVCache, dict] | None:
     """``load``, with the stored taps ({layer: [T, D]} of the last T rows; {} without any)."""
     try:
         with open(path, "rb") as f:
@@ -144,23 +172,26 @@ def read(path: str | Path, key: dict, ids, cfg, kv_dtype: str, compute_dtype, sc
         if meta != key or set(header) - taps != {"k", "v", "ids"}:
             return None
         if base + max(h["data_offsets"][1] for h in header.values()) != len(mm):
-            return None                                           # truncated, or trailing bytes
+            return None  # truncated, or trailing bytes
         t = {name: _view(mm, base, h) for name, h in header.items()}
     except (ValueError, KeyError, TypeError, struct.error):
         return None
     n = len(ids)
     shape = (cfg.num_layers, cfg.num_kv_heads, n, cfg.head_dim)
     store = KV_DTYPES[kv_dtype]
-    if (t["ids"].tolist() != list(ids) or any(t[x].shape != shape or t[x].dtype != store for x in "kv")):
+    if t["ids"].tolist() != list(ids) or any(
+        t[x].shape != shape or t[x].dtype != store for x in "kv"
+    ):
         return None
     tap = {int(name[4:]): t[name] for name in taps}
     if len({x.shape for x in tap.values()}) > 1 or any(
-            x.dim() != 2 or x.shape[0] > n or x.shape[1] != cfg.hidden_size or x.dtype != torch.float32
-            for x in tap.values()):
-        return None                                               # taps of one row count, [T <= n, D]
-    cache = KVCache(cfg, 0, kv_dtype, compute_dtype, scales)     # 1 slot; its tensors replaced below
+        x.dim() != 2 or x.shape[0] > n or x.shape[1] != cfg.hidden_size or x.dtype != torch.float32
+        for x in tap.values()
+    ):
+        return None  # taps of one row count, [T <= n, D]
+    cache = KVCache(cfg, 0, kv_dtype, compute_dtype, scales)  # 1 slot; its tensors replaced below
     cache.k, cache.v, cache.max_len, cache.lengths = t["k"], t["v"], n, [n] * cfg.num_layers
-    cache.mapped = mm                                              # the views need the mapping alive
+    cache.mapped = mm  # the views need the mapping alive
     return cache, tap
 
 

@@ -5,9 +5,19 @@ and the grammar-constraint contract.
 Other packages import the engine through this module; its names load on first use, so
 importing it costs nothing until one is asked for.
 """
+
 from __future__ import annotations
 
-__all__ = ["Constraint", "ENV", "FixedShapeDecoder", "Runtime", "SamplingParams", "Stats", "batched_greedy", "masked"]
+__all__ = [
+    "Constraint",
+    "ENV",
+    "FixedShapeDecoder",
+    "Runtime",
+    "SamplingParams",
+    "Stats",
+    "batched_greedy",
+    "masked",
+]
 
 
 def __getattr__(name: str):

@@ -17,6 +17,7 @@ cache per call (the ORT step graph), the padded verify and hybrid targets run th
 after another: still exact, not faster. The fixed-shape decoder (fixed_shape.py, CUDA) keeps a
 KV slot per sequence and runs them as the one forward it runs anyway.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,17 +27,17 @@ import numpy as np
 import torch
 
 from thor_runtime.engine.constraint import reads_part
-from thor_runtime.errors import ThorError
 from thor_runtime.engine.exactness import EXACT_ROWS
+from thor_runtime.errors import ThorError
 from thor_runtime.models.dense import ForwardOut
 
 
 @dataclass
 class VerifyCall:
-    ids: torch.Tensor                 # [T] anchor + drafts
+    ids: torch.Tensor  # [T] anchor + drafts
     cache: object
     taps: tuple[int, ...] = ()
-    cols: object = None               # the ids whose logits the caller reads (None: all)
+    cols: object = None  # the ids whose logits the caller reads (None: all)
 
 
 def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[ForwardOut]:
@@ -46,8 +47,10 @@ def verify_many(model, verify: Callable, calls: list[VerifyCall]) -> list[Forwar
         return [verify(c.ids, c.cache, taps=c.taps, cols=c.cols) for c in calls]
     for c in calls:
         if c.cache.length + c.ids.shape[0] > model.cfg.max_position_embeddings:
-            raise ThorError(f"sequence of {c.cache.length + c.ids.shape[0]} tokens exceeds the model context "
-                            f"{model.cfg.max_position_embeddings}")
+            raise ThorError(
+                f"sequence of {c.cache.length + c.ids.shape[0]} tokens exceeds the model context "
+                f"{model.cfg.max_position_embeddings}"
+            )
     return form(model, calls)
 
 
@@ -72,7 +75,7 @@ def _form(model, verify, calls):
     if len(calls) < 2 or not shares(model, verify):
         return None
     decoder = slotted(verify)
-    if decoder is not None:          # every forward runs all its slots' rows anyway
+    if decoder is not None:  # every forward runs all its slots' rows anyway
         return lambda model, calls: decoder.verify_many(calls)
     r = model.runner
     if r is None:
@@ -101,8 +104,10 @@ def _spans(calls) -> list[tuple[int, int]]:
 
 def _split(calls, taps: dict[int, torch.Tensor], logits: torch.Tensor) -> list[ForwardOut]:
     """Concatenated rows back to one ForwardOut per call, each with the taps it asked for."""
-    return [ForwardOut(logits[a:b], {i: taps[i][a:b] for i in c.taps})
-            for c, (a, b) in zip(calls, _spans(calls))]
+    return [
+        ForwardOut(logits[a:b], {i: taps[i][a:b] for i in c.taps})
+        for c, (a, b) in zip(calls, _spans(calls))
+    ]
 
 
 def _chunked(fn, *rows_first):
@@ -111,7 +116,7 @@ def _chunked(fn, *rows_first):
     N = rows_first[0].shape[0]
     if N <= EXACT_ROWS:
         return fn(*rows_first)
-    parts = [fn(*(t[s:s + EXACT_ROWS] for t in rows_first)) for s in range(0, N, EXACT_ROWS)]
+    parts = [fn(*(t[s : s + EXACT_ROWS] for t in rows_first)) for s in range(0, N, EXACT_ROWS)]
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts)
     return tuple(torch.cat(p, dim=0 if p[0].dim() == 2 else -2) for p in zip(*parts))
@@ -120,6 +125,7 @@ def _chunked(fn, *rows_first):
 def _layers_with(seg):
     def run(model, calls):
         return _layers(model, seg, calls)
+
     return run
 
 
@@ -130,15 +136,22 @@ def _layers(model, seg, calls) -> list[ForwardOut]:
     dev, n = model.device, model.cfg.num_layers
     spans = _spans(calls)
     model.ensure_positions(max(c.cache.length + c.ids.shape[0] for c in calls))
-    h = torch.cat([seg.embed(c.ids.to(dev)) for c in calls])                              # [N, D]
-    pos = torch.cat([torch.arange(c.cache.length, c.cache.length + c.ids.shape[0], device=dev)
-                     for c in calls])                                                    # [N]
+    h = torch.cat([seg.embed(c.ids.to(dev)) for c in calls])  # [N, D]
+    pos = torch.cat(
+        [torch.arange(c.cache.length, c.cache.length + c.ids.shape[0], device=dev) for c in calls]
+    )  # [N]
     want = set().union(*(c.taps for c in calls))
     taps: dict[int, torch.Tensor] = {}
-    q, k, v = _chunked(lambda hh, pp: seg.pre_attn(0, hh, pp), h, pos)     # q [H, N, Dh], k/v [Hkv, N, Dh]
+    q, k, v = _chunked(
+        lambda hh, pp: seg.pre_attn(0, hh, pp), h, pos
+    )  # q [H, N, Dh], k/v [Hkv, N, Dh]
     for i in range(n):
-        o = torch.cat([model.attention(i, q[:, a:b], k[:, a:b], v[:, a:b], c.cache, exact=True)
-                       for c, (a, b) in zip(calls, spans)])                              # [N, H Dh]
+        o = torch.cat(
+            [
+                model.attention(i, q[:, a:b], k[:, a:b], v[:, a:b], c.cache, exact=True)
+                for c, (a, b) in zip(calls, spans)
+            ]
+        )  # [N, H Dh]
         if i + 1 < n:
             h, q, k, v = _chunked(lambda hh, oo, pp: seg.post_pre(i, hh, oo, pp), h, o, pos)
         else:
@@ -156,13 +169,13 @@ def _rowstep(model, calls) -> list[ForwardOut]:
 
     kern = model.runner.rows
     want = tuple(sorted(set().union(*(c.taps for c in calls))))
-    pieces: list[tuple[int, int, int]] = []          # (call, first row, rows) in row order
+    pieces: list[tuple[int, int, int]] = []  # (call, first row, rows) in row order
     for j, c in enumerate(calls):
         for s in range(0, c.ids.shape[0], MAX_ROWS):
             pieces.append((j, s, min(MAX_ROWS, c.ids.shape[0] - s)))
     groups, cur, used = [], [], 0
     for p in pieces:
-        if used + p[2] > MAX_ROWS or any(q[0] == p[0] for q in cur):   # one stretch per cache a call
+        if used + p[2] > MAX_ROWS or any(q[0] == p[0] for q in cur):  # one stretch per cache a call
             groups.append(cur)
             cur, used = [], 0
         cur.append(p)
@@ -171,10 +184,15 @@ def _rowstep(model, calls) -> list[ForwardOut]:
     taps_parts: dict[int, list] = {i: [] for i in want}
     logit_parts: list[list] = [[] for _ in calls]
     for g in groups:
-        ids = torch.cat([calls[j].ids[s:s + m] for j, s, m in g])
-        h = model.embed(ids.to(model.device))                                             # [n, D]
-        t, lg = kern.many(h, [calls[j].cache for j, _, _ in g], [m for _, _, m in g], want,
-                          [reads_part(calls[j].cols, s, s + m) for j, s, m in g])
+        ids = torch.cat([calls[j].ids[s : s + m] for j, s, m in g])
+        h = model.embed(ids.to(model.device))  # [n, D]
+        t, lg = kern.many(
+            h,
+            [calls[j].cache for j, _, _ in g],
+            [m for _, _, m in g],
+            want,
+            [reads_part(calls[j].cols, s, s + m) for j, s, m in g],
+        )
         for (j, _, _), part in zip(g, lg):
             logit_parts[j].append(part)
         for i in want:
@@ -182,10 +200,16 @@ def _rowstep(model, calls) -> list[ForwardOut]:
     # groups are consecutive runs of the pieces, which follow the calls' rows in order; joined
     # by numpy, as a torch copy of this size wakes torch's pool beside the kernel's (rowstep.py)
     taps = {i: _joined(p) for i, p in taps_parts.items()}
-    return [ForwardOut(_joined(parts), {i: taps[i][a:b] for i in c.taps})
-            for c, parts, (a, b) in zip(calls, logit_parts, _spans(calls))]
+    return [
+        ForwardOut(_joined(parts), {i: taps[i][a:b] for i in c.taps})
+        for c, parts, (a, b) in zip(calls, logit_parts, _spans(calls))
+    ]
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     """Row blocks one after another ([n_i, C] -> [sum n_i, C]); one block as it is."""
-    return parts[0] if len(parts) == 1 else torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+    return (
+        parts[0]
+        if len(parts) == 1
+        else torch.from_numpy(np.concatenate([p.numpy() for p in parts]))
+    )

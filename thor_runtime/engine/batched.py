@@ -8,6 +8,7 @@ Left padding: prompts of different lengths are right-aligned, so every row's nex
 in the same column and one decode step is one [B, 1] forward. Pad columns are masked out of
 attention and get position 0; real tokens get positions 0..len-1 as in ``Runtime.generate``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,54 +35,61 @@ def _greedy_one(model, prompt: list[int], max_tokens: int, eos: set) -> list[int
 def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=()) -> list[list[int]]:
     """Greedy continuations of several prompts at once -> one list of new ids per prompt,
     ending with the EOS id when one was produced (as ``Runtime.generate``'s token_ids)."""
-    if getattr(model, "is_hybrid", False):  # recurrent state: no batched path, one sequence at a time
+    if getattr(
+        model, "is_hybrid", False
+    ):  # recurrent state: no batched path, one sequence at a time
         return [_greedy_one(model, p, max_tokens, set(eos_ids)) for p in prompts]
     cfg, dev, dt = model.cfg, model.device, model.dtype
     B = len(prompts)
     if B == 0:
         return []
-    lens = torch.tensor([len(p) for p in prompts])                                   # [B]
+    lens = torch.tensor([len(p) for p in prompts])  # [B]
     if (lens == 0).any():
         raise ThorError("datagen: empty prompt")
     P = int(lens.max())
     S = P + max_tokens
     if S > cfg.max_position_embeddings:
-        raise ThorError(f"datagen: {P} prompt + {max_tokens} new tokens exceed the model context "
-                        f"{cfg.max_position_embeddings}")
+        raise ThorError(
+            f"datagen: {P} prompt + {max_tokens} new tokens exceed the model context "
+            f"{cfg.max_position_embeddings}"
+        )
     model.ensure_positions(S)
-    pad = P - lens                                                                   # [B] left pad
+    pad = P - lens  # [B] left pad
     ids = torch.zeros(B, P, dtype=torch.long)
     for b, p in enumerate(prompts):
-        ids[b, pad[b]:] = torch.tensor(p)
-    col = torch.arange(S)                                                            # [S]
-    valid = col[None, :] >= pad[:, None]                                             # [B, S] real key
-    pos = (col[None, :] - pad[:, None]).clamp(min=0)                                 # [B, S]
+        ids[b, pad[b] :] = torch.tensor(p)
+    col = torch.arange(S)  # [S]
+    valid = col[None, :] >= pad[:, None]  # [B, S] real key
+    pos = (col[None, :] - pad[:, None]).clamp(min=0)  # [B, S]
     kshape = (cfg.num_layers, B, cfg.num_kv_heads, S, cfg.head_dim)
-    kbuf, vbuf = torch.zeros(kshape, dtype=dt, device=dev), torch.zeros(kshape, dtype=dt, device=dev)
-    rows = torch.arange(B)                       # which original prompt each live row is
+    kbuf, vbuf = (
+        torch.zeros(kshape, dtype=dt, device=dev),
+        torch.zeros(kshape, dtype=dt, device=dev),
+    )
+    rows = torch.arange(B)  # which original prompt each live row is
     out: list[list[int]] = [[] for _ in range(B)]
     eos = set(eos_ids)
 
     def step(tok: torch.Tensor, c0: int) -> torch.Tensor:
         """tok [b, T] at columns c0..c0+T-1 -> last-column logits [b, V]."""
-        c1 = c0 + tok.shape[1]           # kbuf/vbuf are read at call time (re-bound on compaction)
-        h = model.embed(tok.to(dev))                                                 # [b, T, D]
-        p = pos[rows, c0:c1].to(dev)                                                 # [b, T]
+        c1 = c0 + tok.shape[1]  # kbuf/vbuf are read at call time (re-bound on compaction)
+        h = model.embed(tok.to(dev))  # [b, T, D]
+        p = pos[rows, c0:c1].to(dev)  # [b, T]
         # key j visible to query column c iff j is a real token and j <= c
-        qcol = torch.arange(c0, c1)[:, None]                                         # [T, 1]
-        m = valid[rows, None, :c1] & (col[None, :c1] <= qcol)[None]                  # [b, T, c1]
+        qcol = torch.arange(c0, c1)[:, None]  # [T, 1]
+        m = valid[rows, None, :c1] & (col[None, :c1] <= qcol)[None]  # [b, T, c1]
         # A pad query sees only itself: a fully masked row would give NaN, and NaN keys poison
         # even masked scores. Real rows never see pad columns, so this changes nothing real.
         m = m | (col[None, :c1] == qcol)[None]
-        m = m[:, None].to(dev)                                                       # [b, 1, T, c1]
+        m = m[:, None].to(dev)  # [b, 1, T, c1]
         for i in range(cfg.num_layers):
-            q, k, v = model.pre_attn(i, h, p)            # q [b, H, T, Dh], k/v [b, Hkv, T, Dh]
+            q, k, v = model.pre_attn(i, h, p)  # q [b, H, T, Dh], k/v [b, Hkv, T, Dh]
             kbuf[i, :, :, c0:c1], vbuf[i, :, :, c0:c1] = k, v
-            o = attend(q, kbuf[i, :, :, :c1], vbuf[i, :, :, :c1], m)                    # [b, H, T, Dh]
+            o = attend(q, kbuf[i, :, :, :c1], vbuf[i, :, :, :c1], m)  # [b, H, T, Dh]
             h = model.post_attn(i, h, o.transpose(1, 2).reshape(*h.shape[:2], -1))
-        return model.head(h[:, -1])                                                  # [b, V]
+        return model.head(h[:, -1])  # [b, V]
 
-    nxt = step(ids, 0).argmax(-1)                                                    # [B]
+    nxt = step(ids, 0).argmax(-1)  # [B]
     c = P
     for t in range(max_tokens):
         done = torch.zeros(len(rows), dtype=torch.bool)
@@ -93,9 +101,9 @@ def batched_greedy(model, prompts: list[list[int]], max_tokens: int, eos_ids=())
             break
         if done.any():
             # Drop finished rows so later steps only pay for live ones (buffers are re-indexed).
-            keep = (~done).nonzero().squeeze(1)                                      # [b']
+            keep = (~done).nonzero().squeeze(1)  # [b']
             kbuf, vbuf = kbuf[:, keep.to(dev)], vbuf[:, keep.to(dev)]
             rows, nxt = rows[keep], nxt[keep]
-        nxt = step(nxt[:, None], c).argmax(-1)                                       # [b]
+        nxt = step(nxt[:, None], c).argmax(-1)  # [b]
         c += 1
     return out

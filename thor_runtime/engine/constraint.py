@@ -20,6 +20,7 @@ With relaxed acceptance on free-text spans (``RelaxedConfig.spans``), the runtim
 ``relaxed_spans(drafts)`` before accepting: which drafts lie wholly inside text that nothing
 downstream reads, where a close runner-up of the target may be kept.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,9 @@ class RowReads:
     strings) and the others few ids: the rows in ``wide`` read every logit, the others ``ids``.
     Without it one row inside a string made every row of the verify compute all ~150 k logits
     (a third of a plan's verifies on CPU; docs/performance.md)."""
-    ids: np.ndarray       # [n] ascending: every id the narrow rows may commit
-    wide: np.ndarray      # [R] bool
+
+    ids: np.ndarray  # [n] ascending: every id the narrow rows may commit
+    wide: np.ndarray  # [R] bool
 
     def part(self, start: int, stop: int) -> "RowReads":
         return RowReads(self.ids, self.wide[start:stop])
@@ -56,7 +58,7 @@ def read_ids(allowed: np.ndarray | None) -> np.ndarray | RowReads | None:
         return None
     limit = READ_SHARE * allowed.shape[1]
     # a row at a time: count_nonzero with an axis takes ~10x as long over [16, 152 k]
-    wide = np.array([np.count_nonzero(row) for row in allowed]) > limit                      # [R]
+    wide = np.array([np.count_nonzero(row) for row in allowed]) > limit  # [R]
     if wide.all():
         return None
     ids = np.flatnonzero(allowed[~wide].any(axis=0) if wide.any() else allowed.any(axis=0))
@@ -101,23 +103,37 @@ def masked_argmax(logits: torch.Tensor, allowed: np.ndarray, reads) -> torch.Ten
     if logits.device.type == "cpu":
         # numpy on the tensor's own memory: torch's gathers of this size wake its thread pool,
         # which then spins on the cores the next verify needs
-        host = logits.detach().float().numpy()                                                  # [R, V]
-        part = host[np.ix_(narrow, ids)] if len(narrow) else None                              # [r, n]
-        whole = host if len(rows) == len(host) else host[rows]                                  # [w, V], no copy of all
-    else:                 # only the columns and rows read cross to the host
-        part = (logits.index_select(1, torch.from_numpy(ids).to(logits.device)).float().cpu().numpy()[narrow]
-                if len(narrow) else None)
-        whole = logits[torch.from_numpy(rows).to(logits.device)].float().cpu().numpy() if len(rows) else None
-    best = np.empty(logits.shape[0], np.int64)                                                  # [R]
+        host = logits.detach().float().numpy()  # [R, V]
+        part = host[np.ix_(narrow, ids)] if len(narrow) else None  # [r, n]
+        whole = host if len(rows) == len(host) else host[rows]  # [w, V], no copy of all
+    else:  # only the columns and rows read cross to the host
+        part = (
+            logits.index_select(1, torch.from_numpy(ids).to(logits.device))
+            .float()
+            .cpu()
+            .numpy()[narrow]
+            if len(narrow)
+            else None
+        )
+        whole = (
+            logits[torch.from_numpy(rows).to(logits.device)].float().cpu().numpy()
+            if len(rows)
+            else None
+        )
+    best = np.empty(logits.shape[0], np.int64)  # [R]
     if len(narrow):
-        best[narrow] = ids[np.where(allowed[np.ix_(narrow, ids)], part, np.float32(-np.inf)).argmax(1)]
+        best[narrow] = ids[
+            np.where(allowed[np.ix_(narrow, ids)], part, np.float32(-np.inf)).argmax(1)
+        ]
     if len(rows):
-        top = whole.argmax(1)                                                                  # [w]
+        top = whole.argmax(1)  # [w]
         # an allowed first maximum is the first allowed maximum too: no masked copy of the row
         ok = allowed[rows, top]
         best[rows[ok]] = top[ok]
         if not ok.all():
-            best[rows[~ok]] = np.where(allowed[rows[~ok]], whole[~ok], np.float32(-np.inf)).argmax(1)
+            best[rows[~ok]] = np.where(allowed[rows[~ok]], whole[~ok], np.float32(-np.inf)).argmax(
+                1
+            )
     return torch.from_numpy(best)
 
 

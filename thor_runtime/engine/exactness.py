@@ -4,6 +4,7 @@ A projection whose kernel gives a row different bits by row count runs row by ro
 a segment backend (ONNX Runtime, TensorRT) that does the same is called row by row (RowWise).
 Which ones need it is probed once per kernel and shape (``rows_invariant``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,14 +25,17 @@ class RowLoop:
         self.w, self.shape = w, w.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])                              # [M, in]
+        x2 = x.reshape(-1, x.shape[-1])  # [M, in]
         if not 1 < x2.shape[0] <= EXACT_ROWS:
             return linear(x, self.w)
-        return torch.cat([linear(x2[i:i + 1], self.w) for i in range(x2.shape[0])]).view(*x.shape[:-1], -1)
+        return torch.cat([linear(x2[i : i + 1], self.w) for i in range(x2.shape[0])]).view(
+            *x.shape[:-1], -1
+        )
 
 
-
-def make_rows_exact(model, names: tuple[str, ...], verdict: dict[str, bool] | None = None) -> list[str]:
+def make_rows_exact(
+    model, names: tuple[str, ...], verdict: dict[str, bool] | None = None
+) -> list[str]:
     """Wrap every projection (``names`` of each of ``model.layers``, and ``model.head_w``) whose
     kernel is not row-invariant here in a RowLoop, one probe per distinct kernel and shape.
     verdict: earlier probes' results (kernel/shape key -> bool), used and filled in; valid only
@@ -62,8 +66,8 @@ def rows_invariant(w, d_in: int, dtype: torch.dtype, device: torch.device) -> bo
     alone, on this CPU, with this kernel, shape and thread count. A GEMM computes every row
     with the same instruction sequence, so one seeded probe per kernel and shape decides."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(EXACT_ROWS, d_in, generator=g).to(device=device, dtype=dtype)   # [R, in]
-    alone = torch.cat([linear(x[i:i + 1], w) for i in range(EXACT_ROWS)])          # [R, out]
+    x = torch.randn(EXACT_ROWS, d_in, generator=g).to(device=device, dtype=dtype)  # [R, in]
+    alone = torch.cat([linear(x[i : i + 1], w) for i in range(EXACT_ROWS)])  # [R, out]
     return all(torch.equal(linear(x[:m], w), alone[:m]) for m in range(2, EXACT_ROWS + 1))
 
 
@@ -76,22 +80,29 @@ class RowWise:
         self.b = backend
 
     def embed(self, ids):
-        return self.b.embed(ids)                   # a gather: the same bits for any row count
+        return self.b.embed(ids)  # a gather: the same bits for any row count
 
     def pre_attn(self, i, h, pos):
-        rows = [self.b.pre_attn(i, h[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
-        return tuple(torch.cat(parts, dim=-2) for parts in zip(*rows))   # q [H, T, Dh], k/v [Hkv, T, Dh]
+        rows = [self.b.pre_attn(i, h[t : t + 1], pos[t : t + 1]) for t in range(h.shape[0])]
+        return tuple(
+            torch.cat(parts, dim=-2) for parts in zip(*rows)
+        )  # q [H, T, Dh], k/v [Hkv, T, Dh]
 
     def post_attn(self, i, h, o):
-        return torch.cat([self.b.post_attn(i, h[t:t + 1], o[t:t + 1]) for t in range(h.shape[0])])
+        return torch.cat(
+            [self.b.post_attn(i, h[t : t + 1], o[t : t + 1]) for t in range(h.shape[0])]
+        )
 
     def post_pre(self, i, h, o, pos):
-        rows = [self.b.post_pre(i, h[t:t + 1], o[t:t + 1], pos[t:t + 1]) for t in range(h.shape[0])]
+        rows = [
+            self.b.post_pre(i, h[t : t + 1], o[t : t + 1], pos[t : t + 1])
+            for t in range(h.shape[0])
+        ]
         hs, *qkv = zip(*rows)
         return (torch.cat(hs), *(torch.cat(parts, dim=-2) for parts in qkv))
 
     def head(self, h):
-        return torch.cat([self.b.head(h[t:t + 1]) for t in range(h.shape[0])])
+        return torch.cat([self.b.head(h[t : t + 1]) for t in range(h.shape[0])])
 
 
 def backend_for_verify(model, backend):
@@ -103,15 +114,20 @@ def backend_for_verify(model, backend):
     o = torch.randn(R, cfg.num_heads * cfg.head_dim, generator=g).to(model.dtype)
     pos = torch.arange(R)
     rw = RowWise(backend)
-    last = cfg.num_layers - 1       # a fused backend has post_attn for the last layer only
-    calls = [lambda b, m: b.pre_attn(0, h[:m], pos[:m]), lambda b, m: (b.post_attn(last, h[:m], o[:m]),),
-             lambda b, m: (b.head(h[:m]),)]
+    last = cfg.num_layers - 1  # a fused backend has post_attn for the last layer only
+    calls = [
+        lambda b, m: b.pre_attn(0, h[:m], pos[:m]),
+        lambda b, m: (b.post_attn(last, h[:m], o[:m]),),
+        lambda b, m: (b.head(h[:m]),),
+    ]
     if cfg.num_layers > 1:
         calls.append(lambda b, m: b.post_pre(0, h[:m], o[:m], pos[:m]))
     for call in calls:
         alone = call(rw, R)
         for m in range(2, R + 1):
             got = call(backend, m)
-            if not all(torch.equal(x, y[..., :m, :] if y.dim() == 3 else y[:m]) for x, y in zip(got, alone)):
+            if not all(
+                torch.equal(x, y[..., :m, :] if y.dim() == 3 else y[:m]) for x, y in zip(got, alone)
+            ):
                 return rw
     return backend

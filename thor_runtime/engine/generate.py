@@ -3,6 +3,7 @@
 Plain decoding is the same cycle with no drafts (K = 0), so speculative and plain
 decoding share every line that decides which token is committed and when to stop.
 """
+
 from __future__ import annotations
 
 import threading
@@ -13,20 +14,32 @@ from typing import Callable
 
 import torch
 
-from thor_runtime.engine.constraint import TimedConstraint, masked, masked_argmax, narrow_share, read_ids
-from thor_runtime.errors import ThorError
 from thor_runtime.cache.kv_cache import KVScales
 from thor_runtime.cache.prefix_cache import PrefixCache
-from thor_runtime.engine.threads import ThreadGovernor, one_torch_thread
+from thor_runtime.engine.constraint import (
+    TimedConstraint,
+    masked,
+    masked_argmax,
+    narrow_share,
+    read_ids,
+)
 from thor_runtime.engine.fixed_shape import STEP_ROWS
 from thor_runtime.engine.runner import DecodeAsk, pick_decode
 from thor_runtime.engine.sampling import SamplingParams, make_generator, target_probs
-from thor_runtime.speculative import PLAIN, Speculation
-from thor_runtime.speculative.budget import Cycle
-from thor_runtime.speculative.accept import (accept_greedy, accept_relaxed_at, accept_sampling, accept_strict, in_thinking,
-                                 thinking_flags)
 from thor_runtime.engine.stats import Stats
+from thor_runtime.engine.threads import ThreadGovernor, one_torch_thread
+from thor_runtime.errors import ThorError
 from thor_runtime.models.target import Target
+from thor_runtime.speculative import PLAIN, Speculation
+from thor_runtime.speculative.accept import (
+    accept_greedy,
+    accept_relaxed_at,
+    accept_sampling,
+    accept_strict,
+    in_thinking,
+    thinking_flags,
+)
+from thor_runtime.speculative.budget import Cycle
 
 # rows of drafter taps a kept prompt holds beyond the drafter's seed window (prefix_cache.py)
 TAP_MARGIN = 64
@@ -36,7 +49,7 @@ TAP_MARGIN = 64
 class Result:
     token_ids: list[int]
     text: str
-    finish_reason: str               # "eos" | "stop" | "length"
+    finish_reason: str  # "eos" | "stop" | "length"
     prompt_tokens: int
     stats: Stats = field(default_factory=Stats)
 
@@ -67,16 +80,27 @@ class _Stopper:
     def text(self) -> str:
         ids = self.out[:-1] if self.reason == "eos" else self.out
         text = self.tok.decode(ids)
-        return text[:self.text_end] if self.text_end is not None else text
+        return text[: self.text_end] if self.text_end is not None else text
 
 
 class Runtime:
     """Holds the target (and tokenizer); one ``generate`` call per sequence."""
 
-    def __init__(self, model: Target, tokenizer, kv_dtype: str = "fp32", prefill_chunk: int = 0,
-                 kv_scales: KVScales | None = None, cache_options: dict | None = None, prefix_cache: int = 0,
-                 fixed_shape: bool | None = None, step_rows: int = STEP_ROWS, max_context: int | None = None,
-                 compile: bool = False, cost_cache: str | None = None):
+    def __init__(
+        self,
+        model: Target,
+        tokenizer,
+        kv_dtype: str = "fp32",
+        prefill_chunk: int = 0,
+        kv_scales: KVScales | None = None,
+        cache_options: dict | None = None,
+        prefix_cache: int = 0,
+        fixed_shape: bool | None = None,
+        step_rows: int = STEP_ROWS,
+        max_context: int | None = None,
+        compile: bool = False,
+        cost_cache: str | None = None,
+    ):
         """fixed_shape: run every decode forward at ``step_rows`` rows (fixed_shape.py); None =
         where kernels are not row-invariant (CUDA), for dense targets. cost_cache: where the
         verify cost curve is kept (speculative/cost.py; None = the default cache dir, '' = not kept)."""
@@ -86,17 +110,25 @@ class Runtime:
         self.cache_options = dict(cache_options or {})
         # The K/V of the last ``prefix_cache`` prompts (0: none). Not for hybrid targets: their
         # recurrent state cannot be cut back to a shorter common start.
-        self.prefixes = PrefixCache(prefix_cache) if prefix_cache > 0 and not model.is_hybrid else None
+        self.prefixes = (
+            PrefixCache(prefix_cache) if prefix_cache > 0 and not model.is_hybrid else None
+        )
         # who runs the verifies and holds the request's cache (runner.py)
-        self._ask = DecodeAsk(model, kv_dtype, kv_scales, fixed_shape, step_rows, max_context, compile)
+        self._ask = DecodeAsk(
+            model, kv_dtype, kv_scales, fixed_shape, step_rows, max_context, compile
+        )
         self.decode = pick_decode(self._ask)
-        self.decoder, self.pad_rows, self.verify = self.decode.decoder, self.decode.pad_rows, self.decode.verify
-        self.threads = ThreadGovernor()        # pools sized to the idle cores (threads.py)
+        self.decoder, self.pad_rows, self.verify = (
+            self.decode.decoder,
+            self.decode.pad_rows,
+            self.decode.verify,
+        )
+        self.threads = ThreadGovernor()  # pools sized to the idle cores (threads.py)
         self.cost_cache, self._curve = cost_cache, None
         # Sequences generated at once from several threads share verifies (inflight.py); None:
         # one caller at a time, every forward its own.
         self.batch = None
-        self._shared = threading.Lock()        # the prefix cache and the cost curve, between callers
+        self._shared = threading.Lock()  # the prefix cache and the cost curve, between callers
 
     def share(self, limit: int) -> int:
         """Let up to ``limit`` concurrent ``generate`` calls decode together: their verifies run
@@ -124,8 +156,12 @@ class Runtime:
     def _drafting(self, proposer):
         """The context a drafter's forwards run in: torch at one thread where the target's run
         on the row kernel (threads.one_torch_thread), as they are otherwise."""
-        rows = getattr(getattr(self.model, "runner", None), "rows", None) is not None   # hybrid models: no runner
-        drafter = proposer is not None and bool(proposer.tap_layers) and self.model.device.type == "cpu"
+        rows = (
+            getattr(getattr(self.model, "runner", None), "rows", None) is not None
+        )  # hybrid models: no runner
+        drafter = (
+            proposer is not None and bool(proposer.tap_layers) and self.model.device.type == "cpu"
+        )
         return one_torch_thread if rows and drafter else nullcontext
 
     def new_cache(self, capacity: int):
@@ -139,38 +175,51 @@ class Runtime:
             if self._curve is None or self._curve.rows < min(rows, self.pad_rows or rows):
                 from thor_runtime.speculative.cost import verify_costs
 
-                with self._compute():     # measured alone on the cores
+                with self._compute():  # measured alone on the cores
                     self._curve = verify_costs(self, rows, self.cost_cache)
             return self._curve
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
-                 speculation: Speculation = PLAIN, constraint=None,
-                 on_token: Callable[[int], None] | None = None,
-                 on_prefill: Callable[[int], None] | None = None) -> Result:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams = SamplingParams(),
+        speculation: Speculation = PLAIN,
+        constraint=None,
+        on_token: Callable[[int], None] | None = None,
+        on_prefill: Callable[[int], None] | None = None,
+    ) -> Result:
         """speculation: proposer, K, draft budget and relaxed acceptance (PLAIN: K = 0).
         on_prefill(rows done): called between prefill chunks (``prefill_chunk``), so a caller can
         mark progress or stop a long prompt by raising; the chunks are those of an unhooked call."""
         cfg = self.model.cfg
         if speculation.auto is not None:
             # auto: this request's proposer and its K per cycle, from the cost curve (auto.py)
-            speculation = speculation.auto.pick(constraint is not None, self.cost_curve(speculation.auto.rows),
-                                                speculation)
+            speculation = speculation.auto.pick(
+                constraint is not None, self.cost_curve(speculation.auto.rows), speculation
+            )
         elif constraint is None and speculation.free_text is not None:
             speculation = speculation.free_text  # per request: free text vs constrained plans
         proposer, k, relaxed = speculation.proposer, speculation.k, speculation.relaxed
         draft_budget = speculation.budget
         if self.batch is not None and proposer is not None:
-            proposer = proposer.fork()   # other sequences may be drafting with it right now
+            proposer = proposer.fork()  # other sequences may be drafting with it right now
         if not prompt_ids:
             raise ThorError("the prompt is empty")
         if len(prompt_ids) >= cfg.max_position_embeddings:
-            raise ThorError(f"prompt of {len(prompt_ids)} tokens does not fit the model context "
-                            f"of {cfg.max_position_embeddings} tokens")
+            raise ThorError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the model context "
+                f"of {cfg.max_position_embeddings} tokens"
+            )
         cache = self.decode.cache(self.new_cache, len(prompt_ids) + params.max_tokens, k)
         try:
             gen = None if params.greedy else make_generator(params.seed)
-            stats = Stats(kv_dtype=self.kv_dtype, kv_bytes=cache.nbytes(), prompt_tokens=len(prompt_ids),
-                          device=str(self.model.device), spec_note=speculation.note)
+            stats = Stats(
+                kv_dtype=self.kv_dtype,
+                kv_bytes=cache.nbytes(),
+                prompt_tokens=len(prompt_ids),
+                device=str(self.model.device),
+                spec_note=speculation.note,
+            )
             if constraint is not None:
                 constraint = TimedConstraint(constraint, stats)
             taps = proposer.tap_layers if proposer is not None else ()
@@ -184,20 +233,38 @@ class Runtime:
             seed_rows = min(proposer.window, P) if proposer is not None and taps else 0
             # the kept copy holds the taps of TAP_MARGIN rows more than the seed: the next task in
             # the same world differs by a few tokens, so its seed rows start a little earlier
-            kept_rows = min(seed_rows + TAP_MARGIN, P) if seed_rows and self.prefixes is not None else seed_rows
+            kept_rows = (
+                min(seed_rows + TAP_MARGIN, P)
+                if seed_rows and self.prefixes is not None
+                else seed_rows
+            )
             # a start some recent prompt shared comes from the prefix cache, with the taps that
             # prompt kept of the rows among the drafter's seed rows and of the margin before them
             # (without the seed rows' taps the start ends before those rows); the last row always runs
             with self._shared:
-                reused, head_taps = (self.prefixes.restore_seeded(prompt_ids, cache, P - 1,
-                                                                  P - seed_rows if seed_rows else None,
-                                                                  P - kept_rows if seed_rows else None)
-                                     if self.prefixes is not None else (0, {}))
-                stats.pinned_prompt_tokens = reused if reused and self.prefixes.last_from_disk else 0
+                reused, head_taps = (
+                    self.prefixes.restore_seeded(
+                        prompt_ids,
+                        cache,
+                        P - 1,
+                        P - seed_rows if seed_rows else None,
+                        P - kept_rows if seed_rows else None,
+                    )
+                    if self.prefixes is not None
+                    else (0, {})
+                )
+                stats.pinned_prompt_tokens = (
+                    reused if reused and self.prefixes.last_from_disk else 0
+                )
             out = self._prefill(ids[reused:], cache, taps, min(kept_rows, P - reused), on_prefill)
-            kept = ({i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()} if head_taps
-                    else out.taps) or None                                       # layer -> [>= seed_rows, D]
-            seed = {i: t[-seed_rows:] for i, t in kept.items()} if kept else None   # layer -> [seed_rows, D]
+            kept = (
+                {i: torch.cat([head_taps[i], t]) for i, t in out.taps.items()}
+                if head_taps
+                else out.taps
+            ) or None  # layer -> [>= seed_rows, D]
+            seed = (
+                {i: t[-seed_rows:] for i, t in kept.items()} if kept else None
+            )  # layer -> [seed_rows, D]
             if self.prefixes is not None:
                 with self._shared:
                     self.prefixes.store(prompt_ids, cache, kept)
@@ -206,8 +273,16 @@ class Runtime:
             if proposer is not None:
                 with drafting():
                     proposer.start(list(prompt_ids), seed)
-            first = self._select(out.logits, torch.empty(0, dtype=torch.long), None, [], params, gen, relaxed,
-                                 constraint)[1]
+            first = self._select(
+                out.logits,
+                torch.empty(0, dtype=torch.long),
+                None,
+                [],
+                params,
+                gen,
+                relaxed,
+                constraint,
+            )[1]
             stats.ttft_s = time.perf_counter() - t0
             stats.prefill_s = stats.ttft_s
             seq = list(prompt_ids)
@@ -222,7 +297,11 @@ class Runtime:
                     self.threads.tick()
                     t_a = time.perf_counter()
                     forced_ids = self._forced(stop, params, constraint)
-                    members = self.batch.members if self.batch is not None and self.batch.shared_forward else 1
+                    members = (
+                        self.batch.members
+                        if self.batch is not None and self.batch.shared_forward
+                        else 1
+                    )
                     if members > 1 and not self.batch.rows_free:
                         # In a shared round every row is compute the other sequences wait for: auto
                         # keeps the drafts worth a row of the whole round (CostBudget.cap_shared),
@@ -231,22 +310,41 @@ class Runtime:
                         shared = getattr(draft_budget, "cap_shared", None)
                         cap = shared(k, budget_state, len(forced_ids), members) if shared else 0
                     else:
-                        cap = draft_budget.cap(k, budget_state, len(forced_ids)) if draft_budget is not None else k
+                        cap = (
+                            draft_budget.cap(k, budget_state, len(forced_ids))
+                            if draft_budget is not None
+                            else k
+                        )
                     t_p = time.perf_counter()
-                    with self._compute(), drafting():      # a drafter's forward: not beside a round's
-                        drafts, draft_probs, forced = self.propose(proposer, seq, k, stop, params, constraint, cap,
-                                                                   forced_ids)
+                    with self._compute(), drafting():  # a drafter's forward: not beside a round's
+                        drafts, draft_probs, forced = self.propose(
+                            proposer, seq, k, stop, params, constraint, cap, forced_ids
+                        )
                     t_b = time.perf_counter()
-                    rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)               # [K+1]
+                    rows = torch.tensor([seq[-1]] + drafts, dtype=torch.long)  # [K+1]
                     # the ids each row may commit, known before the logits: only theirs are computed
-                    allowed = (constraint.allowed_rows(drafts, len(rows), cfg.vocab_size)
-                               if constraint is not None else None)                         # [K+1, V]
+                    allowed = (
+                        constraint.allowed_rows(drafts, len(rows), cfg.vocab_size)
+                        if constraint is not None
+                        else None
+                    )  # [K+1, V]
                     t_v = time.perf_counter()
                     cols = read_ids(allowed)
-                    vout = verify(rows, cache, taps=taps, cols=cols)                        # logits [K+1, V]
+                    vout = verify(rows, cache, taps=taps, cols=cols)  # logits [K+1, V]
                     t_c = time.perf_counter()
-                    n_acc, committed = self._select(vout.logits, rows[1:], draft_probs, seq, params, gen, relaxed,
-                                                    constraint, stats, allowed, cols)
+                    n_acc, committed = self._select(
+                        vout.logits,
+                        rows[1:],
+                        draft_probs,
+                        seq,
+                        params,
+                        gen,
+                        relaxed,
+                        constraint,
+                        stats,
+                        allowed,
+                        cols,
+                    )
                     # Rows 0..n_acc (anchor + accepted drafts) stay in the cache; the last committed
                     # token becomes the next anchor.
                     cache.crop(len(seq) + n_acc)
@@ -257,18 +355,38 @@ class Runtime:
                     keep_s = time.perf_counter() - t_k
                     done = self._commit(committed, seq, stop, constraint, on_token)
                     if draft_budget is not None:
-                        cost = Cycle(len(rows), forced, t_c - t_v, t_b - t_p if cap else 0.0, keep_s,
-                                     narrow_share(cols, len(rows)), members, time.perf_counter() - t_a, len(committed))
-                        budget_state = draft_budget.update(budget_state, len(drafts) - forced, max(n_acc - forced, 0),
-                                                           cost)
-                    stats.record_cycle(len(drafts), n_acc, len(committed), forced, t_b - t_a, t_c - t_v,
-                                       time.perf_counter() - t_c + t_v - t_b, capped=cap < k)
+                        cost = Cycle(
+                            len(rows),
+                            forced,
+                            t_c - t_v,
+                            t_b - t_p if cap else 0.0,
+                            keep_s,
+                            narrow_share(cols, len(rows)),
+                            members,
+                            time.perf_counter() - t_a,
+                            len(committed),
+                        )
+                        budget_state = draft_budget.update(
+                            budget_state, len(drafts) - forced, max(n_acc - forced, 0), cost
+                        )
+                    stats.record_cycle(
+                        len(drafts),
+                        n_acc,
+                        len(committed),
+                        forced,
+                        t_b - t_a,
+                        t_c - t_v,
+                        time.perf_counter() - t_c + t_v - t_b,
+                        capped=cap < k,
+                    )
             stats.decode_s = time.perf_counter() - t_dec
-            stats.auto_choice = draft_budget.report(budget_state) if draft_budget is not None else None
+            stats.auto_choice = (
+                draft_budget.report(budget_state) if draft_budget is not None else None
+            )
             stats.generated = len(stop.out)
             return Result(stop.out, stop.text(), stop.reason or "length", len(prompt_ids), stats)
         finally:
-            self.decode.release(cache)     # a slot of a decoder with several goes back
+            self.decode.release(cache)  # a slot of a decoder with several goes back
 
     def _prefill(self, ids, cache, taps, seed_rows, on_prefill):
         """The model's chunked prefill, with ``on_prefill`` between whole chunks. The last call
@@ -277,31 +395,37 @@ class Runtime:
         if on_prefill is not None and step > 0:
             head = max(0, len(ids) - max(1, seed_rows)) // step * step
         for s in range(0, head, step or 1):
-            with self._compute():             # one chunk, then a waiting round may run
-                self.model.prefill(ids[s:s + step], cache, step)
+            with self._compute():  # one chunk, then a waiting round may run
+                self.model.prefill(ids[s : s + step], cache, step)
             on_prefill(s + step)
         with self._compute():
-            return self.model.prefill(ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows)
+            return self.model.prefill(
+                ids[head:], cache, self.prefill_chunk, taps=taps, tap_rows=seed_rows
+            )
 
     # ---- the three verbs' helpers
     @staticmethod
     def _forced(stop, params, constraint) -> list[int]:
         """The tokens the grammar forces next, within the token budget."""
-        budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
-        return list(constraint.forced())[:max(budget, 0)] if constraint is not None else []
+        budget = (
+            params.max_tokens - len(stop.out) - 1
+        )  # the cycle commits one token beyond the drafts
+        return list(constraint.forced())[: max(budget, 0)] if constraint is not None else []
 
     def propose(self, proposer, seq, k, stop, params, constraint, cap, forced):
         """``forced`` grammar tokens first (they ride in the draft for free), then at most ``cap``
         of the proposer's drafts, cut at the first token the grammar rejects and at the token
         budget."""
-        budget = params.max_tokens - len(stop.out) - 1  # the cycle commits one token beyond the drafts
+        budget = (
+            params.max_tokens - len(stop.out) - 1
+        )  # the cycle commits one token beyond the drafts
         drafts, probs = list(forced), None
         room = min(k, budget, len(drafts) + cap) - len(drafts)
         if proposer is not None and room > 0:
             extra, probs = proposer.propose(seq + drafts, room)
             extra = list(extra)[:room]
             if probs is not None:
-                probs = probs[:len(extra)]
+                probs = probs[: len(extra)]
                 if forced:  # forced rows are certain: one-hot proposal probabilities
                     one = torch.zeros(len(forced), probs.shape[-1])
                     one[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
@@ -311,24 +435,45 @@ class Runtime:
             ok = constraint.valid_prefix(drafts)
             drafts = drafts[:ok]
         if probs is not None:
-            probs = probs[:len(drafts)]
+            probs = probs[: len(drafts)]
         return drafts, probs, len(forced)
 
-    def _select(self, logits, drafts, draft_probs, seq, params, gen, relaxed, constraint, stats=None, allowed=None,
-                cols=None):
+    def _select(
+        self,
+        logits,
+        drafts,
+        draft_probs,
+        seq,
+        params,
+        gen,
+        relaxed,
+        constraint,
+        stats=None,
+        allowed=None,
+        cols=None,
+    ):
         """cols: the ids the verify computed (read_ids of ``allowed``), None: all."""
-        relax = self._relaxable(drafts, seq, relaxed, constraint) if params.greedy and relaxed is not None else []
-        if params.greedy and not any(relax) and allowed is not None and (cols is not None or not logits.is_cuda):
+        relax = (
+            self._relaxable(drafts, seq, relaxed, constraint)
+            if params.greedy and relaxed is not None
+            else []
+        )
+        if (
+            params.greedy
+            and not any(relax)
+            and allowed is not None
+            and (cols is not None or not logits.is_cuda)
+        ):
             # the few legal columns only, and a row read whole masked only where its maximum is
             # illegal: masking and an argmax over the whole vocabulary took ~3 ms of a 16-row
             # cycle on CPU (a GPU's rows, all read whole, are masked and reduced on the device)
             return accept_greedy(masked_argmax(logits, allowed, cols), drafts)
         if allowed is not None:
-            logits = masked(logits, allowed)                                  # [K+1, V], -inf where illegal
+            logits = masked(logits, allowed)  # [K+1, V], -inf where illegal
         elif constraint is not None:
             logits = constraint.mask_rows(logits, drafts.tolist())
         if params.greedy and not any(relax):
-            return accept_strict(logits, drafts)     # the argmax on the device, K + 1 ids back
+            return accept_strict(logits, drafts)  # the argmax on the device, K + 1 ids back
         # The token-by-token policies read single entries: one copy of the rows to the host
         # first, not one synchronisation per entry (logits on a GPU).
         logits = logits.cpu()

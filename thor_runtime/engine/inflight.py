@@ -16,6 +16,7 @@ a round's forward and each prefill chunk of a joining sequence, so a long prompt
 by one chunk at most, and two thread pools never fight over the same cores (on a 2-core CPU
 that costs several times the work).
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,7 +24,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable
 
-from thor_runtime.engine.batch_verify import VerifyCall, slotted, shares, verify_many
+from thor_runtime.engine.batch_verify import VerifyCall, shares, slotted, verify_many
 
 
 class FairLock:
@@ -62,14 +63,14 @@ class StepBatch:
         if limit < 1:
             raise ValueError(f"a batch takes at least one sequence, got {limit}")
         self.model, self._verify, self.limit = model, verify, limit
-        self.shared_forward = shares(model, verify)   # else a round's calls run one after another
+        self.shared_forward = shares(model, verify)  # else a round's calls run one after another
         # a fixed-shape decoder's forward runs every slot's rows whatever they hold: drafts are free
         self.rows_free = slotted(verify) is not None
         self.compute = FairLock()
         self._cond = threading.Condition()
         self._members = 0
         self._pending: list[_Pending] = []
-        self.rounds: Counter = Counter()          # sequences per round -> rounds run (stats)
+        self.rounds: Counter = Counter()  # sequences per round -> rounds run (stats)
 
     @property
     def members(self) -> int:
@@ -85,7 +86,7 @@ class StepBatch:
         finally:
             with self._cond:
                 self._members -= 1
-                self._cond.notify_all()           # a round may have been waiting for this one
+                self._cond.notify_all()  # a round may have been waiting for this one
 
     def verify(self, ids, cache, taps=(), cols=None):
         """-> the ForwardOut ``verify(ids, cache, taps, cols)`` alone gives, from a shared round."""
@@ -95,7 +96,7 @@ class StepBatch:
             while not me.done:
                 if not me.taken and len(self._pending) >= max(1, min(self._members, self.limit)):
                     # the round is in: whoever sees it first runs it (oldest calls first)
-                    batch, self._pending = self._pending[:self.limit], self._pending[self.limit:]
+                    batch, self._pending = self._pending[: self.limit], self._pending[self.limit :]
                     for p in batch:
                         p.taken = True
                     self._cond.release()
@@ -123,9 +124,11 @@ class StepBatch:
                 return
             except Exception:  # noqa: BLE001 - the failing call is found below; the others go on
                 for c, n in zip(calls, starts):
-                    c.cache.crop(n)           # whatever the shared forward appended
-            for p in batch:       # one at a time: only the call that fails alone fails
+                    c.cache.crop(n)  # whatever the shared forward appended
+            for p in batch:  # one at a time: only the call that fails alone fails
                 try:
-                    p.out = self._verify(p.call.ids, p.call.cache, taps=p.call.taps, cols=p.call.cols)
+                    p.out = self._verify(
+                        p.call.ids, p.call.cache, taps=p.call.taps, cols=p.call.cols
+                    )
                 except Exception as e:  # noqa: BLE001 - handed to its own sequence
                     p.err = e

@@ -18,6 +18,7 @@ dtype and length: a kernel binds to fp32 buffers) and the row count. Kernels are
 ``attach`` at load, the fused graphs on first use, as each needs its own probes; where the
 regrouped row kernel takes every fp32 row, the step graph too.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,6 +37,7 @@ class Forward:
     """A forward kernel: fits(runner, cache, rows, exact) -> bool; run(runner, h [T, D],
     cache, taps, logit rows, exact, cols) -> ({layer: [T, D]}, logits [R, V] or None). cols:
     the token ids whose logits are read (None: all); a kernel may compute only those."""
+
     name: str
     fits: Callable
     run: Callable
@@ -47,7 +49,12 @@ class FusedSegments:
 
     def __init__(self, model, fused):
         self.m, self.fused = model, fused
-        self.embed, self.pre_attn, self.post_attn, self.head = model.embed, model.pre_attn, model.post_attn, model.head
+        self.embed, self.pre_attn, self.post_attn, self.head = (
+            model.embed,
+            model.pre_attn,
+            model.post_attn,
+            model.head,
+        )
 
     def post_pre(self, i, h, o, pos):
         return self.fused.post_pre(i, h, o, pos, self.m.cos, self.m.sin)
@@ -56,26 +63,47 @@ class FusedSegments:
 FORWARD = (
     # each verify row alone on our compiled kernel, no padding (rowstep.py); MatMulNBits, fp32
     # cache; prompt rows too where it prefills faster (prefill_choice.py)
-    Forward("rowstep",
-            lambda r, cache, T, exact: ((exact or r.prefill_on_rows) and r.rows is not None
-                                        and r.model.backend is None and r.rows.fits(cache, T)),
-            lambda r, h, cache, taps, rows, exact, cols: r.rows(h, cache, taps, rows, cols)),
+    Forward(
+        "rowstep",
+        lambda r, cache, T, exact: (
+            (exact or r.prefill_on_rows)
+            and r.rows is not None
+            and r.model.backend is None
+            and r.rows.fits(cache, T)
+        ),
+        lambda r, h, cache, taps, rows, exact, cols: r.rows(h, cache, taps, rows, cols),
+    ),
     # the whole forward as one ORT graph, probed row-invariant: ``exact`` holds as it is
-    Forward("ort-step-graph",
-            lambda r, cache, T, exact: r.step is not None and r.model.backend is None and r.step.fits(cache, T),
-            lambda r, h, cache, taps, rows, exact, cols: r.step(h, cache, taps, rows)),
+    Forward(
+        "ort-step-graph",
+        lambda r, cache, T, exact: (
+            r.step is not None and r.model.backend is None and r.step.fits(cache, T)
+        ),
+        lambda r, h, cache, taps, rows, exact, cols: r.step(h, cache, taps, rows),
+    ),
     # a bf16/fp8 cache on a MatMulNBits model: one graph per layer boundary (built on first use)
-    Forward("fused-graphs",
-            lambda r, cache, T, exact: r.model.backend is None and r.fused_graphs() is not None,
-            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact,
-                                                                            FusedSegments(r.model, r.fused))),
+    Forward(
+        "fused-graphs",
+        lambda r, cache, T, exact: r.model.backend is None and r.fused_graphs() is not None,
+        lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(
+            h, cache, taps, rows, exact, FusedSegments(r.model, r.fused)
+        ),
+    ),
     # an attached engine (ONNX Runtime, TensorRT) runs the dense segments
-    Forward("engine",
-            lambda r, cache, T, exact: r.model.backend is not None,
-            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact)),
-    Forward("torch",
-            lambda r, cache, T, exact: True,
-            lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(h, cache, taps, rows, exact, r.model)),
+    Forward(
+        "engine",
+        lambda r, cache, T, exact: r.model.backend is not None,
+        lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(
+            h, cache, taps, rows, exact
+        ),
+    ),
+    Forward(
+        "torch",
+        lambda r, cache, T, exact: True,
+        lambda r, h, cache, taps, rows, exact, cols: r.model.run_layers(
+            h, cache, taps, rows, exact, r.model
+        ),
+    ),
 )
 
 
@@ -180,60 +208,83 @@ def attach(model):
 
 # ---- decode: who owns a runtime's verifies and its request caches
 
+
 @dataclass(frozen=True)
 class DecodeAsk:
     """What a decode owner must fit: the runtime's target and settings."""
+
     model: object
     kv_dtype: str = "fp32"
     kv_scales: object = None
-    fixed_shape: bool | None = None   # every decode forward at ``step_rows`` rows; None = where
-    step_rows: int = STEP_ROWS        # kernels are not row-invariant (CUDA)
+    fixed_shape: bool | None = None  # every decode forward at ``step_rows`` rows; None = where
+    step_rows: int = STEP_ROWS  # kernels are not row-invariant (CUDA)
     max_context: int | None = None
     compile: bool = False
-    slots: int = 1                    # sequences decoding at once (fixed-shape decode keeps a slot each)
+    slots: int = 1  # sequences decoding at once (fixed-shape decode keeps a slot each)
 
     @property
     def one_shape(self) -> bool:
-        return self.model.device.type == "cuda" if self.fixed_shape is None else bool(self.fixed_shape)
+        return (
+            self.model.device.type == "cuda" if self.fixed_shape is None else bool(self.fixed_shape)
+        )
 
 
 @dataclass
 class Decode:
     """The verify a runtime calls and how it gets a request's cache. ``cache(new_cache, reach,
     k)``: reach = prompt + new tokens, k = drafts per cycle; new_cache is the runtime's."""
+
     name: str
     verify: Callable
     cache: Callable
     decoder: FixedShapeDecoder | None = None
     pad_rows: int = 0
-    release: Callable = lambda cache: None      # a finished request gives its cache back
+    release: Callable = lambda cache: None  # a finished request gives its cache back
 
 
 def _fixed_shape(a: DecodeAsk) -> Decode:
-    dec = FixedShapeDecoder(a.model, a.step_rows, a.max_context, a.kv_dtype, a.kv_scales, compile=a.compile,
-                            slots=a.slots)
+    dec = FixedShapeDecoder(
+        a.model,
+        a.step_rows,
+        a.max_context,
+        a.kv_dtype,
+        a.kv_scales,
+        compile=a.compile,
+        slots=a.slots,
+    )
     limit = a.model.cfg.max_position_embeddings
     # its key span follows prompt + new tokens, never K
-    return Decode("fixed-shape", dec.verify, lambda new_cache, reach, k: dec.new_cache(min(limit, reach)), dec,
-                  release=dec.release)
+    return Decode(
+        "fixed-shape",
+        dec.verify,
+        lambda new_cache, reach, k: dec.new_cache(min(limit, reach)),
+        dec,
+        release=dec.release,
+    )
 
 
 def _padded(a: DecodeAsk) -> Decode:
     limit, rows = a.model.cfg.max_position_embeddings, a.step_rows
-    return Decode("padded-verify", PaddedVerify(a.model, rows).verify,
-                  lambda new_cache, reach, k: new_cache(min(limit, reach + max(k + 1, rows))), pad_rows=rows)
+    return Decode(
+        "padded-verify",
+        PaddedVerify(a.model, rows).verify,
+        lambda new_cache, reach, k: new_cache(min(limit, reach + max(k + 1, rows))),
+        pad_rows=rows,
+    )
 
 
 def _model_verify(a: DecodeAsk) -> Decode:
     limit = a.model.cfg.max_position_embeddings
-    return Decode("model", a.model.verify, lambda new_cache, reach, k: new_cache(min(limit, reach + k + 1)))
+    return Decode(
+        "model", a.model.verify, lambda new_cache, reach, k: new_cache(min(limit, reach + k + 1))
+    )
 
 
 @dataclass(frozen=True)
 class DecodeOwner:
     name: str
-    fits: Callable                    # DecodeAsk -> bool
-    build: Callable                   # DecodeAsk -> Decode
+    fits: Callable  # DecodeAsk -> bool
+    build: Callable  # DecodeAsk -> Decode
 
 
 DECODE = (

@@ -1,19 +1,20 @@
 """Sampling parameters and the target distribution they define."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import SamplingSettings as _Defaults
+from thor_runtime.errors import ThorError
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 128
-    temperature: float = _Defaults.temperature    # 0 = greedy
-    top_k: int = _Defaults.top_k                  # 0 = off
+    temperature: float = _Defaults.temperature  # 0 = greedy
+    top_k: int = _Defaults.top_k  # 0 = off
     top_p: float = _Defaults.top_p
     seed: int | None = _Defaults.seed
     stop: tuple[str, ...] = ()
@@ -47,21 +48,23 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     # go to -inf, the greedy limit. Softmax is shift-invariant, so nothing else moves. t is held
     # to fp32's smallest normal number: below it, as an fp32 divisor, it would be 0.
     x = logits.float()
-    x = (x - x.amax(-1, keepdim=True)) / max(p.temperature, torch.finfo(torch.float32).tiny)   # [R, V]
+    x = (x - x.amax(-1, keepdim=True)) / max(
+        p.temperature, torch.finfo(torch.float32).tiny
+    )  # [R, V]
     if p.top_k and p.top_k < x.shape[-1]:
-        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]          # [R, 1]
+        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]  # [R, 1]
         x = x.masked_fill(x < kth, float("-inf"))
     if p.top_p < 1.0:
         sx, si = torch.sort(x, dim=-1, descending=True)
         cum = torch.softmax(sx, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(sx, dim=-1) >= p.top_p              # keep the token that crosses top_p
+        drop = cum - torch.softmax(sx, dim=-1) >= p.top_p  # keep the token that crosses top_p
         sx = sx.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, si, sx)
     return torch.softmax(x, dim=-1)
 
 
 def make_generator(seed: int | None) -> torch.Generator:
-    if seed is not None and not 0 <= seed < 2**64:   # manual_seed's range; past it, an overflow
+    if seed is not None and not 0 <= seed < 2**64:  # manual_seed's range; past it, an overflow
         raise ThorError(f"seed must be in [0, 2**64), got {seed}")
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else torch.seed() % (2**63))

@@ -27,6 +27,7 @@ them using it (``others_cpu``): the count alone sometimes shows a task that neve
 
 `thor bench --neighbour` measures each.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,7 @@ def _own_running() -> int:
             except OSError:
                 continue
             # the state follows the command name's closing parenthesis
-            if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R":
+            if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"R":
                 n += 1
     except OSError:
         return 1
@@ -78,7 +79,7 @@ def others_running() -> int | None:
 
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-SHARE_WINDOW_S = 0.1          # the shortest interval a CPU-time share is read over (ticks: 10 ms)
+SHARE_WINDOW_S = 0.1  # the shortest interval a CPU-time share is read over (ticks: 10 ms)
 
 
 def _cpu_ticks() -> tuple[float, int, int]:
@@ -89,7 +90,7 @@ def _cpu_ticks() -> tuple[float, int, int]:
         v = [int(x) for x in f.readline().split()[1:8]]
     with open("/proc/self/stat", "rb") as f:
         mine = f.read()
-    fields = mine[mine.rfind(b")") + 2:].split()
+    fields = mine[mine.rfind(b")") + 2 :].split()
     return now, v[0] + v[1] + v[2] + v[5] + v[6], int(fields[11]) + int(fields[12])
 
 
@@ -131,7 +132,7 @@ class FitWatch:
         self.every, self.min_interval_s = every, min_interval_s
         self._count, self._last, self._pending = 0, 0.0, None
         self.changes = 0
-        self._since, self._share = None, None     # others' CPU time: the last reading, their cores
+        self._since, self._share = None, None  # others' CPU time: the last reading, their cores
 
     def reset(self, limit: int) -> None:
         self.limit = self.current = max(1, limit)

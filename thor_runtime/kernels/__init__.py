@@ -3,6 +3,7 @@ the row kernel (C sources in csrc/), ONNX Runtime step graphs, and the choice be
 
 Other packages import kernels through this module; names load on first use.
 """
+
 from __future__ import annotations
 
 __all__ = ["cpu_isa"]

@@ -12,6 +12,7 @@ The kernel (``torch._weight_int4pack_mm_for_cpu``) computes each output row with
 instruction sequence whatever the row count, so verifies need no RowLoop (the model's load
 probe decides, as for every kernel).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ ROWS_MULTIPLE = 16
 @dataclass(frozen=True)
 class Int4Codes:
     """One projection before packing: codes [N, K] uint8 in 0..15, scale/zero [N, K/GROUP] fp32."""
+
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
@@ -42,7 +44,9 @@ class Int4Codes:
         if K % GROUP:
             raise ThorError(f"int4 weights need an input size divisible by {GROUP}, got {K}")
         if tuple(self.scale.shape) != (N, K // GROUP) or self.zero.shape != self.scale.shape:
-            raise ThorError(f"int4 scales of shape {list(self.scale.shape)} do not fit codes {list(self.codes.shape)}")
+            raise ThorError(
+                f"int4 scales of shape {list(self.scale.shape)} do not fit codes {list(self.codes.shape)}"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,7 +71,7 @@ def quantize_int4(w: torch.Tensor) -> Int4Codes:
     if K % GROUP:
         raise ThorError(f"int4 weights need an input size divisible by {GROUP}, got {K}")
     g = w.view(N, K // GROUP, GROUP)
-    lo, hi = g.amin(-1), g.amax(-1)                                     # [N, K/G]
+    lo, hi = g.amin(-1), g.amax(-1)  # [N, K/G]
     d = ((hi - lo) / 15).clamp_min(1e-10)
     q = torch.round((g - lo[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8).view(N, K)
     return Int4Codes(q, d, lo + 8 * d)
@@ -82,9 +86,9 @@ def q4_blocks(raw: np.ndarray, shape: tuple[int, int], kind: str) -> Int4Codes:
     N, K = shape
     head = {"Q4_0": 2, "Q4_1": 4}[kind]
     b = np.asarray(raw, dtype=np.uint8).reshape(N, K // GROUP, head + 16)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)            # [N, K/G]
-    nib = b[..., head:]                                                            # [N, K/G, 16]
-    codes = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(N, K)          # [N, K]
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/G]
+    nib = b[..., head:]  # [N, K/G, 16]
+    codes = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(N, K)  # [N, K]
     if kind == "Q4_1":
         m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         zero = m + 8 * d
@@ -104,8 +108,8 @@ class Int4Weight:
     @classmethod
     def pack(cls, parts: list[Int4Codes]) -> "Int4Weight":
         """Fuse projections that share their input (q/k/v, gate/up) along the output dim."""
-        codes = torch.cat([p.codes for p in parts]).to(torch.int32).contiguous()     # [N, K]
-        scale = torch.cat([p.scale for p in parts])                                  # [N, K/G]
+        codes = torch.cat([p.codes for p in parts]).to(torch.int32).contiguous()  # [N, K]
+        scale = torch.cat([p.scale for p in parts])  # [N, K/G]
         zero = torch.cat([p.zero for p in parts])
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
         sz = torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
@@ -113,8 +117,8 @@ class Int4Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, d = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, d).to(torch.bfloat16)                                     # [M, in]
-        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.sz)        # [M, out]
+        x2 = x.reshape(-1, d).to(torch.bfloat16)  # [M, in]
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, self.sz)  # [M, out]
         return y.to(x.dtype).view(*lead, -1)
 
     from_codes = pack
@@ -132,5 +136,6 @@ class Int4Weight:
 class FusedPart:
     """Stands for one HF projection tensor (``.shape``) whose packed form is already fused
     into ``weight`` (a weight cache hit): the model takes ``weight`` as is."""
+
     weight: Int4Weight
     shape: tuple[int, int]

@@ -12,6 +12,7 @@ The graph's rows are independent of each other, and a single row is padded to tw
 lowbit_ort), so the model probes it like a projection kernel and uses it only where each row
 gets the bits it gets alone.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,12 +26,19 @@ def rms_nodes(x: str, y: str, w: torch.Tensor, eps: float, prefix: str) -> tuple
     """y = x / sqrt(mean(x^2) + eps) * w over the last axis (fp32), as one ORT node."""
     from onnx import helper, numpy_helper
 
-    return ([helper.make_node("SimplifiedLayerNormalization", [x, f"{prefix}w"], [y], epsilon=eps, axis=-1)],
-            [numpy_helper.from_array(w.float().numpy(), f"{prefix}w")])
+    return (
+        [
+            helper.make_node(
+                "SimplifiedLayerNormalization", [x, f"{prefix}w"], [y], epsilon=eps, axis=-1
+            )
+        ],
+        [numpy_helper.from_array(w.float().numpy(), f"{prefix}w")],
+    )
 
 
-def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, eps: float,
-                prefix: str) -> tuple[list, list]:
+def _rope_nodes(
+    x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, eps: float, prefix: str
+) -> tuple[list, list]:
     """y [M, heads, Dh] = RoPE(x [M, heads, Dh]) per head (after the head's RMSNorm when ``norm``).
     Rotate-half as ``apply_rope``, x * cos + rot(x) * sin with rot(x) = (-x2, x1), written as
     x * cos + swap(x) * sinS where swap(x) = (x2, x1) and sinS = (-sin1, sin2) (graph inputs
@@ -45,11 +53,13 @@ def _rope_nodes(x: str, y: str, heads: int, dh: int, norm: torch.Tensor | None, 
         nodes, its = rms_nodes(x, f"{prefix}xn", norm, eps, f"{prefix}norm_")
         inits, x = inits + its, f"{prefix}xn"
     # (a Gather with a swap index is one node fewer, but ORT's runs ~5x slower than these two)
-    nodes += [helper.make_node("Split", [x, f"{prefix}halves"], [f"{prefix}x1", f"{prefix}x2"], axis=-1),
-              n("Concat", [f"{prefix}x2", f"{prefix}x1"], f"{prefix}sw", axis=-1),
-              n("Mul", [x, "cosU"], f"{prefix}a"),
-              n("Mul", [f"{prefix}sw", "sinU"], f"{prefix}b"),
-              n("Add", [f"{prefix}a", f"{prefix}b"], y)]
+    nodes += [
+        helper.make_node("Split", [x, f"{prefix}halves"], [f"{prefix}x1", f"{prefix}x2"], axis=-1),
+        n("Concat", [f"{prefix}x2", f"{prefix}x1"], f"{prefix}sw", axis=-1),
+        n("Mul", [x, "cosU"], f"{prefix}a"),
+        n("Mul", [f"{prefix}sw", "sinU"], f"{prefix}b"),
+        n("Add", [f"{prefix}a", f"{prefix}b"], y),
+    ]
     return nodes, inits
 
 
@@ -59,11 +69,22 @@ def shared_nodes(cfg) -> tuple[list, list]:
     from onnx import helper, numpy_helper
 
     H, Hkv, Dh, I = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
-    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (
-        ("split", [I, I]), ("qk_v", [H + Hkv, Hkv]), ("q_k", [H, Hkv]), ("q_k_v", [H, Hkv, Hkv]),
-        ("heads3", [0, H + 2 * Hkv, Dh]), ("axis1", [1]), ("rows", [0, -1]))]
-    nodes = [helper.make_node("Unsqueeze", ["cos", "axis1"], ["cosU"]),                 # [M, 1, Dh]
-             helper.make_node("Unsqueeze", ["sin", "axis1"], ["sinU"])]
+    inits = [
+        numpy_helper.from_array(np.array(v, np.int64), k)
+        for k, v in (
+            ("split", [I, I]),
+            ("qk_v", [H + Hkv, Hkv]),
+            ("q_k", [H, Hkv]),
+            ("q_k_v", [H, Hkv, Hkv]),
+            ("heads3", [0, H + 2 * Hkv, Dh]),
+            ("axis1", [1]),
+            ("rows", [0, -1]),
+        )
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["cos", "axis1"], ["cosU"]),  # [M, 1, Dh]
+        helper.make_node("Unsqueeze", ["sin", "axis1"], ["sinU"]),
+    ]
     return nodes, inits
 
 
@@ -72,17 +93,21 @@ def post_nodes(model, i: int, h: str, o: str, out: str, p: str) -> tuple[list, l
     from onnx import helper
 
     L, eps = model.layers[i], model.cfg.rms_eps
-    parts = [L.wo.nodes(o, f"{p}PO", f"{p}o_"),
-             rms_nodes(f"{p}H2", f"{p}X", L.mlp_norm, eps, f"{p}n1_"),
-             L.w_gate_up.nodes(f"{p}X", f"{p}GU", f"{p}gu_"),
-             L.w_down.nodes(f"{p}A", f"{p}PD", f"{p}d_")]
+    parts = [
+        L.wo.nodes(o, f"{p}PO", f"{p}o_"),
+        rms_nodes(f"{p}H2", f"{p}X", L.mlp_norm, eps, f"{p}n1_"),
+        L.w_gate_up.nodes(f"{p}X", f"{p}GU", f"{p}gu_"),
+        L.w_down.nodes(f"{p}A", f"{p}PD", f"{p}d_"),
+    ]
     n = lambda op, ins, outs, **kw: helper.make_node(op, ins, outs, **kw)  # noqa: E731
-    glue = [n("Add", [h, f"{p}PO"], [f"{p}H2"]),
-            n("Split", [f"{p}GU", "split"], [f"{p}G", f"{p}U"], axis=-1),
-            n("Sigmoid", [f"{p}G"], [f"{p}SG"]),
-            n("Mul", [f"{p}G", f"{p}SG"], [f"{p}SiLU"]),
-            n("Mul", [f"{p}SiLU", f"{p}U"], [f"{p}A"]),
-            n("Add", [f"{p}H2", f"{p}PD"], [out])]
+    glue = [
+        n("Add", [h, f"{p}PO"], [f"{p}H2"]),
+        n("Split", [f"{p}GU", "split"], [f"{p}G", f"{p}U"], axis=-1),
+        n("Sigmoid", [f"{p}G"], [f"{p}SG"]),
+        n("Mul", [f"{p}G", f"{p}SG"], [f"{p}SiLU"]),
+        n("Mul", [f"{p}SiLU", f"{p}U"], [f"{p}A"]),
+        n("Add", [f"{p}H2", f"{p}PD"], [out]),
+    ]
     return [x for ns, _ in parts for x in ns] + glue, [t for _, ts in parts for t in ts]
 
 
@@ -94,30 +119,58 @@ def pre_nodes(model, j: int, h: str, out: str, p: str) -> tuple[list, list]:
     cfg, L, eps = model.cfg, model.layers[j], model.cfg.rms_eps
     H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = f"{p}QKV" if L.bqkv is None else f"{p}QKV0"
-    parts = [rms_nodes(h, f"{p}X2", L.attn_norm, eps, f"{p}n2_"),
-             L.wqkv.nodes(f"{p}X2", qkv, f"{p}qkv_")]
+    parts = [
+        rms_nodes(h, f"{p}X2", L.attn_norm, eps, f"{p}n2_"),
+        L.wqkv.nodes(f"{p}X2", qkv, f"{p}qkv_"),
+    ]
     if L.bqkv is not None:
-        parts.append(([helper.make_node("Add", [qkv, f"{p}bqkv"], [f"{p}QKV"])],
-                      [numpy_helper.from_array(L.bqkv.float().numpy(), f"{p}bqkv")]))
-    parts.append(([helper.make_node("Reshape", [f"{p}QKV", "heads3"], [f"{p}QKV3"])], []))  # [M, H + 2Hkv, Dh]
-    if L.q_norm is None:      # q and k heads rotate as one block
-        parts += [([helper.make_node("Split", [f"{p}QKV3", "qk_v"], [f"{p}QK3", f"{p}V3"], axis=1)], []),
-                  _rope_nodes(f"{p}QK3", f"{p}QKr3", H + Hkv, Dh, None, eps, f"{p}qk_"),
-                  ([helper.make_node("Split", [f"{p}QKr3", "q_k"], [f"{p}Q3", f"{p}K3"], axis=1)], [])]
+        parts.append(
+            (
+                [helper.make_node("Add", [qkv, f"{p}bqkv"], [f"{p}QKV"])],
+                [numpy_helper.from_array(L.bqkv.float().numpy(), f"{p}bqkv")],
+            )
+        )
+    parts.append(
+        ([helper.make_node("Reshape", [f"{p}QKV", "heads3"], [f"{p}QKV3"])], [])
+    )  # [M, H + 2Hkv, Dh]
+    if L.q_norm is None:  # q and k heads rotate as one block
+        parts += [
+            ([helper.make_node("Split", [f"{p}QKV3", "qk_v"], [f"{p}QK3", f"{p}V3"], axis=1)], []),
+            _rope_nodes(f"{p}QK3", f"{p}QKr3", H + Hkv, Dh, None, eps, f"{p}qk_"),
+            ([helper.make_node("Split", [f"{p}QKr3", "q_k"], [f"{p}Q3", f"{p}K3"], axis=1)], []),
+        ]
     else:
-        parts += [([helper.make_node("Split", [f"{p}QKV3", "q_k_v"], [f"{p}Qn3", f"{p}Kn3", f"{p}V3"], axis=1)], []),
-                  _rope_nodes(f"{p}Qn3", f"{p}Q3", H, Dh, L.q_norm, eps, f"{p}q_"),
-                  _rope_nodes(f"{p}Kn3", f"{p}K3", Hkv, Dh, L.k_norm, eps, f"{p}k_")]
-    parts.append(([helper.make_node("Concat", [f"{p}Q3", f"{p}K3", f"{p}V3"], [f"{p}QKVr3"], axis=1),
-                   helper.make_node("Reshape", [f"{p}QKVr3", "rows"], [out])], []))
+        parts += [
+            (
+                [
+                    helper.make_node(
+                        "Split", [f"{p}QKV3", "q_k_v"], [f"{p}Qn3", f"{p}Kn3", f"{p}V3"], axis=1
+                    )
+                ],
+                [],
+            ),
+            _rope_nodes(f"{p}Qn3", f"{p}Q3", H, Dh, L.q_norm, eps, f"{p}q_"),
+            _rope_nodes(f"{p}Kn3", f"{p}K3", Hkv, Dh, L.k_norm, eps, f"{p}k_"),
+        ]
+    parts.append(
+        (
+            [
+                helper.make_node("Concat", [f"{p}Q3", f"{p}K3", f"{p}V3"], [f"{p}QKVr3"], axis=1),
+                helper.make_node("Reshape", [f"{p}QKVr3", "rows"], [out]),
+            ],
+            [],
+        )
+    )
     return [x for ns, _ in parts for x in ns], [t for _, ts in parts for t in ts]
 
 
 def graph_key(model, name: str) -> str:
     """What a probe verdict for a graph of this model's shapes is kept under."""
     cfg, L = model.cfg, model.layers[-1]
-    return (f"{name}{(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, L.bqkv is not None)}"
-            f"+rope{'+qknorm' if L.q_norm is not None else ''}")
+    return (
+        f"{name}{(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, L.bqkv is not None)}"
+        f"+rope{'+qknorm' if L.q_norm is not None else ''}"
+    )
 
 
 class FusedPostPre:
@@ -129,12 +182,20 @@ class FusedPostPre:
     def __init__(self, model, i: int):
         cfg = model.cfg
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        parts = [shared_nodes(cfg), post_nodes(model, i, "H", "O", "h", ""), pre_nodes(model, i + 1, "h", "QKVr", "")]
+        parts = [
+            shared_nodes(cfg),
+            post_nodes(model, i, "H", "O", "h", ""),
+            pre_nodes(model, i + 1, "h", "QKVr", ""),
+        ]
         self.heads = (H, Hkv, Dh)
         self.key = graph_key(model, "FusedPostPre")
-        self.session = session([ns for ns, _ in parts], [t for _, ts in parts for t in ts],
-                               {"H": cfg.hidden_size, "O": H * Dh, "cos": Dh, "sin": Dh},
-                               {"h": cfg.hidden_size, "QKVr": (H + 2 * Hkv) * Dh}, torch.get_num_threads())
+        self.session = session(
+            [ns for ns, _ in parts],
+            [t for _, ts in parts for t in ts],
+            {"H": cfg.hidden_size, "O": H * Dh, "cos": Dh, "sin": Dh},
+            {"h": cfg.hidden_size, "QKVr": (H + 2 * Hkv) * Dh},
+            torch.get_num_threads(),
+        )
 
     def __call__(self, h: torch.Tensor, o: torch.Tensor, cos: np.ndarray, sin: np.ndarray):
         """cos/sin: the rows of the positions, as ``as_rows`` gives them ([max(T, 2), Dh]); sin with
@@ -142,9 +203,13 @@ class FusedPostPre:
         T = h.shape[0]
         H, Hkv, Dh = self.heads
         h2, qkv = self.session.run(None, {"H": as_rows(h), "O": as_rows(o), "cos": cos, "sin": sin})
-        x = qkv[:T].reshape(T, -1, Dh).transpose(1, 0, 2)                  # [H + 2Hkv, T, Dh] (views)
-        return (torch.from_numpy(h2[:T]), torch.from_numpy(x[:H]), torch.from_numpy(x[H:H + Hkv]),
-                torch.from_numpy(x[H + Hkv:]))
+        x = qkv[:T].reshape(T, -1, Dh).transpose(1, 0, 2)  # [H + 2Hkv, T, Dh] (views)
+        return (
+            torch.from_numpy(h2[:T]),
+            torch.from_numpy(x[:H]),
+            torch.from_numpy(x[H : H + Hkv]),
+            torch.from_numpy(x[H + Hkv :]),
+        )
 
 
 class FusedLayers(list):
@@ -153,17 +218,24 @@ class FusedLayers(list):
 
     def __init__(self, graphs: list[FusedPostPre]):
         super().__init__(graphs)
-        self._rows = None            # (pos, cos table, cos rows, sin rows)
+        self._rows = None  # (pos, cos table, cos rows, sin rows)
 
-    def post_pre(self, i: int, h: torch.Tensor, o: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor):
+    def post_pre(
+        self,
+        i: int,
+        h: torch.Tensor,
+        o: torch.Tensor,
+        pos: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ):
         """As ``TargetModel.post_pre`` (h [T, D], o [T, H Dh], pos [T]; cos/sin: the model's tables
         [S, Dh]). A forward passes the same ``pos`` object to all its layers: that identity (and
         the table's) keys the gathered rows, and the reference held here keeps it unique."""
         r = self._rows
         if r is None or r[0] is not pos or r[1] is not cos:
-            s = sin[pos]                                                                # [T, Dh] (a copy)
-            s[..., :s.shape[-1] // 2].neg_()      # _rope_nodes' sinS
+            s = sin[pos]  # [T, Dh] (a copy)
+            s[..., : s.shape[-1] // 2].neg_()  # _rope_nodes' sinS
             r = self._rows = (pos, cos, as_rows(cos[pos]), as_rows(s))
         return self[i](h, o, r[2], r[3])
 
@@ -181,20 +253,23 @@ def fuse_layers(model, verdict: dict[str, bool]) -> FusedLayers | None:
     n = model.cfg.num_layers
     if n < 2 or not all(fusable(model, i) for i in range(n - 1)):
         return None
-    first = FusedPostPre(model, 0)      # probed before the other n - 2 graphs are built
+    first = FusedPostPre(model, 0)  # probed before the other n - 2 graphs are built
     if first.key not in verdict:
         cfg, g = model.cfg, torch.Generator().manual_seed(0)
-        h = torch.randn(EXACT_ROWS, cfg.hidden_size, generator=g)                      # [R, D]
-        o = torch.randn(EXACT_ROWS, cfg.num_heads * cfg.head_dim, generator=g)         # [R, H Dh]
-        cs = torch.randn(2, EXACT_ROWS, cfg.head_dim, generator=g)                      # cos, sinS [R, Dh]
+        h = torch.randn(EXACT_ROWS, cfg.hidden_size, generator=g)  # [R, D]
+        o = torch.randn(EXACT_ROWS, cfg.num_heads * cfg.head_dim, generator=g)  # [R, H Dh]
+        cs = torch.randn(2, EXACT_ROWS, cfg.head_dim, generator=g)  # cos, sinS [R, Dh]
 
-        def run(a, b):           # rows a..b-1 -> h [T, D], then q/k/v as [T, n Dh]
+        def run(a, b):  # rows a..b-1 -> h [T, D], then q/k/v as [T, n Dh]
             h2, *qkv = first(h[a:b], o[a:b], as_rows(cs[0, a:b]), as_rows(cs[1, a:b]))
             return [h2] + [x.transpose(0, 1).reshape(b - a, -1) for x in qkv]
 
         alone = [torch.cat(t) for t in zip(*(run(r, r + 1) for r in range(EXACT_ROWS)))]
-        verdict[first.key] = all(torch.equal(a[:m], b) for m in range(2, EXACT_ROWS + 1)
-                                 for a, b in zip(alone, run(0, m)))
+        verdict[first.key] = all(
+            torch.equal(a[:m], b)
+            for m in range(2, EXACT_ROWS + 1)
+            for a, b in zip(alone, run(0, m))
+        )
     if not verdict[first.key]:
         return None
     return FusedLayers([first] + [FusedPostPre(model, i) for i in range(1, n - 1)])
@@ -215,14 +290,23 @@ def prepare_sessions(model, kernels) -> None:
     step, fused = kernels.built_step, kernels.fused
     layers = () if step is not None else range(n) if fused is None else (0, n - 1)
     head = [] if step is not None and step.head else [model.head_w]
-    for w in [getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")] + head:
+    for w in [
+        getattr(model.layers[i], f) for i in layers for f in ("wqkv", "wo", "w_gate_up", "w_down")
+    ] + head:
         if isinstance(w, NBitsWeight):
             w.session
     # the row kernel (rowstep.py) reads blobs and scales where they are, unless its build keeps
     # a regrouped copy: only what ORT alone reads is handed back then (Q4_1's corrections: the
     # kernel has its minima apart)
     alone = None if kernels.rows is None or kernels.rows.group else {"corr"}
-    release_pages([t for w in ort_weights(model, kernels) for k, t in w.tensors().items() if alone is None or k in alone])
+    release_pages(
+        [
+            t
+            for w in ort_weights(model, kernels)
+            for k, t in w.tensors().items()
+            if alone is None or k in alone
+        ]
+    )
     _trim_heap()
 
 
@@ -232,8 +316,10 @@ def release_copied(model) -> None:
     graph built on first use, dequantize), which fault them in again."""
     from thor_runtime.kernels.mapped_pages import release_pages
 
-    weights = [model.head_w] + [getattr(L, f) for L in model.layers for f in ("wqkv", "wo", "w_gate_up", "w_down")]
-    weights = [getattr(w, "w", w) for w in weights]          # a RowLoop's own weight
+    weights = [model.head_w] + [
+        getattr(L, f) for L in model.layers for f in ("wqkv", "wo", "w_gate_up", "w_down")
+    ]
+    weights = [getattr(w, "w", w) for w in weights]  # a RowLoop's own weight
     release_pages([t for w in weights if isinstance(w, NBitsWeight) for t in w.tensors().values()])
     _trim_heap()
 
@@ -241,8 +327,9 @@ def release_copied(model) -> None:
 def _trim_heap() -> None:
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc: nothing to hand back this way
+    except (OSError, AttributeError):  # not glibc: nothing to hand back this way
         pass
 
 
@@ -250,13 +337,21 @@ def ort_weights(model, kernels) -> list[NBitsWeight]:
     """The model's MatMulNBits weights whose bytes ORT holds (in their own session, a fused
     graph or the step graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
     n = model.cfg.num_layers
-    fused = set() if kernels.fused is None else \
-        {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")} | {(i, "wqkv") for i in range(1, n)}
+    fused = (
+        set()
+        if kernels.fused is None
+        else {(i, f) for i in range(n - 1) for f in ("wo", "w_gate_up", "w_down")}
+        | {(i, "wqkv") for i in range(1, n)}
+    )
     step = kernels.built_step
     if step is not None:
         fused = {(i, f) for i in range(n) for f in ("wqkv", "wo", "w_gate_up", "w_down")}
     in_step = step is not None and step.head
-    out = [w for w in [model.head_w] if isinstance(w, NBitsWeight) and (w._session is not None or in_step)]
+    out = [
+        w
+        for w in [model.head_w]
+        if isinstance(w, NBitsWeight) and (w._session is not None or in_step)
+    ]
     for i, L in enumerate(model.layers):
         for f in ("wqkv", "wo", "w_gate_up", "w_down"):
             w = getattr(L, f)

@@ -18,6 +18,7 @@ do not depend on each other or on the row count: a 1-row call is padded to two r
 decode step and every row of a verify get the same bits (the model's load probe checks it,
 as for every kernel).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,8 @@ from thor_runtime.errors import ThorError
 from thor_runtime.kernels.lowbit import GROUP, Int4Codes
 
 OPSET = 18
-ACCURACY_LEVEL = 4          # int8 activations: the fast integer path
-MIN_ROWS = 2                # see the module docstring: rows from here on are row-invariant
+ACCURACY_LEVEL = 4  # int8 activations: the fast integer path
+MIN_ROWS = 2  # see the module docstring: rows from here on are row-invariant
 _ZERO_POINT = {4: 8, 8: 128}
 
 
@@ -57,19 +58,31 @@ def session(node_lists: list[list], inits: list, inputs: dict, outputs: dict, th
         return helper.make_tensor_value_info(name, kind, dims)
 
     def stub(e: External):
-        t = TensorProto(name=e.name, data_type=helper.np_dtype_to_tensor_dtype(e.array.dtype),
-                        dims=e.array.shape, data_location=TensorProto.EXTERNAL)
-        t.external_data.add(key="location", value=f"{e.name}.bin")   # never read: replaced below
+        t = TensorProto(
+            name=e.name,
+            data_type=helper.np_dtype_to_tensor_dtype(e.array.dtype),
+            dims=e.array.shape,
+            data_location=TensorProto.EXTERNAL,
+        )
+        t.external_data.add(key="location", value=f"{e.name}.bin")  # never read: replaced below
         return t
 
     ext = [t for t in inits if isinstance(t, External)]
-    g = helper.make_graph([n for ns in node_lists for n in ns], "projection",
-                          [io(k, v) for k, v in inputs.items()], [io(k, v) for k, v in outputs.items()],
-                          [stub(t) if isinstance(t, External) else t for t in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+    g = helper.make_graph(
+        [n for ns in node_lists for n in ns],
+        "projection",
+        [io(k, v) for k, v in inputs.items()],
+        [io(k, v) for k, v in outputs.items()],
+        [stub(t) if isinstance(t, External) else t for t in inits],
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    )
     so = ort.SessionOptions()
     if ext:
-        so.add_external_initializers([e.name for e in ext], [ort.OrtValue.ortvalue_from_numpy(e.array) for e in ext])
+        so.add_external_initializers(
+            [e.name for e in ext], [ort.OrtValue.ortvalue_from_numpy(e.array) for e in ext]
+        )
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.log_severity_level = 3
     # Per-session arenas grow to the largest call and are never returned: with one session per
@@ -94,15 +107,21 @@ class NBitsWeight:
 
     kernel = "ort-matmulnbits"
 
-    def __init__(self, blob: torch.Tensor, scale: torch.Tensor, corr: torch.Tensor | None, bits: int,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        blob: torch.Tensor,
+        scale: torch.Tensor,
+        corr: torch.Tensor | None,
+        bits: int,
+        threads: int | None = None,
+    ):
         if bits not in _ZERO_POINT:
             raise ThorError(f"MatMulNBits weights have 4 or 8 bits, not {bits}")
         N, nb, _ = blob.shape
         self.blob, self.scale, self.corr, self.bits = blob, scale, corr, bits
         self.shape = torch.Size((N, nb * GROUP))
         self.threads = threads
-        self._session = None     # built on first call: a fused layer graph may never need it
+        self._session = None  # built on first call: a fused layer graph may never need it
 
     def nodes(self, x: str, y: str, prefix: str) -> tuple[list, list]:
         """ONNX nodes and initializers computing ``y = x @ w.T`` (names under ``prefix``), for
@@ -111,18 +130,39 @@ class NBitsWeight:
 
         N, K = self.shape
         nb = K // GROUP
-        inits = [External(self.blob.numpy(), f"{prefix}B"), External(self.scale.reshape(-1).numpy(), f"{prefix}S")]
+        inits = [
+            External(self.blob.numpy(), f"{prefix}B"),
+            External(self.scale.reshape(-1).numpy(), f"{prefix}S"),
+        ]
         y0 = y if self.corr is None else f"{prefix}Y0"
-        nodes = [helper.make_node("MatMulNBits", [x, f"{prefix}B", f"{prefix}S"], [y0], domain="com.microsoft",
-                                  K=K, N=N, bits=self.bits, block_size=GROUP, accuracy_level=ACCURACY_LEVEL)]
+        nodes = [
+            helper.make_node(
+                "MatMulNBits",
+                [x, f"{prefix}B", f"{prefix}S"],
+                [y0],
+                domain="com.microsoft",
+                K=K,
+                N=N,
+                bits=self.bits,
+                block_size=GROUP,
+                accuracy_level=ACCURACY_LEVEL,
+            )
+        ]
         if self.corr is not None:
-            inits += [External(self.corr.numpy(), f"{prefix}C"),
-                      numpy_helper.from_array(np.array([-1, nb, GROUP], np.int64), f"{prefix}blocks"),
-                      numpy_helper.from_array(np.array([2], np.int64), f"{prefix}axis")]
-            nodes += [helper.make_node("Reshape", [x, f"{prefix}blocks"], [f"{prefix}X3"]),            # [M, K/32, 32]
-                      helper.make_node("ReduceSum", [f"{prefix}X3", f"{prefix}axis"], [f"{prefix}BS"],
-                                       keepdims=0),                                                     # [M, K/32]
-                      helper.make_node("Gemm", [f"{prefix}BS", f"{prefix}C", y0], [y])]                # BS @ C + Y0
+            inits += [
+                External(self.corr.numpy(), f"{prefix}C"),
+                numpy_helper.from_array(np.array([-1, nb, GROUP], np.int64), f"{prefix}blocks"),
+                numpy_helper.from_array(np.array([2], np.int64), f"{prefix}axis"),
+            ]
+            nodes += [
+                helper.make_node(
+                    "Reshape", [x, f"{prefix}blocks"], [f"{prefix}X3"]
+                ),  # [M, K/32, 32]
+                helper.make_node(
+                    "ReduceSum", [f"{prefix}X3", f"{prefix}axis"], [f"{prefix}BS"], keepdims=0
+                ),  # [M, K/32]
+                helper.make_node("Gemm", [f"{prefix}BS", f"{prefix}C", y0], [y]),
+            ]  # BS @ C + Y0
         return nodes, inits
 
     @property
@@ -130,19 +170,21 @@ class NBitsWeight:
         if self._session is None:
             nodes, inits = self.nodes("A", "Y", "")
             N, K = self.shape
-            self._session = session([nodes], inits, {"A": K}, {"Y": N}, self.threads or torch.get_num_threads())
+            self._session = session(
+                [nodes], inits, {"A": K}, {"Y": N}, self.threads or torch.get_num_threads()
+            )
         return self._session
 
     # ---- construction from the forms the loaders produce
     @classmethod
     def from_codes(cls, parts: list[Int4Codes], threads: int | None = None) -> "NBitsWeight":
         """Fuse projections sharing their input (q/k/v, gate/up) along the output dim."""
-        codes = torch.cat([p.codes for p in parts]).numpy().astype(np.uint8)          # [N, K]
-        scale = torch.cat([p.scale for p in parts]).float().contiguous()                # [N, K/G]
-        zero = torch.cat([p.zero for p in parts]).float()                               # [N, K/G]
+        codes = torch.cat([p.codes for p in parts]).numpy().astype(np.uint8)  # [N, K]
+        scale = torch.cat([p.scale for p in parts]).float().contiguous()  # [N, K/G]
+        zero = torch.cat([p.zero for p in parts]).float()  # [N, K/G]
         N, K = codes.shape
         blob = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(N, K // GROUP, GROUP // 2)
-        corr = zero.t().contiguous() if bool(zero.any()) else None                      # [K/G, N]
+        corr = zero.t().contiguous() if bool(zero.any()) else None  # [K/G, N]
         return cls(torch.from_numpy(np.ascontiguousarray(blob)), scale, corr, 4, threads)
 
     @classmethod
@@ -154,7 +196,7 @@ class NBitsWeight:
         if K % GROUP:
             raise ThorError(f"8-bit weights need an input size divisible by {GROUP}, got {K}")
         g = w.reshape(N, K // GROUP, GROUP)
-        s = (g.abs().amax(-1) / 127).clamp_min(1e-12)                                    # [N, K/G]
+        s = (g.abs().amax(-1) / 127).clamp_min(1e-12)  # [N, K/G]
         q = torch.round(g / s[..., None]).clamp(-127, 127).to(torch.int16) + 128
         return cls(q.to(torch.uint8).contiguous(), s.contiguous(), None, 8, threads)
 
@@ -173,7 +215,7 @@ class NBitsWeight:
     def dequantize(self) -> torch.Tensor:
         """-> [N, K] fp32, the weights this projection multiplies by (tests, export)."""
         b = self.blob.to(torch.int16)
-        q = torch.stack([b & 0x0F, b >> 4], -1).flatten(-2) if self.bits == 4 else b     # [N, K/G, G]
+        q = torch.stack([b & 0x0F, b >> 4], -1).flatten(-2) if self.bits == 4 else b  # [N, K/G, G]
         w = (q - _ZERO_POINT[self.bits]).float() * self.scale[..., None]
         w = w.reshape(self.shape)
         if self.corr is not None:
@@ -183,8 +225,8 @@ class NBitsWeight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         m = lead.numel()
-        a = as_rows(x)                                                                    # [max(M, 2), K]
-        y = torch.from_numpy(self.session.run(None, {"A": a})[0][:m])                  # [M, N]
+        a = as_rows(x)  # [max(M, 2), K]
+        y = torch.from_numpy(self.session.run(None, {"A": a})[0][:m])  # [M, N]
         return y.to(x.dtype).view(*lead, -1)
 
     @staticmethod

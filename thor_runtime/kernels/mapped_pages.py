@@ -15,6 +15,7 @@ on anonymous memory (the heap) the same call would zero the data, and a page sha
 another tensor may hold bytes someone wrote (a private mapping forgets them). Elsewhere than
 Linux (no /proc/self/maps) nothing is released.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,7 @@ import mmap
 
 import torch
 
-_MADV_DONTNEED = 4       # the same value on every Linux architecture
+_MADV_DONTNEED = 4  # the same value on every Linux architecture
 
 
 def file_mappings(maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
@@ -36,7 +37,7 @@ def file_mappings(maps: str = "/proc/self/maps") -> list[tuple[int, int]]:
         return out
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) < 6 or parts[4] == "0":               # inode 0: anonymous
+        if len(parts) < 6 or parts[4] == "0":  # inode 0: anonymous
             continue
         path = parts[5].removesuffix(" (deleted)")
         if not path.startswith("/") or path.startswith(("/dev/", "/memfd:")):
@@ -65,18 +66,21 @@ def release_pages(tensors: list[torch.Tensor]) -> int:
         return 0
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:                       # not glibc
+    except OSError:  # not glibc
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     maps = file_mappings()
     page = mmap.PAGESIZE
     released = 0
-    ranges = [(t.data_ptr(), t.data_ptr() + t.nbytes) for t in tensors
-              if t.device.type == "cpu" and t.is_contiguous() and t.numel()]
+    ranges = [
+        (t.data_ptr(), t.data_ptr() + t.nbytes)
+        for t in tensors
+        if t.device.type == "cpu" and t.is_contiguous() and t.numel()
+    ]
     for a, b in _merged(ranges):
-        lo, hi = -(-a // page) * page, b // page * page      # whole pages inside only
+        lo, hi = -(-a // page) * page, b // page * page  # whole pages inside only
         if hi <= lo or not any(s <= lo and hi <= e for s, e in maps):
             continue
-        if libc.madvise(lo, hi - lo, _MADV_DONTNEED) == 0:    # refused (locked pages): they stay
+        if libc.madvise(lo, hi - lo, _MADV_DONTNEED) == 0:  # refused (locked pages): they stay
             released += hi - lo
     return released

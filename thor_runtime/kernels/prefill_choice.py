@@ -21,14 +21,15 @@ plan prefills once its shared prefix is stored) and then holds for all of them.
 The verdict is kept beside the row-invariance probes (``model.row_verdicts``: the weight cache
 stores them per CPU environment, threads included), so a cached model does not measure again.
 """
+
 from __future__ import annotations
 
 import time
 
 import torch
 
-ROWS = 256          # prompt rows timed per kernel (a world and a task)
-ROUNDS = 2          # timed rounds each, interleaved after a warm-up; the fastest counts
+ROWS = 256  # prompt rows timed per kernel (a world and a task)
+ROUNDS = 2  # timed rounds each, interleaved after a warm-up; the fastest counts
 
 
 def _seconds(kernel, model, h: torch.Tensor) -> float:
@@ -42,9 +43,11 @@ def _seconds(kernel, model, h: torch.Tensor) -> float:
 
 def measure(model, rows, step) -> dict[str, float]:
     """Seconds per prompt of ``ROWS`` rows for each kernel, the fastest of ``ROUNDS`` rounds."""
-    h = torch.randn(ROWS, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))   # [ROWS, D]
+    h = torch.randn(
+        ROWS, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0)
+    )  # [ROWS, D]
     kernels = {"rowstep": rows, "ort-step-graph": step}
-    for k in kernels.values():                                   # warm-up: first-call costs
+    for k in kernels.values():  # warm-up: first-call costs
         _seconds(k, model, h[:16])
     best = {name: float("inf") for name in kernels}
     for _ in range(ROUNDS):

@@ -2,6 +2,7 @@
 
 Both are callables ``w(x)`` beside plain tensors, so every segment calls ``linear`` alike.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,21 +21,22 @@ class Int8Weight:
 
     def __init__(self, w: torch.Tensor, keep_dense: bool = True):
         w = w.float()
-        s = w.abs().amax(1).clamp_min(1e-8) / 127.0                 # [out]
+        s = w.abs().amax(1).clamp_min(1e-8) / 127.0  # [out]
         self.q = torch.round(w / s[:, None]).to(torch.int8).contiguous()  # [out, in]
         self.s = s.to(torch.bfloat16)
         self.dense = w.contiguous() if keep_dense else None
         self.shape = w.shape
         try:
-            torch._weight_int8pack_mm(torch.zeros(1, w.shape[1], dtype=torch.bfloat16, device=w.device),
-                                      self.q, self.s)
+            torch._weight_int8pack_mm(
+                torch.zeros(1, w.shape[1], dtype=torch.bfloat16, device=w.device), self.q, self.s
+            )
             self.kernel = True
         except (RuntimeError, NotImplementedError, AttributeError):
             self.kernel = False  # no int8 kernel on this device: dequantize instead
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, d = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, d)                                        # [M, in]
+        x2 = x.reshape(-1, d)  # [M, in]
         if self.kernel and x2.shape[0] <= INT8_MAX_ROWS:
             # the kernel takes row-major rows only (a hybrid's gated attention output is a view)
             y = torch._weight_int8pack_mm(x2.to(torch.bfloat16).contiguous(), self.q, self.s)
@@ -66,7 +68,7 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead, d = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, d)                                        # [M, in]
+        x2 = x.reshape(-1, d)  # [M, in]
         if self.dense is not None and x2.shape[0] <= DENSE_MAX_ROWS:
             return F.linear(x, self.dense)
         y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.w, None, "none", [], "")
@@ -82,7 +84,6 @@ class PackedWeight:
             return True
         except (RuntimeError, NotImplementedError, AttributeError):
             return False
-
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:

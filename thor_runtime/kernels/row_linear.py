@@ -11,6 +11,7 @@ tokens, which the target's verify decides.
 A dense CPU target whose runner has the row kernel lends it (``row_kernel``); the drafter then
 runs in fp32 around the projections. ``THOR_DRAFTER_ROWS=0`` keeps torch's matmuls (to compare).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,15 +39,20 @@ class RowLinear(nn.Module):
 
     def __init__(self, rows, weight: torch.Tensor | NBitsWeight):
         super().__init__()
-        w = weight if isinstance(weight, NBitsWeight) else NBitsWeight.from_dense_int8(weight.detach().float())
+        w = (
+            weight
+            if isinstance(weight, NBitsWeight)
+            else NBitsWeight.from_dense_int8(weight.detach().float())
+        )
         if w.bits != 8 or w.corr is not None:
             raise ValueError("RowLinear takes symmetric 8-bit blocks")
         self.out_features, self.in_features = w.shape
         self.rows, self.max_rows = rows, MAX_ROWS
         # w = s q + m with unsigned codes: m = -128 s (rowstep.c)
         blob, s, m = w.blob.contiguous(), w.scale.contiguous(), (-128.0 * w.scale).contiguous()
-        self._h = rows._lib.rowstep_proj_new(blob.data_ptr(), s.data_ptr(), m.data_ptr(), self.out_features,
-                                             self.in_features, 8)
+        self._h = rows._lib.rowstep_proj_new(
+            blob.data_ptr(), s.data_ptr(), m.data_ptr(), self.out_features, self.in_features, 8
+        )
         # a regrouping build copied them; one that reads them in place needs them kept
         self._arrays = None if rows.group else (blob, s, m)
         if not self._h:
@@ -59,14 +65,18 @@ class RowLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, K, N = x.shape[:-1], self.in_features, self.out_features
         # numpy, not torch: a torch copy wakes its thread pool beside the kernel's (rowstep.py)
-        a = np.ascontiguousarray(x.detach().float().numpy().reshape(-1, K))                 # [M, K]
-        y = np.empty((a.shape[0], N), np.float32)                                          # [M, N]
+        a = np.ascontiguousarray(x.detach().float().numpy().reshape(-1, K))  # [M, K]
+        y = np.empty((a.shape[0], N), np.float32)  # [M, N]
         lib, rows = self.rows._lib, self.rows
         with rows._one:
             for s in range(0, a.shape[0], self.max_rows):
                 e = min(a.shape[0], s + self.max_rows)
-                if lib.rowstep_linear(rows._h, self._h, a[s:e].ctypes.data, e - s, y[s:e].ctypes.data):
-                    raise RuntimeError(f"rowstep: a [{e - s}, {K}] projection does not fit the kernel")
+                if lib.rowstep_linear(
+                    rows._h, self._h, a[s:e].ctypes.data, e - s, y[s:e].ctypes.data
+                ):
+                    raise RuntimeError(
+                        f"rowstep: a [{e - s}, {K}] projection does not fit the kernel"
+                    )
         return torch.from_numpy(y).view(*lead, N)
 
     def __del__(self):
@@ -80,7 +90,9 @@ def head_rows(rows, target, ids: torch.Tensor, table: torch.Tensor) -> RowLinear
     it has them (the bits the target scores with), else those rows of ``table`` [V, D] rounded."""
     w, at = getattr(target, "head_w", None), ids.cpu()
     if isinstance(w, NBitsWeight) and w.bits == 8 and w.corr is None:
-        return RowLinear(rows, NBitsWeight(w.blob.index_select(0, at), w.scale.index_select(0, at), None, 8))
+        return RowLinear(
+            rows, NBitsWeight(w.blob.index_select(0, at), w.scale.index_select(0, at), None, 8)
+        )
     return RowLinear(rows, table.index_select(0, at))
 
 

@@ -15,6 +15,7 @@ The library is compiled for this CPU (``-march=native``) on first use, into the 
 (``kernels/`` in the weight cache), and loaded only when its sha256 matches the manifest
 written when it was built. No compiler: the step graph runs, and ``kernel_status`` says why.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,14 +34,14 @@ import torch
 
 from thor_runtime.engine.constraint import RowReads, reads_part, split_reads
 from thor_runtime.engine.exactness import EXACT_ROWS
+from thor_runtime.engine.threads import FitWatch, adapt_mode
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import default_cache_dir
 from thor_runtime.kernels.lowbit_ort import NBitsWeight
 from thor_runtime.kernels.lowbit_step import in_calls
-from thor_runtime.engine.threads import FitWatch, adapt_mode
 
-SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"      # includes rowstep_*.h beside it
-MAX_ROWS = 64                 # the C side's scratch rows: a call's (longer inputs run in calls of it)
+SOURCE = Path(__file__).with_name("csrc") / "rowstep.c"  # includes rowstep_*.h beside it
+MAX_ROWS = 64  # the C side's scratch rows: a call's (longer inputs run in calls of it)
 _ZERO_POINT = {4: 8, 8: 128}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -53,8 +54,9 @@ _ISA_MARCH = {"native": "-march=native", "avx2": "-march=x86-64-v3"}
 
 
 def cpu_isa() -> str:
-    isa = os.environ.get(ISA_ENV) or ("avx2" if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2"
-                                       else "native")
+    isa = os.environ.get(ISA_ENV) or (
+        "avx2" if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "avx2" else "native"
+    )
     if isa not in _ISA_MARCH:
         raise ThorError(f"{ISA_ENV}={isa!r}: expected one of {', '.join(_ISA_MARCH)}")
     return isa
@@ -89,13 +91,22 @@ def build_library(kernel_dir: Path | None) -> tuple[Path | None, str]:
     if cc is None:
         return None, "no C compiler (cc) on PATH"
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc} does not run: {e}"
     sources = [f.read_text() for f in sorted(SOURCE.parent.glob("rowstep*.[ch]"))]
-    key = hashlib.sha256("\n".join([*sources, " ".join(_flags()), version, platform.machine(),
-                                    _cpu_identity()]).encode()).hexdigest()[:24]
-    d = Path(kernel_dir) if kernel_dir is not None else Path(tempfile.mkdtemp(prefix="thor-kernels-"))
+    key = hashlib.sha256(
+        "\n".join(
+            [*sources, " ".join(_flags()), version, platform.machine(), _cpu_identity()]
+        ).encode()
+    ).hexdigest()[:24]
+    d = (
+        Path(kernel_dir)
+        if kernel_dir is not None
+        else Path(tempfile.mkdtemp(prefix="thor-kernels-"))
+    )
     lib, manifest = d / f"rowstep-{key}.so", d / f"rowstep-{key}.json"
     if lib.exists() and manifest.exists():
         try:
@@ -105,15 +116,24 @@ def build_library(kernel_dir: Path | None) -> tuple[Path | None, str]:
             pass
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".rowstep-{key}-{os.getpid()}.so"
-    r = subprocess.run([cc, *_flags(), "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
+    r = subprocess.run(
+        [cc, *_flags(), "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True
+    )
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
         return None, f"compiling {SOURCE.name} failed: {(r.stderr or r.stdout).strip()[-400:]}"
     digest = _sha256(tmp)
     os.replace(tmp, lib)
     mtmp = d / f".rowstep-{key}-{os.getpid()}.json"
-    mtmp.write_text(json.dumps({"sha256": digest, "compiler": version.splitlines()[0] if version else cc,
-                                "flags": _flags()}))
+    mtmp.write_text(
+        json.dumps(
+            {
+                "sha256": digest,
+                "compiler": version.splitlines()[0] if version else cc,
+                "flags": _flags(),
+            }
+        )
+    )
     os.replace(mtmp, manifest)
     return lib, ""
 
@@ -141,7 +161,7 @@ def _bind(path: Path):
     lib.rowstep_linear.argtypes = [_P, _P, _P, _I, _P]
     lib.rowstep_set_threads.restype = _I
     lib.rowstep_set_threads.argtypes = [_P, _I]
-    lib.rowstep_dflash_new.restype = _P                  # a drafter's forwards (speculative/dflash_rows.py)
+    lib.rowstep_dflash_new.restype = _P  # a drafter's forwards (speculative/dflash_rows.py)
     lib.rowstep_dflash_new.argtypes = [_I] * 6 + [_F, _P, _P, _P]
     lib.rowstep_dflash_set_layer.argtypes = [_P, _I] + [_P] * 9
     lib.rowstep_dflash_free.argtypes = [_P]
@@ -155,7 +175,7 @@ def _bind(path: Path):
 
 
 def supports(model) -> str:
-    """"" when this kernel runs ``model``, else the reason it does not."""
+    """ "" when this kernel runs ``model``, else the reason it does not."""
     cfg, L = model.cfg, model.layers
     if getattr(model, "int4_kernel", None) != "ort":
         return "weights are not MatMulNBits blocks"
@@ -179,12 +199,21 @@ class RowStep:
         cfg = model.cfg
         self.model, self.n = model, cfg.num_layers
         self._lib = _bind(lib_path)
-        self.build = lib_path.stem                  # source, flags, compiler and CPU (build_library)
-        self._keep: list[torch.Tensor] = []      # every buffer the C side points into
-        self._one = threading.Lock()             # one scratch: one forward at a time, whoever calls
-        self._h = self._lib.rowstep_new(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-                                        cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, cfg.rms_eps,
-                                        threads, cfg.max_position_embeddings)
+        self.build = lib_path.stem  # source, flags, compiler and CPU (build_library)
+        self._keep: list[torch.Tensor] = []  # every buffer the C side points into
+        self._one = threading.Lock()  # one scratch: one forward at a time, whoever calls
+        self._h = self._lib.rowstep_new(
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+            cfg.rms_eps,
+            threads,
+            cfg.max_position_embeddings,
+        )
         if not self._h:
             raise MemoryError("rowstep: no memory for the kernel's scratch")
         # threads in use follow the idle cores (threads.py): exact, a part's bits do not depend
@@ -193,7 +222,7 @@ class RowStep:
         # a build that regroups the weights (rowstep_layout() > 0) copies them at set: the
         # blobs, scales and minimums passed need to live only until then
         self.group, failed, self._weights = self._lib.rowstep_layout(), 0, []
-        self.unit = self._lib.rowstep_unit()      # head outputs per unit of a ``cols`` call
+        self.unit = self._lib.rowstep_unit()  # head outputs per unit of a ``cols`` call
         for i, lay in enumerate(model.layers):
             args = [self._ptr(lay.attn_norm), self._ptr(lay.mlp_norm)]
             for w in (lay.wqkv, lay.wo, lay.w_gate_up, lay.w_down):
@@ -202,8 +231,9 @@ class RowStep:
                     args.append(self._ptr(lay.bqkv))
             failed |= self._lib.rowstep_set_layer(self._h, i, *args)
             self._weights = []
-        failed |= self._lib.rowstep_set_head(self._h, self._ptr(model.final_norm), *self._proj(model.head_w),
-                                             model.head_w.bits)
+        failed |= self._lib.rowstep_set_head(
+            self._h, self._ptr(model.final_norm), *self._proj(model.head_w), model.head_w.bits
+        )
         self._weights = []
         if failed:
             raise MemoryError("rowstep: no memory for the kernel's copy of the weights")
@@ -211,7 +241,11 @@ class RowStep:
     def _ptr(self, t: torch.Tensor | None, weight: bool = False) -> int | None:
         if t is None:
             return None
-        t = t if t.dtype in (torch.float32, torch.uint8) and t.is_contiguous() else t.float().contiguous()
+        t = (
+            t
+            if t.dtype in (torch.float32, torch.uint8) and t.is_contiguous()
+            else t.float().contiguous()
+        )
         (self._weights if weight and self.group else self._keep).append(t)
         return t.data_ptr()
 
@@ -238,14 +272,30 @@ class RowStep:
             self.threads = self._lib.rowstep_set_threads(self._h, want)
 
     def fits(self, cache, T: int) -> bool:
-        return (cache.store_dtype == torch.float32 and cache.k.is_contiguous() and cache.v.is_contiguous()
-                and T >= 1 and cache.length + T <= cache.k.shape[2])
+        return (
+            cache.store_dtype == torch.float32
+            and cache.k.is_contiguous()
+            and cache.v.is_contiguous()
+            and T >= 1
+            and cache.length + T <= cache.k.shape[2]
+        )
 
-    def __call__(self, h: torch.Tensor, cache, taps: tuple[int, ...] = (), rows: slice | None = slice(None),
-                 cols=None):
+    def __call__(
+        self,
+        h: torch.Tensor,
+        cache,
+        taps: tuple[int, ...] = (),
+        rows: slice | None = slice(None),
+        cols=None,
+    ):
         # rows are row-invariant: any split gives the same bits
-        return in_calls(lambda s, e, want: self._call(h[s:e], cache, taps, want, reads_part(cols, s, e)),
-                        h.shape[0], rows, MAX_ROWS, tuple(taps))
+        return in_calls(
+            lambda s, e, want: self._call(h[s:e], cache, taps, want, reads_part(cols, s, e)),
+            h.shape[0],
+            rows,
+            MAX_ROWS,
+            tuple(taps),
+        )
 
     def _heads(self, cols, T: int, want: np.ndarray) -> tuple[list, torch.Tensor]:
         """The head's work for rows ``want`` [R] of a T-row forward whose rows read ``cols``
@@ -255,9 +305,9 @@ class RowStep:
         its own, rowstep.c). -> ([(rows of h [r], their logits rows [r], units [U] int32 or
         None: all)], logits)."""
         ids, wide = split_reads(cols, T)
-        wide = wide[want]                                                           # [R]
+        wide = wide[want]  # [R]
         # filled by numpy: torch's fill of this size wakes its thread pool (see _residual)
-        logits = np.empty((len(want), self.model.cfg.vocab_size), np.float32)       # [R, V]
+        logits = np.empty((len(want), self.model.cfg.vocab_size), np.float32)  # [R, V]
         heads = []
         if not wide.all():
             narrow = np.flatnonzero(~wide)
@@ -276,18 +326,29 @@ class RowStep:
         rc = 0
         for rows, at, units in heads:
             rows, at = np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(at, np.int64)
-            rc = rc or self._lib.rowstep_head_at(self._h, h.data_ptr(), rows.ctypes.data, len(rows), logits.data_ptr(),
-                                                 at.ctypes.data, *_units_arg(units))
+            rc = rc or self._lib.rowstep_head_at(
+                self._h,
+                h.data_ptr(),
+                rows.ctypes.data,
+                len(rows),
+                logits.data_ptr(),
+                at.ctypes.data,
+                *_units_arg(units),
+            )
         return rc
 
-    def _call(self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None):
+    def _call(
+        self, h: torch.Tensor, cache, taps: tuple[int, ...], want: np.ndarray | None, cols=None
+    ):
         """One call of T <= MAX_ROWS rows; ``want``: the rows whose logits are asked (None: none);
         ``cols``: the ids whose logits are read (None: all)."""
         T, start, cfg = h.shape[0], cache.length, self.model.cfg
         self.model.ensure_positions(start + T)
-        h = _residual(h)                                                            # [T, D]
+        h = _residual(h)  # [T, D]
         tap_out = {i: torch.empty(T, cfg.hidden_size) for i in taps}
-        tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
+        tap_ptrs = (_P * self.n)(
+            *[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)]
+        )
         heads, logits = self._heads(cols, T, want) if want is not None else ([], None)
         # one head: in the forward, rows in order; two (rows inside a string beside others): after it
         r, units = (heads[0][0], heads[0][2]) if len(heads) == 1 else (np.empty(0, np.int64), None)
@@ -295,9 +356,22 @@ class RowStep:
         cos, sin = self.model.cos, self.model.sin
         with self._one:
             self._fit()
-            rc = self._lib.rowstep_forward(self._h, h.data_ptr(), T, start, cache.k.data_ptr(), cache.v.data_ptr(),
-                                           cache.k.shape[2], cos.data_ptr(), sin.data_ptr(), tap_ptrs, r.ctypes.data,
-                                           len(r), None if logits is None else logits.data_ptr(), *_units_arg(units))
+            rc = self._lib.rowstep_forward(
+                self._h,
+                h.data_ptr(),
+                T,
+                start,
+                cache.k.data_ptr(),
+                cache.v.data_ptr(),
+                cache.k.shape[2],
+                cos.data_ptr(),
+                sin.data_ptr(),
+                tap_ptrs,
+                r.ctypes.data,
+                len(r),
+                None if logits is None else logits.data_ptr(),
+                *_units_arg(units),
+            )
             if len(heads) > 1:
                 rc = rc or self._run_heads(h, heads, logits)
         if rc != 0:
@@ -305,8 +379,14 @@ class RowStep:
         cache.lengths = [start + T] * self.n
         return tap_out, logits
 
-
-    def many(self, h: torch.Tensor, caches: list, counts: list[int], taps: tuple[int, ...] = (), cols=None):
+    def many(
+        self,
+        h: torch.Tensor,
+        caches: list,
+        counts: list[int],
+        taps: tuple[int, ...] = (),
+        cols=None,
+    ):
         """Rows of several sequences in one call: h [N, D] holds ``counts[j]`` rows of the
         sequence in ``caches[j]`` after its cached ones, in that order (N <= MAX_ROWS). Each
         row runs what a 1-row call at its position runs; every cache grows by its count.
@@ -315,16 +395,20 @@ class RowStep:
         N, cfg = h.shape[0], self.model.cfg
         cols = cols if cols is not None else [None] * len(caches)
         starts = [c.length for c in caches]
-        pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts)]).astype(np.int32)   # [N]
+        pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, counts)]).astype(
+            np.int32
+        )  # [N]
         self.model.ensure_positions(int(pos.max()) + 1)
-        owner = [j for j, n in enumerate(counts) for _ in range(n)]                                  # [N]
+        owner = [j for j, n in enumerate(counts) for _ in range(n)]  # [N]
         ks = (_P * N)(*[caches[j].k.data_ptr() for j in owner])
         vs = (_P * N)(*[caches[j].v.data_ptr() for j in owner])
         Ss = np.ascontiguousarray([caches[j].k.shape[2] for j in owner], np.int32)
-        h = _residual(h)                                                            # [N, D]
+        h = _residual(h)  # [N, D]
         tap_out = {i: torch.empty(N, cfg.hidden_size) for i in taps}
-        tap_ptrs = (_P * self.n)(*[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)])
-        firsts = np.cumsum([0] + list(counts[:-1]))                                 # each sequence's first row
+        tap_ptrs = (_P * self.n)(
+            *[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)]
+        )
+        firsts = np.cumsum([0] + list(counts[:-1]))  # each sequence's first row
         # rows that read every logit (a sequence reading all, or rows inside a string) share one
         # full head, the others one over the union of their ids (else a wide forward computes all
         # 152 k ids for every row as soon as one row needs them)
@@ -333,16 +417,31 @@ class RowStep:
         r = np.ascontiguousarray(r, np.int64)
         with self._one:
             self._fit()
-            rc = self._lib.rowstep_forward_rows(self._h, h.data_ptr(), N, pos.ctypes.data, ks, vs, Ss.ctypes.data,
-                                                self.model.cos.data_ptr(), self.model.sin.data_ptr(), tap_ptrs,
-                                                r.ctypes.data, len(r), logits.data_ptr(), *_units_arg(units))
+            rc = self._lib.rowstep_forward_rows(
+                self._h,
+                h.data_ptr(),
+                N,
+                pos.ctypes.data,
+                ks,
+                vs,
+                Ss.ctypes.data,
+                self.model.cos.data_ptr(),
+                self.model.sin.data_ptr(),
+                tap_ptrs,
+                r.ctypes.data,
+                len(r),
+                logits.data_ptr(),
+                *_units_arg(units),
+            )
             if len(heads) > 1:
                 rc = rc or self._run_heads(h, heads, logits)
         if rc != 0:
-            raise RuntimeError(f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel")
+            raise RuntimeError(
+                f"rowstep: {N} rows of {len(caches)} sequences do not fit the kernel"
+            )
         for c, s, n in zip(caches, starts, counts):
             c.lengths = [s + n] * self.n
-        return tap_out, [logits[a:a + n] for a, n in zip(firsts, counts)]
+        return tap_out, [logits[a : a + n] for a, n in zip(firsts, counts)]
 
 
 def _residual(h: torch.Tensor) -> torch.Tensor:
@@ -361,7 +460,7 @@ def _joined_reads(cols: list, counts: list[int]):
     """Several sequences' reads (read_ids' each, over its ``counts[j]`` rows) as one over their
     rows in order: the rows that read every logit, and the union of the others' ids."""
     parts = [split_reads(c, n) for c, n in zip(cols, counts)]
-    wide = np.concatenate([w for _, w in parts])                                    # [N]
+    wide = np.concatenate([w for _, w in parts])  # [N]
     if wide.all():
         return None
     ids = np.unique(np.concatenate([i for i, w in parts if i is not None and not w.all()]))
@@ -372,7 +471,9 @@ def kernel_dir() -> Path:
     return default_cache_dir() / "kernels"
 
 
-def row_step(model, verdict: dict[str, bool], threads: int | None = None) -> tuple[RowStep | None, str]:
+def row_step(
+    model, verdict: dict[str, bool], threads: int | None = None
+) -> tuple[RowStep | None, str]:
     """-> (the kernel for ``model``'s steps and verifies, "") or (None, why it does not run):
     not supported, no compiler, or rows not bit-identical here (probed once per CPU
     environment; verdict as in make_rows_exact)."""

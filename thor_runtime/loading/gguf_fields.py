@@ -1,4 +1,5 @@
 """Reading one GGUF metadata field: shared by the dense and the hybrid GGUF loaders."""
+
 from __future__ import annotations
 
 

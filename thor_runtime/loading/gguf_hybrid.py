@@ -29,6 +29,7 @@ The gguf package names only expert FFNs for ``qwen3next``, so a dense-MLP Qwen3-
 layer) uses the ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` names ``qwen35`` has. Multi-token-prediction
 blocks that a converter appends after the decoder layers are skipped.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,16 @@ from thor_runtime.models.hybrid.config import HybridConfig
 # llama.cpp architecture -> our arch name (Qwen3.5-MoE has Qwen3.5's layers, as from HF)
 HYBRID_GGUF_ARCH = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5", "qwen3next": "qwen3_next"}
 MOE_EVERY_LAYER = ("qwen35moe",)
-_MOE_KINDS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
-              "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+_MOE_KINDS = (
+    "ffn_gate_inp",
+    "ffn_gate_exps",
+    "ffn_up_exps",
+    "ffn_down_exps",
+    "ffn_gate_inp_shexp",
+    "ffn_gate_shexp",
+    "ffn_up_shexp",
+    "ffn_down_shexp",
+)
 
 
 def is_hybrid_arch(arch) -> bool:
@@ -73,7 +82,9 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
 
     scaling = field_value(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
-        raise ThorError(f"{path}: rope scaling {scaling!r} is not supported for hybrid targets (default only)")
+        raise ThorError(
+            f"{path}: rope scaling {scaling!r} is not supported for hybrid targets (default only)"
+        )
     # block_count counts the MTP blocks a converter may append after the decoder layers
     n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
     heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
@@ -82,39 +93,61 @@ def hybrid_gguf_config(reader, path: str | Path, arch: str) -> HybridConfig:
     if every <= 0:
         raise ThorError(f"{path}: {arch}.full_attention_interval must be positive, got {every}")
     # llama.cpp's rule, as HF's default layer_types: every every-th layer is full attention
-    types = tuple("full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n))
+    types = tuple(
+        "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)
+    )
     hv, inner = int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
     if hv <= 0 or inner % hv:
-        raise ThorError(f"{path}: {arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {hv}")
+        raise ThorError(
+            f"{path}: {arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {hv}"
+        )
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise ThorError(f"{path}: GGUF has no token_embd.weight")
     moe, experts = _moe_layers(reader, arch, n), {}
     if moe:
         if int(get("expert_count", 0)) <= 0:
-            raise ThorError(f"{path}: layer {moe[0]} has mixture-of-experts tensors but {arch}.expert_count "
-                            f"is {get('expert_count', 0)}")
-        experts = {"num_experts": int(get("expert_count")), "num_experts_per_tok": int(get("expert_used_count")),
-                   "moe_intermediate_size": int(get("expert_feed_forward_length")),
-                   "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length")),
-                   "norm_topk_prob": arch in MOE_EVERY_LAYER or bool(get("expert_weights_norm", True))}
+            raise ThorError(
+                f"{path}: layer {moe[0]} has mixture-of-experts tensors but {arch}.expert_count "
+                f"is {get('expert_count', 0)}"
+            )
+        experts = {
+            "num_experts": int(get("expert_count")),
+            "num_experts_per_tok": int(get("expert_used_count")),
+            "moe_intermediate_size": int(get("expert_feed_forward_length")),
+            "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length")),
+            "norm_topk_prob": arch in MOE_EVERY_LAYER or bool(get("expert_weights_norm", True)),
+        }
     # Qwen3.5-MoE has no dense MLP: the shared expert's width stands in, as for its HF config
-    dense_i = experts["shared_expert_intermediate_size"] if arch in MOE_EVERY_LAYER else int(get("feed_forward_length"))
+    dense_i = (
+        experts["shared_expert_intermediate_size"]
+        if arch in MOE_EVERY_LAYER
+        else int(get("feed_forward_length"))
+    )
     return HybridConfig(
-        arch=HYBRID_GGUF_ARCH[arch], vocab_size=int(get("vocab_size", int(emb.shape[-1]))), hidden_size=hidden,
-        intermediate_size=dense_i, num_layers=n, num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
+        arch=HYBRID_GGUF_ARCH[arch],
+        vocab_size=int(get("vocab_size", int(emb.shape[-1]))),
+        hidden_size=hidden,
+        intermediate_size=dense_i,
+        num_layers=n,
+        num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=head_dim,
         # stored as f32: its shortest decimal is the checkpoint's value (1e-6, not 9.99999997e-7)
         rms_eps=float(str(np.float32(get("attention.layer_norm_rms_epsilon", 1e-6)))),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         max_position_embeddings=int(get("context_length", 2048)),
         name=str(field_value(reader, "general.name", Path(path).stem)),
-        layer_types=types, linear_num_key_heads=int(get("ssm.group_count")), linear_num_value_heads=hv,
-        linear_key_head_dim=int(get("ssm.state_size")), linear_value_head_dim=inner // hv,
+        layer_types=types,
+        linear_num_key_heads=int(get("ssm.group_count")),
+        linear_num_value_heads=hv,
+        linear_key_head_dim=int(get("ssm.state_size")),
+        linear_value_head_dim=inner // hv,
         linear_conv_kernel=int(get("ssm.conv_kernel")),
         partial_rotary_factor=_rotary_factor(int(get("rope.dimension_count", head_dim)), head_dim),
-        moe_layers=moe, **experts,
+        moe_layers=moe,
+        **experts,
     )
 
 
@@ -125,11 +158,11 @@ def _rotary_factor(rot: int, head_dim: int) -> float:
 
 
 # ---- tensors --------------------------------------------------------------------------------
-SHIFTED = "shifted"   # stored w + 1
-NEG_EXP = "neg_exp"   # stored -exp(A_log)
-CONV = "conv"         # stored squeezed
-ROW = "row"           # [1, D], may be stored as [D]
-GATE_UP = "mlp.experts.gate_up_proj"   # fed by ffn_gate_exps then ffn_up_exps (fused in hybrid_gguf_weights)
+SHIFTED = "shifted"  # stored w + 1
+NEG_EXP = "neg_exp"  # stored -exp(A_log)
+CONV = "conv"  # stored squeezed
+ROW = "row"  # [1, D], may be stored as [D]
+GATE_UP = "mlp.experts.gate_up_proj"  # fed by ffn_gate_exps then ffn_up_exps (fused in hybrid_gguf_weights)
 
 
 def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str | None]]:
@@ -142,8 +175,10 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
     D, I, Dh, V = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size
     H, Hk = cfg.num_heads, cfg.num_kv_heads
     Hv, Vd, dv = cfg.linear_num_value_heads, cfg.value_dim, cfg.linear_value_head_dim
-    plan = {T[M.TOKEN_EMBD] + ".weight": ("model.embed_tokens.weight", (V, D), None),
-            T[M.OUTPUT_NORM] + ".weight": ("model.norm.weight", (D,), SHIFTED)}
+    plan = {
+        T[M.TOKEN_EMBD] + ".weight": ("model.embed_tokens.weight", (V, D), None),
+        T[M.OUTPUT_NORM] + ".weight": ("model.norm.weight", (D,), SHIFTED),
+    }
     if not cfg.tie_word_embeddings:
         plan[T[M.OUTPUT] + ".weight"] = ("lm_head.weight", (V, D), None)
 
@@ -154,7 +189,11 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
         put(i, M.ATTN_NORM, "input_layernorm.weight", (D,), SHIFTED)
         put(i, M.ATTN_POST_NORM, "post_attention_layernorm.weight", (D,), SHIFTED)
         if i in cfg.moe_layers:
-            E, Ie, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            E, Ie, Is = (
+                cfg.num_experts,
+                cfg.moe_intermediate_size,
+                cfg.shared_expert_intermediate_size,
+            )
             put(i, M.FFN_GATE_INP, "mlp.gate.weight", (E, D))
             put(i, M.FFN_GATE_EXP, GATE_UP, (E, Ie, D), suffix=".weight")
             put(i, M.FFN_UP_EXP, GATE_UP, (E, Ie, D), suffix=".weight")
@@ -168,7 +207,9 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
             put(i, M.FFN_UP, "mlp.up_proj.weight", (I, D))
             put(i, M.FFN_DOWN, "mlp.down_proj.weight", (D, I))
         if kind == "full_attention":
-            put(i, M.ATTN_Q, "self_attn.q_proj.weight", (2 * H * Dh, D))   # query and its gate, per head
+            put(
+                i, M.ATTN_Q, "self_attn.q_proj.weight", (2 * H * Dh, D)
+            )  # query and its gate, per head
             put(i, M.ATTN_K, "self_attn.k_proj.weight", (Hk * Dh, D))
             put(i, M.ATTN_V, "self_attn.v_proj.weight", (Hk * Dh, D))
             put(i, M.ATTN_OUT, "self_attn.o_proj.weight", (D, H * Dh))
@@ -212,7 +253,7 @@ def _dequantize(t, path) -> torch.Tensor:
 def untile(x: torch.Tensor, dim: int, num_k_heads: int, per_k: int, head_dim: int) -> torch.Tensor:
     """Value heads along ``dim`` from tiled order (j*Hk + g) back to grouped by key head (g*r + j)."""
     shape = list(x.shape)
-    x = x.reshape(*shape[:dim], per_k, num_k_heads, head_dim, *shape[dim + 1:])
+    x = x.reshape(*shape[:dim], per_k, num_k_heads, head_dim, *shape[dim + 1 :])
     return x.transpose(dim, dim + 1).reshape(shape).contiguous()
 
 
@@ -226,7 +267,10 @@ def _preimage(stored: torch.Tensor, forward, guess: torch.Tensor, steps: int = 4
     for _ in range(steps):
         if not bool(todo.any()):
             break
-        hi, lo = torch.nextafter(hi, torch.tensor(math.inf)), torch.nextafter(lo, torch.tensor(-math.inf))
+        hi, lo = (
+            torch.nextafter(hi, torch.tensor(math.inf)),
+            torch.nextafter(lo, torch.tensor(-math.inf)),
+        )
         for cand in (hi, lo):
             hit = todo & (forward(cand) == stored)
             out[hit] = cand[hit]
@@ -240,7 +284,9 @@ def _check(tensors: dict, plan: dict, path) -> None:
         if t is None:
             raise ThorError(f"{path}: missing tensor {name}")
         if _stored_shape(t) != shape and not (how == ROW and _stored_shape(t) == shape[1:]):
-            raise ThorError(f"{path}: tensor {name} has shape {list(_stored_shape(t))}, expected {list(shape)}")
+            raise ThorError(
+                f"{path}: tensor {name} has shape {list(_stored_shape(t))}, expected {list(shape)}"
+            )
 
 
 def hybrid_gguf_weights(reader, cfg: HybridConfig, path: str | Path) -> dict[str, torch.Tensor]:
@@ -252,38 +298,42 @@ def hybrid_gguf_weights(reader, cfg: HybridConfig, path: str | Path) -> dict[str
     r = cfg.linear_num_value_heads // Hk
     tiled = cfg.arch == "qwen3_5" and r > 1
     out: dict[str, torch.Tensor] = {}
-    halves: dict[str, dict[str, torch.Tensor]] = {}   # in_proj_qkvz's two parts; gate_up_proj's
+    halves: dict[str, dict[str, torch.Tensor]] = {}  # in_proj_qkvz's two parts; gate_up_proj's
     for name, (hf, _, how) in plan.items():
         x = _dequantize(tensors[name], path)
         kind = name.split(".")[2] if name.startswith("blk.") else ""
-        if tiled and kind in ("attn_qkv", "ssm_conv1d"):        # [C, D] / [C, k]: only the v rows
+        if tiled and kind in ("attn_qkv", "ssm_conv1d"):  # [C, D] / [C, k]: only the v rows
             qk = 2 * cfg.key_dim
             x = torch.cat([x[:qk], untile(x[qk:], 0, Hk, r, dv)])
         elif tiled and kind in ("attn_gate", "ssm_beta", "ssm_alpha", "ssm_a", "ssm_dt"):
             x = untile(x, 0, Hk, r, dv if kind == "attn_gate" else 1)
-        elif tiled and kind == "ssm_out":                         # [D, Vd]: columns
+        elif tiled and kind == "ssm_out":  # [D, Vd]: columns
             x = untile(x, 1, Hk, r, dv)
         if how == SHIFTED:
             x = _preimage(x, lambda w: w + 1.0, x - 1.0)
         elif how == NEG_EXP:
             if bool((x > 0).any()):
-                raise ThorError(f"{path}: tensor {name} has positive values; it should hold -exp(A_log)")
+                raise ThorError(
+                    f"{path}: tensor {name} has positive values; it should hold -exp(A_log)"
+                )
             x = _preimage(x, lambda a: -a.exp(), torch.log(-x.double()).float())
         elif how == CONV:
-            x = x.unsqueeze(1)                                    # [C, 1, k] as HF's Conv1d
+            x = x.unsqueeze(1)  # [C, 1, k] as HF's Conv1d
         elif how == ROW:
-            x = x.reshape(1, -1)                                  # [1, D]
+            x = x.reshape(1, -1)  # [1, D]
         if hf.endswith(GATE_UP) or (cfg.arch == "qwen3_next" and kind in ("attn_qkv", "attn_gate")):
             halves.setdefault(hf, {})[kind] = x
         else:
             out[hf] = x
     for hf, parts in halves.items():
-        if hf.endswith(GATE_UP):                                  # [E, I, D] each -> [E, 2 I, D]
+        if hf.endswith(GATE_UP):  # [E, I, D] each -> [E, 2 I, D]
             out[hf] = torch.cat([parts["ffn_gate_exps"], parts["ffn_up_exps"]], dim=1)
             continue
-        qkv, z = parts["attn_qkv"], parts["attn_gate"]                      # [C, D], [Vd, D]
+        qkv, z = parts["attn_qkv"], parts["attn_gate"]  # [C, D], [Vd, D]
         D, Kd = qkv.shape[-1], cfg.key_dim
-        q, k, v = (t.reshape(Hk, -1, D) for t in qkv.split([Kd, Kd, cfg.value_dim]))  # [Hk, rows, D]
+        q, k, v = (
+            t.reshape(Hk, -1, D) for t in qkv.split([Kd, Kd, cfg.value_dim])
+        )  # [Hk, rows, D]
         # back to HF's grouping: per key head g, [q_g, k_g, v_g.., z_g..]
         out[hf] = torch.cat([q, k, v, z.reshape(Hk, -1, D)], dim=1).reshape(-1, D)
     return out

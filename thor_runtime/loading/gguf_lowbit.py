@@ -2,6 +2,7 @@
 own group scales (no fp32 copy of them is ever made). Everything else (embeddings, norms,
 projections in other formats) is dequantized by the ``gguf`` package as in gguf_weights;
 the model re-quantizes float projections to int4 where it needs to."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from thor_runtime.models.config import ModelConfig
 from thor_runtime.errors import ThorError
 from thor_runtime.kernels.lowbit import q4_blocks
 from thor_runtime.loading.gguf_weights import _hf_name, _unpermute
+from thor_runtime.models.config import ModelConfig
 
 _PROJ_SUFFIXES = ("_proj.weight",)
 _Q4 = ("Q4_0", "Q4_1")
@@ -59,7 +60,9 @@ def gguf_weights_int4(reader, cfg: ModelConfig, path: str | Path) -> dict[str, o
         try:
             arr = quants.dequantize(t.data, qtype)
         except NotImplementedError:
-            raise ThorError(f"{path}: tensor {t.name} has unsupported GGUF type {qtype.name}") from None
+            raise ThorError(
+                f"{path}: tensor {t.name} has unsupported GGUF type {qtype.name}"
+            ) from None
         arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if heads:
             arr = _unpermute(arr, heads)

@@ -5,6 +5,7 @@ undoing llama.cpp's Q/K row permutation (its converter interleaves the two RoPE
 halves; our model, like HF, rotates halves). Gated-DeltaNet hybrids have their own
 mapping (gguf_hybrid.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -13,17 +14,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from thor_runtime.models.config import ModelConfig
 from thor_runtime.errors import ThorError
 from thor_runtime.loading.gguf_fields import field_value
+from thor_runtime.models.config import ModelConfig
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 _GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen2": "qwen2"}
 
 
@@ -65,7 +77,7 @@ def gguf_architecture(path: str | Path) -> str | None:
                         return value.decode("utf-8", "replace")
                 elif kind in sizes:
                     f.seek(sizes[kind], 1)
-                else:               # an array (the vocabulary): read no further
+                else:  # an array (the vocabulary): read no further
                     return None
     except (OSError, struct.error):
         return None
@@ -73,14 +85,20 @@ def gguf_architecture(path: str | Path) -> str | None:
 
 
 def gguf_config(reader, path: str | Path) -> ModelConfig:
-    from thor_runtime.loading.gguf_hybrid import HYBRID_GGUF_ARCH, hybrid_gguf_config, is_hybrid_arch
+    from thor_runtime.loading.gguf_hybrid import (
+        HYBRID_GGUF_ARCH,
+        hybrid_gguf_config,
+        is_hybrid_arch,
+    )
 
     arch = field_value(reader, "general.architecture")
     if is_hybrid_arch(arch):
         return hybrid_gguf_config(reader, path, arch)
     if arch not in _GGUF_ARCH:
-        raise ThorError(f"{path}: unknown architecture {arch!r} "
-                        f"(supported: {', '.join([*_GGUF_ARCH, *HYBRID_GGUF_ARCH])})")
+        raise ThorError(
+            f"{path}: unknown architecture {arch!r} "
+            f"(supported: {', '.join([*_GGUF_ARCH, *HYBRID_GGUF_ARCH])})"
+        )
 
     def get(key, default=None, required=True):
         v = field_value(reader, f"{arch}.{key}", default)
@@ -99,11 +117,17 @@ def gguf_config(reader, path: str | Path) -> ModelConfig:
     if field_value(reader, f"{arch}.rope.scaling.type") == "linear":
         scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     return ModelConfig(
-        arch=_GGUF_ARCH[arch], vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")), num_layers=int(get("block_count")),
-        num_heads=n_heads, num_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
+        arch=_GGUF_ARCH[arch],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=n_heads,
+        num_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
         rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0, required=False)), rope_scaling=scaling,
+        rope_theta=float(get("rope.freq_base", 10000.0, required=False)),
+        rope_scaling=scaling,
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         max_position_embeddings=int(get("context_length", 2048, required=False)),
         name=str(field_value(reader, "general.name", Path(path).stem)),
@@ -131,8 +155,10 @@ def gguf_weights(reader, cfg: ModelConfig, path: str | Path) -> dict[str, torch.
     from gguf import GGMLQuantizationType, quants
 
     from thor_runtime.models.hybrid import is_hybrid_config
+
     if is_hybrid_config(cfg):
         from thor_runtime.loading.gguf_hybrid import hybrid_gguf_weights
+
         return hybrid_gguf_weights(reader, cfg, path)
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -143,7 +169,9 @@ def gguf_weights(reader, cfg: ModelConfig, path: str | Path) -> dict[str, torch.
         try:
             arr = quants.dequantize(t.data, qtype)
         except NotImplementedError:
-            raise ThorError(f"{path}: tensor {t.name} has unsupported GGUF type {qtype.name}") from None
+            raise ThorError(
+                f"{path}: tensor {t.name} has unsupported GGUF type {qtype.name}"
+            ) from None
         shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
         arr = np.array(arr, dtype=np.float32).reshape(shape)  # own, writable copy
         # llama.cpp permutes q/k only for the llama family; qwen converters keep HF order.

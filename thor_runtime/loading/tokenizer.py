@@ -4,6 +4,7 @@ The heavy lifting is done by the `tokenizers` library; this module only rebuilds
 GGUF describes (vocab, merges, split regex, special tokens) and adds what generation needs on top:
 the chat template, the set of ids that end a turn, and the raw bytes of every token.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,24 +22,33 @@ from thor_runtime.errors import ThorError
 # Split regexes, keyed by `tokenizer.ggml.pre`. BPE merges were learned on text cut into pieces by
 # one specific regex; cutting differently gives valid but different ids than the model saw in
 # training, so an unknown pre type is an error rather than a silent guess.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT2 = "gpt2"          # ByteLevel's built-in regex is exactly GPT-2's
-_SMOLLM = "smollm"      # llama.cpp: split every digit off first, then GPT-2's regex
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT2 = "gpt2"  # ByteLevel's built-in regex is exactly GPT-2's
+_SMOLLM = "smollm"  # llama.cpp: split every digit off first, then GPT-2's regex
 # No "default": llama.cpp's fallback for a missing pre type is its own odd multi-regex, not GPT-2's.
 _PRE_SPLITS = {
     "gpt2": _GPT2,
-    "smollm": _SMOLLM, "starcoder": _SMOLLM, "refact": _SMOLLM,
-    "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "smollm": _SMOLLM,
+    "starcoder": _SMOLLM,
+    "refact": _SMOLLM,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
 # Llama 3's tokenizer.json sets ignore_merges (a piece that is already a whole token is taken as is);
 # llama.cpp mirrors that for this pre type, so we do too.
 _IGNORE_MERGES = {"llama-bpe", "llama3", "smaug-bpe"}
 
-_CONTROL, _USER_DEFINED = 3, 4   # llama.cpp token_type values
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token_type values
 # Markers that close an assistant turn in common templates. Checked against the template text, so a
 # model is only given the stop ids its own template actually writes.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
@@ -61,8 +71,10 @@ _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 # A piece's bytes through str.translate: each alphabet char to its byte, each other char below
 # 256 to its UTF-8 bytes, all as latin-1 chars; a char past 255 outside the alphabet is left
 # as it is and fails the latin-1 encode (the slow path then spells it)
-_PIECE_TO_LATIN1 = {**{cp: chr(cp).encode("utf-8").decode("latin-1") for cp in range(256)},
-                    **{ord(c): chr(b) for c, b in _CHAR_TO_BYTE.items()}}
+_PIECE_TO_LATIN1 = {
+    **{cp: chr(cp).encode("utf-8").decode("latin-1") for cp in range(256)},
+    **{ord(c): chr(b) for c, b in _CHAR_TO_BYTE.items()},
+}
 _ALPHABET = frozenset(_CHAR_TO_BYTE)
 
 
@@ -71,12 +83,16 @@ def _byte_level_bytes(piece: str) -> bytes:
     try:
         return piece.translate(_PIECE_TO_LATIN1).encode("latin-1")
     except UnicodeEncodeError:
-        return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
+        return b"".join(
+            bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece
+        )
 
 
 def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
     # Jinja's own tojson HTML-escapes '<' and '&', which would corrupt tool schemas inside prompts.
-    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+    return json.dumps(
+        value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii
+    )
 
 
 def _raise(message):
@@ -93,14 +109,23 @@ def _read_json(path: Path) -> dict:
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the chat template and special ids generation needs."""
 
-    def __init__(self, tok: _HFTok, *, bos_token_id: int | None, eos_token_ids, add_bos: bool,
-                 chat_template: str | None, vocab_size: int, pieces: list[str] | None = None):
+    def __init__(
+        self,
+        tok: _HFTok,
+        *,
+        bos_token_id: int | None,
+        eos_token_ids,
+        add_bos: bool,
+        chat_template: str | None,
+        vocab_size: int,
+        pieces: list[str] | None = None,
+    ):
         self._tok = tok
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos
         self.vocab_size = vocab_size
         self.chat_template = chat_template
-        self._pieces = pieces            # GGUF token strings, kept so duplicate entries keep their bytes
+        self._pieces = pieces  # GGUF token strings, kept so duplicate entries keep their bytes
         self._compiled = None
         # Stop ids: the explicit ones first (order kept), then end-of-turn markers the template writes.
         ids = [i for i in eos_token_ids if i is not None]
@@ -113,7 +138,8 @@ class Tokenizer:
             # Done by the post-processor rather than by hand so encode_batch behaves the same.
             bos = tok.id_to_token(bos_token_id)
             tok.post_processor = processors.TemplateProcessing(
-                single=[bos, "$A"], pair=[bos, "$A", "$B:1"], special_tokens=[(bos, bos_token_id)])
+                single=[bos, "$A"], pair=[bos, "$A", "$B:1"], special_tokens=[(bos, bos_token_id)]
+            )
 
     # -- text <-> ids --------------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True) -> list[int]:
@@ -138,12 +164,12 @@ class Tokenizer:
             piece = self._pieces[i] if self._pieces is not None else self._tok.id_to_token(i)
             if piece is None:
                 out.append(b"")
-            elif i in added:             # added tokens are stored as literal text
+            elif i in added:  # added tokens are stored as literal text
                 out.append(piece.encode("utf-8"))
             elif byte_level:
                 out.append(_byte_level_bytes(piece))
             elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                out.append(bytes([int(piece[3:5], 16)]))     # sentencepiece byte-fallback token
+                out.append(bytes([int(piece[3:5], 16)]))  # sentencepiece byte-fallback token
             else:
                 out.append(piece.replace("\u2581", " ").encode("utf-8"))
         return out
@@ -155,8 +181,9 @@ class Tokenizer:
             raise ThorError("this model has no chat template; pass a raw prompt instead")
         if self._compiled is None:
             # Sandboxed because the template comes from the model file, i.e. from a stranger.
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[jinja2.ext.loopcontrols])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -164,16 +191,22 @@ class Tokenizer:
                 self._compiled = env.from_string(self.chat_template)
             except jinja2.TemplateError as e:
                 raise ThorError(f"chat template does not compile: {e}") from None
-        names = {"bos_token": self.bos_token_id, "eos_token": self.eos_token_ids[0] if self.eos_token_ids else None}
+        names = {
+            "bos_token": self.bos_token_id,
+            "eos_token": self.eos_token_ids[0] if self.eos_token_ids else None,
+        }
         specials = {k: self.id_to_token(v) if v is not None else "" for k, v in names.items()}
         try:
-            return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **specials, **extra)
+            return self._compiled.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **specials, **extra
+            )
         except jinja2.TemplateError as e:
             raise ThorError(f"chat template failed: {e}") from None
 
     def encode_chat(self, messages, add_generation_prompt: bool = True, **extra) -> list[int]:
-        ids = self.encode(self.render_chat(messages, add_generation_prompt, **extra), add_special=False)
+        ids = self.encode(
+            self.render_chat(messages, add_generation_prompt, **extra), add_special=False
+        )
         # Templates that want BOS write it themselves; add one only when the model wants it and the
         # template did not, so we never feed a double BOS.
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
@@ -189,11 +222,15 @@ class Tokenizer:
 
         kind = field("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise ThorError(f"unsupported tokenizer.ggml.model {kind!r} in GGUF (only byte-level BPE 'gpt2')")
+            raise ThorError(
+                f"unsupported tokenizer.ggml.model {kind!r} in GGUF (only byte-level BPE 'gpt2')"
+            )
         pre = field("tokenizer.ggml.pre")
         if pre not in _PRE_SPLITS:
-            raise ThorError(f"unsupported tokenizer.ggml.pre {pre!r} in GGUF "
-                            f"(supported: {', '.join(sorted(_PRE_SPLITS))})")
+            raise ThorError(
+                f"unsupported tokenizer.ggml.pre {pre!r} in GGUF "
+                f"(supported: {', '.join(sorted(_PRE_SPLITS))})"
+            )
         tokens, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.merges")
         if not tokens or merges is None:
             raise ThorError("GGUF has no tokenizer.ggml.tokens / tokenizer.ggml.merges")
@@ -207,8 +244,11 @@ class Tokenizer:
                 t = "".join(_BYTE_TO_CHAR[b] for b in t.encode("utf-8"))
             vocab[t] = i
         try:
-            bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                             ignore_merges=pre in _IGNORE_MERGES)
+            bpe = models.BPE(
+                vocab=vocab,
+                merges=[tuple(m.split(" ", 1)) for m in merges],
+                ignore_merges=pre in _IGNORE_MERGES,
+            )
         except Exception as e:  # tokenizers raises bare Exceptions for bad merges
             raise ThorError(f"GGUF tokenizer merges do not match its vocab: {e}") from None
         tok = _HFTok(bpe)
@@ -216,42 +256,76 @@ class Tokenizer:
         if split == _GPT2:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         elif split == _SMOLLM:
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Digits(individual_digits=True),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                ]
+            )
         else:
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
         tok.decoder = decoders.ByteLevel()
 
         # Control tokens (<|im_start|>, ...) must match whole in text and vanish on skip_special
         # decode; user-defined ones (<think>) must match whole but are ordinary text on decode.
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, ty in zip(tokens, types) if ty == _CONTROL])
-        tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+        tok.add_special_tokens(
+            [
+                AddedToken(t, special=True, normalized=False)
+                for t, ty in zip(tokens, types)
+                if ty == _CONTROL
+            ]
+        )
+        tok.add_tokens(
+            [
+                AddedToken(t, special=False, normalized=False)
+                for t, ty in zip(tokens, types)
+                if ty == _USER_DEFINED
+            ]
+        )
 
         # eos alone is not enough for ChatML: instruct models end a reply with <|im_end|>, while
         # many GGUFs (Qwen2, ...) set eos to <|endoftext|>; stopping on eos only would let the model
         # run on into an invented next turn. __init__ adds the markers the template uses.
         eos = [field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-        return cls(tok, bos_token_id=field("tokenizer.ggml.bos_token_id"), eos_token_ids=eos,
-                   add_bos=bool(field("tokenizer.ggml.add_bos_token", False)),
-                   chat_template=field("tokenizer.chat_template"), vocab_size=len(tokens), pieces=list(tokens))
+        return cls(
+            tok,
+            bos_token_id=field("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=eos,
+            add_bos=bool(field("tokenizer.ggml.add_bos_token", False)),
+            chat_template=field("tokenizer.chat_template"),
+            vocab_size=len(tokens),
+            pieces=list(tokens),
+        )
 
     @classmethod
     def from_hf_dir(cls, path) -> "Tokenizer":
         path = Path(path)
         tj = path / "tokenizer.json"
         if not tj.is_file():
-            raise ThorError(f"{path}: no tokenizer.json (only fast-tokenizer directories are supported)")
+            raise ThorError(
+                f"{path}: no tokenizer.json (only fast-tokenizer directories are supported)"
+            )
         try:
             tok = _HFTok.from_file(str(tj))
         except Exception as e:
-            raise ThorError(f"{tj}: cannot be loaded ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-        cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
-        gen = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+            raise ThorError(
+                f"{tj}: cannot be loaded ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
+        cfg = (
+            _read_json(path / "tokenizer_config.json")
+            if (path / "tokenizer_config.json").is_file()
+            else {}
+        )
+        gen = (
+            _read_json(path / "generation_config.json")
+            if (path / "generation_config.json").is_file()
+            else {}
+        )
 
         def special_id(name):
             v = cfg.get(name)
@@ -261,9 +335,13 @@ class Tokenizer:
         # Older configs list added tokens only here; register those that already have their id.
         for sid, info in (cfg.get("added_tokens_decoder") or {}).items():
             if isinstance(info, dict) and tok.token_to_id(info.get("content", "")) == int(sid):
-                at = AddedToken(info["content"], special=info.get("special", True),
-                                normalized=info.get("normalized", False),
-                                lstrip=info.get("lstrip", False), rstrip=info.get("rstrip", False))
+                at = AddedToken(
+                    info["content"],
+                    special=info.get("special", True),
+                    normalized=info.get("normalized", False),
+                    lstrip=info.get("lstrip", False),
+                    rstrip=info.get("rstrip", False),
+                )
                 (tok.add_special_tokens if at.special else tok.add_tokens)([at])
 
         # chat_template.jinja is where current transformers saves it; older ones keep it in the config,
@@ -284,6 +362,11 @@ class Tokenizer:
         add_bos = cfg.get("add_bos_token", bos is not None and probe[:1] == [bos])
         if not add_bos and bos is not None and probe[:1] == [bos]:
             tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
-        return cls(tok, bos_token_id=bos, eos_token_ids=[special_id("eos_token"), *gen_eos],
-                   add_bos=bool(add_bos) and bos is not None, chat_template=template,
-                   vocab_size=tok.get_vocab_size(with_added_tokens=True))
+        return cls(
+            tok,
+            bos_token_id=bos,
+            eos_token_ids=[special_id("eos_token"), *gen_eos],
+            add_bos=bool(add_bos) and bos is not None,
+            chat_template=template,
+            vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        )

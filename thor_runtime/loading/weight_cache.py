@@ -14,6 +14,7 @@ and the key with what the entry says. Any mismatch (another torch, a damaged or 
 stale source) refuses the entry and rebuilds it. Writes go to a temporary directory renamed
 into place.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,15 +31,19 @@ from thor_runtime.errors import ThorError
 from thor_runtime.fileio import ENV_CACHE_DIR, default_cache_dir
 from thor_runtime.kernels.lowbit import FusedPart, Int4Weight
 
-FORMAT = 2   # 2: the int4 kernel is part of the mode; q/k/v biases (qwen2) are stored
+FORMAT = 2  # 2: the int4 kernel is part of the mode; q/k/v biases (qwen2) are stored
 PROJECTIONS = {  # model field -> the HF tensors fused into it
     "wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "wo": ("self_attn.o_proj",),
     "w_gate_up": ("mlp.gate_proj", "mlp.up_proj"),
     "w_down": ("mlp.down_proj",),
 }
-NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-         "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+NORMS = {
+    "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+    "q_norm": "self_attn.q_norm",
+    "k_norm": "self_attn.k_norm",
+}
 
 
 def sha256_file(path: Path) -> str:
@@ -69,10 +74,13 @@ def source_sha256(root: Path, src: Path) -> str:
 
 def env_key(dtype: torch.dtype, kernel: str = "torch") -> str:
     """What a row-invariance verdict depends on besides kernel and shape."""
-    key = (f"torch={torch.__version__}|cpu={torch.backends.cpu.get_cpu_capability()}|"
-           f"threads={torch.get_num_threads()}|dtype={dtype}")
+    key = (
+        f"torch={torch.__version__}|cpu={torch.backends.cpu.get_cpu_capability()}|"
+        f"threads={torch.get_num_threads()}|dtype={dtype}"
+    )
     if kernel == "ort":
         import onnxruntime
+
         key += f"|onnxruntime={onnxruntime.__version__}"
     return key
 
@@ -98,7 +106,9 @@ def _entry_meta(entry: Path, key: dict) -> dict | None:
         return None
     if not isinstance(meta, dict) or any(meta.get(k) != v for k, v in key.items()):
         return None
-    if not (entry / "weights.safetensors").is_file() or not isinstance(meta.get("weights_sha256"), str):
+    if not (entry / "weights.safetensors").is_file() or not isinstance(
+        meta.get("weights_sha256"), str
+    ):
         return None
     return meta
 
@@ -111,7 +121,9 @@ class _HashCheck:
 
     def __init__(self, path: Path, want: str):
         self.want, self.digest = want, None
-        self._t = threading.Thread(target=self._run, args=(path,), name="thor-weights-sha256", daemon=True)
+        self._t = threading.Thread(
+            target=self._run, args=(path,), name="thor-weights-sha256", daemon=True
+        )
         self._t.start()
 
     def _run(self, path: Path) -> None:
@@ -130,7 +142,9 @@ def _weight_tensors(prefix: str, w) -> dict[str, torch.Tensor]:
     from thor_runtime.kernels.lowbit_ort import NBitsWeight
     from thor_runtime.models.dense import Int8Weight
 
-    w = getattr(w, "w", w) if not isinstance(w, (Int4Weight, NBitsWeight, Int8Weight)) else w  # RowLoop
+    w = (
+        getattr(w, "w", w) if not isinstance(w, (Int4Weight, NBitsWeight, Int8Weight)) else w
+    )  # RowLoop
     if isinstance(w, Int4Weight):
         parts = {"packed": w.packed, "sz": w.sz}
     elif isinstance(w, NBitsWeight):
@@ -155,8 +169,9 @@ def _weight_from(t: dict[str, torch.Tensor], prefix: str, rows: int | None = Non
     from thor_runtime.models.dense import Int8Weight
 
     if f"{prefix}.blob" in t:
-        return NBitsWeight.from_tensors({k: t[f"{prefix}.{k}"] for k in ("blob", "scale", "corr")
-                                         if f"{prefix}.{k}" in t})
+        return NBitsWeight.from_tensors(
+            {k: t[f"{prefix}.{k}"] for k in ("blob", "scale", "corr") if f"{prefix}.{k}" in t}
+        )
     if f"{prefix}.packed" in t:
         sz = t[f"{prefix}.sz"]
         return Int4Weight(t[f"{prefix}.packed"], sz, (rows or sz.shape[1], sz.shape[0] * 32))
@@ -192,8 +207,11 @@ def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
     projections, the head under PREPARED_HEAD)."""
     from thor_runtime.models.dense import PREPARED_HEAD
 
-    w: dict[str, object] = {"model.embed_tokens.weight": t["embed"], "model.norm.weight": t["final_norm"],
-                            PREPARED_HEAD: _weight_from(t, "head")}
+    w: dict[str, object] = {
+        "model.embed_tokens.weight": t["embed"],
+        "model.norm.weight": t["final_norm"],
+        PREPARED_HEAD: _weight_from(t, "head"),
+    }
     if "lm_head" in t:
         w["lm_head.weight"] = t["lm_head"]
     Dh = cfg.head_dim
@@ -214,7 +232,9 @@ def weights_from_prepared(cfg, t: dict[str, torch.Tensor]) -> dict[str, object]:
             if f"{i}.{field}" in t:
                 w[f"{p}{name}.weight"] = t[f"{i}.{field}"]
         if f"{i}.bqkv" in t:
-            bq = t[f"{i}.bqkv"].split([cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh])
+            bq = t[f"{i}.bqkv"].split(
+                [cfg.num_heads * Dh, cfg.num_kv_heads * Dh, cfg.num_kv_heads * Dh]
+            )
             for n, b in zip("qkv", bq):
                 w[f"{p}self_attn.{n}_proj.bias"] = b
     return w
@@ -270,26 +290,37 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
 
     from safetensors.torch import save_file
 
-    from thor_runtime.models.config import ModelConfig
-    from thor_runtime.kernels.lowbit_kernels import pick_int4_kernel
-    from thor_runtime.models.dense import TargetModel
     from thor_runtime.engine.runner import attach
-    from thor_runtime.loading.loaded import Loaded, gguf_config_and_tokenizer
+    from thor_runtime.kernels.lowbit_kernels import pick_int4_kernel
     from thor_runtime.loading.gguf_lowbit import gguf_weights_int4
+    from thor_runtime.loading.loaded import Loaded, gguf_config_and_tokenizer
     from thor_runtime.loading.tokenizer import Tokenizer
+    from thor_runtime.models.config import ModelConfig
+    from thor_runtime.models.dense import TargetModel
 
     kernel = pick_int4_kernel(int4_kernel)
     root = cache_root(cache_dir)
     if root is None:
         reader, cfg, tok = gguf_config_and_tokenizer(path)
-        model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                                   quant="int4", layout=layout, int4_kernel=kernel))
+        model = attach(
+            TargetModel(
+                cfg,
+                gguf_weights_int4(reader, cfg, path),
+                torch.bfloat16,
+                source=str(path),
+                quant="int4",
+                layout=layout,
+                int4_kernel=kernel,
+            )
+        )
         return Loaded(model, tok, cfg, str(path))
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ThorError(f"weight cache directory {root} is not writable ({e}); set {ENV_CACHE_DIR} "
-                        "or pass --cache-dir") from None
+        raise ThorError(
+            f"weight cache directory {root} is not writable ({e}); set {ENV_CACHE_DIR} "
+            "or pass --cache-dir"
+        ) from None
     mode = f"int4-{kernel}"
     key = entry_key(source_sha256(root, path), mode)
     entry = root / f"{key['source_sha256'][:24]}-{mode}"
@@ -306,20 +337,33 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
         except Exception:
             if hashed.ok():
                 raise
-            model = None                   # a damaged file the mapping or the kernel choked on
+            model = None  # a damaged file the mapping or the kernel choked on
         if hashed.ok() and model is not None:
             return Loaded(model, tok, cfg, str(path))
-        model = None                       # refused: its memory goes before the rebuild below
+        model = None  # refused: its memory goes before the rebuild below
     reader, cfg, tok = gguf_config_and_tokenizer(path)
-    model = attach(TargetModel(cfg, gguf_weights_int4(reader, cfg, path), torch.bfloat16, source=str(path),
-                               quant="int4", layout=layout, int4_kernel=kernel))     # its probes go in the entry
+    model = attach(
+        TargetModel(
+            cfg,
+            gguf_weights_int4(reader, cfg, path),
+            torch.bfloat16,
+            source=str(path),
+            quant="int4",
+            layout=layout,
+            int4_kernel=kernel,
+        )
+    )  # its probes go in the entry
     model.cache_hit = False
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
     try:
         save_file(prepared_tensors(model), str(tmp / "weights.safetensors"))
-        meta = {**key, "weights_sha256": sha256_file(tmp / "weights.safetensors"),
-                "verdicts": {ek: model.row_verdicts}, "config": asdict(cfg),
-                "tokenizer": tokenizer_fields(reader)}
+        meta = {
+            **key,
+            "weights_sha256": sha256_file(tmp / "weights.safetensors"),
+            "verdicts": {ek: model.row_verdicts},
+            "config": asdict(cfg),
+            "tokenizer": tokenizer_fields(reader),
+        }
         (tmp / "key.json").write_text(json.dumps(meta, indent=1))
         old = root / f".old-{entry.name}-{os.getpid()}"
         if entry.exists():
@@ -327,7 +371,9 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
         tmp.rename(entry)
         shutil.rmtree(old, ignore_errors=True)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # a cache that cannot be written only costs the next start
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # a cache that cannot be written only costs the next start
         return Loaded(model, tok, cfg, str(path))
     if kernel == "ort":
         # ORT may read the buffers its sessions were built on for as long as they live, so the
@@ -340,24 +386,44 @@ def load_int4_gguf(path: Path, cache_dir=None, layout: str = "auto", int4_kernel
     return Loaded(model, tok, cfg, str(path))
 
 
-def _model_from_entry(path: Path, entry: Path, meta: dict, cfg, ek: str, layout: str, kernel: str,
-                      hashed: _HashCheck | None = None):
+def _model_from_entry(
+    path: Path,
+    entry: Path,
+    meta: dict,
+    cfg,
+    ek: str,
+    layout: str,
+    kernel: str,
+    hashed: _HashCheck | None = None,
+):
     """The int4 TargetModel on an entry's memory-mapped weights. hashed: the file's check under
     way (None: the file was just written); the verdicts of a new CPU environment are added to
     key.json only once it passed."""
     from safetensors import safe_open
 
-    from thor_runtime.models.dense import TargetModel
     from thor_runtime.engine.runner import attach
+    from thor_runtime.models.dense import TargetModel
 
-    with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:   # memory-mapped
+    with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:  # memory-mapped
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     verdicts = dict(meta.get("verdicts", {}).get(ek, {}))
     known = set(verdicts)
-    model = attach(TargetModel(cfg, weights_from_prepared(cfg, tensors), torch.bfloat16, source=str(path),
-                               quant="int4", layout=layout, row_verdicts=verdicts, int4_kernel=kernel))
+    model = attach(
+        TargetModel(
+            cfg,
+            weights_from_prepared(cfg, tensors),
+            torch.bfloat16,
+            source=str(path),
+            quant="int4",
+            layout=layout,
+            row_verdicts=verdicts,
+            int4_kernel=kernel,
+        )
+    )
     model.cache_hit = True
-    if set(verdicts) != known and (hashed is None or hashed.ok()):  # a new CPU environment: remember its probes too
+    if set(verdicts) != known and (
+        hashed is None or hashed.ok()
+    ):  # a new CPU environment: remember its probes too
         meta.setdefault("verdicts", {})[ek] = verdicts
         _atomic_write_text(entry / "key.json", json.dumps(meta, indent=1))
     return model

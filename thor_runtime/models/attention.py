@@ -1,5 +1,6 @@
 """The math every mixer shares: RMSNorm, rotary position tables, and scaled dot-product
 attention with grouped KV heads at the sizes decode and verify call it."""
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         y = F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
     xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w     # w is kept in fp32
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w  # w is kept in fp32
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
@@ -29,7 +30,11 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     if kind == "linear":
         inv = inv / float(rs["factor"])
     elif kind == "llama3":
-        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        factor, lo, hi = (
+            float(rs["factor"]),
+            float(rs["low_freq_factor"]),
+            float(rs["high_freq_factor"]),
+        )
         old = float(rs["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         smooth = (old / wavelen - lo) / (hi - lo)
@@ -53,8 +58,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 SMALL_ATTN_ROWS = 64
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """Scaled dot-product attention with grouped KV heads.
 
     q [..., H, T, Dh]; k, v [..., Hkv, n, Dh] with H a multiple of Hkv (query head h reads KV
@@ -64,22 +74,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     H, T, Dh = q.shape[-3:]
     Hkv, n = k.shape[-3], k.shape[-2]
     if T > SMALL_ATTN_ROWS or (causal and T > 1):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=H != Hkv)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=H != Hkv
+        )
     g, lead = H // Hkv, q.shape[:-3]
     if T == 1 and mask is None and q.dim() == 3:
         # One query row: a decode step, and each row of an exact verify (both come here, so
         # they share the bits). bmm and an in-place scale: ~1 ms less per step than the
         # broadcasting matmuls below (SmolLM2-135M, 30 layers), the same kernels and bits.
-        s = torch.bmm(q.reshape(Hkv, g, Dh), k.transpose(1, 2)).mul_(Dh ** -0.5)  # [Hkv, g, n]
+        s = torch.bmm(q.reshape(Hkv, g, Dh), k.transpose(1, 2)).mul_(Dh**-0.5)  # [Hkv, g, n]
         return torch.bmm(torch.softmax(s, -1, dtype=torch.float32).to(v.dtype), v).view(H, 1, Dh)
     # The g query heads of one KV head share its keys: fold them into the row dim, so one
     # matmul per KV head replaces a copy of K/V per query head.
-    qg = q.reshape(*lead, Hkv, g * T, Dh)                                      # [..., Hkv, gT, Dh]
-    s = torch.matmul(qg, k.transpose(-1, -2)) * (Dh ** -0.5)                  # [..., Hkv, gT, n]
+    qg = q.reshape(*lead, Hkv, g * T, Dh)  # [..., Hkv, gT, Dh]
+    s = torch.matmul(qg, k.transpose(-1, -2)) * (Dh**-0.5)  # [..., Hkv, gT, n]
     if mask is not None:
         s = s.view(*lead, Hkv, g, T, n)
-        s = s + mask if mask.is_floating_point() else s.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+        s = (
+            s + mask
+            if mask.is_floating_point()
+            else s.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+        )
         s = s.view(*lead, Hkv, g * T, n)
     p = torch.softmax(s, dim=-1, dtype=torch.float32).to(v.dtype)
-    return torch.matmul(p, v).view(*lead, H, T, Dh)                           # [..., H, T, Dh]
+    return torch.matmul(p, v).view(*lead, H, T, Dh)  # [..., H, T, Dh]

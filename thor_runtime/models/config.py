@@ -1,4 +1,5 @@
 """Frozen, validated configuration for the target model."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ def check_attention_dims(what: str, cfg, sizes: tuple[str, ...]) -> None:
         if int(getattr(cfg, k)) <= 0:
             raise ThorError(f"{what}: {k} must be positive, got {getattr(cfg, k)}")
     if cfg.num_heads % cfg.num_kv_heads:
-        raise ThorError(f"{what}: num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+        raise ThorError(
+            f"{what}: num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}"
+        )
     if cfg.head_dim % 2:
         raise ThorError(f"{what}: head_dim {cfg.head_dim} must be even for RoPE")
 
@@ -52,15 +55,30 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
-            raise ThorError(f"unknown architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}")
-        check_attention_dims("model config", self, ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                                    "num_heads", "num_kv_heads", "head_dim",
-                                                    "max_position_embeddings"))
+            raise ThorError(
+                f"unknown architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
+        check_attention_dims(
+            "model config",
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "max_position_embeddings",
+            ),
+        )
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if kind not in ("default", "linear", "llama3"):
-                raise ThorError(f"model config: rope_scaling type {kind!r} is not supported "
-                                "(supported: linear, llama3)")
+                raise ThorError(
+                    f"model config: rope_scaling type {kind!r} is not supported "
+                    "(supported: linear, llama3)"
+                )
 
     @property
     def qk_norm(self) -> bool:

@@ -4,6 +4,7 @@ Every caller — the generation loop, the proposers' taps, calibration, the self
 target through this interface and nothing else: no test of which class it is. What runs a
 dense target's forwards faster is not part of it (runner.py).
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -13,19 +14,25 @@ import torch
 
 @runtime_checkable
 class Target(Protocol):
-    cfg: Any                 # ModelConfig or HybridConfig: num_layers (the tap layers 0..n-1), context
+    cfg: Any  # ModelConfig or HybridConfig: num_layers (the tap layers 0..n-1), context
     device: torch.device
-    dtype: torch.dtype       # activations
+    dtype: torch.dtype  # activations
     # Its cache holds recurrent state: no prefix reuse (the state cannot be cut back to a
     # shorter start), and a rollback serves one forward (verifies padded, not fixed-shape).
     is_hybrid: bool
-    backend: Any             # an attached engine for the dense segments, or None
+    backend: Any  # an attached engine for the dense segments, or None
 
     def new_cache(self, capacity: int, kv_dtype: str = "fp32", kv_scales=None, **options) -> Any:
         """An empty cache for ``capacity`` positions (a KVCache; hybrids add recurrent state)."""
 
-    def prefill(self, ids: torch.Tensor, cache, chunk: int = 0, taps: tuple[int, ...] = (),
-                tap_rows: int = 0):
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        cache,
+        chunk: int = 0,
+        taps: tuple[int, ...] = (),
+        tap_rows: int = 0,
+    ):
         """ids [T] -> ForwardOut: last-row logits [1, V], taps {layer: [tap_rows, D]}."""
 
     def verify(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = (), cols=None):
@@ -33,6 +40,12 @@ class Target(Protocol):
         the bits a 1-row step at its position gives. cols: the token ids whose logits the caller
         reads (None: all); the others may be left at -inf."""
 
-    def forward(self, ids: torch.Tensor, cache, taps: tuple[int, ...] = (), logits_rows: str | slice = "all",
-                exact: bool = False):
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache,
+        taps: tuple[int, ...] = (),
+        logits_rows: str | slice = "all",
+        exact: bool = False,
+    ):
         """ids [T] continue the sequence in ``cache`` -> ForwardOut."""

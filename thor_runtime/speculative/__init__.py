@@ -4,17 +4,26 @@
 its K, the draft budget and relaxed acceptance, as one frozen value — is assembled; the
 generation loop, the planner, calibration and the benchmarks all take it ready-made.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from thor_runtime.config import NGRAM_SIZES, SPEC_METHODS
+from thor_runtime.config import SpeculationSettings as _Defaults
 from thor_runtime.errors import ThorError
-from thor_runtime.config import NGRAM_SIZES, SPEC_METHODS, SpeculationSettings as _Defaults
 from thor_runtime.speculative.budget import DraftBudget
+
 # drafter discovery and staleness (weights_kind and DRAFTERS_DIR are part of this package's API)
-from thor_runtime.speculative.shipped import DRAFTERS_DIR, drafter_for, pick_drafter, require_drafter_for, weights_kind
+from thor_runtime.speculative.shipped import (
+    DRAFTERS_DIR,
+    drafter_for,
+    pick_drafter,
+    require_drafter_for,
+    weights_kind,
+)
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from thor_runtime.speculative.accept import RelaxedConfig
@@ -32,19 +41,25 @@ DEFAULT_DRAFTER = DRAFTERS_DIR / "smollm2-135m-dflash"
 @dataclass(frozen=True)
 class SpecOptions:
     method: str = "none"
-    drafter: str | None = None        # DFlash checkpoint dir; None = the shipped one trained for the target
-    block_size: int | None = None     # DFlash block B (K = B - 1); None = the drafter's own
-    window: int = _Defaults.window    # DFlash per-token context window W
-    seed_window: bool = _Defaults.seed_window   # fill the window from the prompt tail at prefill
+    drafter: str | None = (
+        None  # DFlash checkpoint dir; None = the shipped one trained for the target
+    )
+    block_size: int | None = None  # DFlash block B (K = B - 1); None = the drafter's own
+    window: int = _Defaults.window  # DFlash per-token context window W
+    seed_window: bool = _Defaults.seed_window  # fill the window from the prompt tail at prefill
     ngram_k: int = _Defaults.ngram_k
     ngram_min: int = NGRAM_SIZES[0]
     ngram_max: int = NGRAM_SIZES[1]
-    fixed_k: bool = _Defaults.fixed_k   # verify all K drafts every cycle (no draft budget)
-    lookup_rate: float = _Defaults.lookup_rate   # combined: prior per-token acceptance of a lookup draft
+    fixed_k: bool = _Defaults.fixed_k  # verify all K drafts every cycle (no draft budget)
+    lookup_rate: float = (
+        _Defaults.lookup_rate
+    )  # combined: prior per-token acceptance of a lookup draft
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:
-            raise ThorError(f"unknown --spec {self.method!r}; choose one of {', '.join(SPEC_METHODS)}")
+            raise ThorError(
+                f"unknown --spec {self.method!r}; choose one of {', '.join(SPEC_METHODS)}"
+            )
         object.__setattr__(self, "method", SPEC_ALIASES.get(self.method, self.method))
         if self.block_size is not None and self.block_size < 2:
             raise ThorError(f"block size must be >= 2, got {self.block_size}")
@@ -61,10 +76,13 @@ class Speculation:
     The proposer holds per-sequence state (its window), reset by ``start`` at each prefill:
     one Speculation serves one sequence at a time.
     """
+
     proposer: Proposer | None = None
-    k: int = 0                               # drafts per cycle at most
-    budget: DraftBudget | None = None        # how many of them to verify; None = always k
-    relaxed: RelaxedConfig | None = None     # relaxed acceptance: thinking span, free-text spans (greedy)
+    k: int = 0  # drafts per cycle at most
+    budget: DraftBudget | None = None  # how many of them to verify; None = always k
+    relaxed: RelaxedConfig | None = (
+        None  # relaxed acceptance: thinking span, free-text spans (greedy)
+    )
     # What an unconstrained request (free text) runs instead, if not this: ``auto`` pairs the
     # planner-trained drafter (constrained plans) with prompt lookup for free text, where the
     # drafter is off its distribution and would only cost its forwards until the budget pauses
@@ -106,11 +124,15 @@ def _dflash(opts: SpecOptions, model, drafter=None):
     if drafter is None:
         path = Path(opts.drafter) if opts.drafter else require_drafter_for(model).path
         if not path.exists():
-            raise ThorError(f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
-                            "`thor calib distill`)")
+            raise ThorError(
+                f"DFlash drafter not found: {path} (pass --drafter DIR, or train one with "
+                "`thor calib distill`)"
+            )
         drafter = load_drafter(path, model.cfg)
     block = opts.block_size or drafter.cfg.block_size
-    p = DFlashProposer(drafter, model, window=opts.window, seed_window=opts.seed_window, block_size=block)
+    p = DFlashProposer(
+        drafter, model, window=opts.window, seed_window=opts.seed_window, block_size=block
+    )
     return p, block - 1
 
 
@@ -127,15 +149,24 @@ def shipped_drafter_fits(model) -> bool:
     return drafter_for(model) is not None
 
 
-_BUILDERS = {"none": lambda opts, model, drafter=None: (None, 0), "ngram": _ngram, "dflash": _dflash,
-             "combined": _combined,
-             # auto runs the combined proposer: pick_drafter (shipped.py) has already routed it to
-             # prompt lookup where no current drafter fits the target
-             "auto": _combined}
+_BUILDERS = {
+    "none": lambda opts, model, drafter=None: (None, 0),
+    "ngram": _ngram,
+    "dflash": _dflash,
+    "combined": _combined,
+    # auto runs the combined proposer: pick_drafter (shipped.py) has already routed it to
+    # prompt lookup where no current drafter fits the target
+    "auto": _combined,
+}
 
 
-def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = None,
-                      drafter=None, plan_format: str | None = None) -> Speculation:
+def build_speculation(
+    opts: SpecOptions,
+    model,
+    relaxed: RelaxedConfig | None = None,
+    drafter=None,
+    plan_format: str | None = None,
+) -> Speculation:
     """The one constructor of a Speculation from user-facing options.
 
     drafter: a DFlash drafter already in memory (one just distilled, evaluated before it is
@@ -163,12 +194,38 @@ def build_speculation(opts: SpecOptions, model, relaxed: RelaxedConfig | None = 
     if opts.method == "auto" and not opts.fixed_k:
         from thor_runtime.speculative.auto import with_cost_policy
 
-        spec = with_cost_policy(spec, opts)   # the choice per request, from the cost curve (auto.py)
+        spec = with_cost_policy(spec, opts)  # the choice per request, from the cost curve (auto.py)
     return spec
 
 
 # ---- the names other packages import from here, loaded on first use ----
-_LAZY = ["Arm", "auto_state_of", "load_auto_state", "restore_auto_state", "save_auto_state", "DEFAULT_TIE_TOL", "DFlashConfig", "DFlashDrafter", "DFlashProposer", "DRAFTER_METHODS", "DraftVocab", "RelaxedConfig", "block_attention_mask", "default_tap_layers", "first_divergence", "format_stale", "judge", "load_drafter", "measure", "require_drafter_for", "response_counts", "save_drafter", "summarize", "timed_verifies", "verify_calls"]
+_LAZY = [
+    "Arm",
+    "auto_state_of",
+    "load_auto_state",
+    "restore_auto_state",
+    "save_auto_state",
+    "DEFAULT_TIE_TOL",
+    "DFlashConfig",
+    "DFlashDrafter",
+    "DFlashProposer",
+    "DRAFTER_METHODS",
+    "DraftVocab",
+    "RelaxedConfig",
+    "block_attention_mask",
+    "default_tap_layers",
+    "first_divergence",
+    "format_stale",
+    "judge",
+    "load_drafter",
+    "measure",
+    "require_drafter_for",
+    "response_counts",
+    "save_drafter",
+    "summarize",
+    "timed_verifies",
+    "verify_calls",
+]
 
 
 def __getattr__(name: str):
@@ -179,8 +236,13 @@ def __getattr__(name: str):
         from thor_runtime.speculative import auto as module
     elif name in ("auto_state_of", "load_auto_state", "restore_auto_state", "save_auto_state"):
         from thor_runtime.speculative import auto_state as module
-        name = {"auto_state_of": "state", "load_auto_state": "load", "restore_auto_state": "restore",
-                "save_auto_state": "save"}[name]
+
+        name = {
+            "auto_state_of": "state",
+            "load_auto_state": "load",
+            "restore_auto_state": "restore",
+            "save_auto_state": "save",
+        }[name]
     elif name in ("measure", "timed_verifies", "verify_calls"):
         from thor_runtime.speculative import cost as module
     elif name in ("DFlashProposer",):

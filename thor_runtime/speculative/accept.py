@@ -8,20 +8,21 @@ accepted. So a cycle commits 1..K+1 tokens, and K = 0 is plain decoding.
 Every policy takes ``logits [K+1, V]`` where row j is the target's prediction after
 the anchor and drafts d1..dj, and returns ``(n_accepted, committed)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import RELAXED_MARGINS
 from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.errors import ThorError
 
 
 def accept_strict(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, list[int]]:
     """Greedy: keep drafts equal to the target argmax; then the argmax at the first miss."""
-    return accept_greedy(rows_argmax(logits), drafts)                   # [K+1]: the one sync of a cycle
+    return accept_greedy(rows_argmax(logits), drafts)  # [K+1]: the one sync of a cycle
 
 
 def rows_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -29,7 +30,11 @@ def rows_argmax(logits: torch.Tensor) -> torch.Tensor:
     numpy's, on the logits' own memory: torch's argmax of several 151,936-wide rows runs on its
     OpenMP pool, whose threads then spin on the cores the next verify's threads need (prompt
     lookup on chat decoded ~1.15x faster without it, docs/performance.md)."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64, torch.float16):
+    if logits.device.type == "cpu" and logits.dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+    ):
         return torch.from_numpy(logits.detach().numpy().argmax(-1))
     return logits.argmax(-1)
 
@@ -72,7 +77,9 @@ class RelaxedConfig:
         if self.begin_id is not None and self.begin_id == self.end_id:
             raise ThorError("relaxed acceptance: begin and end thinking tokens must differ")
         if self.begin_id is None and not self.spans:
-            raise ThorError("relaxed acceptance needs a thinking span or free-text spans; neither is set")
+            raise ThorError(
+                "relaxed acceptance needs a thinking span or free-text spans; neither is set"
+            )
 
 
 def in_thinking(seq: list[int], cfg: RelaxedConfig) -> bool:
@@ -101,15 +108,16 @@ def thinking_flags(drafts: list[int], inside: bool, cfg: RelaxedConfig) -> list[
     return out
 
 
-def accept_relaxed_at(logits: torch.Tensor, drafts: torch.Tensor, relax: list[bool],
-                      cfg: RelaxedConfig) -> tuple[int, list[int], int]:
+def accept_relaxed_at(
+    logits: torch.Tensor, drafts: torch.Tensor, relax: list[bool], cfg: RelaxedConfig
+) -> tuple[int, list[int], int]:
     """``relax[j]``: draft j may be kept by the relaxed rule; every other draft must equal the
     target's argmax. -> (n_accepted, committed, how many of the accepted the relaxed rule kept
     that strict acceptance would have refused)."""
-    target = logits.argmax(-1)                                          # [K+1]
+    target = logits.argmax(-1)  # [K+1]
     k = drafts.shape[0]
     if cfg.margin == "prob":
-        score = torch.softmax(logits.float(), dim=-1)                   # [K+1, V]
+        score = torch.softmax(logits.float(), dim=-1)  # [K+1, V]
     else:
         score = logits.float()
     n = relaxed = 0
@@ -127,17 +135,24 @@ def accept_relaxed_at(logits: torch.Tensor, drafts: torch.Tensor, relax: list[bo
     return n, drafts[:n].tolist() + [int(target[n])], relaxed
 
 
-def accept_relaxed(logits: torch.Tensor, drafts: torch.Tensor, inside: bool,
-                   cfg: RelaxedConfig) -> tuple[int, list[int]]:
+def accept_relaxed(
+    logits: torch.Tensor, drafts: torch.Tensor, inside: bool, cfg: RelaxedConfig
+) -> tuple[int, list[int]]:
     """``inside``: whether the anchor is inside a thinking span. Outside the span, and
     for the draft that closes it, the check is strict; a begin token opens it for the
     drafts after it."""
-    n, committed, _ = accept_relaxed_at(logits, drafts, thinking_flags(drafts.tolist(), inside, cfg), cfg)
+    n, committed, _ = accept_relaxed_at(
+        logits, drafts, thinking_flags(drafts.tolist(), inside, cfg), cfg
+    )
     return n, committed
 
 
-def accept_sampling(probs: torch.Tensor, drafts: torch.Tensor, gen: torch.Generator,
-                    draft_probs: torch.Tensor | None = None) -> tuple[int, list[int]]:
+def accept_sampling(
+    probs: torch.Tensor,
+    drafts: torch.Tensor,
+    gen: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> tuple[int, list[int]]:
     """Speculative sampling (Leviathan et al.; Chen et al.).
 
     probs [K+1, V]: the target distribution per row; draft_probs [K, V]: the proposal's

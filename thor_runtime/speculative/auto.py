@@ -36,6 +36,7 @@ curve): each class weighs the two curves by the share of its verify rows that di
 
 Drafts never decide which token is committed: all of this changes speed, never output.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -51,21 +52,22 @@ CLASSES = ("constrained", "free")
 # target, and the prior fades as the request's own cycles come in. On free text the
 # planner drafter is off its distribution and accepts almost nothing (docs/performance.md).
 DRAFTER_PRIOR = {"constrained": 0.9, "free": 0.3}
-DRAFTER_COST_PRIOR = 0.25     # its forward per cycle, in 1-row steps, until measured
-PRIOR_WEIGHT = 2.0            # pseudo-observations behind each position's prior
-DECAY = 1 - 1 / 64            # older observations fade: about the last 64 count per position
-EWMA = 0.1                    # weight of the newest cycle in the running costs and rates
+DRAFTER_COST_PRIOR = 0.25  # its forward per cycle, in 1-row steps, until measured
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind each position's prior
+DECAY = 1 - 1 / 64  # older observations fade: about the last 64 count per position
+EWMA = 0.1  # weight of the newest cycle in the running costs and rates
 # ... and in the share that describes the text (how often the proposer has a draft): it differs
 # between requests far more than costs do, and at 0.1 it held the last ~10 cycles of one
 # request, which is what the next request was judged on
 SHARE_EWMA = 1 / 64
-LOW_K = 2                     # drafts per probing cycle
-PROBE_EVERY, PROBE_GAP = 4, 32    # cycles (within a request) or requests (between them)
+LOW_K = 2  # drafts per probing cycle
+PROBE_EVERY, PROBE_GAP = 4, 32  # cycles (within a request) or requests (between them)
 
 
 @dataclass
 class _Track:
     """Acceptance per draft position (decayed counts) and how often a draft came, in one context."""
+
     sums: list[float]
     counts: list[float]
     offer: float = 1.0
@@ -83,17 +85,31 @@ class _Track:
 class Arm:
     """One candidate of one class: a proposer (None: plain decoding), its K, what it has shown."""
 
-    def __init__(self, name: str, proposer, kmax: int, prior: float = 0.0, draft_cost: float = 0.0,
-                 fallback: bool = False):
-        self.name, self.proposer, self.kmax, self.prior = name, proposer, kmax if proposer else 0, prior
+    def __init__(
+        self,
+        name: str,
+        proposer,
+        kmax: int,
+        prior: float = 0.0,
+        draft_cost: float = 0.0,
+        fallback: bool = False,
+    ):
+        self.name, self.proposer, self.kmax, self.prior = (
+            name,
+            proposer,
+            kmax if proposer else 0,
+            prior,
+        )
         # a fallback runs only where every other proposer of its class falls behind plain
         # decoding, and is never probed otherwise (with_cost_policy says why)
         self.fallback = fallback
-        self.tracks = tuple(_Track([0.0] * self.kmax, [0.0] * self.kmax) for _ in range(2))  # cold, hot
-        self.draft = draft_cost       # steps per cycle it is asked to draft
-        self.keep = 0.0               # steps per cycle (commit: the drafter's window)
-        self.since_best = 0           # requests of its class since it was last the best
-        self.owed = False             # a probe came due and has not run yet (one probe per request)
+        self.tracks = tuple(
+            _Track([0.0] * self.kmax, [0.0] * self.kmax) for _ in range(2)
+        )  # cold, hot
+        self.draft = draft_cost  # steps per cycle it is asked to draft
+        self.keep = 0.0  # steps per cycle (commit: the drafter's window)
+        self.since_best = 0  # requests of its class since it was last the best
+        self.owed = False  # a probe came due and has not run yet (one probe per request)
 
     def accepted(self, hot: int, kmax: int) -> list[float]:
         """[kmax]: entry K - 1 is the drafts a K-draft cycle is expected to have accepted,
@@ -104,8 +120,9 @@ class Arm:
             out.append(run + (out[-1] if out else 0.0))
         return out
 
-    def best_k(self, curve: CostCurve, kmax: int, hot: int, forced: float, rest: float = 0.0
-               ) -> tuple[int, float, float]:
+    def best_k(
+        self, curve: CostCurve, kmax: int, hot: int, forced: float, rest: float = 0.0
+    ) -> tuple[int, float, float]:
         """-> (K, E[K], T[K]) with the largest E / T, K <= kmax (the module doc's formulas)."""
         base = curve(1 + forced)
         best = (0, 1 + forced, base + self.keep + rest)
@@ -114,7 +131,13 @@ class Arm:
         t = self.tracks[hot]
         for K, total in enumerate(self.accepted(hot, kmax), start=1):
             e = 1 + forced + t.offer * total
-            cost = t.offer * curve(1 + forced + K) + (1 - t.offer) * base + self.draft + self.keep + rest
+            cost = (
+                t.offer * curve(1 + forced + K)
+                + (1 - t.offer) * base
+                + self.draft
+                + self.keep
+                + rest
+            )
             if e * best[2] > best[1] * cost:
                 best = (K, e, cost)
         return best
@@ -135,8 +158,10 @@ class Arm:
         which draft on every cycle: on chat a probe of the combination showed it hot a quarter
         of the time and level with lookup, the next request ran it as the best, paused and cold
         nearly throughout, at 0.77x lookup (docs/speculative-decoding.md)."""
+
         def turns_hot(track: _Track) -> float:
             return track.offer * track.rates(self.prior)[0] if self.kmax else 0.0
+
         cold, hot = self.tracks
         up = turns_hot(cold) * (1.0 if k0 else 1 / PROBE_GAP)
         stay = turns_hot(hot) if k1 else 0.0
@@ -154,10 +179,12 @@ class Arm:
 class _Class:
     name: str
     arms: list[Arm]
-    forced: float = 0.0           # grammar-forced tokens per cycle, running mean
-    by_id: float = 0.0            # share of its verify rows that read only some logits, running mean
-    shared_rate: float = 0.0      # tokens per 1-row step of a whole shared round, running mean (0: none yet)
-    rest: float = 0.0             # steps a cycle spends besides its verify, drafting and upkeep, running mean
+    forced: float = 0.0  # grammar-forced tokens per cycle, running mean
+    by_id: float = 0.0  # share of its verify rows that read only some logits, running mean
+    shared_rate: float = (
+        0.0  # tokens per 1-row step of a whole shared round, running mean (0: none yet)
+    )
+    rest: float = 0.0  # steps a cycle spends besides its verify, drafting and upkeep, running mean
 
     def curve(self, curve: CostCurve) -> CostCurve:
         """What this class's verifies cost: ``curve``'s two kinds, weighed by how it verifies."""
@@ -169,8 +196,11 @@ class AutoPolicy:
     process (one Speculation). ``pick`` chooses for one request."""
 
     def __init__(self, constrained: list[Arm], free: list[Arm]):
-        self.classes = {"constrained": _Class("constrained", constrained), "free": _Class("free", free)}
-        self.step_s = 0.0         # seconds of a 1-row step now (running: the machine's load moves it)
+        self.classes = {
+            "constrained": _Class("constrained", constrained),
+            "free": _Class("free", free),
+        }
+        self.step_s = 0.0  # seconds of a 1-row step now (running: the machine's load moves it)
 
     @property
     def rows(self) -> int:
@@ -185,6 +215,7 @@ class AutoPolicy:
 
         def score(a: Arm) -> tuple[float, bool]:
             return a.rate(curve, c.forced, c.rest), a.proposer is None
+
         best = max((a for a in c.arms if not a.fallback), key=score)
         # plain decoding leads: a fallback may still beat it
         return max(c.arms, key=score) if best.proposer is None else best
@@ -196,12 +227,22 @@ class AutoPolicy:
         best = self.choice(constrained, curve)
         for a in c.arms:
             a.since_best = 0 if a is best else a.since_best + 1
-            a.owed = a is not best and a.proposer is not None and not a.fallback and (
-                a.owed or request_probe_due(a.since_best))
+            a.owed = (
+                a is not best
+                and a.proposer is not None
+                and not a.fallback
+                and (a.owed or request_probe_due(a.since_best))
+            )
         arm = next((a for a in c.arms if a.owed), best)
         arm.owed = False
-        return replace(spec, proposer=arm.proposer, k=arm.kmax, budget=CostBudget(self, c, arm, curve, arm is not best),
-                       free_text=None, auto=None)
+        return replace(
+            spec,
+            proposer=arm.proposer,
+            k=arm.kmax,
+            budget=CostBudget(self, c, arm, curve, arm is not best),
+            free_text=None,
+            auto=None,
+        )
 
     def observe_step(self, verify_s: float, steps: float) -> None:
         """A verify took ``verify_s`` seconds where the curve says ``steps`` 1-row steps."""
@@ -227,6 +268,7 @@ class _Request:
     """One request's state in the loop: the context (hot after an accepting cycle), paused
     cycles in a row (probes that failed included), this cycle's K and whether it is a probe,
     and the K chosen per drafting cycle (the stats)."""
+
     hot: int = 0
     paused: int = 0
     cap: int = 0
@@ -237,7 +279,9 @@ class _Request:
 class CostBudget:
     """The draft budget of one auto request: K per cycle from the cost curve (module doc)."""
 
-    def __init__(self, policy: AutoPolicy, cls: _Class, arm: Arm, curve: CostCurve, probe: bool = False):
+    def __init__(
+        self, policy: AutoPolicy, cls: _Class, arm: Arm, curve: CostCurve, probe: bool = False
+    ):
         self.policy, self.cls, self.arm, self.curve, self.probe = policy, cls, arm, curve, probe
         if policy.step_s <= 0 and curve.step_s > 0:
             policy.step_s = curve.step_s
@@ -250,7 +294,9 @@ class CostBudget:
         in ``state`` for ``update``."""
         K = 0
         if self.arm.proposer is not None and k > 0:
-            K = self.arm.best_k(self.cls.curve(self.curve), min(k, self.arm.kmax), state.hot, forced, self.cls.rest)[0]
+            K = self.arm.best_k(
+                self.cls.curve(self.curve), min(k, self.arm.kmax), state.hot, forced, self.cls.rest
+            )[0]
             if self.probe:
                 # A probe request is there to measure its proposer: it drafts every cycle. Paused
                 # on its prior it saw a handful of cycles, and one lucky one made the next
@@ -277,7 +323,9 @@ class CostBudget:
         arm, best = self.arm, 0
         if arm.proposer is not None and k > 0:
             curve = self.cls.curve(self.curve)
-            rows = 1 + forced + (members - 1) * (1 + self.cls.forced)     # the others': their running mean
+            rows = (
+                1 + forced + (members - 1) * (1 + self.cls.forced)
+            )  # the others': their running mean
             rate, base = self.cls.shared_rate or rows / curve(rows), curve(rows)
             offer, top = arm.tracks[state.hot].offer, 0.0
             for K, total in enumerate(arm.accepted(state.hot, min(k, arm.kmax)), start=1):
@@ -287,19 +335,26 @@ class CostBudget:
         state.cap = best
         return best
 
-    def update(self, state: _Request, drafted: int, accepted: int, cycle: Cycle | None = None) -> _Request:
+    def update(
+        self, state: _Request, drafted: int, accepted: int, cycle: Cycle | None = None
+    ) -> _Request:
         """After a cycle: the proposer drafted ``drafted`` tokens (grammar-forced ones not
         counted), ``accepted`` of them kept; ``cycle`` has what it cost."""
         cycle = cycle or Cycle()
         arm, pol = self.arm, self.policy
-        if cycle.members > 1:     # its verify waited for the round: not a verify of its rows alone
+        if cycle.members > 1:  # its verify waited for the round: not a verify of its rows alone
             if pol.step_s > 0 and cycle.cycle_s > 0:
                 r = cycle.committed * cycle.members / (cycle.cycle_s / pol.step_s)
-                self.cls.shared_rate = r if not self.cls.shared_rate else (1 - EWMA) * self.cls.shared_rate + EWMA * r
+                self.cls.shared_rate = (
+                    r if not self.cls.shared_rate else (1 - EWMA) * self.cls.shared_rate + EWMA * r
+                )
         else:
             pol.observe_step(cycle.verify_s, self.curve.mixed(float(cycle.by_id))(cycle.rows))
             if pol.step_s > 0 and cycle.cycle_s > 0:
-                r = max(cycle.cycle_s - cycle.verify_s - cycle.draft_s - cycle.keep_s, 0.0) / pol.step_s
+                r = (
+                    max(cycle.cycle_s - cycle.verify_s - cycle.draft_s - cycle.keep_s, 0.0)
+                    / pol.step_s
+                )
                 self.cls.rest = (1 - EWMA) * self.cls.rest + EWMA * r
         self.cls.forced = (1 - EWMA) * self.cls.forced + EWMA * cycle.forced
         self.cls.by_id = (1 - EWMA) * self.cls.by_id + EWMA * cycle.by_id
@@ -322,8 +377,14 @@ class CostBudget:
     def report(self, state: _Request) -> dict:
         """auto's choice for the stats: the class, the proposer, the K it verified most often."""
         k = state.ks.most_common(1)[0][0] if state.ks else 0
-        return {"class": self.cls.name, "proposer": self.arm.name, "k": k, "k_max": self.arm.kmax,
-                "probe": self.probe, "cost_curve": self.curve.source}
+        return {
+            "class": self.cls.name,
+            "proposer": self.arm.name,
+            "k": k,
+            "k_max": self.arm.kmax,
+            "probe": self.probe,
+            "cost_curve": self.curve.source,
+        }
 
 
 def with_cost_policy(spec, opts):
@@ -344,13 +405,21 @@ def with_cost_policy(spec, opts):
         # the drafter's confident misses would hold it back. Free text: the planner drafter is
         # off its distribution there, so lookup is a full candidate.
         lookup = NgramProposer(NgramConfig(opts.ngram_min, opts.ngram_max, opts.ngram_k))
-        constrained = [Arm(main.name, main, spec.k, DRAFTER_PRIOR["constrained"], DRAFTER_COST_PRIOR),
-                       Arm(lookup.name, lookup, opts.ngram_k, rho, fallback=True)]
-        loose = [Arm(free.proposer.name, free.proposer, free.k, rho),
-                 Arm(main.name, main, spec.k, DRAFTER_PRIOR["free"], DRAFTER_COST_PRIOR)]
+        constrained = [
+            Arm(main.name, main, spec.k, DRAFTER_PRIOR["constrained"], DRAFTER_COST_PRIOR),
+            Arm(lookup.name, lookup, opts.ngram_k, rho, fallback=True),
+        ]
+        loose = [
+            Arm(free.proposer.name, free.proposer, free.k, rho),
+            Arm(main.name, main, spec.k, DRAFTER_PRIOR["free"], DRAFTER_COST_PRIOR),
+        ]
     else:
         constrained = [Arm(main.name, main, spec.k, rho)] if main is not None else []
         loose = [Arm(free.proposer.name, free.proposer, free.k, rho)] if free is not None else []
     policy = AutoPolicy(constrained + [Arm("none", None, 0)], loose + [Arm("none", None, 0)])
-    return replace(spec, budget=None, free_text=replace(free, budget=None) if free is not None else None,
-                   auto=policy)
+    return replace(
+        spec,
+        budget=None,
+        free_text=replace(free, budget=None) if free is not None else None,
+        auto=policy,
+    )

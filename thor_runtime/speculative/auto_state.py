@@ -12,6 +12,7 @@ how it runs) and the candidates (class, proposer, K, the drafter's config): a fi
 key, a damaged one or an entry that fits no candidate is ignored, and a write is atomic. What
 auto learns only moves speed, never output.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,11 +35,17 @@ def _drafter_id(proposer) -> str:
     cfg = getattr(d, "cfg", None)
     if cfg is None or not dataclasses.is_dataclass(cfg):
         return ""
-    return hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(
+        json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
 
 
 def state_key(rt, policy) -> dict:
-    arms = [[c.name, a.name, a.kmax, _drafter_id(a.proposer)] for c in policy.classes.values() for a in c.arms]
+    arms = [
+        [c.name, a.name, a.kmax, _drafter_id(a.proposer)]
+        for c in policy.classes.values()
+        for a in c.arms
+    ]
     return {"format": FORMAT, "curve": curve_key(rt, policy.rows), "arms": arms}
 
 
@@ -46,7 +53,9 @@ def state_path(rt, policy) -> Path | None:
     root = cost_dir(getattr(rt, "cost_cache", None))
     if root is None:
         return None
-    digest = hashlib.sha256(json.dumps(state_key(rt, policy), sort_keys=True).encode()).hexdigest()[:24]
+    digest = hashlib.sha256(json.dumps(state_key(rt, policy), sort_keys=True).encode()).hexdigest()[
+        :24
+    ]
     return root / f"auto-{digest}.json"
 
 
@@ -54,16 +63,24 @@ def state(policy) -> dict:
     """The policy's learned numbers, as JSON types."""
     classes = {}
     for c in policy.classes.values():
-        arms = {a.name: {"tracks": [[t.sums, t.counts, t.offer] for t in a.tracks], **{k: getattr(a, k) for k in _NUMS}}
-                for a in c.arms}
+        arms = {
+            a.name: {
+                "tracks": [[t.sums, t.counts, t.offer] for t in a.tracks],
+                **{k: getattr(a, k) for k in _NUMS},
+            }
+            for a in c.arms
+        }
         classes[c.name] = {"arms": arms, **{k: getattr(c, k) for k in _CLASS_NUMS}}
     return {"step_s": policy.step_s, "classes": classes}
 
 
 def restore(policy, doc: dict) -> int:
     """Put ``doc`` (``state``'s) into ``policy`` where it fits its candidates: -> arms restored."""
+
     def num(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        return (
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        )
 
     done = 0
     if not isinstance(doc, dict) or not isinstance(doc.get("classes"), dict):
@@ -78,14 +95,28 @@ def restore(policy, doc: dict) -> int:
             if num(got.get(k)):
                 setattr(c, k, float(got[k]))
         for a in c.arms:
-            saved = (got.get("arms") or {}).get(a.name) if isinstance(got.get("arms"), dict) else None
+            saved = (
+                (got.get("arms") or {}).get(a.name) if isinstance(got.get("arms"), dict) else None
+            )
             tracks = saved.get("tracks") if isinstance(saved, dict) else None
-            if not (isinstance(tracks, list) and len(tracks) == len(a.tracks) and all(
-                    isinstance(t, list) and len(t) == 3 and len(t[0]) == len(t[1]) == a.kmax
-                    and all(num(x) for x in [*t[0], *t[1], t[2]]) for t in tracks)):
+            if not (
+                isinstance(tracks, list)
+                and len(tracks) == len(a.tracks)
+                and all(
+                    isinstance(t, list)
+                    and len(t) == 3
+                    and len(t[0]) == len(t[1]) == a.kmax
+                    and all(num(x) for x in [*t[0], *t[1], t[2]])
+                    for t in tracks
+                )
+            ):
                 continue
             for t, (sums, counts, offer) in zip(a.tracks, tracks):
-                t.sums, t.counts, t.offer = [float(x) for x in sums], [float(x) for x in counts], float(offer)
+                t.sums, t.counts, t.offer = (
+                    [float(x) for x in sums],
+                    [float(x) for x in counts],
+                    float(offer),
+                )
             for k in _NUMS:
                 if num(saved.get(k)):
                     setattr(a, k, type(getattr(a, k))(saved[k]))

@@ -1,4 +1,5 @@
 """The proposer contract. One proposer per file; the cycle in ``generate.py`` drives it."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

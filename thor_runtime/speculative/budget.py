@@ -20,6 +20,7 @@ This is the budget of the named methods (``--spec ngram|dflash|combined``). ``--
 runs ``auto.CostBudget`` in its place, which chooses K from the verify cost curve and the
 running acceptance per position, with the same probe schedule (``probe_due``).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,15 +34,18 @@ State = tuple[float, int, int]  # (running mean, paused cycles, drafts accepted 
 @dataclass(frozen=True)
 class Cycle:
     """What one cycle cost, for a budget that learns from it (the loop fills it in)."""
-    rows: int = 1              # verified rows: anchor + forced + drafts
-    forced: int = 0            # grammar-forced tokens among them
+
+    rows: int = 1  # verified rows: anchor + forced + drafts
+    forced: int = 0  # grammar-forced tokens among them
     verify_s: float = 0.0
-    draft_s: float = 0.0       # the proposer's propose call (0 when it was not asked)
-    keep_s: float = 0.0        # the proposer's commit (its window update)
-    by_id: float = 0.0         # share of the verify's rows that computed only the logits of the ids they allow
-    members: int = 1           # sequences whose rows shared the verify's forward (inflight.py)
-    cycle_s: float = 0.0       # the whole cycle, from choosing drafts to committing
-    committed: int = 0         # tokens it committed
+    draft_s: float = 0.0  # the proposer's propose call (0 when it was not asked)
+    keep_s: float = 0.0  # the proposer's commit (its window update)
+    by_id: float = (
+        0.0  # share of the verify's rows that computed only the logits of the ids they allow
+    )
+    members: int = 1  # sequences whose rows shared the verify's forward (inflight.py)
+    cycle_s: float = 0.0  # the whole cycle, from choosing drafts to committing
+    committed: int = 0  # tokens it committed
 
 
 def probe_due(paused: int, every: int, max_gap: int) -> bool:
@@ -55,29 +59,34 @@ def probe_due(paused: int, every: int, max_gap: int) -> bool:
 
 @dataclass(frozen=True)
 class DraftBudget:
-    low_k: int = 2            # drafts per probing cycle
-    threshold: float = 0.5    # mean accepted proposer drafts per cycle below which drafting pauses
-    decay: float = 0.25       # weight of the newest cycle in the running mean
-    probe_every: int = 4      # while paused, ask the proposer on one cycle in this many
+    low_k: int = 2  # drafts per probing cycle
+    threshold: float = 0.5  # mean accepted proposer drafts per cycle below which drafting pauses
+    decay: float = 0.25  # weight of the newest cycle in the running mean
+    probe_every: int = 4  # while paused, ask the proposer on one cycle in this many
     # Running mean a request starts with: about six empty cycles pause drafting. Faster
     # (initial 2, decay 0.5) also paused the planner drafter in short runs of misses on plans
     # (accept length 7.13 -> 6.70 on the held-out requests, with the 640-plan drafter); this
     # does not.
     initial: float = 4.0
-    ramp: float = 3.0         # drafts verified per draft accepted last cycle, beyond low_k (0 = all K)
-    max_gap: int = 32         # longest run of paused cycles between two probes
-
+    ramp: float = 3.0  # drafts verified per draft accepted last cycle, beyond low_k (0 = all K)
+    max_gap: int = 32  # longest run of paused cycles between two probes
 
     def __post_init__(self):
         if self.low_k < 1 or self.probe_every < 1:
-            raise ThorError(f"draft budget: low_k and probe_every must be >= 1, got {self.low_k}, "
-                            f"{self.probe_every}")
+            raise ThorError(
+                f"draft budget: low_k and probe_every must be >= 1, got {self.low_k}, "
+                f"{self.probe_every}"
+            )
         if not (self.threshold >= 0 and self.initial >= 0):
-            raise ThorError(f"draft budget: threshold and initial must be >= 0, got {self.threshold}, "
-                            f"{self.initial}")
+            raise ThorError(
+                f"draft budget: threshold and initial must be >= 0, got {self.threshold}, "
+                f"{self.initial}"
+            )
         if self.ramp < 0 or self.max_gap < self.probe_every:
-            raise ThorError(f"draft budget: ramp must be >= 0 and max_gap >= probe_every, got {self.ramp}, "
-                            f"{self.max_gap}")
+            raise ThorError(
+                f"draft budget: ramp must be >= 0 and max_gap >= probe_every, got {self.ramp}, "
+                f"{self.max_gap}"
+            )
         if not 0 < self.decay <= 1:
             raise ThorError(f"draft budget: decay must be in (0, 1], got {self.decay}")
 
@@ -92,7 +101,9 @@ class DraftBudget:
             return k if not self.ramp else min(k, self.low_k + math.ceil(self.ramp * last))
         return min(k, self.low_k) if probe_due(below, self.probe_every, self.max_gap) else 0
 
-    def update(self, state: State, drafted: int, accepted: int, cycle: Cycle | None = None) -> State:
+    def update(
+        self, state: State, drafted: int, accepted: int, cycle: Cycle | None = None
+    ) -> State:
         """After a cycle in which the proposer drafted ``drafted`` tokens, ``accepted`` kept
         (``cycle``: its costs, which this budget does not read)."""
         mean, below, last = state

@@ -22,10 +22,11 @@ output is unchanged. With sampling, DFlash drafts come with their q; lookup draf
 deterministic (q one-hot, ``None``), which speculative sampling handles exactly; the
 choice depends on the drafter's own draws only, never on the target's acceptance draws.
 """
+
 from __future__ import annotations
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.errors import ThorError
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
@@ -34,13 +35,17 @@ from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 class CombinedProposer(Proposer):
     name = "combined"
 
-    def __init__(self, dflash: DFlashProposer, lookup: NgramProposer,
-                 lookup_rate: float = _Defaults.lookup_rate):
+    def __init__(
+        self,
+        dflash: DFlashProposer,
+        lookup: NgramProposer,
+        lookup_rate: float = _Defaults.lookup_rate,
+    ):
         if not 0 < lookup_rate < 1:
             raise ThorError(f"combined: lookup rate must be in (0, 1), got {lookup_rate}")
         self.dflash, self.lookup, self.rate = dflash, lookup, float(lookup_rate)
         self.tap_layers, self.window = dflash.tap_layers, dflash.window
-        self.lookup_cycles = 0      # cycles whose verified draft came from lookup (stats, tests)
+        self.lookup_cycles = 0  # cycles whose verified draft came from lookup (stats, tests)
 
     def fork(self) -> "CombinedProposer":
         return CombinedProposer(self.dflash.fork(), self.lookup.fork(), self.rate)
@@ -50,10 +55,17 @@ class CombinedProposer(Proposer):
         self.dflash.start(prompt_ids, prompt_taps)
 
     @classmethod
-    def around(cls, dflash: DFlashProposer, lookup_rate: float = _Defaults.lookup_rate,
-               min_n: int = NgramConfig.min_n, max_n: int = NgramConfig.max_n) -> "CombinedProposer":
+    def around(
+        cls,
+        dflash: DFlashProposer,
+        lookup_rate: float = _Defaults.lookup_rate,
+        min_n: int = NgramConfig.min_n,
+        max_n: int = NgramConfig.max_n,
+    ) -> "CombinedProposer":
         """The combination for a DFlash proposer: lookup drafts as many tokens as a DFlash block."""
-        return cls(dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate)
+        return cls(
+            dflash, NgramProposer(NgramConfig(min_n, max_n, dflash.block_size - 1)), lookup_rate
+        )
 
     def _expect_lookup(self, n: int) -> float:
         return sum(self.rate ** (i + 1) for i in range(n))
@@ -62,7 +74,7 @@ class CombinedProposer(Proposer):
         drafts, q, conf = self.dflash.propose_scored(seq, k)
         expect_d = float(conf.cumprod(0).sum()) if len(conf) else 0.0
         if expect_d >= self._expect_lookup(min(k, self.lookup.cfg.k)):
-            return drafts, q      # no lookup draft could win: skip its scan of the sequence
+            return drafts, q  # no lookup draft could win: skip its scan of the sequence
         cont, _ = self.lookup.propose(seq, k)
         if self._expect_lookup(len(cont)) > expect_d:
             self.lookup_cycles += 1

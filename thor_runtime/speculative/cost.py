@@ -24,6 +24,7 @@ its constrained verifies that read by id (auto.py).
 ``THOR_SPEC_COSTS=default`` skips measuring: a linear curve (``DEFAULT_SLOPE`` per extra row);
 ``THOR_SPEC_COSTS=measure`` measures again and replaces the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,23 +40,23 @@ import torch
 from thor_runtime.device import cpu_name
 from thor_runtime.fileio import default_cache_dir, write_json_atomic
 
-ENV = "THOR_SPEC_COSTS"            # "default": no measuring, the linear curve; "measure": measure again
+ENV = "THOR_SPEC_COSTS"  # "default": no measuring, the linear curve; "measure": measure again
 FORMAT = 4
-CONTEXT = 256                      # cached tokens the verifies attend over (a short chat; plans run ~800)
-REPEATS = 3                        # timed rounds per row count, after one warm-up round, at least;
-MAX_ROUNDS, MIN_S = 15, 0.25       # more (up to 15) while they took under 0.25 s: tiny models are noisy
-MAX_S = 3.0                        # no round starts after this many seconds (one timed round at least)
+CONTEXT = 256  # cached tokens the verifies attend over (a short chat; plans run ~800)
+REPEATS = 3  # timed rounds per row count, after one warm-up round, at least;
+MAX_ROUNDS, MIN_S = 15, 0.25  # more (up to 15) while they took under 0.25 s: tiny models are noisy
+MAX_S = 3.0  # no round starts after this many seconds (one timed round at least)
 # Extra row's cost in 1-row steps when nothing is measured: 16 rows ~2.1x a step on a 2-core
 # x86 CPU with the default model (docs/speculative-decoding.md, "Draft budget").
 DEFAULT_SLOPE = 0.075
-READ_IDS = 64                      # logits a by-id verify reads: 78% of a plan's rows allow at most 64
+READ_IDS = 64  # logits a by-id verify reads: 78% of a plan's rows allow at most 64
 
 
 @dataclass(frozen=True)
 class CostCurve:
-    costs: tuple[float, ...]      # costs[R - 1]: a verify of R rows in 1-row steps (costs[0] == 1)
-    step_s: float = 0.0           # seconds of a 1-row step when measured (0: unknown)
-    source: str = "default"       # measured | cached | default
+    costs: tuple[float, ...]  # costs[R - 1]: a verify of R rows in 1-row steps (costs[0] == 1)
+    step_s: float = 0.0  # seconds of a 1-row step when measured (0: unknown)
+    source: str = "default"  # measured | cached | default
     # by_id[R - 1]: the same verify computing only READ_IDS logits, in full 1-row steps (None:
     # not measured; a kernel that cannot read by id gives the full curve's costs)
     by_id: tuple[float, ...] | None = None
@@ -90,7 +91,7 @@ def monotone(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence (least squares: pool adjacent violators). A verify
     of more rows does not cost less; a dip is noise, and so is a lone spike, which a running
     maximum would carry to every longer verify."""
-    blocks: list[list[float]] = []          # [mean, count]
+    blocks: list[list[float]] = []  # [mean, count]
     for v in values:
         blocks.append([v, 1.0])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
@@ -99,7 +100,9 @@ def monotone(values: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(int(n))]
 
 
-def normalise(seconds: list[float], source: str = "measured", by_id: list[float] | None = None) -> CostCurve:
+def normalise(
+    seconds: list[float], source: str = "measured", by_id: list[float] | None = None
+) -> CostCurve:
     """Seconds per row count -> a non-decreasing curve in 1-row steps, costs[0] == 1 (and the
     by-id seconds in the same unit, never above the full curve)."""
     fit = monotone(seconds)
@@ -124,14 +127,27 @@ def curve_key(rt, rows: int) -> dict:
     """Everything the curve depends on: the machine, the model and how the runtime runs it."""
     m = rt.model
     backend = getattr(m, "backend", None)
-    return {"format": FORMAT, **machine_key(m.device), "model": m.cfg.name, "hidden_size": m.cfg.hidden_size,
-            "layers": m.cfg.num_layers, "quant": getattr(m, "quant", None) or "",
-            "layout": str(getattr(m, "layout", "")), "device": str(m.device),
-            "dtype": str(m.dtype).removeprefix("torch."), "kv_dtype": rt.kv_dtype,
-            "decode": rt.decode.name, "kernel": str(getattr(m, "decode_kernel", "torch")),
-            "kernel_build": str(getattr(m, "kernel_build", "")),
-            "backend": getattr(backend, "name", type(backend).__name__) if backend is not None else "torch",
-            "rows": rows, "context": CONTEXT, "repeats": REPEATS}
+    return {
+        "format": FORMAT,
+        **machine_key(m.device),
+        "model": m.cfg.name,
+        "hidden_size": m.cfg.hidden_size,
+        "layers": m.cfg.num_layers,
+        "quant": getattr(m, "quant", None) or "",
+        "layout": str(getattr(m, "layout", "")),
+        "device": str(m.device),
+        "dtype": str(m.dtype).removeprefix("torch."),
+        "kv_dtype": rt.kv_dtype,
+        "decode": rt.decode.name,
+        "kernel": str(getattr(m, "decode_kernel", "torch")),
+        "kernel_build": str(getattr(m, "kernel_build", "")),
+        "backend": getattr(backend, "name", type(backend).__name__)
+        if backend is not None
+        else "torch",
+        "rows": rows,
+        "context": CONTEXT,
+        "repeats": REPEATS,
+    }
 
 
 def cost_dir(cache: str | None) -> Path | None:
@@ -154,7 +170,11 @@ def read_cached(path: Path, key: dict) -> CostCurve | None:
             return None
         costs = tuple(float(c) for c in doc["costs"])
         by_id = tuple(float(c) for c in doc["by_id"])
-        if len(costs) != key["rows"] or costs[0] != 1.0 or any(b < a for a, b in zip(costs, costs[1:])):
+        if (
+            len(costs) != key["rows"]
+            or costs[0] != 1.0
+            or any(b < a for a, b in zip(costs, costs[1:]))
+        ):
             return None
         if len(by_id) != len(costs) or any(not 0 < b <= c for b, c in zip(by_id, costs)):
             return None
@@ -188,26 +208,34 @@ def timed_verifies(rt, cache, ctx: int, widths) -> tuple[list[float], list[float
     m = rt.model
     widths = list(widths)
     vocab = m.cfg.vocab_size
-    ids = (torch.arange(ctx + max(widths), dtype=torch.long) * 7919 + 13) % vocab   # [ctx + rows], any tokens
-    few = np.unique(np.linspace(0, vocab - 1, min(READ_IDS, vocab)).astype(np.int64))  # [n] ascending
+    ids = (
+        torch.arange(ctx + max(widths), dtype=torch.long) * 7919 + 13
+    ) % vocab  # [ctx + rows], any tokens
+    few = np.unique(
+        np.linspace(0, vocab - 1, min(READ_IDS, vocab)).astype(np.int64)
+    )  # [n] ascending
     with torch.inference_mode():
         m.prefill(ids[:ctx], cache, rt.prefill_chunk)
         seconds = {c: [[] for _ in widths] for c in (False, True)}
         pos, spent, start = ctx, 0.0, time.perf_counter()
-        for rnd in range(MAX_ROUNDS + 1):                      # round 0 warms each shape up
-            if (rnd > REPEATS and spent >= MIN_S) or (rnd > 1 and time.perf_counter() - start > MAX_S):
+        for rnd in range(MAX_ROUNDS + 1):  # round 0 warms each shape up
+            if (rnd > REPEATS and spent >= MIN_S) or (
+                rnd > 1 and time.perf_counter() - start > MAX_S
+            ):
                 break
             # every other round backwards, so a drift in the machine's speed does not tilt the curve
             order = range(len(widths)) if rnd % 2 else range(len(widths) - 1, -1, -1)
             for j in order:
                 for by_id in (False, True):
                     t0 = time.perf_counter()
-                    out = rt.verify(ids[ctx:ctx + widths[j]], cache, cols=few if by_id else None)   # logits [r, V]
+                    out = rt.verify(
+                        ids[ctx : ctx + widths[j]], cache, cols=few if by_id else None
+                    )  # logits [r, V]
                     if out.logits.is_cuda:
                         torch.cuda.synchronize(out.logits.device)
                     dt = time.perf_counter() - t0
                     pos += 1
-                    cache.crop(pos)                            # the anchor stays, the drafts go
+                    cache.crop(pos)  # the anchor stays, the drafts go
                     if rnd:
                         seconds[by_id][j].append(dt)
                         spent += dt
@@ -220,7 +248,7 @@ def verify_costs(rt, rows: int, cache: str | None = None) -> CostCurve:
     mode = os.environ.get(ENV, "").strip().lower()
     if mode == "default":
         return linear_curve(rows)
-    rows = min(rows, rt.pad_rows) if rt.pad_rows else rows    # a padded verify takes at most its rows
+    rows = min(rows, rt.pad_rows) if rt.pad_rows else rows  # a padded verify takes at most its rows
     key = curve_key(rt, rows)
     root = cost_dir(cache)
     path = _file(root, key) if root is not None else None
@@ -232,8 +260,15 @@ def verify_costs(rt, rows: int, cache: str | None = None) -> CostCurve:
     if path is not None:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {"key": key, "costs": list(curve.costs), "by_id": list(curve.by_id),
-                                     "step_s": curve.step_s})
+            write_json_atomic(
+                path,
+                {
+                    "key": key,
+                    "costs": list(curve.costs),
+                    "by_id": list(curve.by_id),
+                    "step_s": curve.step_s,
+                },
+            )
         except OSError:
-            pass        # an unwritable cache only means measuring again next time
+            pass  # an unwritable cache only means measuring again next time
     return curve

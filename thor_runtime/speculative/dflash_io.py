@@ -17,6 +17,7 @@ weights with the same names as ours (optionally sharded via model.safetensors.in
 
 Pickle weights (.bin/.pt/...) are never opened: unpickling runs code.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, fields
@@ -24,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from thor_runtime.models.config import ModelConfig
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import PICKLE_SUFFIXES, read_json, write_json_atomic
-from thor_runtime.loading.hf_weights import read_safetensors
 from thor_runtime.kernels.row_linear import RowLinear
+from thor_runtime.loading.hf_weights import read_safetensors
+from thor_runtime.models.config import ModelConfig
 from thor_runtime.speculative.dflash_model import DFlashConfig, DFlashDrafter
 from thor_runtime.speculative.draft_vocab import FILENAME, load_draft_vocab
 
@@ -40,14 +41,20 @@ _IGNORED = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
 def check_fits(cfg: DFlashConfig, target: ModelConfig, source: str = "dflash drafter") -> None:
     """Refuse a drafter that cannot read this target's taps or share its embedding."""
     if cfg.hidden_size != target.hidden_size:
-        raise ThorError(f"{source}: hidden size {cfg.hidden_size} does not match the target's "
-                        f"{target.hidden_size}")
+        raise ThorError(
+            f"{source}: hidden size {cfg.hidden_size} does not match the target's "
+            f"{target.hidden_size}"
+        )
     bad = [t for t in cfg.tap_layers if t >= target.num_layers]
     if bad:
-        raise ThorError(f"{source}: tap layers {bad} are beyond the target's {target.num_layers} layers")
+        raise ThorError(
+            f"{source}: tap layers {bad} are beyond the target's {target.num_layers} layers"
+        )
     if cfg.mask_token_id >= target.vocab_size:
-        raise ThorError(f"{source}: mask_token_id {cfg.mask_token_id} is outside the target vocabulary "
-                        f"of {target.vocab_size}")
+        raise ThorError(
+            f"{source}: mask_token_id {cfg.mask_token_id} is outside the target vocabulary "
+            f"of {target.vocab_size}"
+        )
 
 
 def default_tap_layers(num_target_layers: int, n: int) -> tuple[int, ...]:
@@ -68,8 +75,10 @@ def save_drafter(drafter: DFlashDrafter, path: str | Path) -> Path:
 
     if any(isinstance(m, RowLinear) for m in drafter.modules()):
         # its projections now live as the row kernel's 8-bit blocks: a checkpoint would lack them
-        raise ThorError("dflash: this drafter drafts on the row kernel (a proposer was built from it); "
-                        "save it before building a proposer, or load it again")
+        raise ThorError(
+            "dflash: this drafter drafts on the row kernel (a proposer was built from it); "
+            "save it before building a proposer, or load it again"
+        )
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, **asdict(drafter.cfg)}
@@ -101,7 +110,9 @@ def _ours(doc: dict, p: Path) -> DFlashConfig:
 def _zlab(doc: dict, p: Path) -> DFlashConfig:
     archs = doc.get("architectures") or ["DFlashDraftModel"]
     if any(a != "DFlashDraftModel" for a in archs):
-        raise ThorError(f"{p}: unsupported drafter architecture {archs} (supported: DFlashDraftModel)")
+        raise ThorError(
+            f"{p}: unsupported drafter architecture {archs} (supported: DFlashDraftModel)"
+        )
     if doc.get("attention_bias"):
         raise ThorError(f"{p}: attention_bias drafters are not supported")
     rs = doc.get("rope_scaling") or {}
@@ -128,18 +139,27 @@ def _zlab_fields(doc: dict, dc: dict, p: Path) -> DFlashConfig:
     hidden = int(_need(doc, "hidden_size", p))
     theta = doc.get("rope_theta") or (doc.get("rope_parameters") or {}).get("rope_theta") or 1e6
     return DFlashConfig(
-        tap_layers=tuple(_need(dc, "target_layer_ids", p)), mask_token_id=int(_need(dc, "mask_token_id", p)),
-        hidden_size=hidden, num_layers=int(_need(doc, "num_hidden_layers", p)), num_heads=heads,
+        tap_layers=tuple(_need(dc, "target_layer_ids", p)),
+        mask_token_id=int(_need(dc, "mask_token_id", p)),
+        hidden_size=hidden,
+        num_layers=int(_need(doc, "num_hidden_layers", p)),
+        num_heads=heads,
         num_kv_heads=int(doc.get("num_key_value_heads") or heads),
         head_dim=int(doc.get("head_dim") or hidden // heads),
         intermediate_size=int(_need(doc, "intermediate_size", p)),
         block_size=int(dc.get("block_size") or doc.get("block_size") or 16),
-        rms_eps=float(doc.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
-        target_id=str(doc.get("_name_or_path") or p.parent.name))
+        rms_eps=float(doc.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        target_id=str(doc.get("_name_or_path") or p.parent.name),
+    )
 
 
-def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DFlashDrafter:
+def load_drafter(
+    path: str | Path,
+    target_cfg: ModelConfig | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> DFlashDrafter:
     """Load either layout; with ``target_cfg`` also check that the drafter fits the target.
     The result still needs the target's embedding / lm_head (DFlashProposer binds them)."""
     d = Path(path)
@@ -156,8 +176,10 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
         cfg = _zlab(doc, d / "config.json")
         n = doc.get("num_target_layers")
         if target_cfg is not None and n is not None and int(n) != target_cfg.num_layers:
-            raise ThorError(f"{d}: drafter was trained for a {n}-layer target, this one has "
-                            f"{target_cfg.num_layers}")
+            raise ThorError(
+                f"{d}: drafter was trained for a {n}-layer target, this one has "
+                f"{target_cfg.num_layers}"
+            )
     else:
         raise ThorError(f"{d}/config.json: neither a thor-dflash/1 nor a z-lab DFlash config")
     if target_cfg is not None:
@@ -165,7 +187,7 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
 
     weights = read_safetensors(d, "drafter weights")
     if weights and all(k.startswith("model.") for k in weights):
-        weights = {k[len("model."):]: v for k, v in weights.items()}
+        weights = {k[len("model.") :]: v for k, v in weights.items()}
     with torch.device("meta"):
         drafter = DFlashDrafter(cfg)
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
@@ -173,11 +195,17 @@ def load_drafter(path: str | Path, target_cfg: ModelConfig | None = None,
         if name not in weights:
             raise ThorError(f"{d}: missing tensor {name}")
         if tuple(weights[name].shape) != shape:
-            raise ThorError(f"{d}: tensor {name} has shape {list(weights[name].shape)}, expected {list(shape)}")
+            raise ThorError(
+                f"{d}: tensor {name} has shape {list(weights[name].shape)}, expected {list(shape)}"
+            )
     extra = sorted(k for k in weights if k not in expected and not k.endswith(_IGNORED))
     if extra:
-        raise ThorError(f"{d}: unexpected tensors {extra[:4]} (not a DFlash drafter of this layout?)")
+        raise ThorError(
+            f"{d}: unexpected tensors {extra[:4]} (not a DFlash drafter of this layout?)"
+        )
     sd = {k: weights[k].to(device=device, dtype=dtype) for k in expected}
     drafter.load_state_dict(sd, strict=True, assign=True)
-    drafter.draft_vocab = load_draft_vocab(d, target_cfg.vocab_size if target_cfg is not None else None)
+    drafter.draft_vocab = load_draft_vocab(
+        d, target_cfg.vocab_size if target_cfg is not None else None
+    )
     return drafter.eval()

@@ -10,14 +10,15 @@ Drafts move by float rounding at most, never the committed tokens, which the tar
 
 ``THOR_DRAFTER_BLOCK=0`` keeps the torch forward around the row kernel's projections (to compare).
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
-from thor_runtime.kernels.rowstep import MAX_ROWS
 from thor_runtime.kernels.row_linear import RowLinear
+from thor_runtime.kernels.rowstep import MAX_ROWS
 
 ENV = "THOR_DRAFTER_BLOCK"
 
@@ -28,9 +29,15 @@ def fused_weights(drafter) -> list[dict]:
     out = []
     for lay in drafter.layers:
         a, m = lay.self_attn, lay.mlp
-        out.append({"qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach().float(),
-                    "kv": torch.cat([a.k_proj.weight, a.v_proj.weight]).detach().float(),
-                    "gu": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach().float()})
+        out.append(
+            {
+                "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+                .detach()
+                .float(),
+                "kv": torch.cat([a.k_proj.weight, a.v_proj.weight]).detach().float(),
+                "gu": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach().float(),
+            }
+        )
     return out
 
 
@@ -42,25 +49,44 @@ class RowDrafter:
     def __init__(self, rows, drafter, fused: list[dict]):
         c = drafter.cfg
         self.rows, self.cfg, self._lib = rows, c, rows._lib
-        self._keep: list = []                       # every tensor and RowLinear the C side points into
-        self._h = self._lib.rowstep_dflash_new(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
-                                               c.head_dim, c.intermediate_size, c.rms_eps, drafter.fc._h,
-                                               self._ptr(drafter.hidden_norm.weight), self._ptr(drafter.norm.weight))
+        self._keep: list = []  # every tensor and RowLinear the C side points into
+        self._h = self._lib.rowstep_dflash_new(
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.rms_eps,
+            drafter.fc._h,
+            self._ptr(drafter.hidden_norm.weight),
+            self._ptr(drafter.norm.weight),
+        )
         if not self._h:
             raise MemoryError("rowstep: no memory for a drafter's layer table")
         self._keep.append(drafter.fc)
         for i, (lay, f) in enumerate(zip(drafter.layers, fused)):
             a, m = lay.self_attn, lay.mlp
-            lin = [RowLinear(rows, f["qkv"]), RowLinear(rows, f["kv"]), a.o_proj, RowLinear(rows, f["gu"]),
-                   m.down_proj]
+            lin = [
+                RowLinear(rows, f["qkv"]),
+                RowLinear(rows, f["kv"]),
+                a.o_proj,
+                RowLinear(rows, f["gu"]),
+                m.down_proj,
+            ]
             self._keep += lin
-            self._lib.rowstep_dflash_set_layer(self._h, i, self._ptr(lay.input_layernorm.weight),
-                                               self._ptr(lay.post_attention_layernorm.weight),
-                                               self._ptr(a.q_norm.weight), self._ptr(a.k_norm.weight),
-                                               *[x._h for x in lin])
+            self._lib.rowstep_dflash_set_layer(
+                self._h,
+                i,
+                self._ptr(lay.input_layernorm.weight),
+                self._ptr(lay.post_attention_layernorm.weight),
+                self._ptr(a.q_norm.weight),
+                self._ptr(a.k_norm.weight),
+                *[x._h for x in lin],
+            )
         self.fits = bool(self._lib.rowstep_dflash_fits(rows._h, self._h))
         self._rope = drafter.rope
-        self._cos = self._sin = torch.zeros(0, c.head_dim)                   # [P, Dh]
+        self._cos = self._sin = torch.zeros(0, c.head_dim)  # [P, Dh]
 
     def _ptr(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
@@ -71,24 +97,41 @@ class RowDrafter:
         """cos/sin rows for positions 0..upto-1 at least (grown by doubling)."""
         if upto > self._cos.shape[0]:
             n = max(upto, 2 * self._cos.shape[0], 256)
-            cos, sin = self._rope(torch.arange(n))                              # [n, Dh]
+            cos, sin = self._rope(torch.arange(n))  # [n, Dh]
             self._cos, self._sin = cos.float().contiguous(), sin.float().contiguous()
 
-    def append(self, raw: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor,
-               feats: torch.Tensor) -> None:
+    def append(
+        self,
+        raw: torch.Tensor,
+        pos: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        feats: torch.Tensor,
+    ) -> None:
         """raw [n, n_taps*D] taps of the tokens at ``pos`` [n] -> their features into ``feats``
         [W, D] rows ``slots`` [n] and every layer's K/V into those slots of ``kv`` [L, 2, Hkv, S, Dh]."""
         raw = raw.detach().float().contiguous()
         pos32, slots32 = pos.to(torch.int32).contiguous(), slots.to(torch.int32).contiguous()
-        with self.rows._one:                 # the table too: a fork's call may be reading it
+        with self.rows._one:  # the table too: a fork's call may be reading it
             self._table(int(pos.max()) + 1)
             for s in range(0, raw.shape[0], MAX_ROWS):
                 e = min(raw.shape[0], s + MAX_ROWS)
-                if self._lib.rowstep_dflash_append(self.rows._h, self._h, raw[s].data_ptr(), e - s,
-                                                   pos32[s].data_ptr(), slots32[s].data_ptr(), kv.data_ptr(),
-                                                   kv.shape[3], feats.data_ptr(), self._cos.data_ptr(),
-                                                   self._sin.data_ptr()):
-                    raise RuntimeError(f"rowstep: {e - s} drafter window rows do not fit the kernel")
+                if self._lib.rowstep_dflash_append(
+                    self.rows._h,
+                    self._h,
+                    raw[s].data_ptr(),
+                    e - s,
+                    pos32[s].data_ptr(),
+                    slots32[s].data_ptr(),
+                    kv.data_ptr(),
+                    kv.shape[3],
+                    feats.data_ptr(),
+                    self._cos.data_ptr(),
+                    self._sin.data_ptr(),
+                ):
+                    raise RuntimeError(
+                        f"rowstep: {e - s} drafter window rows do not fit the kernel"
+                    )
 
     def block(self, h: torch.Tensor, first_pos: int, kv: torch.Tensor, n: int) -> torch.Tensor:
         """h [B, D] (the block's embedded rows) at positions first_pos.. over the window's ``n``
@@ -96,10 +139,21 @@ class RowDrafter:
         h = h.detach().float().contiguous().clone()
         with self.rows._one:
             self._table(first_pos + h.shape[0])
-            if self._lib.rowstep_dflash_block(self.rows._h, self._h, h.data_ptr(), h.shape[0], first_pos,
-                                              kv.data_ptr(), kv.shape[3], n, self._cos.data_ptr(),
-                                              self._sin.data_ptr()):
-                raise RuntimeError(f"rowstep: a {h.shape[0]}-row drafter block over {n} entries does not fit")
+            if self._lib.rowstep_dflash_block(
+                self.rows._h,
+                self._h,
+                h.data_ptr(),
+                h.shape[0],
+                first_pos,
+                kv.data_ptr(),
+                kv.shape[3],
+                n,
+                self._cos.data_ptr(),
+                self._sin.data_ptr(),
+            ):
+                raise RuntimeError(
+                    f"rowstep: a {h.shape[0]}-row drafter block over {n} entries does not fit"
+                )
         return h
 
     def __del__(self):

@@ -10,6 +10,7 @@ draft, so a token outside the shortlist is merely never proposed.
 Stored next to the drafter as ``draft_vocab.json``:
   {"format": "thor-draft-vocab/1", "vocab_size": V, "ids": [...], "coverage": f, "source": {...}}
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -28,9 +29,9 @@ FILENAME = "draft_vocab.json"
 
 @dataclass(frozen=True)
 class DraftVocab:
-    ids: tuple[int, ...]             # most frequent first
-    vocab_size: int                  # the target vocabulary the ids index
-    coverage: float = 1.0            # share of the counted tokens the ids cover
+    ids: tuple[int, ...]  # most frequent first
+    vocab_size: int  # the target vocabulary the ids index
+    coverage: float = 1.0  # share of the counted tokens the ids cover
     source: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -41,10 +42,14 @@ class DraftVocab:
             raise ThorError("draft vocabulary has repeated token ids")
         bad = [i for i in self.ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ThorError(f"draft vocabulary ids {bad[:4]} are outside the vocabulary of {self.vocab_size}")
+            raise ThorError(
+                f"draft vocabulary ids {bad[:4]} are outside the vocabulary of {self.vocab_size}"
+            )
 
     @classmethod
-    def from_counts(cls, counts: Counter, size: int, vocab_size: int, source: dict | None = None) -> "DraftVocab":
+    def from_counts(
+        cls, counts: Counter, size: int, vocab_size: int, source: dict | None = None
+    ) -> "DraftVocab":
         """The ``size`` most frequent ids of ``counts`` (fewer if fewer were seen)."""
         if size < 1:
             raise ThorError(f"draft vocabulary size must be >= 1, got {size}")
@@ -61,8 +66,16 @@ class DraftVocab:
 
     def save(self, drafter_dir: str | Path) -> Path:
         p = Path(drafter_dir) / FILENAME
-        write_json_atomic(p, {"format": FORMAT, "vocab_size": self.vocab_size, "coverage": self.coverage,
-                              "source": self.source, "ids": list(self.ids)})
+        write_json_atomic(
+            p,
+            {
+                "format": FORMAT,
+                "vocab_size": self.vocab_size,
+                "coverage": self.coverage,
+                "source": self.source,
+                "ids": list(self.ids),
+            },
+        )
         return p
 
 
@@ -73,16 +86,22 @@ def load_draft_vocab(drafter_dir: str | Path, vocab_size: int | None = None) -> 
         return None
     doc = read_json(p, "draft vocabulary")
     if doc.get("format") != FORMAT:
-        raise ThorError(f"{p}: not a draft vocabulary (format {doc.get('format')!r}, expected {FORMAT})")
+        raise ThorError(
+            f"{p}: not a draft vocabulary (format {doc.get('format')!r}, expected {FORMAT})"
+        )
     ids, size = doc.get("ids"), doc.get("vocab_size")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
         raise ThorError(f"{p}: 'ids' must be a list of token ids")
     if not isinstance(size, int):
         raise ThorError(f"{p}: 'vocab_size' must be an integer")
     if vocab_size is not None and size != vocab_size:
         raise ThorError(f"{p}: made for a vocabulary of {size} tokens, the target has {vocab_size}")
     try:
-        return DraftVocab(tuple(ids), size, float(doc.get("coverage", 1.0)), dict(doc.get("source") or {}))
+        return DraftVocab(
+            tuple(ids), size, float(doc.get("coverage", 1.0)), dict(doc.get("source") or {})
+        )
     except ThorError as e:
         raise ThorError(f"{p}: {e}") from None
 
@@ -91,5 +110,5 @@ def response_counts(seqs: list[dict]) -> Counter:
     """Token counts over the response part of calibration sequences (``read_shards`` rows)."""
     c: Counter = Counter()
     for s in seqs:
-        c.update(s["ids"][s["prompt_len"]:])
+        c.update(s["ids"][s["prompt_len"] :])
     return c

@@ -11,22 +11,25 @@ accepted as lossless when both tokens are within ``tol`` logits of the top-1 of 
 reference forward at that position (a tie under the reference; the same rule FlashRT's gate
 uses with 0.20 nat); anything else is a logic error and fails the gate.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 import torch
 
-DEFAULT_TIE_TOL = 0.25   # logits; fp8 KV thread-count noise was measured up to ~0.2 (docs/performance.md)
+DEFAULT_TIE_TOL = (
+    0.25  # logits; fp8 KV thread-count noise was measured up to ~0.2 (docs/performance.md)
+)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str                      # "identical" | "tie" | "mismatch"
-    position: int | None = None      # first generated position where the outputs differ
+    status: str  # "identical" | "tie" | "mismatch"
+    position: int | None = None  # first generated position where the outputs differ
     plain_token: int | None = None
     other_token: int | None = None
-    regret: float | None = None      # max over the two tokens of (top-1 logit - token logit)
+    regret: float | None = None  # max over the two tokens of (top-1 logit - token logit)
 
     @property
     def lossless(self) -> bool:
@@ -50,11 +53,14 @@ def reference_logits(runtime, prompt_ids: list[int], prefix: list[int]) -> torch
     weights and KV dtype (a third computation, independent of both runs being compared)."""
     ids = list(prompt_ids) + list(prefix)
     cache = runtime.new_cache(len(ids) + 1)
-    return runtime.model.prefill(torch.tensor(ids, dtype=torch.long), cache, runtime.prefill_chunk).logits[-1]
+    return runtime.model.prefill(
+        torch.tensor(ids, dtype=torch.long), cache, runtime.prefill_chunk
+    ).logits[-1]
 
 
-def judge(runtime, prompt_ids: list[int], plain: list[int], other: list[int],
-          tol: float = DEFAULT_TIE_TOL) -> Verdict:
+def judge(
+    runtime, prompt_ids: list[int], plain: list[int], other: list[int], tol: float = DEFAULT_TIE_TOL
+) -> Verdict:
     """Compare another run's tokens with plain decoding's (same prompt, same settings)."""
     if tol < 0:
         raise ValueError(f"tie tolerance must be >= 0, got {tol}")
@@ -65,7 +71,7 @@ def judge(runtime, prompt_ids: list[int], plain: list[int], other: list[int],
         # One run stopped where the other went on: a stop decision, never a tie.
         return Verdict("mismatch", position=j)
     a, b = plain[j], other[j]
-    logits = reference_logits(runtime, prompt_ids, plain[:j]).float()              # [V]
+    logits = reference_logits(runtime, prompt_ids, plain[:j]).float()  # [V]
     top = float(logits.max())
     regret = max(top - float(logits[a]), top - float(logits[b]))
     return Verdict("tie" if regret <= tol else "mismatch", j, a, b, round(regret, 4))
@@ -75,5 +81,10 @@ def summarize(verdicts: list[Verdict]) -> dict:
     """Per-prompt verdicts -> {"gate": worst status, "lossless": bool, "divergences": [...]}."""
     order = ("identical", "tie", "mismatch")
     worst = max((v.status for v in verdicts), key=order.index, default="identical")
-    return {"gate": worst, "lossless": all(v.lossless for v in verdicts),
-            "divergences": [{"prompt": i, **v.to_dict()} for i, v in enumerate(verdicts) if v.status != "identical"]}
+    return {
+        "gate": worst,
+        "lossless": all(v.lossless for v in verdicts),
+        "divergences": [
+            {"prompt": i, **v.to_dict()} for i, v in enumerate(verdicts) if v.status != "identical"
+        ],
+    }

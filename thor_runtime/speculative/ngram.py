@@ -3,13 +3,14 @@
 Robot plans repeat the world's names and the schema's keys, so the tail of the
 output very often already occurred in the prompt or earlier in the output.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thor_runtime.errors import ThorError
 from thor_runtime.config import NGRAM_SIZES
 from thor_runtime.config import SpeculationSettings as _Defaults
+from thor_runtime.errors import ThorError
 from thor_runtime.speculative.base import Proposer
 
 
@@ -36,11 +37,11 @@ class NgramProposer(Proposer):
         k = min(k, self.cfg.k)
         n_tokens = len(seq)
         for n in range(min(self.cfg.max_n, n_tokens - 1), self.cfg.min_n - 1, -1):
-            tail = seq[n_tokens - n:]
+            tail = seq[n_tokens - n :]
             # Most recent earlier occurrence wins: it reflects the current local pattern.
             for s in range(n_tokens - n - 1, -1, -1):
-                if seq[s:s + n] == tail:
-                    cont = seq[s + n:s + n + k]
+                if seq[s : s + n] == tail:
+                    cont = seq[s + n : s + n + k]
                     if cont:
                         return cont, None
         return [], None

@@ -16,6 +16,7 @@ method (``--spec dflash|combined``); ``--spec auto`` declines it and plans with 
 Either way one line on stderr says so at load, and the Speculation's ``note`` (the stats'
 ``spec_note``) says why.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ from thor_runtime.errors import ThorError
 DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # The methods that run a DFlash drafter (``auto`` only when one fits and is current).
 DRAFTER_METHODS = ("dflash", "combined", "auto")
-RETRAIN = ("regenerate its data and distill it again on today's planner: `thor calib gen-data --constrained`, "
-           "then `thor calib distill`")
+RETRAIN = (
+    "regenerate its data and distill it again on today's planner: `thor calib gen-data --constrained`, "
+    "then `thor calib distill`"
+)
 
 
 def weights_kind(model) -> str:
@@ -38,7 +41,8 @@ def weights_kind(model) -> str:
     if quant:
         return quant
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
-        str(getattr(model, "dtype", "")).removeprefix("torch."), "")
+        str(getattr(model, "dtype", "")).removeprefix("torch."), ""
+    )
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class ShippedDrafter:
     path: Path
     target_id: str
     hidden_size: int | None
-    target_weights: str         # "" = unrecorded: taken for any weight kind
-    plan_format: str            # "" = unrecorded
+    target_weights: str  # "" = unrecorded: taken for any weight kind
+    plan_format: str  # "" = unrecorded
 
     @property
     def name(self) -> str:
@@ -57,8 +61,11 @@ class ShippedDrafter:
         """Trained for this target: same model id and hidden size, and taps from the same weight
         kind (a drafter distilled on fp32 taps commits about half as many tokens per cycle on
         int4 weights, where its forwards then cost more than they save)."""
-        return (self.target_id == model.cfg.name and self.hidden_size == model.cfg.hidden_size
-                and self.target_weights in ("", weights_kind(model)))
+        return (
+            self.target_id == model.cfg.name
+            and self.hidden_size == model.cfg.hidden_size
+            and self.target_weights in ("", weights_kind(model))
+        )
 
     def describe(self) -> str:
         return f"{self.name} (for {self.target_id!r}, {self.target_weights or 'any'} weights)"
@@ -74,8 +81,13 @@ def read_shipped(path: str | Path) -> ShippedDrafter:
     if not isinstance(doc, dict):
         raise ThorError(f"{d}/config.json: a drafter config must be a JSON object")
     fmt = doc.get("plan_format", "")
-    return ShippedDrafter(d, str(doc.get("target_id", "")), doc.get("hidden_size"),
-                          str(doc.get("target_weights", "")), fmt if isinstance(fmt, str) else "")
+    return ShippedDrafter(
+        d,
+        str(doc.get("target_id", "")),
+        doc.get("hidden_size"),
+        str(doc.get("target_weights", "")),
+        fmt if isinstance(fmt, str) else "",
+    )
 
 
 def shipped_drafters(root: str | Path | None = None) -> tuple[ShippedDrafter, ...]:
@@ -106,9 +118,11 @@ def require_drafter_for(model, root: str | Path | None = None) -> ShippedDrafter
     found = drafter_for(model, root)
     if found is None:
         have = ", ".join(d.describe() for d in shipped_drafters(root)) or "none"
-        raise ThorError(f"no shipped DFlash drafter for the target {model.cfg.name!r} ({weights_kind(model) or '?'} "
-                        f"weights, hidden size {model.cfg.hidden_size}); shipped: {have}. Pass --drafter DIR "
-                        "(train one with `thor calib distill`), or use --spec ngram or auto")
+        raise ThorError(
+            f"no shipped DFlash drafter for the target {model.cfg.name!r} ({weights_kind(model) or '?'} "
+            f"weights, hidden size {model.cfg.hidden_size}); shipped: {have}. Pass --drafter DIR "
+            "(train one with `thor calib distill`), or use --spec ngram or auto"
+        )
     return found
 
 
@@ -147,12 +161,14 @@ def warn(line: str) -> None:
 
 @dataclass(frozen=True)
 class DrafterPick:
-    drafter: str | None = None   # the directory to load, where the method's options named none
-    use: bool = True             # False: ``auto`` plans with prompt lookup (no drafter fits, or it is stale)
-    note: str = ""               # why, for the stats ("" when there is nothing to say)
+    drafter: str | None = None  # the directory to load, where the method's options named none
+    use: bool = True  # False: ``auto`` plans with prompt lookup (no drafter fits, or it is stale)
+    note: str = ""  # why, for the stats ("" when there is nothing to say)
 
 
-def pick_drafter(method: str, given: str | None, in_memory, model, plan_format: str | None) -> DrafterPick:
+def pick_drafter(
+    method: str, given: str | None, in_memory, model, plan_format: str | None
+) -> DrafterPick:
     """Which drafter a DFlash-based method runs and whether its plan format still holds.
 
     given: the --drafter directory, if any; in_memory: a DFlashDrafter passed ready-made (taken
@@ -165,11 +181,11 @@ def pick_drafter(method: str, given: str | None, in_memory, model, plan_format: 
         label, recorded = given or "in memory", in_memory.cfg.plan_format
     elif given:
         label, recorded = given, recorded_format(given)
-        if recorded is None:             # unreadable: loading it says what is wrong
+        if recorded is None:  # unreadable: loading it says what is wrong
             return DrafterPick()
     else:
         found = drafter_for(model) if method == "auto" else require_drafter_for(model)
-        if found is None:                # the ordinary case of a target without one: nothing declined
+        if found is None:  # the ordinary case of a target without one: nothing declined
             return DrafterPick(use=False)
         path, label, recorded = str(found.path), found.name, found.plan_format
         hint = f"retrain it as {found.path / 'README.md'} describes"
@@ -179,6 +195,8 @@ def pick_drafter(method: str, given: str | None, in_memory, model, plan_format: 
     stale = f"DFlash drafter {label} is stale for the planner: {reason}"
     if method == "auto":
         warn(f"{stale}; --spec auto plans with prompt lookup instead ({hint})")
-        return DrafterPick(use=False, note=f"auto declined DFlash drafter {label}: {reason}; prompt lookup instead")
+        return DrafterPick(
+            use=False, note=f"auto declined DFlash drafter {label}: {reason}; prompt lookup instead"
+        )
     warn(f"{stale}; running it as asked (--spec {method}), expect few accepted drafts ({hint})")
     return DrafterPick(path, note=stale)

@@ -1,5 +1,6 @@
 """The checks that hold a goal to its task from the things it names and the amounts it says, in
 any language (agent/language/checks.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,13 +13,26 @@ from agent.language.mentions import read_words
 WORLD = {
     "name": "studio",
     "objects": [
-        {"name": "ink_tin", "type": "tin", "position": [0.3, 0.1, 0.9], "mass_kg": 0.3,
-         "at": "bench", "aliases": ["Farbdose"]},
-        {"name": "squeegee", "type": "tool", "position": [0.2, 0.0, 0.9], "mass_kg": 0.2,
-         "at": "bench"},
+        {
+            "name": "ink_tin",
+            "type": "tin",
+            "position": [0.3, 0.1, 0.9],
+            "mass_kg": 0.3,
+            "at": "bench",
+            "aliases": ["Farbdose"],
+        },
+        {
+            "name": "squeegee",
+            "type": "tool",
+            "position": [0.2, 0.0, 0.9],
+            "mass_kg": 0.2,
+            "at": "bench",
+        },
     ],
-    "places": [{"name": "bench", "position": [0.3, 0.0, 0.9]},
-               {"name": "rack", "position": [0.1, 0.3, 1.0], "aliases": ["Regal"]}],
+    "places": [
+        {"name": "bench", "position": [0.3, 0.0, 0.9]},
+        {"name": "rack", "position": [0.1, 0.3, 1.0], "aliases": ["Regal"]},
+    ],
     "robot": {"workspace": {"min": [-1, -1, 0], "max": [1, 1, 2]}, "max_payload_kg": 2.0},
 }
 
@@ -33,8 +47,10 @@ def ws():
 
 def checks(task, goal, ws, lex=EMPTY):
     world, skills = ws
-    return [f.check + ": " + f.message for f in
-            task_findings(read_words(task, world, lex), {"goal": goal}, world, skills)]
+    return [
+        f.check + ": " + f.message
+        for f in task_findings(read_words(task, world, lex), {"goal": goal}, world, skills)
+    ]
 
 
 def test_a_goal_about_an_unnamed_object_is_held_to_the_task(ws):
@@ -52,9 +68,10 @@ def test_missing_must_be_said_by_the_task(ws):
 
 def test_an_amount_said_with_a_known_unit_must_be_taken_by_a_call(ws):
     task = "schieb die Farbdose 5 cm nach rechts"
-    lex = load_lexicon("en")                 # knows "cm", not a word of German
-    assert any("says 0.05 m" in o for o in checks(task, [{"object": "ink_tin", "at": "bench"}],
-                                                  ws, lex))
+    lex = load_lexicon("en")  # knows "cm", not a word of German
+    assert any(
+        "says 0.05 m" in o for o in checks(task, [{"object": "ink_tin", "at": "bench"}], ws, lex)
+    )
     push = {"do": "push", "args": {"object": "ink_tin", "direction": "right", "distance": 0.05}}
     assert checks(task, [push], ws, lex) == []
     # with no unit known the number asks for nothing (a count? a name?): it only ranks goals
@@ -69,5 +86,11 @@ def test_a_count_is_taken_by_times_and_an_amount_no_skill_takes_is_left_alone(ws
     twice = {"do": "inspect", "args": {"object": "ink_tin"}, "times": 3}
     assert checks("inspect the ink tin 3 times", [twice], ws) == []
     # no argument of any skill takes 7777777 in any scale, and no call is asked for it
-    assert checks("put the ink tin on the rack for order 7777777",
-                  [{"object": "ink_tin", "at": "rack"}], ws) == []
+    assert (
+        checks(
+            "put the ink tin on the rack for order 7777777",
+            [{"object": "ink_tin", "at": "rack"}],
+            ws,
+        )
+        == []
+    )

@@ -1,6 +1,7 @@
 """No planner module reads a task with words of a language written in code: regular expressions
 and word lists over task text live nowhere but in lexicon files (agent/language/lexicons/),
 read by the lexicon loader. The check reads the sources with ``ast``."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,12 @@ def plan_vocabulary() -> set[str]:
 
     import jsonschema
 
-    out = set(jsonschema.Draft202012Validator.VALIDATORS) | {"default", "examples", "title",
-                                                           "description"}
+    out = set(jsonschema.Draft202012Validator.VALIDATORS) | {
+        "default",
+        "examples",
+        "title",
+        "description",
+    }
 
     def walk(x) -> None:
         if isinstance(x, dict):
@@ -45,9 +50,14 @@ def word_lists(tree: ast.AST, known: set[str] = frozenset()) -> list[str]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            words = [e.value for e in node.elts
-                     if isinstance(e, ast.Constant) and isinstance(e.value, str)
-                     and e.value.isalpha() and e.value.islower()]
+            words = [
+                e.value
+                for e in node.elts
+                if isinstance(e, ast.Constant)
+                and isinstance(e.value, str)
+                and e.value.isalpha()
+                and e.value.islower()
+            ]
             if len(words) >= 3 and len(words) == len(node.elts) and not set(words) <= known:
                 out.append(f"{node.lineno}: {words[:4]}")
     return out
@@ -78,6 +88,9 @@ def test_no_regular_expression_or_word_list_over_task_text_outside_the_lexicon_l
 
 
 def test_the_check_sees_a_word_list_and_a_regex(tmp_path):
-    tree = ast.parse('import re\nSET_WORDS = frozenset({"all", "every", "each"})\n'
-                     'KEYS = ("do", "before")\n')
-    assert word_lists(tree) == ["2: ['all', 'every', 'each']"] and regex_uses(tree) == ["1: import re"]
+    tree = ast.parse(
+        'import re\nSET_WORDS = frozenset({"all", "every", "each"})\nKEYS = ("do", "before")\n'
+    )
+    assert word_lists(tree) == ["2: ['all', 'every', 'each']"] and regex_uses(tree) == [
+        "1: import re"
+    ]

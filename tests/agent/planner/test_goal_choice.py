@@ -1,23 +1,30 @@
 """Choosing the plan's goal among the grammar's candidates (agent/planner/goal_choice.py): scores are the
 grammar-masked log-likelihood of each goal's tokens, branches share the prompt's cache, and the
 choice never turns a refusal into a plan or a reachable goal into one that is not."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-from thor_runtime.errors import ThorError
 
 from agent.files.loader import base_plan_schema
-from agent.planner.goal_choice import (INFEASIBLE, REACHABLE, UNREACHED, Candidate, GoalChooser, head_span)
-from agent.schema.grammar import Grammar, GrammarTokenizer
+from agent.planner.goal_choice import (
+    INFEASIBLE,
+    REACHABLE,
+    UNREACHED,
+    Candidate,
+    GoalChooser,
+    head_span,
+)
 from agent.planner.planner import Planner, specialize_request
-from agent.symbolic.solver import stated_goal
+from agent.schema.grammar import Grammar, GrammarTokenizer
 from agent.schema.specialize import specialize
-
+from agent.symbolic.solver import stated_goal
 from tests.helpers.runtimes import ScriptedRuntime
 from tests.helpers.worlds import good_plan, world_and_skills
+from thor_runtime.errors import ThorError
 
 TASK = "put the apple on the table"
 
@@ -40,12 +47,14 @@ def _reference_logprob(model, gtok, grammar, prompt, ids, g) -> float:
     """The masked log-likelihood of ids[g:], recomputed from scratch: one fresh cache, one
     forward over the prompt and all of ids, a fresh grammar walk row by row."""
     cache = model.model.new_cache(len(prompt) + len(ids) + 1)
-    logits = model.model.forward(torch.tensor(prompt + ids[:-1]), cache, logits_rows="all").logits   # [P+n-1, V]
+    logits = model.model.forward(
+        torch.tensor(prompt + ids[:-1]), cache, logits_rows="all"
+    ).logits  # [P+n-1, V]
     c = grammar.constraint()
     total = 0.0
     for i, t in enumerate(ids):
         if i >= g:
-            row = c.mask_rows(logits[len(prompt) + i - 1:len(prompt) + i].float(), [])
+            row = c.mask_rows(logits[len(prompt) + i - 1 : len(prompt) + i].float(), [])
             total += float(torch.log_softmax(row, -1)[0, t])
         c.advance(t)
     return total
@@ -56,9 +65,9 @@ def test_head_span_finds_the_goal_and_where_the_steps_open(tiny_llama):
     ids = tok.encode(_compact(good_plan()), add_special=False)
     g, h = head_span(gtok.token_bytes, ids)
     head = tok.decode(ids[:h])
-    assert head.endswith('"steps":[') and '"steps":[' not in tok.decode(ids[:h - 1])
-    assert '"goal":[' in tok.decode(ids[:g + 1]) and '"goal":[' not in tok.decode(ids[:g - 1])
-    assert head_span(gtok.token_bytes, ids[:h - 1]) is None          # the steps never open
+    assert head.endswith('"steps":[') and '"steps":[' not in tok.decode(ids[: h - 1])
+    assert '"goal":[' in tok.decode(ids[: g + 1]) and '"goal":[' not in tok.decode(ids[: g - 1])
+    assert head_span(gtok.token_bytes, ids[: h - 1]) is None  # the steps never open
 
 
 def test_every_candidate_is_scored_by_its_own_masked_likelihood(tiny_llama):
@@ -76,7 +85,11 @@ def test_every_candidate_is_scored_by_its_own_masked_likelihood(tiny_llama):
         assert text.endswith('"steps":[') and isinstance(stated_goal(text)["goal"], list)
         if c.branch is not None:
             # it follows the greedy head up to its branch point, then takes another token
-            assert c.ids[:c.branch] == ids[:c.branch] and c.ids[c.branch] != ids[c.branch] and g <= c.branch < h
+            assert (
+                c.ids[: c.branch] == ids[: c.branch]
+                and c.ids[c.branch] != ids[c.branch]
+                and g <= c.branch < h
+            )
             assert text != greedy_text
         # the branch's score (shared cache, cropped back) is the one a fresh forward gives
         ref = _reference_logprob(tiny_llama, gtok, grammar, prompt, c.ids, g)
@@ -98,7 +111,11 @@ def _choose(pairs, tiers):
 
 
 def test_the_choice_ranks_reachable_goals_first_and_keeps_a_refusal():
-    a, b, c = [{"object": "apple", "at": "table"}], [{"object": "apple", "at": "sink"}], [{"missing": "toaster"}]
+    a, b, c = (
+        [{"object": "apple", "at": "table"}],
+        [{"object": "apple", "at": "sink"}],
+        [{"missing": "toaster"}],
+    )
     # a likelier reachable goal replaces a reachable greedy one; a less likely one does not
     ch = _choose([_cand(a, -3.0, None), _cand(b, -1.0, 7)], [REACHABLE, REACHABLE])
     assert ch.changed and ch.chosen.goal == b
@@ -108,7 +125,10 @@ def test_the_choice_ranks_reachable_goals_first_and_keeps_a_refusal():
     ch = _choose([_cand(a, -1.0, None), _cand(b, -30.0, 7)], [UNREACHED, REACHABLE])
     assert ch.changed and ch.chosen.goal == b
     # never to a goal that is not reachable, likelier or not
-    ch = _choose([_cand(a, -3.0, None), _cand(c, -0.1, 7), _cand(b, -0.2, 9)], [REACHABLE, INFEASIBLE, UNREACHED])
+    ch = _choose(
+        [_cand(a, -3.0, None), _cand(c, -0.1, 7), _cand(b, -0.2, 9)],
+        [REACHABLE, INFEASIBLE, UNREACHED],
+    )
     assert not ch.changed and ch.chosen.goal == a
     # a greedy goal infeasible from the goal alone is the task's refusal: kept
     ch = _choose([_cand(c, -5.0, None), _cand(a, -0.1, 7)], [INFEASIBLE, REACHABLE])
@@ -130,13 +150,32 @@ def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypat
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")
     greedy_text = _compact({**good_plan(), "task": "move the apple"})
-    other = [{"object": "apple", "at": "sink"}]   # "move the apple": any place
+    other = [{"object": "apple", "at": "sink"}]  # "move the apple": any place
     other_head = _compact({**_head(other), "task": "move the apple"})[:-1] + ',"steps":['
-    steps = _compact({"s": [
-        {"id": "s1", "skill": "pick", "args": {"object": "apple", "grasp": "side", "force": 10},
-         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
-        {"id": "s2", "skill": "place", "args": {"object": "apple", "target": "sink"},
-         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})[6:]
+    steps = _compact(
+        {
+            "s": [
+                {
+                    "id": "s1",
+                    "skill": "pick",
+                    "args": {"object": "apple", "grasp": "side", "force": 10},
+                    "preconditions": [],
+                    "expected_effects": [],
+                    "timeout_s": 10,
+                    "on_failure": "abort",
+                },
+                {
+                    "id": "s2",
+                    "skill": "place",
+                    "args": {"object": "apple", "target": "sink"},
+                    "preconditions": [],
+                    "expected_effects": [],
+                    "timeout_s": 10,
+                    "on_failure": "abort",
+                },
+            ]
+        }
+    )[6:]
     rt = _Runtime(tok, [greedy_text, steps], tiny_llama.model)
     pl = Planner(rt, tok, attempts=0, thinking=False, complete=solver, goal_choice=2)
 
@@ -144,15 +183,19 @@ def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypat
         g, h = head_span(pl.gtok.token_bytes, gen_ids)
         alt = tok.encode(other_head, add_special=False)
         return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
+
     monkeypatch.setattr(pl.chooser, "candidates", candidates)
     monkeypatch.setattr(pl.chooser, "priors", lambda *a, **k: None)
     res = pl.plan("move the apple", w, s)
     assert res.valid and res.plan["goal"] == other
     assert res.stats["goal_changed"] == 1 and res.stats["goal_choice"][0]["changed"]
-    assert [c["tier"] for c in res.stats["goal_choice"][0]["candidates"]] == ["reachable", "reachable"]
-    if solver:       # the solver's steps for the chosen goal; nothing more decoded
+    assert [c["tier"] for c in res.stats["goal_choice"][0]["candidates"]] == [
+        "reachable",
+        "reachable",
+    ]
+    if solver:  # the solver's steps for the chosen goal; nothing more decoded
         assert res.completed and len(rt.prompts) == 1
-    else:            # the model's steps, decoded after the chosen goal's head
+    else:  # the model's steps, decoded after the chosen goal's head
         assert not res.completed and len(rt.prompts) == 2 and rt.prompts[1].endswith(other_head)
         assert [st["args"]["object"] for st in res.plan["steps"]] == ["apple", "apple"]
 
@@ -163,7 +206,9 @@ def test_a_refused_goal_runs_no_forward(tiny_llama, monkeypatch):
     heavy = {**good_plan(), "goal": [{"object": "cast_iron_pan", "at": "table"}]}
     rt = _Runtime(tok, [_compact(heavy)], tiny_llama.model)
     pl = Planner(rt, tok, attempts=0, thinking=False, goal_choice=4)
-    monkeypatch.setattr(pl.chooser, "candidates", lambda *a, **k: pytest.fail("no candidates for a refusal"))
+    monkeypatch.setattr(
+        pl.chooser, "candidates", lambda *a, **k: pytest.fail("no candidates for a refusal")
+    )
     res = pl.plan("put the cast iron pan on the table", w, s)
     assert not res.valid and "payload" in {f["check"] for f in res.report}
     assert res.stats["goal_changed"] == 0 and "refused" in res.stats["goal_choice"][0]["note"]
@@ -184,15 +229,43 @@ def test_on_by_default_with_one_grammar_for_every_task_and_every_lexicon(tiny_ll
     assert not any(none.reading.hints.values())
     with pytest.raises(ThorError, match="lexicon file not found"):
         specialize_request(TASK, w, s, lexicon="no-such-lexicon.json")
-    cup = _compact({**good_plan(), "goal": [{"object": "red_cup", "at": "table"}], "steps": [
-        {"id": "s1", "skill": "pick", "args": {"object": "red_cup", "grasp": "side", "force": 10},
-         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"},
-        {"id": "s2", "skill": "place", "args": {"object": "red_cup", "target": "table"},
-         "preconditions": [], "expected_effects": [], "timeout_s": 10, "on_failure": "abort"}]})
+    cup = _compact(
+        {
+            **good_plan(),
+            "goal": [{"object": "red_cup", "at": "table"}],
+            "steps": [
+                {
+                    "id": "s1",
+                    "skill": "pick",
+                    "args": {"object": "red_cup", "grasp": "side", "force": 10},
+                    "preconditions": [],
+                    "expected_effects": [],
+                    "timeout_s": 10,
+                    "on_failure": "abort",
+                },
+                {
+                    "id": "s2",
+                    "skill": "place",
+                    "args": {"object": "red_cup", "target": "table"},
+                    "preconditions": [],
+                    "expected_effects": [],
+                    "timeout_s": 10,
+                    "on_failure": "abort",
+                },
+            ],
+        }
+    )
 
     def plan(lexicon):
-        return Planner(ScriptedRuntime(tok, [cup]), tok, attempts=0, thinking=False,
-                       complete=False, lexicon=lexicon).plan(TASK, w, s)
+        return Planner(
+            ScriptedRuntime(tok, [cup]),
+            tok,
+            attempts=0,
+            thinking=False,
+            complete=False,
+            lexicon=lexicon,
+        ).plan(TASK, w, s)
+
     # with no lexicon too, a goal about a thing the task does not name is held to the task
     for lexicon in ("shipped", "none"):
         res = plan(lexicon)
@@ -208,8 +281,11 @@ def test_forms_open_goals_of_every_kind_and_rank_by_what_the_task_adds(tiny_llam
     tok, model = tiny_llama.tokenizer, tiny_llama.model
     w, s = world_and_skills("kitchen")
     forms = goal_openings(s)
-    assert '{"do":"inspect"' in forms and '{"do":"pick"' not in forms and forms[-2:] == (
-        '{"before":[', '{"every":')
+    assert (
+        '{"do":"inspect"' in forms
+        and '{"do":"pick"' not in forms
+        and forms[-2:] == ('{"before":[', '{"every":')
+    )
     gtok = GrammarTokenizer(tok)
     req = specialize_request(TASK, w, s)
     grammar = Grammar(gtok, req.schema)
@@ -218,13 +294,23 @@ def test_forms_open_goals_of_every_kind_and_rank_by_what_the_task_adds(tiny_llam
     chooser = GoalChooser(model, tok, gtok, model.new_cache, 1)
     cands = chooser.candidates(prompt, head, grammar, forms=forms)
     opened = cands[2:]
-    texts = [tok.decode(c.ids[c.start:]) for c in opened]
+    texts = [tok.decode(c.ids[c.start :]) for c in opened]
     assert any(t.lstrip("[").startswith('{"do":"inspect"') for t in texts), texts
     assert all(c.tokens > 0 and c.logprob < 0 for c in cands)
     chooser.priors(tok.encode("Task: ", add_special=False), cands, grammar)
     assert all(c.prior < 0 for c in cands)
-    cands[0].goal = [{"before": [{"do": "inspect", "args": {"object": "apple"}},
-                                 {"object": "apple", "at": "table"}]}]
-    hints = {"forms": frozenset({"before"}), "skills": frozenset({"inspect"}), "states": frozenset()}
+    cands[0].goal = [
+        {
+            "before": [
+                {"do": "inspect", "args": {"object": "apple"}},
+                {"object": "apple", "at": "table"},
+            ]
+        }
+    ]
+    hints = {
+        "forms": frozenset({"before"}),
+        "skills": frozenset({"inspect"}),
+        "states": frozenset(),
+    }
     assert hinted(cands[0].goal, hints) == 2 and hinted(cands[0].goal, {}) == 0
     assert rank(cands[0], hints) == cands[0].logprob - cands[0].prior + 2 * HINT_NATS

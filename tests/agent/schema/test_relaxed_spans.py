@@ -4,6 +4,7 @@ The claim: with ``RelaxedConfig.spans`` the relaxed rule keeps a draft only wher
 inside the value of a top-level free-text key, and the plan an executor runs (goal, steps,
 arguments) is the one strict decoding gives.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,30 +15,42 @@ import pytest
 import torch
 
 from agent.files.loader import base_plan_schema
+from agent.planner.planner import Planner
 from agent.schema.free_text import FreeTextTracker, drop_free_text, trailing_free_text
 from agent.schema.grammar import Grammar
-from agent.planner.planner import Planner
 from agent.schema.specialize import specialize
 from agent.symbolic.executor import execute, parse_goal
-from thor_runtime.errors import ThorError
+from tests.helpers.runtimes import BudgetRuntime, ScriptedRuntime
+from tests.helpers.worlds import good_plan, world_and_skills
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative.accept import RelaxedConfig, accept_relaxed_at, in_thinking
 from thor_runtime.speculative.base import Proposer
 
-from tests.helpers.runtimes import BudgetRuntime, ScriptedRuntime
-from tests.helpers.worlds import good_plan, world_and_skills
-
 KEYS = ("rationale",)
 SPANS = RelaxedConfig(None, None, spans=True)
-_STEPS = {"type": "array", "items": {"enum": ["pick", "place", "wait"]}, "minItems": 1, "maxItems": 3}
+_STEPS = {
+    "type": "array",
+    "items": {"enum": ["pick", "place", "wait"]},
+    "minItems": 1,
+    "maxItems": 3,
+}
 _WHY = {"type": "string", "minLength": 8, "maxLength": 40}
 # rationale last, as in the plan schema; and first, where its wording is context for the steps
-LAST = {"type": "object", "properties": {"task": {"type": "string", "maxLength": 12}, "steps": _STEPS, "rationale": _WHY},
-        "required": ["task", "steps", "rationale"], "additionalProperties": False}
-FIRST = {"type": "object", "properties": {"rationale": _WHY, "task": {"type": "string", "maxLength": 12}, "steps": _STEPS},
-         "required": ["rationale", "task", "steps"], "additionalProperties": False}
+LAST = {
+    "type": "object",
+    "properties": {"task": {"type": "string", "maxLength": 12}, "steps": _STEPS, "rationale": _WHY},
+    "required": ["task", "steps", "rationale"],
+    "additionalProperties": False,
+}
+FIRST = {
+    "type": "object",
+    "properties": {"rationale": _WHY, "task": {"type": "string", "maxLength": 12}, "steps": _STEPS},
+    "required": ["rationale", "task", "steps"],
+    "additionalProperties": False,
+}
 
 
 # ---- the position tracker, on one-byte tokens ------------------------------------------------
@@ -49,24 +62,34 @@ def marks(text: str) -> str:
 
 
 def test_tracker_marks_only_the_top_level_rationale_value():
-    text = ('{"plan_id":"rationale","task":"a rationale","goal":[{"missing":"rationale"}],'
-            '"steps":[{"id":"s1","args":{"rationale":"x"},"notes":["rationale"]}],"rationale":"why \\"so\\", ok"}')
+    text = (
+        '{"plan_id":"rationale","task":"a rationale","goal":[{"missing":"rationale"}],'
+        '"steps":[{"id":"s1","args":{"rationale":"x"},"notes":["rationale"]}],"rationale":"why \\"so\\", ok"}'
+    )
     got = marks(text)
     start = text.index('"rationale":"why') + len('"rationale":"')
-    assert got == "." * start + "^" * (len(text) - 2 - start) + ".."     # the closing quote and brace are not
+    assert (
+        got == "." * start + "^" * (len(text) - 2 - start) + ".."
+    )  # the closing quote and brace are not
 
 
 def test_tracker_judges_whole_tokens():
-    tb = [bytes([i]) for i in range(256)] + [b'":"', b'ok', b'ay"}', b'\\"']
+    tb = [bytes([i]) for i in range(256)] + [b'":"', b"ok", b'ay"}', b'\\"']
     opens, word, closes, esc = 256, 257, 258, 259
     head = list(b'{"steps":[],"rationale')
     tr = FreeTextTracker.for_keys(tb, KEYS)
     # the token that opens the value and the one that closes it are outside; an escape is inside
-    assert tr.spans(head + [opens, word, esc, word, closes]) == [False] * len(head) + [False, True, True, True, False]
+    assert tr.spans(head + [opens, word, esc, word, closes]) == [False] * len(head) + [
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
     for t in head + [opens]:
         tr.advance(t)
     assert tr.spans([word, closes]) == [True, False]
-    assert tr.spans([word]) == [True]                 # asking leaves the state where it was
+    assert tr.spans([word]) == [True]  # asking leaves the state where it was
 
 
 def test_tracker_skips_the_thinking_span():
@@ -76,8 +99,8 @@ def test_tracker_skips_the_thinking_span():
     think = list(b'{"rationale":"x') + [ord('"')]
     plan = list(b'\n{"steps":[],"rationale":"yes"}')
     flags = tr.spans([b] + think + [e] + plan)
-    assert not any(flags[:len(think) + 2])
-    assert [chr(t) for t, f in zip(plan, flags[len(think) + 2:]) if f] == list("yes")
+    assert not any(flags[: len(think) + 2])
+    assert [chr(t) for t, f in zip(plan, flags[len(think) + 2 :]) if f] == list("yes")
 
 
 def test_trailing_free_text_is_the_plan_schemas_rationale_only():
@@ -91,14 +114,17 @@ def test_trailing_free_text_is_the_plan_schemas_rationale_only():
     assert trailing_free_text(other) == () and trailing_free_text({}) == ()
 
 
-@pytest.mark.parametrize("text, out, cut", [
-    ('{"a":1,"b":[2],"rationale":"x, \\"y\\""}', '{"a":1,"b":[2]}', False),
-    ('{"rationale":"x","b":{"rationale":"z"}}', '{"b":{"rationale":"z"}}', False),
-    ('{"a":1,"b":2,"rationale":"hel', '{"a":1,"b":2}', True),
-    ('{"a":1,"b":2,"rationale":"hello"', '{"a":1,"b":2}', True),
-    ('{"a":1,"b":[2,', '{"a":1,"b":[2,', False),
-    ('{"a":"rationale"}', '{"a":"rationale"}', False),
-])
+@pytest.mark.parametrize(
+    "text, out, cut",
+    [
+        ('{"a":1,"b":[2],"rationale":"x, \\"y\\""}', '{"a":1,"b":[2]}', False),
+        ('{"rationale":"x","b":{"rationale":"z"}}', '{"b":{"rationale":"z"}}', False),
+        ('{"a":1,"b":2,"rationale":"hel', '{"a":1,"b":2}', True),
+        ('{"a":1,"b":2,"rationale":"hello"', '{"a":1,"b":2}', True),
+        ('{"a":1,"b":[2,', '{"a":1,"b":[2,', False),
+        ('{"a":"rationale"}', '{"a":"rationale"}', False),
+    ],
+)
 def test_drop_free_text(text, out, cut):
     assert drop_free_text(text, KEYS) == (out, cut)
     assert drop_free_text(text, ()) == (text, False)
@@ -116,7 +142,7 @@ def test_relaxed_config_needs_a_span():
 def test_relaxed_rule_applies_only_to_flagged_drafts():
     logits = torch.zeros(4, 8)
     logits[torch.arange(4), torch.tensor([1, 2, 3, 0])] = 3.0
-    logits[torch.arange(4), torch.tensor([4, 5, 6, 7])] = 2.0        # close runners-up
+    logits[torch.arange(4), torch.tensor([4, 5, 6, 7])] = 2.0  # close runners-up
     drafts = torch.tensor([4, 5, 6])
     assert accept_relaxed_at(logits, drafts, [True, True, True], SPANS) == (3, [4, 5, 6, 0], 3)
     assert accept_relaxed_at(logits, drafts, [True, False, True], SPANS) == (1, [4, 2], 1)
@@ -127,13 +153,18 @@ def test_relaxed_rule_applies_only_to_flagged_drafts():
 def span_of(gtok, ids: list[int]) -> list[bool]:
     """Per token: its bytes lie inside the top-level rationale's value, read from the finished
     text (an oracle apart from the tracker: the value's bounds by plain search)."""
-    spans = [gtok.token_bytes[t] if t < len(gtok.token_bytes) and t not in gtok.eos_ids else b"" for t in ids]
+    spans = [
+        gtok.token_bytes[t] if t < len(gtok.token_bytes) and t not in gtok.eos_ids else b""
+        for t in ids
+    ]
     data = b"".join(spans)
-    key = data.find(b'"rationale":"', 1 if data.startswith(b'{"rationale"') else data.rfind(b',"rationale":"'))
+    key = data.find(
+        b'"rationale":"', 1 if data.startswith(b'{"rationale"') else data.rfind(b',"rationale":"')
+    )
     start = key + len(b'"rationale":"')
     end = start
-    while data[end:end + 1] != b'"':
-        end += 2 if data[end:end + 1] == b"\\" else 1
+    while data[end : end + 1] != b'"':
+        end += 2 if data[end : end + 1] == b"\\" else 1
     out, at = [], 0
     for s in spans:
         out.append(bool(s) and start <= at and at + len(s) <= end)
@@ -150,12 +181,14 @@ def test_constraint_names_the_rationale_drafts(tok, gtok):
     c, none = g.constraint(free_text=KEYS), g.constraint()
     assert c.valid_prefix(ids) == len(ids)
     for i, t in enumerate(ids[:-1]):
-        assert c.relaxed_spans(ids[i:i + 5]) == want[i:i + 5], i
-        assert none.relaxed_spans(ids[i:i + 5]) == [False] * len(ids[i:i + 5])
+        assert c.relaxed_spans(ids[i : i + 5]) == want[i : i + 5], i
+        assert none.relaxed_spans(ids[i : i + 5]) == [False] * len(ids[i : i + 5])
         c.advance(t)
         none.advance(t)
     # the grammar writes properties in schema order: a rationale cannot come before the steps
-    early = tok.encode('{"task":"a","rationale":"because it is","steps":["pick"]}', add_special=False)
+    early = tok.encode(
+        '{"task":"a","rationale":"because it is","steps":["pick"]}', add_special=False
+    )
     assert g.constraint().valid_prefix(early) < len(early)
 
 
@@ -174,9 +207,13 @@ class RunnerUp(Proposer):
         self.n_prompt = len(prompt_ids)
 
     def propose(self, seq, k):
-        out = seq[self.n_prompt:]
-        logits = self.model.prefill(torch.tensor(seq), self.model.new_cache(len(seq) + 1)).logits[-1]
-        masked = self.grammar.constraint().mask_rows(logits.expand(len(out) + 1, -1).contiguous(), out)[-1]
+        out = seq[self.n_prompt :]
+        logits = self.model.prefill(torch.tensor(seq), self.model.new_cache(len(seq) + 1)).logits[
+            -1
+        ]
+        masked = self.grammar.constraint().mask_rows(
+            logits.expand(len(out) + 1, -1).contiguous(), out
+        )[-1]
         return [int(torch.topk(masked, 2).indices[1])], None
 
 
@@ -184,8 +221,12 @@ def strict_choices(model, grammar, prompt: list[int], out: list[int]) -> list[in
     """Per output position, the token strict greedy decoding commits after the output before it:
     the grammar-masked argmax (verify rows are the bits of 1-row steps)."""
     cache = model.new_cache(len(prompt) + len(out) + 1)
-    logits = torch.cat([model.prefill(torch.tensor(prompt), cache).logits,
-                        model.verify(torch.tensor(out[:-1]), cache).logits])         # [len(out), V]
+    logits = torch.cat(
+        [
+            model.prefill(torch.tensor(prompt), cache).logits,
+            model.verify(torch.tensor(out[:-1]), cache).logits,
+        ]
+    )  # [len(out), V]
     return grammar.constraint().mask_rows(logits, out[:-1]).argmax(-1).tolist()
 
 
@@ -198,15 +239,29 @@ def test_relaxed_accepts_lie_inside_the_rationale(tiny_llama, tok, gtok, schema)
     for prompt in ("pick up the red cup", "move the gripper to the shelf"):
         ids = tok.encode(prompt)
         plain = rt.generate(ids, params, constraint=g.constraint())
-        assert rt.generate(ids, params, speculation=spec, constraint=g.constraint()).token_ids == plain.token_ids
+        assert (
+            rt.generate(ids, params, speculation=spec, constraint=g.constraint()).token_ids
+            == plain.token_ids
+        )
         # spans on, but the constraint names none: strict everywhere
-        unnamed = rt.generate(ids, params, speculation=replace(spec, relaxed=SPANS), constraint=g.constraint())
+        unnamed = rt.generate(
+            ids, params, speculation=replace(spec, relaxed=SPANS), constraint=g.constraint()
+        )
         assert unnamed.token_ids == plain.token_ids and unnamed.stats.relaxed_accepted == 0
-        rel = rt.generate(ids, params, speculation=replace(spec, relaxed=SPANS), constraint=g.constraint(free_text=KEYS))
+        rel = rt.generate(
+            ids,
+            params,
+            speculation=replace(spec, relaxed=SPANS),
+            constraint=g.constraint(free_text=KEYS),
+        )
         assert rel.finish_reason == "eos" and rel.stats.relaxed_accepted > 0
         out = rel.token_ids
         inside = span_of(gtok, out)
-        relaxed_at = [i for i, (t, s) in enumerate(zip(out, strict_choices(tiny_llama.model, g, ids, out))) if t != s]
+        relaxed_at = [
+            i
+            for i, (t, s) in enumerate(zip(out, strict_choices(tiny_llama.model, g, ids, out)))
+            if t != s
+        ]
         assert relaxed_at and all(inside[i] for i in relaxed_at), (relaxed_at, rel.text)
         assert len(relaxed_at) == rel.stats.relaxed_accepted
         if schema is LAST:
@@ -225,7 +280,9 @@ def compact(plan: dict) -> str:
 def test_a_plan_cut_in_its_rationale_is_whole(tok):
     w, s = world_and_skills("kitchen")
     rt = BudgetRuntime(tok, [compact(good_plan())[:-1] + ',"rationale":"the apple is light, so'])
-    res = Planner(rt, tok, attempts=0, thinking=False, complete=False).plan("put the apple on the table", w, s)
+    res = Planner(rt, tok, attempts=0, thinking=False, complete=False).plan(
+        "put the apple on the table", w, s
+    )
     assert res.valid and res.plan == good_plan() and res.report == []
 
 
@@ -235,7 +292,9 @@ def test_a_repair_prompt_shows_the_plan_without_its_rationale(tok):
     heavy["steps"][0]["args"]["object"] = "cast_iron_pan"
     heavy["rationale"] = "zebra words"
     rt = ScriptedRuntime(tok, [compact(heavy), compact(good_plan())])
-    res = Planner(rt, tok, attempts=1, thinking=False, complete=False).plan("put the apple on the table", w, s)
+    res = Planner(rt, tok, attempts=1, thinking=False, complete=False).plan(
+        "put the apple on the table", w, s
+    )
     assert res.valid and res.attempts == 2
     assert "cast_iron_pan" in rt.prompts[1] and "zebra" not in rt.prompts[1]
 
@@ -259,7 +318,10 @@ def test_executed_plan_is_the_same_with_relaxed_spans(default_model):
     wordy = base_plan_schema()
     wordy["required"] = wordy["required"] + ["rationale"]
     wordy["properties"]["rationale"]["minLength"] = 40
-    for world, task in (("kitchen", "put the red cup in the sink"), ("warehouse", "bring box_a to dock_1")):
+    for world, task in (
+        ("kitchen", "put the red cup in the sink"),
+        ("warehouse", "bring box_a to dock_1"),
+    ):
         w, s = world_and_skills(world)
         for schema in (None, wordy):
             # one repair: its prompt carries the rejected plan, which must not carry the rationale

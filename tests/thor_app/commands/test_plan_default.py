@@ -1,11 +1,14 @@
 """`thor plan` without --model plans with the model `thor serve` hosts by default: the embedded
 one, so neither needs a download. A pulled catalog model is chosen by name, never implicitly."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from tests.helpers.runtimes import ScriptedRuntime
+from tests.helpers.worlds import WORLDS, good_plan
 from thor_app.assembly import assembled_with
 from thor_app.cli import build_parser, main
 from thor_app.commands import plan as plan_cli
@@ -13,15 +16,23 @@ from thor_app.flags import config_from_args
 from thor_app.server.config import ServeConfig
 from thor_runtime.catalog import MODELS_DIR_ENV
 
-from tests.helpers.runtimes import ScriptedRuntime
-from tests.helpers.worlds import WORLDS, good_plan
-
 TASK = "put the apple on the table"
 
 
 def _argv(*extra):
-    return ["plan", TASK, "--world", str(WORLDS["kitchen"]), "--spec", "none", "--no-thinking", "--json",
-            "--attempts", "0", *extra]
+    return [
+        "plan",
+        TASK,
+        "--world",
+        str(WORLDS["kitchen"]),
+        "--spec",
+        "none",
+        "--no-thinking",
+        "--json",
+        "--attempts",
+        "0",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -31,19 +42,30 @@ def seen_models(monkeypatch, tiny_llama):
 
     def build(config):
         seen.append(config.model.name)
-        return assembled_with(config, tiny_llama, ScriptedRuntime(tiny_llama.tokenizer, [json.dumps(good_plan())]))
+        return assembled_with(
+            config, tiny_llama, ScriptedRuntime(tiny_llama.tokenizer, [json.dumps(good_plan())])
+        )
+
     monkeypatch.setattr(plan_cli, "build_runtime", build)
     return seen
 
 
-@pytest.mark.parametrize("argv", [["plan", TASK, "--world", "w.json"], ["generate", "hello"],
-                                  ["bench"], ["selftest"], ["engines", "build"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", TASK, "--world", "w.json"],
+        ["generate", "hello"],
+        ["bench"],
+        ["selftest"],
+        ["engines", "build"],
+    ],
+)
 def test_every_command_defaults_to_the_service_model_and_settings(argv):
     served = ServeConfig().runtime
     got = config_from_args(build_parser().parse_args(argv))
     assert got.model.name == served.model.name == "default"
     assert got.model.device == served.model.device == "auto"
-    if argv[0] in ("plan", "generate"):         # the runtime both run, field for field
+    if argv[0] in ("plan", "generate"):  # the runtime both run, field for field
         assert got.model == served.model and got.engine == served.engine
 
 

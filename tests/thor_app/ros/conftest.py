@@ -8,8 +8,8 @@ import pytest
 from tests.helpers.ros import (
     GOOD,
     Report,
-    Spinning,
     SlowScript,
+    Spinning,
     loopback_env,
     need_rclpy,
     random_domain,

@@ -30,10 +30,9 @@ def send(client_node, action_type, name, goal, feedback=None, server_wait_s=10.0
 def expected_document(loaded):
     """What `thor plan --json` answers for TASK in the kitchen with the same scripted runtime."""
     from agent.files.loader import load_skills, load_world, resolve_skills_path
+    from tests.helpers.ros import SlowScript, ros_config
     from thor_app.assembly import assembled_with
     from thor_app.session import PlanSession
-
-    from tests.helpers.ros import SlowScript, ros_config
 
     world = load_world(KITCHEN)
     skills = load_skills(resolve_skills_path(world, None))
@@ -343,10 +342,9 @@ def test_parameters_come_from_the_runtime_config_table(thor, tmp_path):
 
 
 def test_a_bad_parameter_is_named(ros, tiny_llama_long):
+    from tests.helpers.ros import ros_config
     from thor_app.ros.node import ThorNode
     from thor_runtime.errors import ThorError
-
-    from tests.helpers.ros import ros_config
 
     for args, words in (
         (["-p", "planner.max_tokens:=3"], "parameter planner.max_tokens must be >= 16"),

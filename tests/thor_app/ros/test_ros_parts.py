@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import ROOT
+from tests.helpers.worlds import good_plan
 from thor_app.ros.params import (
     NODE_PARAMS,
     RUNTIME_SECTIONS,
@@ -35,9 +37,6 @@ from thor_app.ros.robot import (
 )
 from thor_runtime.config import SECTIONS, RuntimeConfig
 from thor_runtime.errors import ThorError
-
-from tests.helpers.paths import ROOT
-from tests.helpers.worlds import good_plan
 
 LAUNCH = ROOT / "deploy" / "ros" / "thor_ros.launch.xml"
 PARAMS = ROOT / "deploy" / "ros" / "thor_ros.params.yaml"

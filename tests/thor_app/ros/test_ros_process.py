@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.helpers.paths import ROOT
-from tests.helpers.ros import feedback_log, loopback_env, result_of, ros_context, wait_for
+from tests.helpers.ros import feedback_log, loopback_env, result_of, wait_for
 
 LAUNCH = ROOT / "deploy" / "ros" / "thor_ros.launch.xml"
 
@@ -33,12 +33,11 @@ def launch_argv() -> list[str]:
 
 @pytest.mark.slow
 def test_the_launched_node_plans_cancels_and_stops(ros, interfaces):
+    import rclpy
     from action_msgs.msg import GoalStatus
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
     from rclpy.action import ActionClient
     from rclpy.executors import SingleThreadedExecutor
-
-    import rclpy
 
     Plan = interfaces[0]
     env = loopback_env(dict(os.environ))

@@ -1,6 +1,7 @@
 """SIGTERM's drain: new and queued requests get 503 with Retry-After at once, the running one
 may finish within shutdown_grace_s (waited once), else it is cut with a proper error — a JSON
 503, or an SSE error event before [DONE] — never a truncated body."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,11 +11,10 @@ import time
 
 import pytest
 
+from tests.helpers.serving import config, is_error_body, passing, wait_health
 from thor_app.server.app import CUT_WRITE_S, STATE, drain, make_app
 from thor_app.server.host import Hosted
 from thor_runtime.speculative import PLAIN
-
-from tests.helpers.serving import config, is_error_body, passing, wait_health
 
 MSG = [{"role": "user", "content": "pick up the red cup"}]
 TOKEN_S = 0.02
@@ -40,18 +40,29 @@ def server(aiohttp_client, tiny_llama):
     async def go():
         from thor_runtime.engine.generate import Runtime
 
-        hosted = Hosted(tiny_llama, Runtime(SlowSteps(tiny_llama.model), tiny_llama.tokenizer), PLAIN)
-        app = make_app(config(limits={"batch": 1}), loader=lambda cfg: hosted, selftest=passing,
-                       watchdog_s=None)   # one worker: a second request queues
+        hosted = Hosted(
+            tiny_llama, Runtime(SlowSteps(tiny_llama.model), tiny_llama.tokenizer), PLAIN
+        )
+        app = make_app(
+            config(limits={"batch": 1}),
+            loader=lambda cfg: hosted,
+            selftest=passing,
+            watchdog_s=None,
+        )  # one worker: a second request queues
         client = await aiohttp_client(app)
         assert (await wait_health(client))[0] == 200
         return client, app
+
     return go
 
 
 def long_chat(stream: bool) -> dict:
-    return {"messages": MSG, "max_tokens": 900, "stream": stream,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": LONG}}}
+    return {
+        "messages": MSG,
+        "max_tokens": 900,
+        "stream": stream,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": LONG}},
+    }
 
 
 async def read_sse(resp) -> tuple[list[dict], bool]:
@@ -74,24 +85,32 @@ async def test_queued_get_503_at_once_and_the_running_stream_is_cut_with_an_erro
     assert stream.status == 200
     while not st.jobs.busy:
         await asyncio.sleep(0.01)
-    queued = asyncio.ensure_future(client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4}))
+    queued = asyncio.ensure_future(
+        client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 4})
+    )
     while st.jobs.depth < 1:
         await asyncio.sleep(0.01)
     grace = 0.6
     t0 = time.monotonic()
     drained = asyncio.ensure_future(drain(app, grace))
     r = await queued
-    assert time.monotonic() - t0 < 0.3                       # not after the grace
-    assert r.status == 503 and r.headers["Retry-After"] and (await r.json())["error"]["code"] == "shutting_down"
+    assert time.monotonic() - t0 < 0.3  # not after the grace
+    assert (
+        r.status == 503
+        and r.headers["Retry-After"]
+        and (await r.json())["error"]["code"] == "shutting_down"
+    )
     r = await client.post("/v1/plan", json={"task": "x", "world": "kitchen"})
     assert r.status == 503 and is_error_body(await r.json())  # new work is refused
     events, done = await read_sse(stream)
     cut_s = time.monotonic() - t0
     assert done and is_error_body(events[-1]) and events[-1]["error"]["code"] == "shutting_down"
-    assert any(e.get("choices") and e["choices"][0]["delta"].get("content") for e in events[:-1]), events[:5]
+    assert any(e.get("choices") and e["choices"][0]["delta"].get("content") for e in events[:-1]), (
+        events[:5]
+    )
     await drained
     took = time.monotonic() - t0
-    assert grace <= cut_s and took < grace + CUT_WRITE_S, (cut_s, took)   # the grace once, not twice
+    assert grace <= cut_s and took < grace + CUT_WRITE_S, (cut_s, took)  # the grace once, not twice
     assert (await client.get("/health")).status == 503
 
 
@@ -99,13 +118,16 @@ async def test_queued_get_503_at_once_and_the_running_stream_is_cut_with_an_erro
 async def test_a_request_that_finishes_within_the_grace_gets_its_answer(server):
     client, app = await server()
     st = app[STATE]
-    req = asyncio.ensure_future(client.post("/v1/chat/completions",
-                                            json={"messages": MSG, "max_tokens": 20, "temperature": 0}))
+    req = asyncio.ensure_future(
+        client.post(
+            "/v1/chat/completions", json={"messages": MSG, "max_tokens": 20, "temperature": 0}
+        )
+    )
     while not st.jobs.busy:
         await asyncio.sleep(0.01)
     t0 = time.monotonic()
     await drain(app, 10.0)
-    assert time.monotonic() - t0 < 5.0                      # it returns when the work is done
+    assert time.monotonic() - t0 < 5.0  # it returns when the work is done
     r = await req
     assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] is not None
 
@@ -123,7 +145,9 @@ async def test_a_running_plain_request_cut_at_the_grace_gets_a_json_503(server):
     assert r.status == 503 and body["error"]["code"] == "shutting_down" and r.headers["Retry-After"]
 
 
-def test_sigterm_cuts_a_stream_with_an_error_event_and_exits_0_within_the_grace(tmp_path, tiny_dirs):
+def test_sigterm_cuts_a_stream_with_an_error_event_and_exits_0_within_the_grace(
+    tmp_path, tiny_dirs
+):
     """The process: SIGTERM during a long stream -> the stream ends with an error event and
     [DONE], and the process exits 0 about one grace later (not two)."""
     import http.client
@@ -132,18 +156,25 @@ def test_sigterm_cuts_a_stream_with_an_error_event_and_exits_0_within_the_grace(
 
     grace = 1.0
     port = free_port()
-    proc = spawn_serve(tmp_path, f'[server]\nport = {port}\nshutdown_grace_s = {grace}\n[model]\n'
-                                 f'name = "{tiny_dirs["llama"]}"\n[speculation]\nmethod = "none"\n')
+    proc = spawn_serve(
+        tmp_path,
+        f"[server]\nport = {port}\nshutdown_grace_s = {grace}\n[model]\n"
+        f'name = "{tiny_dirs["llama"]}"\n[speculation]\nmethod = "none"\n',
+    )
     try:
         status, body = wait_ready(proc, port, tmp_path)
         if status != 200:
             pytest.skip(f"the tiny model did not pass the real self-test: {body['reason']}")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("POST", "/v1/chat/completions", json.dumps(long_chat(True)),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps(long_chat(True)),
+            {"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         assert resp.status == 200
-        resp.readline()                      # the role event: generation is under way
+        resp.readline()  # the role event: generation is under way
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         lines = [ln.strip() for ln in resp.read().decode().splitlines() if ln.strip()]

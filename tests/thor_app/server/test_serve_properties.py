@@ -8,6 +8,7 @@ world and skills validation, the grammar compile, the planner, the solver and th
 The app runs on a loopback port in an event loop of its own thread, so each example is a plain
 call that hypothesis can repeat and shrink (strategies.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from thor_app.server.app import make_app
-
 from tests.helpers.serving import config, hosted_loader, is_error_body, passing, wait_health
 from tests.helpers.strategies import CHAT_BODY, JSON, PLAN_BODY, PROPERTY
+from thor_app.server.app import make_app
 
 CHAT, PLAN = "/v1/chat/completions", "/v1/plan"
 
@@ -44,8 +44,13 @@ def call(tiny_llama_long):
     thread.start()
 
     async def start():
-        cfg = config(limits={"max_tokens": 64, "default_max_tokens": 16, "queue_size": 4}, planner={"max_tokens": 24, "attempts": 1})
-        app = make_app(cfg, loader=hosted_loader(tiny_llama_long), selftest=passing, watchdog_s=None)
+        cfg = config(
+            limits={"max_tokens": 64, "default_max_tokens": 16, "queue_size": 4},
+            planner={"max_tokens": 24, "attempts": 1},
+        )
+        app = make_app(
+            cfg, loader=hosted_loader(tiny_llama_long), selftest=passing, watchdog_s=None
+        )
         client = TestClient(TestServer(app, host="127.0.0.1"))
         await client.start_server()
         await wait_health(client)
@@ -57,6 +62,7 @@ def call(tiny_llama_long):
         async def go():
             r = await client.request(method, path, **kw)
             return r.status, await r.read()
+
         return asyncio.run_coroutine_threadsafe(go(), loop).result(300)
 
     yield run
@@ -65,8 +71,12 @@ def call(tiny_llama_long):
     thread.join(30)
 
 
-def _answered(call, method: str, path: str, data: bytes | None = None, query: dict | None = None) -> int:
-    status, body = call(method, path, data=data, params=query, headers={"Content-Type": "application/json"})
+def _answered(
+    call, method: str, path: str, data: bytes | None = None, query: dict | None = None
+) -> int:
+    status, body = call(
+        method, path, data=data, params=query, headers={"Content-Type": "application/json"}
+    )
     assert status < 500, (method, path, status, body[:400], (data or b"")[:400])
     if status >= 400:
         assert is_error_body(json.loads(body)), (status, body[:400])
@@ -90,7 +100,7 @@ def _statuses(call, route: str, bodies) -> Counter:
 
 def test_chat_bodies_give_no_5xx(call):
     seen = _statuses(call, CHAT, CHAT_BODY)
-    assert seen[200] >= 8, seen               # generations ran, not only the first checks
+    assert seen[200] >= 8, seen  # generations ran, not only the first checks
 
 
 def test_plan_bodies_with_random_worlds_skills_and_schemas_give_no_5xx(call):
@@ -106,8 +116,13 @@ def test_any_json_at_the_post_routes_gives_no_5xx(call, path, doc):
 
 
 @PROPERTY
-@given(path=st.sampled_from([CHAT, PLAN, "/health", "/metrics", "/v1/models", "/v1/nothing"]),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]), data=st.binary(max_size=200),
-       query=st.dictionaries(st.text("abcxyz_", min_size=1, max_size=5), st.text(max_size=8), max_size=2))
+@given(
+    path=st.sampled_from([CHAT, PLAN, "/health", "/metrics", "/v1/models", "/v1/nothing"]),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+    data=st.binary(max_size=200),
+    query=st.dictionaries(
+        st.text("abcxyz_", min_size=1, max_size=5), st.text(max_size=8), max_size=2
+    ),
+)
 def test_any_bytes_at_any_route_give_no_5xx(call, path, method, data, query):
     _answered(call, method, path, data, query)

@@ -6,6 +6,7 @@ decodes for real, plainly and speculatively: whatever it picks is a well-formed 
 function's schema. Where the model decides (auto) a scripted runtime answers, each of its
 tokens committed through the request's grammar, so a scripted answer the grammar refuses fails
 the test; the real models' choices are the slow tests at the end."""
+
 from __future__ import annotations
 
 import json
@@ -13,14 +14,14 @@ import json
 import jsonschema
 import pytest
 
+from tests.helpers.serving import config, hosted_loader, is_error_body, passing, wait_health
+from tests.helpers.tool_calls import FENCED, MSG, PARIS, PUSH, SCHEMAS, TOOLS, Scripted
 from thor_app.server.app import make_app
 from thor_app.server.host import Hosted
 from thor_runtime.speculative import PLAIN
 
-from tests.helpers.serving import config, hosted_loader, is_error_body, passing, wait_health
-from tests.helpers.tool_calls import FENCED, MSG, PARIS, PUSH, SCHEMAS, TOOLS, Scripted
-
 pytestmark = pytest.mark.asyncio
+
 
 @pytest.fixture
 def start(aiohttp_client, tiny_llama_long):
@@ -28,7 +29,7 @@ def start(aiohttp_client, tiny_llama_long):
         loaded = loaded or tiny_llama_long
         if script is not None:
             hosted = Hosted(loaded, script, PLAIN)
-            loader = lambda cfg: hosted                      # noqa: E731
+            loader = lambda cfg: hosted  # noqa: E731
         else:
             loader = hosted_loader(loaded, spec)
         app = make_app(config(**tables), loader=loader, selftest=passing, watchdog_s=None)
@@ -36,21 +37,29 @@ def start(aiohttp_client, tiny_llama_long):
         status, body = await wait_health(client)
         assert status == 200, body
         return client
+
     return go
 
 
 def openai_client(client):
     openai = pytest.importorskip("openai")
-    return openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="sk-local",
-                              max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=str(client.make_url("/v1")), api_key="sk-local", max_retries=0
+    )
 
 
 def chat_model(client, **kw):
     pytest.importorskip("langchain_openai")
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(model="default", base_url=str(client.make_url("/v1")), api_key="sk-local",
-                      max_retries=0, temperature=0, **kw)
+    return ChatOpenAI(
+        model="default",
+        base_url=str(client.make_url("/v1")),
+        api_key="sk-local",
+        max_retries=0,
+        temperature=0,
+        **kw,
+    )
 
 
 async def ask(oc, **kw):
@@ -112,7 +121,7 @@ async def test_required_and_named_calls_are_well_formed_plain_and_speculative(st
             assert ch.message.tool_calls[0].function.name == "push_object"
         outs.append(pairs(ch.message.tool_calls))
     await oc.close()
-    if spec == "ngram":     # speculation never changes the answer
+    if spec == "ngram":  # speculation never changes the answer
         oc = openai_client(await start(spec="none"))
         for choice, want in zip(choices, outs):
             ch = await ask(oc, tool_choice=choice, max_tokens=120, parallel_tool_calls=False)
@@ -127,8 +136,14 @@ async def test_no_malformed_call_when_sampling_hard(start):
     oc = openai_client(await start())
     calls = 0
     for seed in range(6):
-        ch = await ask(oc, tool_choice="required", max_tokens=160, temperature=2.0, seed=seed,
-                       parallel_tool_calls=seed % 2 == 0)
+        ch = await ask(
+            oc,
+            tool_choice="required",
+            max_tokens=160,
+            temperature=2.0,
+            seed=seed,
+            parallel_tool_calls=seed % 2 == 0,
+        )
         assert ch.finish_reason in ("tool_calls", "length"), ch
         assert ch.finish_reason == "length" or ch.message.tool_calls
         check_calls(ch.message.tool_calls or [])
@@ -162,9 +177,13 @@ async def test_strict_pydantic_tool_is_parsed_by_the_client(start):
         days: int = Field(ge=1, le=3)
 
     oc = openai_client(await start())
-    r = await oc.chat.completions.parse(model="default", messages=MSG, max_tokens=160,
-                                        tools=[openai.pydantic_function_tool(GetWeather)],
-                                        tool_choice=named("GetWeather"))
+    r = await oc.chat.completions.parse(
+        model="default",
+        messages=MSG,
+        max_tokens=160,
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice=named("GetWeather"),
+    )
     args = r.choices[0].message.tool_calls[0].function.parsed_arguments
     assert isinstance(args, GetWeather) and 1 <= args.days <= 3
     await oc.close()
@@ -214,8 +233,9 @@ async def test_parallel_calls_answered_and_streamed(start, tiny_llama_long):
     await oc.close()
 
 
-async def test_tool_choice_none_answers_content_with_the_tools_in_the_prompt(start,
-                                                                             tiny_llama_long):
+async def test_tool_choice_none_answers_content_with_the_tools_in_the_prompt(
+    start, tiny_llama_long
+):
     script = Scripted(tiny_llama_long.tokenizer, ["I would ask for the weather."])
     oc = openai_client(await start(script=script))
     content, calls, finish, _ = await streamed(oc, tool_choice="none")
@@ -231,8 +251,10 @@ async def test_a_conversation_with_past_calls_and_results(start, tiny_llama_long
     oc = openai_client(await start(script=script))
     first = (await ask(oc)).message
     call = first.tool_calls[0]
-    history = MSG + [first.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'}]
+    history = MSG + [
+        first.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
+    ]
     r = await ask(oc, messages=history)
     assert r.message.content == "It is 18 degrees in Paris." and r.finish_reason == "stop"
     assert PARIS in script.prompts[1]
@@ -255,8 +277,9 @@ async def test_langchain_bind_tools(start, tiny_llama_long):
     question = HumanMessage("What is the weather in Paris?")
     ai = await bound.ainvoke([question])
     paris = {"city": "Paris", "unit": "celsius"}
-    assert ai.tool_calls == [{"name": "get_weather", "args": paris, "id": ai.tool_calls[0]["id"],
-                              "type": "tool_call"}]
+    assert ai.tool_calls == [
+        {"name": "get_weather", "args": paris, "id": ai.tool_calls[0]["id"], "type": "tool_call"}
+    ]
     chunks = None
     async for chunk in bound.astream([question]):
         chunks = chunk if chunks is None else chunks + chunk
@@ -272,6 +295,7 @@ async def test_langchain_bind_tools_named_choice_decodes_for_real(start):
 
     class PushObject(BaseModel):
         """Push an object sideways."""
+
         object: str = Field(json_schema_extra={"enum": ["red_cup", "blue_box"]})
         dx_cm: int = Field(ge=-20, le=20)
 
@@ -287,20 +311,30 @@ def fn(**f) -> list:
     return [{"type": "function", "function": f}]
 
 
-@pytest.mark.parametrize("extra, param, words", [
-    ({"tools": fn(name="f", parameters={"type": "array", "uniqueItems": True})}, "tools",
-     "uniqueItems"),
-    ({"tools": fn(name="f", parameters={"type": "nonsense"})}, "tools", "not a valid JSON Schema"),
-    ({"tools": fn(name="f", parameters=[1])}, "tools", "JSON Schema"),
-    ({"tools": fn(name="bad name")}, "tools", "letters"),
-    ({"tools": fn(name="f") * 2}, "tools", "second function"),
-    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools", "only function tools"),
-    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
-    ({"tools": TOOLS, "tool_choice": named("fly")}, "tool_choice", "not among the tools"),
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
-    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
-])
+@pytest.mark.parametrize(
+    "extra, param, words",
+    [
+        (
+            {"tools": fn(name="f", parameters={"type": "array", "uniqueItems": True})},
+            "tools",
+            "uniqueItems",
+        ),
+        (
+            {"tools": fn(name="f", parameters={"type": "nonsense"})},
+            "tools",
+            "not a valid JSON Schema",
+        ),
+        ({"tools": fn(name="f", parameters=[1])}, "tools", "JSON Schema"),
+        ({"tools": fn(name="bad name")}, "tools", "letters"),
+        ({"tools": fn(name="f") * 2}, "tools", "second function"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools", "only function tools"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
+        ({"tools": TOOLS, "tool_choice": named("fly")}, "tool_choice", "not among the tools"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+        ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+    ],
+)
 async def test_bad_tools_and_tool_choice_are_400(start, extra, param, words):
     client = await start()
     r = await client.post("/v1/chat/completions", json={"messages": MSG, **extra})

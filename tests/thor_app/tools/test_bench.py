@@ -1,4 +1,5 @@
 """`thor bench` runs end to end on a tiny model and reports what it claims."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,26 @@ from thor_app.cli import main
 
 def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = main(["bench", "--model", str(tiny_dirs["llama"]), "--configs", "fp32/fp32,fp32/fp8", "--spec",
-               "none,ngram", "--repeats", "1", "--max-tokens", "16", "--prefill-tokens", "32",
-               "--no-baseline", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(tiny_dirs["llama"]),
+            "--configs",
+            "fp32/fp32,fp32/fp8",
+            "--spec",
+            "none,ngram",
+            "--repeats",
+            "1",
+            "--max-tokens",
+            "16",
+            "--prefill-tokens",
+            "32",
+            "--no-baseline",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert {"cpu", "torch"} <= set(doc["device"])
@@ -19,7 +37,10 @@ def test_bench_json_and_table(tiny_dirs, tmp_path, capsys):
     assert rows[("fp32", "ngram")]["tokens_identical_to_plain"] is True
     assert rows[("fp8", "ngram")]["tokens_identical_to_plain"] is True
     # identical tokens pass the losslessness gate with no divergences to explain
-    assert rows[("fp32", "ngram")]["gate"] == "identical" and rows[("fp32", "ngram")]["lossless"] is True
+    assert (
+        rows[("fp32", "ngram")]["gate"] == "identical"
+        and rows[("fp32", "ngram")]["lossless"] is True
+    )
     assert rows[("fp32", "ngram")]["divergences"] == []
     assert "greedy_agreement_vs_fp32_kv" in rows[("fp8", "none")]
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in doc["rows"])
@@ -42,18 +63,45 @@ def test_bench_specs_take_turns_and_keep_one_speculation_each(tiny_dirs, tmp_pat
     def spy(self, ids, params=None, speculation=None, *a, **k):
         if params is not None and params.max_tokens == 12:
             calls.append(speculation)
-        return real(self, ids, params, speculation, *a, **k) if speculation is not None else real(self, ids, params)
+        return (
+            real(self, ids, params, speculation, *a, **k)
+            if speculation is not None
+            else real(self, ids, params)
+        )
 
     monkeypatch.setattr(Runtime, "generate", spy)
     out = tmp_path / "bench.json"
-    assert main(["bench", "--model", str(tiny_dirs["llama"]), "--configs", "fp32/fp32", "--spec", "none,ngram,auto",
-                 "--repeats", "2", "--max-tokens", "12", "--prefill-tokens", "16", "--no-baseline",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(tiny_dirs["llama"]),
+                "--configs",
+                "fp32/fp32",
+                "--spec",
+                "none,ngram,auto",
+                "--repeats",
+                "2",
+                "--max-tokens",
+                "12",
+                "--prefill-tokens",
+                "16",
+                "--no-baseline",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     prompts = 3
     assert len(calls) == 2 * prompts * 3 and len({id(c) for c in calls}) == 3
-    turns = [calls[i:i + 3] for i in range(0, len(calls), 3)]
-    assert all(len({id(c) for c in t}) == 3 for t in turns)              # every spec once per prompt
+    turns = [calls[i : i + 3] for i in range(0, len(calls), 3)]
+    assert all(len({id(c) for c in t}) == 3 for t in turns)  # every spec once per prompt
     firsts = [id(t[0]) for t in turns]
-    assert len(set(firsts[:3])) == 3                                     # the first spec rotates
+    assert len(set(firsts[:3])) == 3  # the first spec rotates
     rows = {r["spec"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["ngram"]["tokens_identical_to_plain"] is True and rows["auto"]["tokens_identical_to_plain"] is True
+    assert (
+        rows["ngram"]["tokens_identical_to_plain"] is True
+        and rows["auto"]["tokens_identical_to_plain"] is True
+    )

@@ -1,5 +1,6 @@
 """The peers harness in its short mode: every configuration runs in its own process, a peer
 that is not installed is skipped with its reason, and the outputs (JSON, table, plots) appear."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ def test_peers_short_mode(tmp_path, monkeypatch):
 
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "wcache"))  # workers inherit it
     lines = []
-    doc = run_peers("default", tmp_path, short=True, peers_py=str(tmp_path / "no-such-python"), threads=1,
-                    log=lines.append)
+    doc = run_peers(
+        "default",
+        tmp_path,
+        short=True,
+        peers_py=str(tmp_path / "no-such-python"),
+        threads=1,
+        log=lines.append,
+    )
     assert "llama.cpp" in doc["skipped"] and any("llama.cpp skipped" in x for x in lines)
     rows = {(r["engine"], r["config"]): r for r in doc["rows"]}
     thor = rows[("thor", "int4/none")]
@@ -22,7 +29,10 @@ def test_peers_short_mode(tmp_path, monkeypatch):
     assert thor["verify16_x_step"] > 0
     assert thor["plan_latency_median_s"] > 0 and thor["plan_warm_median_s"] > 0
     # speculation is also timed against plain in its own process, prompt by prompt; plain is not
-    assert rows[("thor", "int4/auto")]["vs_plain_paired_min"] > 0 and thor["vs_plain_paired_min"] is None
+    assert (
+        rows[("thor", "int4/auto")]["vs_plain_paired_min"] > 0
+        and thor["vs_plain_paired_min"] is None
+    )
     saved = json.loads((tmp_path / "peers.json").read_text())
     assert saved["machine"]["torch"] and saved["rows"] == doc["rows"]
     assert "| thor | int4/none |" in (tmp_path / "peers.md").read_text()
@@ -51,7 +61,7 @@ def test_llama_cpp_killed_by_a_signal_runs_again_without_extra_buffers(tmp_path)
 
     from thor_app.tools.peers.driver import _run
 
-    fake = tmp_path / "python"            # stands for the peers' interpreter: -m worker SPEC OUT
+    fake = tmp_path / "python"  # stands for the peers' interpreter: -m worker SPEC OUT
     fake.write_text(f"""#!{sys.executable}
 import json, os, signal, sys
 spec = json.load(open(sys.argv[3]))
@@ -63,9 +73,12 @@ json.dump({{"version": "llama-cpp-python test"}}, open(sys.argv[4], "w"))
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     out = _run(str(fake), {"engine": "llama.cpp"}, {})
-    assert out["version"] == "llama-cpp-python test, extra buffer types off (with them: killed by signal 11)"
+    assert (
+        out["version"]
+        == "llama-cpp-python test, extra buffer types off (with them: killed by signal 11)"
+    )
     assert _run(str(fake), {"engine": "llama.cpp", "fail": True}, {}) == {"error": "exit status 3"}
-    assert "error" in _run(str(fake), {"engine": "thor"}, {})      # only llama.cpp is retried
+    assert "error" in _run(str(fake), {"engine": "thor"}, {})  # only llama.cpp is retried
 
 
 @pytest.mark.slow
@@ -81,9 +94,20 @@ def test_peers_beside_a_neighbour(tmp_path, monkeypatch):
     def counted():
         spawned.append(real())
         return spawned[-1]
+
     monkeypatch.setattr(bench_neighbour, "start_neighbour", counted)
-    doc = run_peers("default", tmp_path, short=True, peers_py=str(tmp_path / "no-such-python"), threads=1,
-                    log=lambda *_: None, configs=["int4/none"], neighbour=True, transformers=False, plans=0)
+    doc = run_peers(
+        "default",
+        tmp_path,
+        short=True,
+        peers_py=str(tmp_path / "no-such-python"),
+        threads=1,
+        log=lambda *_: None,
+        configs=["int4/none"],
+        neighbour=True,
+        transformers=False,
+        plans=0,
+    )
     rows = {(r["config"], r["load"]): r for r in doc["rows"]}
     assert set(rows) == {("int4/none", "quiet"), ("int4/none", "neighbour")}
     assert "transformers" in doc["skipped"] and doc["neighbour"] is True

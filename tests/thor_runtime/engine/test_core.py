@@ -1,14 +1,14 @@
 """Runtime core: parity with transformers (the oracle), KV dtypes, chunked prefill, sampling, stops."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from thor_runtime.engine.generate import Runtime
-from thor_runtime.cache.kv_cache import KVCache, KVScales
-from thor_runtime.engine.sampling import SamplingParams
-
 from tests.helpers.oracle import hf_greedy, hf_oracle
+from thor_runtime.cache.kv_cache import KVCache, KVScales
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 
 PROMPTS = [
     "pick up the red cup and place it on the table",
@@ -31,7 +31,9 @@ def _assert_matches_oracle(loaded, hf, ids, tol):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert (ours - ref).abs().max() < tol
-    res = Runtime(loaded.model, loaded.tokenizer).generate(ids, SamplingParams(max_tokens=64, ignore_eos=True))
+    res = Runtime(loaded.model, loaded.tokenizer).generate(
+        ids, SamplingParams(max_tokens=64, ignore_eos=True)
+    )
     assert res.token_ids == hf_greedy(hf, ids, 64)
 
 
@@ -52,7 +54,6 @@ def test_default_model_greedy_matches_transformers(default_model, hf_default):
 @pytest.mark.parametrize("qtype,tol", [("F32", 1e-5), ("F16", 5e-2), ("Q8_0", 2e-1)])
 def test_gguf_loader_undoes_permutation(qtype, tol, tiny_llama, tmp_path):
     from tests.helpers.gguf_writer import write_tiny_gguf
-
     from thor_runtime.loading.hf_weights import hf_weights
 
     src = tiny_llama.source
@@ -72,7 +73,9 @@ def test_gguf_loader_undoes_permutation(qtype, tol, tiny_llama, tmp_path):
 
 def test_fp8_kv_cache_is_one_byte_and_close(default_model):
     cfg, model = default_model.cfg, default_model.model
-    ids = torch.tensor(default_model.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[0]}]))
+    ids = torch.tensor(
+        default_model.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    )
     c32, c8 = KVCache(cfg, 128, "fp32"), KVCache(cfg, 128, "fp8")
     assert c8.k.element_size() == 1 and c8.v.element_size() == 1
     assert c8.nbytes() * 4 == c32.nbytes()
@@ -94,7 +97,11 @@ def test_kv_cache_append_crop_and_scales(tiny_llama, tmp_path):
     assert (K - k).abs().max() < 0.07 * k.abs().max()
     c.crop(3)
     assert c.view(0)[0].shape[1] == 3
-    s = KVScales(torch.full((cfg.num_layers, cfg.num_kv_heads), 0.5), torch.full((cfg.num_layers, cfg.num_kv_heads), 2.0), "abc")
+    s = KVScales(
+        torch.full((cfg.num_layers, cfg.num_kv_heads), 0.5),
+        torch.full((cfg.num_layers, cfg.num_kv_heads), 2.0),
+        "abc",
+    )
     s.save(tmp_path / "s.json")
     back = KVScales.load(tmp_path / "s.json", cfg)
     assert torch.equal(back.k, s.k) and torch.equal(back.v, s.v) and back.prompt_set_sha256 == "abc"
@@ -108,9 +115,12 @@ def test_chunked_prefill_equals_unchunked(kv, default_model):
     chunked = model.prefill(torch.tensor(ids), KVCache(cfg, 256, kv), chunk=16)
     if kv == "fp32":
         assert (full.logits - chunked.logits).abs().max() < 1e-4
-    a = Runtime(model, default_model.tokenizer, kv_dtype=kv).generate(ids, SamplingParams(max_tokens=32, ignore_eos=True))
+    a = Runtime(model, default_model.tokenizer, kv_dtype=kv).generate(
+        ids, SamplingParams(max_tokens=32, ignore_eos=True)
+    )
     b = Runtime(model, default_model.tokenizer, kv_dtype=kv, prefill_chunk=16).generate(
-        ids, SamplingParams(max_tokens=32, ignore_eos=True))
+        ids, SamplingParams(max_tokens=32, ignore_eos=True)
+    )
     assert a.token_ids == b.token_ids
 
 
@@ -119,7 +129,12 @@ def test_sampling_is_reproducible_with_seed(tiny_llama):
     ids = tiny_llama.tokenizer.encode(PROMPTS[1])
     p = SamplingParams(max_tokens=40, temperature=1.0, top_k=50, top_p=0.9, seed=7, ignore_eos=True)
     a, b = rt.generate(ids, p), rt.generate(ids, p)
-    c = rt.generate(ids, SamplingParams(max_tokens=40, temperature=1.0, top_k=50, top_p=0.9, seed=8, ignore_eos=True))
+    c = rt.generate(
+        ids,
+        SamplingParams(
+            max_tokens=40, temperature=1.0, top_k=50, top_p=0.9, seed=8, ignore_eos=True
+        ),
+    )
     greedy = rt.generate(ids, SamplingParams(max_tokens=40, ignore_eos=True))
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids or a.token_ids != greedy.token_ids
@@ -136,7 +151,9 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(tiny_llama, t):
     greedy = rt.generate(ids, SamplingParams(max_tokens=24, ignore_eos=True))
     hot = rt.generate(ids, SamplingParams(max_tokens=24, temperature=t, seed=3, ignore_eos=True))
     assert hot.token_ids == greedy.token_ids
-    probs = target_probs(torch.tensor([[1.0, 3.0, -2.0, float("-inf")]]), SamplingParams(temperature=t))
+    probs = target_probs(
+        torch.tensor([[1.0, 3.0, -2.0, float("-inf")]]), SamplingParams(temperature=t)
+    )
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
 
@@ -155,11 +172,11 @@ def test_stops_eos_string_and_length(tiny_llama):
         r = rt.generate(ids, SamplingParams(max_tokens=48))
     finally:
         tok.eos_token_ids = tok_eos
-    assert r.finish_reason == "eos" and r.token_ids == free.token_ids[:first + 1]
+    assert r.finish_reason == "eos" and r.token_ids == free.token_ids[: first + 1]
     # A stop string taken from the free text ends generation at the token completing it.
     text = tok.decode(free.token_ids)
     stop = text[10:14]
     r = rt.generate(ids, SamplingParams(max_tokens=48, ignore_eos=True, stop=(stop,)))
     assert r.finish_reason == "stop" and stop not in r.text and text.startswith(r.text)
-    assert r.token_ids == free.token_ids[:len(r.token_ids)]
+    assert r.token_ids == free.token_ids[: len(r.token_ids)]
     assert stop in tok.decode(r.token_ids) and stop not in tok.decode(r.token_ids[:-1])

@@ -3,20 +3,13 @@ proposer, `--spec auto` with its verify-cost curve measured on the GPU, a whole 
 planner, and the service answering on the GPU. Each one's answer is the one plain greedy
 decoding gives on the same device. On a machine without CUDA they skip (the CPU runs the same
 logic through the forced fixed-shape decoder in test_fixed_shape.py)."""
+
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 import torch
-
-from thor_runtime.engine.generate import Runtime
-from thor_runtime.engine.sampling import SamplingParams
-from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
-from thor_runtime.speculative import cost as cost_mod
-from thor_runtime.speculative.budget import DraftBudget
-from thor_runtime.speculative.dflash_io import save_drafter
-from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
 from tests.helpers.schemas import PLAN_LIKE
 from tests.helpers.serving import (
@@ -28,9 +21,20 @@ from tests.helpers.serving import (
     wait_health,
 )
 from tests.helpers.tiny import random_drafter
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
+from thor_runtime.speculative import cost as cost_mod
+from thor_runtime.speculative.budget import DraftBudget
+from thor_runtime.speculative.dflash_io import save_drafter
+from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: run `make test-gpu` on a GPU")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device: run `make test-gpu` on a GPU"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +49,11 @@ def on_gpu(tiny_dirs, tmp_path_factory):
 def speculations(loaded, tmp_path) -> dict:
     save_drafter(random_drafter(loaded.cfg, block_size=6, num_taps=2, seed=1), tmp_path / "drafter")
     drafter = str(tmp_path / "drafter")
-    return {"ngram": Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget()),
-            "dflash": build_speculation(SpecOptions(method="dflash", drafter=drafter), loaded.model),
-            "auto": build_speculation(SpecOptions(method="auto", drafter=drafter), loaded.model)}
+    return {
+        "ngram": Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget()),
+        "dflash": build_speculation(SpecOptions(method="dflash", drafter=drafter), loaded.model),
+        "auto": build_speculation(SpecOptions(method="auto", drafter=drafter), loaded.model),
+    }
 
 
 def test_cuda_constrained_spec_equals_plain(on_gpu, tmp_path):
@@ -76,8 +82,10 @@ def test_cuda_cost_curve_is_measured_on_the_gpu_and_auto_stays_exact(on_gpu, tmp
     key = cost_mod.curve_key(rt, curve.rows)
     assert curve.source == "measured" and key["device"].startswith("cuda") and key["gpu"]
     assert curve.rows == min(9, rt.pad_rows or 9) and curve.costs[0] == 1.0
-    print(f"\nverify cost on {key['gpu']} (1..{curve.rows} rows, x one row): "
-          + " ".join(f"{c:.3f}" for c in curve.costs))
+    print(
+        f"\nverify cost on {key['gpu']} (1..{curve.rows} rows, x one row): "
+        + " ".join(f"{c:.3f}" for c in curve.costs)
+    )
     assert cost_mod.verify_costs(rt, 9, str(tmp_path / "cache")).source == "cached"
 
     sp = speculations(on_gpu, tmp_path)["auto"]
@@ -88,7 +96,9 @@ def test_cuda_cost_curve_is_measured_on_the_gpu_and_auto_stays_exact(on_gpu, tmp
         res = rt.generate(tok.encode(prompt), params, sp)
         assert res.token_ids == want, i
         choice = res.stats.auto_choice
-        assert choice["cost_curve"] in ("measured", "cached") and 0 <= choice["k"] <= choice["k_max"]
+        assert (
+            choice["cost_curve"] in ("measured", "cached") and 0 <= choice["k"] <= choice["k_max"]
+        )
     print(f"auto's last choice on the GPU: {choice}")
 
 
@@ -101,8 +111,9 @@ def test_cuda_plan_with_auto_equals_the_plain_plan(on_gpu, tmp_path):
     rt = Runtime(on_gpu.model, on_gpu.tokenizer, cost_cache=str(tmp_path / "cache"))
     task = "put the red cup in the sink"
     plain = Planner(rt, on_gpu.tokenizer, max_tokens=60, attempts=0).plan(task, world, skills)
-    auto = Planner(rt, on_gpu.tokenizer, speculations(on_gpu, tmp_path)["auto"], max_tokens=60,
-                   attempts=0).plan(task, world, skills)
+    auto = Planner(
+        rt, on_gpu.tokenizer, speculations(on_gpu, tmp_path)["auto"], max_tokens=60, attempts=0
+    ).plan(task, world, skills)
     assert auto.text == plain.text and auto.plan == plain.plan and auto.valid == plain.valid
     assert auto.report == plain.report
     assert plain.stats["device"].startswith("cuda")
@@ -112,21 +123,27 @@ def test_cuda_plan_with_auto_equals_the_plain_plan(on_gpu, tmp_path):
 async def test_cuda_service_answers_on_the_gpu(aiohttp_client, on_gpu):
     from thor_app.server.app import STATE, make_app
 
-    app = make_app(config(limits={"batch": 4, "queue_size": 8}), loader=hosted_loader(on_gpu, "ngram"),
-                   selftest=passing, watchdog_s=None)
+    app = make_app(
+        config(limits={"batch": 4, "queue_size": 8}),
+        loader=hosted_loader(on_gpu, "ngram"),
+        selftest=passing,
+        watchdog_s=None,
+    )
     client = await aiohttp_client(app)
     assert (await wait_health(client))[0] == 200
     report = await (await client.get("/health/report")).json()
     assert report["runtime"]["device"].startswith("cuda"), report["runtime"]
     decoder = client.app[STATE].host.hosted.runtime.decoder
-    assert decoder is not None and decoder.slots == 4          # a KV slot per request generating
+    assert decoder is not None and decoder.slots == 4  # a KV slot per request generating
 
     async def plan(task):
-        r = await client.post("/v1/plan", json={"task": task, "world": "kitchen", "max_tokens": 40, "attempts": 0})
+        r = await client.post(
+            "/v1/plan", json={"task": task, "world": "kitchen", "max_tokens": 40, "attempts": 0}
+        )
         return r.status, await r.json()
 
     tasks = ["put the red cup in the sink", "move the apple to the table"]
-    answers = await asyncio.gather(*(plan(t) for t in tasks))           # several clients: all answered
+    answers = await asyncio.gather(*(plan(t) for t in tasks))  # several clients: all answered
     for task, (status, body) in zip(tasks, answers):
         want = direct_plan(on_gpu, task, "kitchen", 40, 0, share=4)
         assert status in (200, 422), body
@@ -146,15 +163,24 @@ def test_cuda_slots_commit_what_each_commits_alone(on_gpu, tmp_path, kind, kv):
 
     tok = on_gpu.tokenizer
     g = Grammar(GrammarTokenizer(tok), PLAN_LIKE)
-    prompts = [tok.encode(p) for p in ('{"skill":"pick","target":{"name":"cup"', "pick up the red cup",
-                                       "go to the dock and wait", '{"skill":"place","target":')]
+    prompts = [
+        tok.encode(p)
+        for p in (
+            '{"skill":"pick","target":{"name":"cup"',
+            "pick up the red cup",
+            "go to the dock and wait",
+            '{"skill":"place","target":',
+        )
+    ]
     spec = {"none": Speculation(), **speculations(on_gpu, tmp_path)}[kind]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     rt = Runtime(on_gpu.model, tok, kv_dtype=kv, cost_cache=str(tmp_path / "cache"))
     assert rt.share(4) == 4 and rt.decoder.slots == 4 and rt.decoder.captured == 0
 
     def one(i, sp):
-        return rt.generate(prompts[i], params, sp, constraint=g.constraint() if i % 2 == 0 else None).token_ids
+        return rt.generate(
+            prompts[i], params, sp, constraint=g.constraint() if i % 2 == 0 else None
+        ).token_ids
 
     together, errors = [None] * 4, []
     go = threading.Barrier(4)
@@ -173,7 +199,7 @@ def test_cuda_slots_commit_what_each_commits_alone(on_gpu, tmp_path, kind, kv):
         t.join()
     assert not errors, errors
     assert rt.decoder.captured >= 1 and max(rt.batch.rounds) > 1, rt.batch.rounds
-    alone = [one(i, spec) for i in reversed(range(4))][::-1]        # each in another slot than before
+    alone = [one(i, spec) for i in reversed(range(4))][::-1]  # each in another slot than before
     plain = [one(i, Speculation()) for i in range(4)]
     assert together == alone == plain
     assert sorted(rt.decoder._free) == [0, 1, 2, 3]

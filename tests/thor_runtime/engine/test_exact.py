@@ -6,20 +6,20 @@ logits, the taps and the stored K/V — fp8 bytes included — of anchor + draft
 decoding computes one token at a time. These tests compare with ``torch.equal``, never with a
 tolerance; CI runs them again under the AVX2 and baseline CPU settings (.ci/run).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.helpers.exactness import PROMPT, assert_same, steps_vs_verify
+from tests.helpers.tiny import random_drafter
 from thor_runtime.engine.generate import Runtime
-from thor_runtime.models.dense import EXACT_ROWS, RowLoop, TargetModel, rows_invariant
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.models.dense import EXACT_ROWS, RowLoop, TargetModel, rows_invariant
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
-
-from tests.helpers.exactness import PROMPT, assert_same, steps_vs_verify
-from tests.helpers.tiny import random_drafter
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
@@ -45,7 +45,11 @@ def test_every_layout_is_exact(tiny_llama, layout):
     from thor_runtime.loading.hf_weights import hf_weights
 
     m = TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), layout=layout)
-    wrapped = {n for n in ("wqkv", "wo", "w_gate_up", "w_down") if isinstance(getattr(m.layers[0], n), RowLoop)}
+    wrapped = {
+        n
+        for n in ("wqkv", "wo", "w_gate_up", "w_down")
+        if isinstance(getattr(m.layers[0], n), RowLoop)
+    }
     assert wrapped == set(m.row_loops) - {"head"}
     # the verdict is the CPU's own: a projection is wrapped exactly when its kernel failed the probe
     w = m.layers[0].wqkv
@@ -61,7 +65,7 @@ def test_rowloop_rows_equal_alone():
     g = torch.Generator().manual_seed(1)
     w, x = torch.randn(48, 32, generator=g), torch.randn(EXACT_ROWS + 4, 32, generator=g)
     loop = RowLoop(w)
-    alone = torch.cat([torch.nn.functional.linear(x[i:i + 1], w) for i in range(EXACT_ROWS)])
+    alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], w) for i in range(EXACT_ROWS)])
     assert torch.equal(loop(x[:EXACT_ROWS]), alone)
     assert torch.equal(loop(x), torch.nn.functional.linear(x, w))
 
@@ -96,7 +100,9 @@ def test_fp8_speculation_stores_the_same_bytes_default(default_model):
     the stored fp8 cache is byte-identical — not a tie, the same bytes."""
     model, tok = default_model.model, default_model.tokenizer
     rt = Runtime(model, tok, kv_dtype="fp8")
-    ids = tok.encode_chat([{"role": "user", "content": "Plan how the robot moves the red mug to the dish rack."}])
+    ids = tok.encode_chat(
+        [{"role": "user", "content": "Plan how the robot moves the red mug to the dish rack."}]
+    )
     params = SamplingParams(max_tokens=96, ignore_eos=True)
     plain, c_plain = _run_keeping_cache(rt, ids, params, Speculation())
     drafter = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=64)
@@ -106,8 +112,12 @@ def test_fp8_speculation_stores_the_same_bytes_default(default_model):
         assert res.stats.cycles < plain.stats.cycles or res.stats.drafted > 0
         n = c_plain.length
         assert c_spec.length == n and c_spec.k.dtype == torch.float8_e4m3fn
-        assert torch.equal(c_spec.k[:, :, :n].view(torch.uint8), c_plain.k[:, :, :n].view(torch.uint8))
-        assert torch.equal(c_spec.v[:, :, :n].view(torch.uint8), c_plain.v[:, :, :n].view(torch.uint8))
+        assert torch.equal(
+            c_spec.k[:, :, :n].view(torch.uint8), c_plain.k[:, :, :n].view(torch.uint8)
+        )
+        assert torch.equal(
+            c_spec.v[:, :, :n].view(torch.uint8), c_plain.v[:, :, :n].view(torch.uint8)
+        )
 
 
 def test_one_row_attend_is_grouped_attention():
@@ -118,9 +128,13 @@ def test_one_row_attend_is_grouped_attention():
     from thor_runtime.models.dense import attend
 
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(6, 5, 16, generator=g)                        # [H, T, Dh]
-    k, v = torch.randn(2, 2, 40, 16, generator=g)                 # [Hkv, n, Dh] each
+    q = torch.randn(6, 5, 16, generator=g)  # [H, T, Dh]
+    k, v = torch.randn(2, 2, 40, 16, generator=g)  # [Hkv, n, Dh] each
     for t in range(5):
-        row = q[:, t:t + 1]                                       # [H, 1, Dh], strided
-        ref = F.scaled_dot_product_attention(row.contiguous(), k[:, :30 + t], v[:, :30 + t], enable_gqa=True)
-        assert torch.allclose(attend(row, k[:, :30 + t], v[:, :30 + t]), ref, atol=1e-5, rtol=1e-4)
+        row = q[:, t : t + 1]  # [H, 1, Dh], strided
+        ref = F.scaled_dot_product_attention(
+            row.contiguous(), k[:, : 30 + t], v[:, : 30 + t], enable_gqa=True
+        )
+        assert torch.allclose(
+            attend(row, k[:, : 30 + t], v[:, : 30 + t]), ref, atol=1e-5, rtol=1e-4
+        )

@@ -1,22 +1,24 @@
 """Decode at one shape (fixed_shape.py): speculative == plain by construction, on the CPU (the
 mode forced) and on CUDA (its default there, with CUDA graphs)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.helpers.tiny import random_drafter
 from thor_runtime.engine.fixed_shape import KEY_BUCKET, FixedShapeDecoder, key_span
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.engine.sampling import SamplingParams
-from thor_runtime.speculative import Speculation, SpecOptions, build_speculation
+from thor_runtime.speculative import SpecOptions, Speculation, build_speculation
 from thor_runtime.speculative.base import Proposer
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
 
-from tests.helpers.tiny import random_drafter
-
-PROMPTS = ["pick up the red cup and place it on the table. pick up the red cup and place it on the",
-           '{"steps": [{"id": "s1", "skill": "pick", "args": {"object": "cup"}}, {"id": "s2", "skill": "']
+PROMPTS = [
+    "pick up the red cup and place it on the table. pick up the red cup and place it on the",
+    '{"steps": [{"id": "s1", "skill": "pick", "args": {"object": "cup"}}, {"id": "s2", "skill": "',
+]
 PARAMS = SamplingParams(max_tokens=48, ignore_eos=True)
 
 
@@ -31,9 +33,9 @@ class Truthful(Proposer):
 
     def propose(self, seq, k):
         done = len(seq) - self.plen
-        d = self.truth[done:done + k]
+        d = self.truth[done : done + k]
         if len(d) > self.cut:
-            d = d[:self.cut] + [(d[self.cut] + 1) % 50] + d[self.cut + 1:]
+            d = d[: self.cut] + [(d[self.cut] + 1) % 50] + d[self.cut + 1 :]
         return d, None
 
 
@@ -51,9 +53,14 @@ def proposers(loaded, truth, plen):
     return {
         "ngram": Speculation(NgramProposer(NgramConfig(1, 3, 6)), 6, DraftBudget()),
         "truthful": Speculation(Truthful(truth, plen, cut=5), 12),
-        "dflash": build_speculation(SpecOptions(method="dflash", fixed_k=True), model, drafter=drafter),
-        "hybrid": build_speculation(SpecOptions(method="hybrid"), model,
-                                    drafter=random_drafter(cfg, num_layers=1, block_size=8, seed=2)),
+        "dflash": build_speculation(
+            SpecOptions(method="dflash", fixed_k=True), model, drafter=drafter
+        ),
+        "hybrid": build_speculation(
+            SpecOptions(method="hybrid"),
+            model,
+            drafter=random_drafter(cfg, num_layers=1, block_size=8, seed=2),
+        ),
     }
 
 
@@ -103,12 +110,15 @@ def test_decoder_tensors_follow_the_model(tiny_llama):
     with pytest.raises(Exception, match="exceeds the decoder's context"):
         dec.new_cache(65)
     out = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True).generate(
-        tiny_llama.tokenizer.encode("move"), SamplingParams(max_tokens=4))
+        tiny_llama.tokenizer.encode("move"), SamplingParams(max_tokens=4)
+    )
     assert out.stats.to_dict()["device"] == str(dev)
 
 
 # ---- on a CUDA device (make test-gpu); skipped elsewhere, saying why
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: run `make test-gpu` on a GPU")
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: run `make test-gpu` on a GPU"
+)
 
 
 def on_cuda(path, dtype):
@@ -166,11 +176,16 @@ def test_cuda_logits_match_cpu_fp32(tiny_dirs, tiny_llama, dtype, bound):
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_padded_hybrid_on_cpu_spec_equals_plain(tiny_qwen3_5, kv):
     """A hybrid target with every verify padded: padding rows are rejected drafts to its cache."""
-    rt = Runtime(tiny_qwen3_5.model, tiny_qwen3_5.tokenizer, kv_dtype=kv, fixed_shape=True, step_rows=16)
+    rt = Runtime(
+        tiny_qwen3_5.model, tiny_qwen3_5.tokenizer, kv_dtype=kv, fixed_shape=True, step_rows=16
+    )
     assert rt.decoder is None and rt.pad_rows == 16
     plain = check_spec_equals_plain(tiny_qwen3_5, rt)
     unpadded = Runtime(tiny_qwen3_5.model, tiny_qwen3_5.tokenizer, kv_dtype=kv, fixed_shape=False)
-    assert unpadded.generate(tiny_qwen3_5.tokenizer.encode(PROMPTS[1]), PARAMS).token_ids == plain.token_ids
+    assert (
+        unpadded.generate(tiny_qwen3_5.tokenizer.encode(PROMPTS[1]), PARAMS).token_ids
+        == plain.token_ids
+    )
 
 
 @pytest.mark.cuda
@@ -193,8 +208,11 @@ def test_drafter_block_at_one_shape_drafts_as_eager(tiny_llama):
     ids = tok.encode(PROMPTS[0])
     drafts = {}
     for fixed in (False, True):
-        p = DFlashProposer(random_drafter(tiny_llama.cfg, num_layers=2, block_size=8, window=16, seed=4), model,
-                           fixed_block=fixed)
+        p = DFlashProposer(
+            random_drafter(tiny_llama.cfg, num_layers=2, block_size=8, window=16, seed=4),
+            model,
+            fixed_block=fixed,
+        )
         assert (p._block is not None) == fixed
         seen, propose = [], p.propose
 
@@ -207,7 +225,9 @@ def test_drafter_block_at_one_shape_drafts_as_eager(tiny_llama):
         out = rt.generate(ids, PARAMS, speculation=Speculation(p, 7))
         drafts[fixed] = (seen, out.token_ids)
     assert drafts[True][1] == drafts[False][1]
-    assert drafts[True][0] == drafts[False][0] and len(drafts[True][0]) > 3    # window wraps: 16 < 48 tokens
+    assert (
+        drafts[True][0] == drafts[False][0] and len(drafts[True][0]) > 3
+    )  # window wraps: 16 < 48 tokens
 
 
 @pytest.mark.cuda
@@ -221,7 +241,9 @@ def test_cuda_drafter_block_graph(tiny_dirs):
     ids = loaded.tokenizer.encode(PROMPTS[0])
     runs = []
     for graphs in (True, False):
-        p = DFlashProposer(random_drafter(loaded.cfg, num_layers=2, block_size=8, window=16, seed=4), loaded.model)
+        p = DFlashProposer(
+            random_drafter(loaded.cfg, num_layers=2, block_size=8, window=16, seed=4), loaded.model
+        )
         p._block.graphs = graphs
         runs.append(rt.generate(ids, PARAMS, speculation=Speculation(p, 7)))
         assert (p._block._graph is not None) == graphs
@@ -239,7 +261,9 @@ def test_cuda_hybrid_slot_rollback_equals_padded_steps(tiny_hybrid_dirs):
 
     m = on_cuda(tiny_hybrid_dirs["qwen3_5"], "bf16").model
     pv, K, P = PaddedVerify(m, 16), 7, 30
-    ids = torch.randint(0, m.cfg.vocab_size, (P + K + 1,), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(
+        0, m.cfg.vocab_size, (P + K + 1,), generator=torch.Generator().manual_seed(2)
+    )
     for n in (0, 3, K):
         caches = {}
         for how in ("slots", "steps", "replay"):
@@ -247,7 +271,7 @@ def test_cuda_hybrid_slot_rollback_equals_padded_steps(tiny_hybrid_dirs):
             m.prefill(ids[:P], c)
             if how == "steps":
                 for t in range(P, P + n + 1):
-                    pv.verify(ids[t:t + 1], c)
+                    pv.verify(ids[t : t + 1], c)
                     c.crop(t + 1)
             else:
                 pv.verify(ids[P:], c)
@@ -257,8 +281,11 @@ def test_cuda_hybrid_slot_rollback_equals_padded_steps(tiny_hybrid_dirs):
         for j in range(len(m.cfg.gdn_layers)):
             assert torch.equal(a.rec.current(j), b.rec.current(j)), (n, j)
             assert torch.equal(a.rec.conv_state(j), b.rec.conv_state(j)), (n, j)
-            cos = torch.nn.functional.cosine_similarity(a.rec.current(j).flatten().double(),
-                                                        r.rec.current(j).flatten().double(), dim=0)
+            cos = torch.nn.functional.cosine_similarity(
+                a.rec.current(j).flatten().double(), r.rec.current(j).flatten().double(), dim=0
+            )
             assert float(cos) > 0.999, (n, j, float(cos))
         L = b.kv.length
-        assert torch.equal(a.kv.k[:, :, :L], b.kv.k[:, :, :L]) and torch.equal(a.kv.v[:, :, :L], b.kv.v[:, :, :L])
+        assert torch.equal(a.kv.k[:, :, :L], b.kv.k[:, :, :L]) and torch.equal(
+            a.kv.v[:, :, :L], b.kv.v[:, :, :L]
+        )

@@ -3,6 +3,7 @@ sequences as one forward give each sequence the bits its verify alone gives, on 
 form (the layer path, the row kernel); and sequences generated at once from several threads
 commit exactly what each commits alone — plain, speculative, constrained — while their
 rounds really are shared."""
+
 from __future__ import annotations
 
 import threading
@@ -11,19 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.exactness import PROMPT
+from tests.helpers.tiny import random_drafter
+from thor_runtime.cache.kv_cache import KVCache
 from thor_runtime.engine.batch_verify import VerifyCall, verify_many
-from thor_runtime.errors import ThorError
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.engine.inflight import FairLock, StepBatch
-from thor_runtime.cache.kv_cache import KVCache
-from thor_runtime.kernels.lowbit_kernels import int4_kernels
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.errors import ThorError
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
-
-from tests.helpers.exactness import PROMPT
-from tests.helpers.tiny import random_drafter
 
 # (prompt tokens cached, rows verified) per sequence: 1-row steps, a verify, one wider than a
 # chunk (17 > EXACT_ROWS), all at different positions
@@ -31,13 +31,15 @@ SHAPES = [(5, 1), (11, 3), (8, 17), (14, 1), (3, 6)]
 
 
 def _row_model(tiny):
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
     if not int4_kernels()["ort"].available():
         pytest.skip("onnxruntime (the onnx extra) is not installed")
-    m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
+    m = attach(
+        TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    )
     if m.runner.rows is None:
         pytest.skip(f"the row kernel does not run here: {m.runner.rows_why}")
     return m
@@ -49,13 +51,16 @@ def _alone_vs_batch(model, ids, taps):
     for batched in (False, True):
         caches, calls = [], []
         for j, (cached, rows) in enumerate(SHAPES):
-            seq = ids[j:j + cached + rows]
+            seq = ids[j : j + cached + rows]
             cache = KVCache(model.cfg, cached + rows + 2, "fp32", model.dtype)
             model.prefill(seq[:cached], cache)
             caches.append(cache)
             calls.append(VerifyCall(seq[cached:], cache, taps if j % 2 == 0 else ()))
-        outs = (verify_many(model, model.verify, calls) if batched
-                else [model.verify(c.ids, c.cache, taps=c.taps) for c in calls])
+        outs = (
+            verify_many(model, model.verify, calls)
+            if batched
+            else [model.verify(c.ids, c.cache, taps=c.taps) for c in calls]
+        )
         runs.append(list(zip(outs, caches)))
     return list(zip(*runs))
 
@@ -63,10 +68,14 @@ def _alone_vs_batch(model, ids, taps):
 def _assert_bits(pairs):
     for (a, ca), (b, cb) in pairs:
         assert torch.equal(a.logits, b.logits)
-        assert a.taps.keys() == b.taps.keys() and all(torch.equal(a.taps[i], b.taps[i]) for i in a.taps)
+        assert a.taps.keys() == b.taps.keys() and all(
+            torch.equal(a.taps[i], b.taps[i]) for i in a.taps
+        )
         n = ca.length
         assert cb.length == n
-        assert torch.equal(ca.k[:, :, :n], cb.k[:, :, :n]) and torch.equal(ca.v[:, :, :n], cb.v[:, :, :n])
+        assert torch.equal(ca.k[:, :, :n], cb.k[:, :, :n]) and torch.equal(
+            ca.v[:, :, :n], cb.v[:, :, :n]
+        )
 
 
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_qwen3"])
@@ -121,11 +130,17 @@ def test_fair_lock_serves_in_order():
     with lock:
         threads = []
         for i in range(4):
-            t = threading.Thread(target=lambda i=i: (started.append(i), lock.__enter__(), order.append(i),
-                                                     lock.__exit__()))
+            t = threading.Thread(
+                target=lambda i=i: (
+                    started.append(i),
+                    lock.__enter__(),
+                    order.append(i),
+                    lock.__exit__(),
+                )
+            )
             threads.append(t)
             t.start()
-            while len(started) <= i or lock._next <= i + 1:    # each asks before the next starts
+            while len(started) <= i or lock._next <= i + 1:  # each asks before the next starts
                 threading.Event().wait(0.001)
     for t in threads:
         t.join()
@@ -137,7 +152,7 @@ def _spec(kind, model):
         return Speculation()
     if kind == "ngram":
         return Speculation(NgramProposer(), 4)
-    if kind == "auto":         # lookup or plain per request, K per cycle from the cost curve
+    if kind == "auto":  # lookup or plain per request, K per cycle from the cost curve
         from thor_runtime.speculative import SpecOptions, build_speculation
 
         return build_speculation(SpecOptions(method="auto"), model)
@@ -148,7 +163,10 @@ def _spec(kind, model):
 def _generate_all(rt, prompts, spec, constraint_for, concurrent):
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     if not concurrent:
-        return [rt.generate(p, params, spec, constraint=constraint_for(i)).token_ids for i, p in enumerate(prompts)]
+        return [
+            rt.generate(p, params, spec, constraint=constraint_for(i)).token_ids
+            for i, p in enumerate(prompts)
+        ]
     out, errors, go = [None] * len(prompts), [], threading.Barrier(len(prompts))
 
     def run(i):
@@ -169,22 +187,34 @@ def _generate_all(rt, prompts, spec, constraint_for, concurrent):
 
 @pytest.mark.parametrize("kind", ["none", "ngram", "dflash", "auto"])
 @pytest.mark.parametrize("constrained", [False, True])
-def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind, constrained, monkeypatch):
+def test_sequences_at_once_commit_what_each_commits_alone(
+    tiny_llama, gtok, kind, constrained, monkeypatch
+):
     from agent.schema.grammar import Grammar
     from thor_runtime.speculative.auto import CostBudget
 
-    shared_caps = []           # auto: the drafts it let ride in rounds shared with others
+    shared_caps = []  # auto: the drafts it let ride in rounds shared with others
     real = CostBudget.cap_shared
 
     def recorded(self, k, state, forced, members):
         shared_caps.append(real(self, k, state, forced, members))
         return shared_caps[-1]
+
     monkeypatch.setattr(CostBudget, "cap_shared", recorded)
 
     m, tok = tiny_llama.model, tiny_llama.tokenizer
-    words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]
+    words = [
+        "the red mug",
+        "a box of screws and bolts",
+        "go to the dock",
+        "pick the blue cup up now please",
+    ]
     prompts = [tok.encode(f"{PROMPT} {w}") for w in words]
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 12}},
+        "required": ["a"],
+    }
     grammar = Grammar(gtok, schema) if constrained else None
 
     def constraint_for(i):
@@ -196,8 +226,8 @@ def test_sequences_at_once_commit_what_each_commits_alone(tiny_llama, gtok, kind
     rt.share(4)
     together = _generate_all(rt, prompts, spec, constraint_for, concurrent=True)
     assert together == alone
-    assert max(rt.batch.rounds) > 1, rt.batch.rounds      # rounds were shared, not taken in turn
-    assert bool(shared_caps) == (kind == "auto")          # auto chose its drafts per shared round
+    assert max(rt.batch.rounds) > 1, rt.batch.rounds  # rounds were shared, not taken in turn
+    assert bool(shared_caps) == (kind == "auto")  # auto chose its drafts per shared round
 
 
 def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
@@ -205,11 +235,15 @@ def test_which_rounds_share_a_forward(tiny_llama, tiny_qwen3_5):
 
     m = tiny_llama.model
     assert shares(m, m.verify)
-    assert not shares(m, lambda ids, cache, taps=(): m.verify(ids, cache, taps))   # another decode owner's
-    assert not shares(tiny_qwen3_5.model, tiny_qwen3_5.model.verify)                # recurrent state
+    assert not shares(
+        m, lambda ids, cache, taps=(): m.verify(ids, cache, taps)
+    )  # another decode owner's
+    assert not shares(tiny_qwen3_5.model, tiny_qwen3_5.model.verify)  # recurrent state
     rt = Runtime(tiny_qwen3_5.model, tiny_qwen3_5.tokenizer)
     rt.share(4)
-    assert rt.batch is not None and not rt.batch.shared_forward   # its rounds: one call after another
+    assert (
+        rt.batch is not None and not rt.batch.shared_forward
+    )  # its rounds: one call after another
 
 
 @pytest.mark.parametrize("kind", ["none", "ngram", "dflash"])
@@ -221,9 +255,18 @@ def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind
     from agent.schema.grammar import Grammar
 
     m, tok = tiny_llama.model, tiny_llama.tokenizer
-    words = ["the red mug", "a box of screws and bolts", "go to the dock", "pick the blue cup up now please"]
+    words = [
+        "the red mug",
+        "a box of screws and bolts",
+        "go to the dock",
+        "pick the blue cup up now please",
+    ]
     prompts = [tok.encode(f"{PROMPT} {w}") for w in words]
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 12}},
+        "required": ["a"],
+    }
     grammar = Grammar(gtok, schema)
 
     def constraint_for(i):
@@ -234,7 +277,9 @@ def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind
     spec = _spec(kind, m)
     # alone, last prompt first: a slot is taken in turn, so each prompt decodes in another
     # slot (another stretch of the forward's rows) than it gets in the batch
-    alone = _generate_all(rt, prompts[::-1], spec, lambda i: constraint_for(3 - i), concurrent=False)[::-1]
+    alone = _generate_all(
+        rt, prompts[::-1], spec, lambda i: constraint_for(3 - i), concurrent=False
+    )[::-1]
     together = _generate_all(rt, prompts, spec, constraint_for, concurrent=True)
     assert together == alone
     assert max(rt.batch.rounds) > 1, rt.batch.rounds
@@ -244,7 +289,9 @@ def test_fixed_shape_slots_commit_what_each_commits_alone(tiny_llama, gtok, kind
 
 
 def test_fixed_shape_slots_are_held_and_given_back(tiny_llama):
-    rt = Runtime(tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64)
+    rt = Runtime(
+        tiny_llama.model, tiny_llama.tokenizer, fixed_shape=True, step_rows=4, max_context=64
+    )
     assert rt.decoder.slots == 1 and rt.share(1) == 1 and rt.batch is None
     assert rt.share(4) == 4 and rt.share(1) == 1 and rt.decoder.slots == 1 and rt.batch is None
     assert rt.share(2) == 2
@@ -274,9 +321,13 @@ def test_a_slot_that_is_prefilling_keeps_its_keys_through_a_round(tiny_llama):
     m.prefill(ids[:12], idle)
     k, v = idle.k[:, :, :12].clone(), idle.v[:, :, :12].clone()
     for t in range(3):
-        dec.verify(ids[10 + t:14 + t], busy)
+        dec.verify(ids[10 + t : 14 + t], busy)
         busy.crop(11 + t)
-    assert idle.length == 12 and torch.equal(idle.k[:, :, :12], k) and torch.equal(idle.v[:, :, :12], v)
+    assert (
+        idle.length == 12
+        and torch.equal(idle.k[:, :, :12], k)
+        and torch.equal(idle.v[:, :, :12], v)
+    )
 
 
 def test_a_verify_longer_than_a_forward_leaves_its_batch_mates_rows_intact(tiny_llama):
@@ -305,8 +356,15 @@ def test_a_verify_longer_than_a_forward_leaves_its_batch_mates_rows_intact(tiny_
         long, short = dec.new_cache(40), dec.new_cache(40)
         m.prefill(ids[:10], long)
         m.prefill(ids[:12], short)
-        calls = [VerifyCall(ids[10:19], long, (0,)), VerifyCall(ids[12:13], short, (0,))]   # 9 rows: 3 forwards
-        outs = dec.verify_many(calls) if batched else [dec.verify(c.ids, c.cache, c.taps) for c in calls]
+        calls = [
+            VerifyCall(ids[10:19], long, (0,)),
+            VerifyCall(ids[12:13], short, (0,)),
+        ]  # 9 rows: 3 forwards
+        outs = (
+            dec.verify_many(calls)
+            if batched
+            else [dec.verify(c.ids, c.cache, c.taps) for c in calls]
+        )
         outs = [(o.logits.clone(), o.taps[0].clone()) for o in outs]
         dec.release(long)
         dec.release(short)

@@ -1,5 +1,6 @@
 """The runner (thor_runtime/engine/runner.py): both target classes are one interface, and the kernel
 registry is tried in order — per runtime for who owns decode, per forward for the rest."""
+
 from __future__ import annotations
 
 import torch
@@ -18,13 +19,19 @@ def test_dense_and_hybrid_targets_are_one_interface(tiny_llama, tiny_qwen3_5):
 
 
 def test_registry_order():
-    assert [k.name for k in FORWARD] == ["rowstep", "ort-step-graph", "fused-graphs", "engine", "torch"]
+    assert [k.name for k in FORWARD] == [
+        "rowstep",
+        "ort-step-graph",
+        "fused-graphs",
+        "engine",
+        "torch",
+    ]
     assert [o.name for o in DECODE] == ["fixed-shape", "padded-verify", "model"]
 
 
 def test_decode_owner_fits_model_and_device(tiny_llama, tiny_qwen3_5):
     dense, hybrid = tiny_llama.model, tiny_qwen3_5.model
-    assert pick_decode(DecodeAsk(dense)).name == "model"                    # CPU: row-invariant kernels
+    assert pick_decode(DecodeAsk(dense)).name == "model"  # CPU: row-invariant kernels
     assert pick_decode(DecodeAsk(dense, fixed_shape=True, step_rows=4)).name == "fixed-shape"
     assert pick_decode(DecodeAsk(hybrid, fixed_shape=True, step_rows=4)).name == "padded-verify"
     assert pick_decode(DecodeAsk(hybrid)).name == "model"
@@ -39,7 +46,7 @@ def test_forward_kernels_fit_cache_and_backend(tiny_llama):
     r = m.runner
     cache = m.new_cache(8)
     assert r is not None and r.pick(cache, 1, True).name == "torch" and m.decode_kernel == "torch"
-    with using(m, TorchBackend(m)):          # the reference backend attaches as "no backend"
+    with using(m, TorchBackend(m)):  # the reference backend attaches as "no backend"
         assert r.pick(cache, 1, True).name == "torch"
     m.backend = m.backend_exact = object()
     try:

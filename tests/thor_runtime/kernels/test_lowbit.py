@@ -1,6 +1,7 @@
 """Low-bit weights: GGUF Q4 blocks kept as int4 with the file's own scales, logits within a
 stated tolerance of fp32, speculation exactly plain decoding, and the prepared-weight cache
 (a hit equals a build; a mismatching key or file hash is refused and rebuilt)."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,25 +12,31 @@ import numpy as np
 import pytest
 import torch
 
-from thor_runtime.engine.generate import Runtime
+from tests.helpers.exactness import PROMPT, assert_same, steps_vs_verify
+from tests.helpers.lowbit import REGRET, REL_TOL, assert_end_of_context
+from tests.helpers.tiny import random_drafter
 from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.kernels.lowbit import GROUP, q4_blocks, quantize_int4
 from thor_runtime.kernels.lowbit_kernels import int4_kernels
-from thor_runtime.engine.sampling import SamplingParams
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.ngram import NgramProposer
 
-from tests.helpers.exactness import PROMPT, assert_same, steps_vs_verify
-from tests.helpers.lowbit import REGRET, REL_TOL, assert_end_of_context
-from tests.helpers.tiny import random_drafter
-
-
 KERNELS = int4_kernels()
-UNAVAILABLE = {"ort": "onnxruntime (the onnx extra) is not installed", "torch": "this torch has no CPU int4 kernel"}
+UNAVAILABLE = {
+    "ort": "onnxruntime (the onnx extra) is not installed",
+    "torch": "this torch has no CPU int4 kernel",
+}
 # every int4 kernel, each skipped with its reason where it cannot run
-each_kernel = pytest.mark.parametrize("kernel", [
-    pytest.param(k, marks=pytest.mark.skipif(not cls.available(), reason=UNAVAILABLE[k])) for k, cls in KERNELS.items()])
+each_kernel = pytest.mark.parametrize(
+    "kernel",
+    [
+        pytest.param(k, marks=pytest.mark.skipif(not cls.available(), reason=UNAVAILABLE[k]))
+        for k, cls in KERNELS.items()
+    ],
+)
 
 
 def test_q4_blocks_match_gguf_dequantization():
@@ -57,7 +64,7 @@ def test_int4_weight_is_its_codes(kernel):
     y = KERNELS[kernel].from_codes([codes])(x)
     assert (y - ref).abs().max() <= 0.02 * ref.abs().max()
     for i in range(5):  # a row alone gets the bits it gets among others
-        assert torch.equal(KERNELS[kernel].from_codes([codes])(x[i:i + 1]), y[i:i + 1])
+        assert torch.equal(KERNELS[kernel].from_codes([codes])(x[i : i + 1]), y[i : i + 1])
     assert (codes.dequantize() - w).abs().max() <= (w.amax() - w.amin()) / 15  # one step at most
 
 
@@ -67,7 +74,12 @@ def int4_default(request, tmp_path_factory):
         pytest.skip(UNAVAILABLE[request.param])
     from thor_runtime.loading import load
 
-    return load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel=request.param)
+    return load(
+        "default",
+        "int4",
+        cache_dir=str(tmp_path_factory.mktemp("wcache")),
+        int4_kernel=request.param,
+    )
 
 
 def _logits(model, ids):
@@ -81,7 +93,7 @@ def test_int4_logits_within_tolerance_of_fp32(int4_default, default_model):
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     a, b = _logits(m, ids), _logits(default_model.model, ids)
     assert (a - b).abs().max() <= REL_TOL * b.abs().max()
-    picked = b.gather(-1, a.argmax(-1, keepdim=True))[:, 0]                  # fp32's score of int4's pick
+    picked = b.gather(-1, a.argmax(-1, keepdim=True))[:, 0]  # fp32's score of int4's pick
     assert (b.amax(-1) - picked).max() <= REGRET
 
 
@@ -96,7 +108,9 @@ def test_int4_verify_rows_are_one_row_steps(int4_default, kv):
 def test_int4_speculation_is_plain_decoding(int4_default):
     model, tok = int4_default.model, int4_default.tokenizer
     rt = Runtime(model, tok, kv_dtype="fp32")
-    ids = tok.encode_chat([{"role": "user", "content": "Plan how the robot moves the red mug to the dish rack."}])
+    ids = tok.encode_chat(
+        [{"role": "user", "content": "Plan how the robot moves the red mug to the dish rack."}]
+    )
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     plain = rt.generate(ids, params, Speculation())
     drafter = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=64)
@@ -109,11 +123,15 @@ def test_int4_tiny_requantized_is_exact(tiny_llama, kernel):
     """Float checkpoints re-quantize to int4 (min/max per group); verify is exact there too."""
     from pathlib import Path
 
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
-    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel))
+    m = attach(
+        TargetModel(
+            tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel=kernel
+        )
+    )
     assert m.int4_kernel == kernel
     assert isinstance(m.layers[0].wqkv, KERNELS[kernel]) or m.row_loops
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:30]
@@ -129,7 +147,9 @@ def _load_counting_probes(src: str, quant: str, cache: str):
     with pytest.MonkeyPatch.context() as mp:
         for mod in ("thor_runtime.engine.exactness", "thor_runtime.kernels.lowbit_step"):
             real = importlib.import_module(mod).rows_invariant
-            mp.setattr(f"{mod}.rows_invariant", lambda *a, _r=real, _m=mod: probes.append(_m) or _r(*a))
+            mp.setattr(
+                f"{mod}.rows_invariant", lambda *a, _r=real, _m=mod: probes.append(_m) or _r(*a)
+            )
         return load(src, quant, cache_dir=cache), probes
 
 
@@ -143,15 +163,18 @@ def test_weight_cache_hit_refusal_and_rebuild(tmp_path, default_model):
     assert first.model.cache_hit is False and probes
     (entry,) = [p for p in cache.iterdir() if p.is_dir()]
     # the probe verdicts are kept per CPU environment: a hit probes nothing
-    hit, probes = _load_counting_probes(str(src), "auto", str(cache))  # auto: a quantized GGUF runs int4
+    hit, probes = _load_counting_probes(
+        str(src), "auto", str(cache)
+    )  # auto: a quantized GGUF runs int4
     assert probes == []
     assert hit.model.cache_hit is True and hit.model.quant == "int4"
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     ref = _logits(first.model, ids)
     assert torch.equal(_logits(hit.model, ids), ref)
     assert hit.tokenizer.encode(PROMPT) == default_model.tokenizer.encode(PROMPT)
-    assert hit.tokenizer.encode_chat([{"role": "user", "content": "hi"}]) == \
-        default_model.tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    assert hit.tokenizer.encode_chat(
+        [{"role": "user", "content": "hi"}]
+    ) == default_model.tokenizer.encode_chat([{"role": "user", "content": "hi"}])
     meta = json.loads((entry / "key.json").read_text())
     assert meta["verdicts"]
 
@@ -193,16 +216,18 @@ def test_fused_layer_graphs_are_the_projection_path(arch, request):
     verifies where the probe admits it."""
     from pathlib import Path
 
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
-    m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
-    m.runner.step = None                     # the per-boundary path, as a bf16 or fp8 cache runs it
-    m.runner.prefill_on_rows = False         # prompts too
+    m = attach(
+        TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    )
+    m.runner.step = None  # the per-boundary path, as a bf16 or fp8 cache runs it
+    m.runner.prefill_on_rows = False  # prompts too
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
-    fused = _logits(m, ids)           # built on first use
+    fused = _logits(m, ids)  # built on first use
     key = next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))
     assert (m.runner.fused is not None) == m.row_verdicts[key]
     if m.runner.fused is None:
@@ -224,38 +249,45 @@ def test_step_graph_is_the_layer_path(arch, request):
     bind (fp8) runs the layer path, built on first use."""
     from pathlib import Path
 
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
     tiny = request.getfixturevalue(f"tiny_{arch}")
-    m = attach(TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort"))
-    m.runner.rows = None               # verifies on the graph too (the row kernel: test_rowstep.py)
-    _ = m.runner.step                  # built on first ask where a regrouping row kernel runs
+    m = attach(
+        TargetModel(tiny.cfg, hf_weights(Path(tiny.source)), quant="int4", int4_kernel="ort")
+    )
+    m.runner.rows = None  # verifies on the graph too (the row kernel: test_rowstep.py)
+    _ = m.runner.step  # built on first ask where a regrouping row kernel runs
     key = next(k for k in m.row_verdicts if k.startswith("StepGraph"))
     assert (m.runner.step is not None) == m.row_verdicts[key]
     if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
-    assert m.runner.fused is None                      # not built while only fp32 caches come
+    assert m.runner.fused is None  # not built while only fp32 caches come
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:30]
     cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     whole = m.forward(ids, cache).logits
     assert cache.length == len(ids)
     steps, verify = steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2))
     assert_same(steps, verify)
-    assert torch.equal(verify[0], whole[9:])    # a prefill row is a verify row here too
+    assert torch.equal(verify[0], whole[9:])  # a prefill row is a verify row here too
     step_kv = cache
     m.runner.step, step = None, m.runner.step
     ref_cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     layers = m.forward(ids, ref_cache).logits
     assert (whole - layers).abs().max() <= 2e-2 * layers.abs().max()
     n = len(ids)
-    assert (step_kv.k[:, :, :n] - ref_cache.k[:, :, :n]).abs().max() <= 2e-2 * ref_cache.k[:, :, :n].abs().max()
+    assert (step_kv.k[:, :, :n] - ref_cache.k[:, :, :n]).abs().max() <= 2e-2 * ref_cache.k[
+        :, :, :n
+    ].abs().max()
     m.runner.step = step
     fp8 = KVCache(m.cfg, len(ids) + 1, "fp8", m.dtype)
     assert not m.runner.step.fits(fp8, 1)
     assert_same(*steps_vs_verify(m, ids, 9, "fp8", taps=(1,)))
-    assert m.runner.fused is not None or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]
+    assert (
+        m.runner.fused is not None
+        or not m.row_verdicts[next(k for k in m.row_verdicts if k.startswith("FusedPostPre"))]
+    )
 
 
 @pytest.mark.skipif(not KERNELS["ort"].available(), reason=UNAVAILABLE["ort"])
@@ -265,14 +297,18 @@ def test_step_graph_at_the_end_of_the_context(tiny_llama):
     and one token more is refused."""
     from pathlib import Path
 
+    from thor_runtime.engine.runner import attach
     from thor_runtime.loading.hf_weights import hf_weights
     from thor_runtime.models.dense import TargetModel
-    from thor_runtime.engine.runner import attach
 
-    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
+    m = attach(
+        TargetModel(
+            tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"
+        )
+    )
     if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
-    m.runner.rows = None               # steps and verifies on the graph (the row kernel: test_rowstep.py)
+    m.runner.rows = None  # steps and verifies on the graph (the row kernel: test_rowstep.py)
     assert_end_of_context(m, tiny_llama.tokenizer)
 
 
@@ -282,12 +318,16 @@ def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
     chunk, with the logits of the rows asked for (across a chunk border) and every tap row."""
     from pathlib import Path
 
-    from thor_runtime.loading.hf_weights import hf_weights
-    from thor_runtime.kernels.lowbit_step import CHUNK_ROWS
-    from thor_runtime.models.dense import TargetModel
     from thor_runtime.engine.runner import attach
+    from thor_runtime.kernels.lowbit_step import CHUNK_ROWS
+    from thor_runtime.loading.hf_weights import hf_weights
+    from thor_runtime.models.dense import TargetModel
 
-    m = attach(TargetModel(tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"))
+    m = attach(
+        TargetModel(
+            tiny_llama.cfg, hf_weights(Path(tiny_llama.source)), quant="int4", int4_kernel="ort"
+        )
+    )
     if m.runner.step is None:
         pytest.skip("the step graph is not row-invariant on this CPU (the layer path runs)")
     T = 2 * CHUNK_ROWS + 44
@@ -295,9 +335,13 @@ def test_step_graph_runs_long_inputs_in_chunks(tiny_llama):
     for rows in ("all", slice(CHUNK_ROWS - 5, CHUNK_ROWS + 7), "last"):
         whole = m.forward(ids, KVCache(m.cfg, T, "fp32", m.dtype), taps=(1,), logits_rows=rows)
         cache = KVCache(m.cfg, T, "fp32", m.dtype)
-        parts = [m.forward(ids[s:s + CHUNK_ROWS], cache, taps=(1,)) for s in range(0, T, CHUNK_ROWS)]
+        parts = [
+            m.forward(ids[s : s + CHUNK_ROWS], cache, taps=(1,)) for s in range(0, T, CHUNK_ROWS)
+        ]
         ref = torch.cat([p.logits for p in parts])
-        want = rows if isinstance(rows, slice) else {"all": slice(None), "last": slice(-1, None)}[rows]
+        want = (
+            rows if isinstance(rows, slice) else {"all": slice(None), "last": slice(-1, None)}[rows]
+        )
         assert torch.equal(whole.logits, ref[want])
         assert torch.equal(whole.taps[1], torch.cat([p.taps[1] for p in parts]))
 
@@ -312,7 +356,7 @@ def test_cached_int8_weights_are_64_byte_aligned():
     q = torch.randint(-127, 128, (256, 64), dtype=torch.int8, generator=g)
     raw = torch.empty(q.numel() + 8, dtype=torch.int8)
     off = next(i for i in range(1, 8) if (raw.data_ptr() + i) % 64)
-    view = raw[off:off + q.numel()].view(256, 64)
+    view = raw[off : off + q.numel()].view(256, 64)
     view.copy_(q)
     assert view.data_ptr() % 64
     s = torch.rand(256, dtype=torch.bfloat16, generator=g)
@@ -332,5 +376,6 @@ def test_warm_start_reads_no_gguf_fields(tmp_path, monkeypatch):
 
     def refuse(path):
         raise AssertionError(f"a warm start opened {path} with gguf's reader")
+
     monkeypatch.setattr(gguf_weights, "open_reader", refuse)
     assert load("default", "int4", cache_dir=str(tmp_path)).model.cache_hit

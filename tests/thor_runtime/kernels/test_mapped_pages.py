@@ -1,6 +1,7 @@
 """Pages of memory-mapped weights that ORT has copied are handed back (mapped_pages.py): a
 weight cache hit keeps no resident copy of a MatMulNBits weight whose bytes a session or a
 fused graph holds, and every path that reads those weights again still gets the same bytes."""
+
 from __future__ import annotations
 
 import mmap
@@ -14,7 +15,9 @@ import torch
 from thor_runtime.kernels.lowbit_ort import NBitsWeight
 from thor_runtime.kernels.mapped_pages import file_mappings, release_pages
 
-linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc")
+linux = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="page residency is read from Linux's /proc"
+)
 PAGE = mmap.PAGESIZE
 
 
@@ -35,24 +38,28 @@ def test_file_pages_released_and_still_readable(tmp_path):
     data = np.arange(64 * PAGE // 4, dtype=np.float32)
     f = tmp_path / "w.bin"
     data.tofile(f)
-    t = torch.from_numpy(np.memmap(f, dtype=np.float32, mode="c"))        # copy-on-write, as safetensors maps
+    t = torch.from_numpy(
+        np.memmap(f, dtype=np.float32, mode="c")
+    )  # copy-on-write, as safetensors maps
     ref = t.clone()
     assert resident_pages(t) == (64, 64)
     assert release_pages([t]) == 64 * PAGE
     assert resident_pages(t) == (0, 64)
-    assert torch.equal(t, ref)                                             # faulted in again from the file
+    assert torch.equal(t, ref)  # faulted in again from the file
 
 
 @linux
 def test_heap_and_partial_pages_untouched(tmp_path):
-    heap = torch.arange(16 * PAGE, dtype=torch.float32)                    # anonymous memory: never advised
-    assert release_pages([heap]) == 0 and torch.equal(heap, torch.arange(16 * PAGE, dtype=torch.float32))
+    heap = torch.arange(16 * PAGE, dtype=torch.float32)  # anonymous memory: never advised
+    assert release_pages([heap]) == 0 and torch.equal(
+        heap, torch.arange(16 * PAGE, dtype=torch.float32)
+    )
     f = tmp_path / "w.bin"
     np.zeros(8 * PAGE, np.uint8).tofile(f)
     m = torch.from_numpy(np.memmap(f, dtype=np.uint8, mode="c"))
-    m[PAGE // 2] = 7              # a written byte on a page the released tensor shares
-    released = m[PAGE // 2 + 1:7 * PAGE + 1]
-    assert release_pages([released]) == 6 * PAGE                           # pages 1..6 only
+    m[PAGE // 2] = 7  # a written byte on a page the released tensor shares
+    released = m[PAGE // 2 + 1 : 7 * PAGE + 1]
+    assert release_pages([released]) == 6 * PAGE  # pages 1..6 only
     assert int(m[PAGE // 2]) == 7 and int(m.sum()) == 7
     assert file_mappings() and all(a < b for a, b in file_mappings())
 
@@ -78,7 +85,11 @@ def models(tmp_path_factory):
         graph = load("default", "int4", cache_dir=cache, int4_kernel="ort")
     finally:
         os.environ.pop("CC") if cc is None else os.environ.__setitem__("CC", cc)
-    assert cold.model.cache_hit is False and hit.model.cache_hit is True and graph.model.runner.rows is None
+    assert (
+        cold.model.cache_hit is False
+        and hit.model.cache_hit is True
+        and graph.model.runner.rows is None
+    )
     return kept.model, cold.model, hit.model, graph.model
 
 
@@ -90,8 +101,19 @@ def _nbits(model) -> dict[str, NBitsWeight]:
 
 
 def _resident(weights, parts=None) -> tuple[int, int]:
-    return tuple(map(sum, zip(*(resident_pages(t) for w in weights for k, t in w.tensors().items()
-                                if parts is None or k in parts))))
+    return tuple(
+        map(
+            sum,
+            zip(
+                *(
+                    resident_pages(t)
+                    for w in weights
+                    for k, t in w.tensors().items()
+                    if parts is None or k in parts
+                )
+            ),
+        )
+    )
 
 
 @linux
@@ -113,11 +135,14 @@ def test_cached_starts_hold_no_copy_of_ort_weights(models):
             assert m.runner.built_step is None and ort_weights(m, m.runner) == []
             res, total = _resident(weights.values())
             assert total * PAGE > 100e6 and res <= total // 100, (res, total)
-        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.runner.step is not None    # built now
+        assert len(weights) == 4 * m.cfg.num_layers + 1 and m.runner.step is not None  # built now
         held = ort_weights(m, m.runner)
-        assert {id(w) for w in held} == {id(w) for w in weights.values()}     # every one is in ORT
+        assert {id(w) for w in held} == {id(w) for w in weights.values()}  # every one is in ORT
         res, total = _resident(held, None if m.runner.rows is None else {"corr"})
-        assert total * PAGE > (100e6 if m.runner.rows is None else 5e6) and res <= total // 100, (res, total)
+        assert total * PAGE > (100e6 if m.runner.rows is None else 5e6) and res <= total // 100, (
+            res,
+            total,
+        )
     assert cold.runner.rows is not None and hit.runner.rows is not None
     assert kept.runner.step is not None
     res, total = _resident(ort_weights(kept, kept.runner))
@@ -135,7 +160,7 @@ def test_released_weights_serve_the_rare_paths(models):
 
     kept, cold, hit, _ = models
     a, b = _nbits(kept), _nbits(hit)
-    assert b["5.wo"]._session is None                                      # in a fused graph only
+    assert b["5.wo"]._session is None  # in a fused graph only
     x = torch.randn(3, hit.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.equal(b["5.wo"](x), a["5.wo"](x))
     for k in ("head", "0.wqkv", "7.w_gate_up", f"{hit.cfg.num_layers - 1}.w_down"):
@@ -143,7 +168,7 @@ def test_released_weights_serve_the_rare_paths(models):
     pa, pb = prepared_tensors(kept), prepared_tensors(hit)
     assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
     ids = torch.arange(100, 140)
-    for m in (cold, hit):                # one prefill kernel for all three (prefill_choice.py)
+    for m in (cold, hit):  # one prefill kernel for all three (prefill_choice.py)
         m.runner.prefill_on_rows = kept.runner.prefill_on_rows
     logits = [m.forward(ids, KVCache(m.cfg, 41, "fp32", m.dtype)).logits for m in (kept, cold, hit)]
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])

@@ -2,6 +2,7 @@
 MatMulNBits models, each row on its own. Its math is the step graph's to int8-activation
 rounding, its verify rows are 1-row steps bit for bit, speculation is plain decoding, and the
 compiled library is loaded only when its hash is the manifest's."""
+
 from __future__ import annotations
 
 import json
@@ -10,22 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from thor_runtime.engine.generate import Runtime
-from thor_runtime.cache.kv_cache import KVCache
-from thor_runtime.kernels.lowbit_kernels import int4_kernels
-from thor_runtime.kernels.rowstep import build_library
-from thor_runtime.engine.sampling import SamplingParams
-from thor_runtime.speculative import Speculation
-from thor_runtime.speculative.dflash import DFlashProposer
-from thor_runtime.speculative.ngram import NgramProposer
-
 from tests.helpers.exactness import PROMPT, assert_same, steps_vs_verify
 from tests.helpers.lowbit import int4_ort_model, with_rows
 from tests.helpers.paths import CSRC, ROOT
 from tests.helpers.tiny import random_drafter
+from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.engine.generate import Runtime
+from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.kernels.lowbit_kernels import int4_kernels
+from thor_runtime.kernels.rowstep import build_library
+from thor_runtime.speculative import Speculation
+from thor_runtime.speculative.dflash import DFlashProposer
+from thor_runtime.speculative.ngram import NgramProposer
 
-pytestmark = pytest.mark.skipif(not int4_kernels()["ort"].available(),
-                                reason="onnxruntime (the onnx extra) is not installed")
+pytestmark = pytest.mark.skipif(
+    not int4_kernels()["ort"].available(), reason="onnxruntime (the onnx extra) is not installed"
+)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -36,7 +37,7 @@ def test_rows_are_the_step_graph_math(arch, request):
     m = with_rows(tiny)
     ids = torch.tensor(tiny.tokenizer.encode(PROMPT))[:24]
     outs, kernel = [], m.runner.rows
-    m.runner.prefill_on_rows = False                      # both prompts on the graph
+    m.runner.prefill_on_rows = False  # both prompts on the graph
     for rows in (kernel, None):
         m.runner.rows = rows
         cache = KVCache(m.cfg, len(ids) + 2, "fp32", m.dtype)
@@ -50,12 +51,12 @@ def test_rows_are_the_step_graph_math(arch, request):
     assert (a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean() >= 0.9
     for i in (0, 1):
         assert (a.taps[i] - b.taps[i]).abs().max() <= 3e-2 * b.taps[i].abs().max()
-    assert torch.equal(ca.k[:, :, :8], cb.k[:, :, :8])           # the prompt: the graph's, both
+    assert torch.equal(ca.k[:, :, :8], cb.k[:, :, :8])  # the prompt: the graph's, both
     assert (ca.k[0, :, :n] - cb.k[0, :, :n]).abs().max() <= 1e-2 * cb.k[0, :, :n].abs().max()
     for t in (ca.k, ca.v):
         ref = cb.k if t is ca.k else cb.v
         assert (t[:, :, :n] - ref[:, :, :n]).abs().max() <= 5e-2 * ref[:, :, :n].abs().max()
-    assert not torch.equal(ca.k[:, :, 8:n], cb.k[:, :, 8:n])     # the rows really ran elsewhere
+    assert not torch.equal(ca.k[:, :, 8:n], cb.k[:, :, 8:n])  # the rows really ran elsewhere
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -74,12 +75,20 @@ def tiny_gqa7(tmp_path_factory):
     """A qwen2 with the planner model's attention shape (Qwen2.5-0.5B): 14 query heads on 2 KV
     heads, 7 to a group, head_dim 64."""
     from tests.helpers import tiny
-
     from thor_runtime.loading import load
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(tiny.ARCH_CONFIGS, "qwen2_gqa7", dict(tiny.ARCH_CONFIGS["qwen2"], num_hidden_layers=2,
-                                                         num_attention_heads=14, num_key_value_heads=2, head_dim=64))
+        mp.setitem(
+            tiny.ARCH_CONFIGS,
+            "qwen2_gqa7",
+            dict(
+                tiny.ARCH_CONFIGS["qwen2"],
+                num_hidden_layers=2,
+                num_attention_heads=14,
+                num_key_value_heads=2,
+                head_dim=64,
+            ),
+        )
         path = tiny.make_tiny_dir(tmp_path_factory.mktemp("tiny") / "gqa7", "qwen2_gqa7", seed=3)
     return load(str(path))
 
@@ -139,12 +148,14 @@ def test_library_is_loaded_only_with_its_manifest_hash(tmp_path):
     lib, why = build_library(tmp_path)
     assert lib is not None, why
     manifest, size = lib.with_suffix(".json"), lib.stat().st_size
-    assert build_library(tmp_path) == (lib, "")                  # a hit
-    lib.write_bytes(lib.read_bytes() + b"tampered")               # not the manifest's hash: rebuilt
+    assert build_library(tmp_path) == (lib, "")  # a hit
+    lib.write_bytes(lib.read_bytes() + b"tampered")  # not the manifest's hash: rebuilt
     assert build_library(tmp_path) == (lib, "")
     assert lib.stat().st_size == size
-    assert json.loads(manifest.read_text())["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
-    manifest.unlink()                                             # no manifest: rebuilt too
+    assert (
+        json.loads(manifest.read_text())["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    )
+    manifest.unlink()  # no manifest: rebuilt too
     assert build_library(tmp_path) == (lib, "") and manifest.exists()
 
 
@@ -152,7 +163,11 @@ def test_no_compiler_runs_the_step_graph(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("THOR_CACHE_DIR", str(tmp_path / "cache"))
     m = int4_ort_model(tiny_llama)
-    assert m.runner.rows is None and "no-such-cc" in m.runner.rows_why and m.decode_kernel == "ort-step-graph"
+    assert (
+        m.runner.rows is None
+        and "no-such-cc" in m.runner.rows_why
+        and m.decode_kernel == "ort-step-graph"
+    )
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:20]
     assert_same(*steps_vs_verify(m, ids, 9, "fp32"))
 
@@ -161,17 +176,20 @@ def test_no_compiler_runs_the_step_graph(tiny_llama, monkeypatch, tmp_path):
 def test_default_model_runs_on_rows(default_model, tmp_path_factory):
     """The default model's steps run on the row kernel, within the int4 tolerance of fp32."""
     from tests.helpers.lowbit import REGRET, REL_TOL
-
     from thor_runtime.loading import load
 
-    m = load("default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel="ort").model
+    m = load(
+        "default", "int4", cache_dir=str(tmp_path_factory.mktemp("wcache")), int4_kernel="ort"
+    ).model
     assert m.runner.rows is not None, m.runner.rows_why
     assert m.decode_kernel == "rowstep"
     ids = torch.tensor(default_model.tokenizer.encode(PROMPT))
     cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
     m.prefill(ids[:4], cache)
     a = m.verify(ids[4:], cache).logits
-    b = default_model.model.forward(ids, KVCache(m.cfg, len(ids) + 1, "fp32", torch.float32)).logits[4:]
+    b = default_model.model.forward(
+        ids, KVCache(m.cfg, len(ids) + 1, "fp32", torch.float32)
+    ).logits[4:]
     assert (a - b).abs().max() <= REL_TOL * b.abs().max()
     picked = b.gather(-1, a.argmax(-1, keepdim=True))[:, 0]
     assert (b.amax(-1) - picked).max() <= REGRET
@@ -179,11 +197,18 @@ def test_default_model_runs_on_rows(default_model, tmp_path_factory):
 
 CHECK = CSRC / "rowstep_check.c"
 # (name, compiler, flags, runner): the kernel's code paths for the CPUs it is built on
-BUILDS = [("native", "cc", ["-march=native"], []),
-          ("x86-avx2", "cc", ["-march=haswell"], []),           # AVX2 without VNNI: maddubs paths
-          ("portable", "cc", ["-march=x86-64"], []),            # no vector extension: the C loops
-          ("aarch64-dotprod", "aarch64-linux-gnu-gcc", ["-march=armv8.2-a+dotprod", "-static"], ["qemu-aarch64", "-cpu", "max"]),
-          ("aarch64", "aarch64-linux-gnu-gcc", ["-march=armv8-a", "-static"], ["qemu-aarch64"])]
+BUILDS = [
+    ("native", "cc", ["-march=native"], []),
+    ("x86-avx2", "cc", ["-march=haswell"], []),  # AVX2 without VNNI: maddubs paths
+    ("portable", "cc", ["-march=x86-64"], []),  # no vector extension: the C loops
+    (
+        "aarch64-dotprod",
+        "aarch64-linux-gnu-gcc",
+        ["-march=armv8.2-a+dotprod", "-static"],
+        ["qemu-aarch64", "-cpu", "max"],
+    ),
+    ("aarch64", "aarch64-linux-gnu-gcc", ["-march=armv8-a", "-static"], ["qemu-aarch64"]),
+]
 
 
 def _run_check(tmp_path, name, cc, flags, runner, source: Path = CHECK):
@@ -197,13 +222,15 @@ def _run_check(tmp_path, name, cc, flags, runner, source: Path = CHECK):
         if platform.machine() != "x86_64":
             pytest.skip("an x86-64 build")
     elif name != "native" and (shutil.which(cc) is None or shutil.which(runner[0]) is None):
-        pytest.skip(f"{cc} and {runner[0]} are not installed (Debian: gcc-aarch64-linux-gnu, qemu-user)")
+        pytest.skip(
+            f"{cc} and {runner[0]} are not installed (Debian: gcc-aarch64-linux-gnu, qemu-user)"
+        )
     if shutil.which(cc) is None:
         pytest.skip("no C compiler (the kernel then runs on the step graph)")
     exe = tmp_path / name
     subprocess.run([cc, "-O3", *flags, "-pthread", "-o", str(exe), str(source), "-lm"], check=True)
     r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr                     # the check's own verdict
+    assert r.returncode == 0, r.stderr  # the check's own verdict
     return torch.tensor([float(v) for v in r.stdout.split()])
 
 
@@ -215,7 +242,7 @@ def test_kernel_code_paths_agree(build, tmp_path):
     a projection's outputs equal the native build's to float rounding."""
     ref = _run_check(tmp_path, *BUILDS[0])
     got = _run_check(tmp_path, *build)
-    assert got.shape == ref.shape == (80 + 48,)            # the last step's logits, a projection's outputs
+    assert got.shape == ref.shape == (80 + 48,)  # the last step's logits, a projection's outputs
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
@@ -280,7 +307,9 @@ def _run_inline_check(source: str, build, tmp_path) -> None:
     """An inline check's text (ROWSTEP_C: where it includes the kernel's source) run as
     _run_check runs the self-check, for ``build`` (one of BUILDS)."""
     src = tmp_path / "check.c"
-    src.write_text(source.replace("ROWSTEP_C", str(ROOT / "thor_runtime" / "kernels" / "csrc" / "rowstep.c")))
+    src.write_text(
+        source.replace("ROWSTEP_C", str(ROOT / "thor_runtime" / "kernels" / "csrc" / "rowstep.c"))
+    )
     _run_check(tmp_path, *build, source=src)
 
 
@@ -333,16 +362,19 @@ def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
     from thor_runtime.kernels.rowstep import RowStep, kernel_dir
 
     m = with_rows(tiny_llama)
-    m.runner.rows = RowStep(m, build_library(kernel_dir())[0], threads=2)     # the suite runs torch on 1
+    m.runner.rows = RowStep(
+        m, build_library(kernel_dir())[0], threads=2
+    )  # the suite runs torch on 1
     ids = torch.tensor(tiny_llama.tokenizer.encode(PROMPT))[:12]
 
     def logits():
         cache = KVCache(m.cfg, len(ids) + 1, "fp32", m.dtype)
         m.prefill(ids[:4], cache)
         return m.verify(ids[4:], cache).logits
+
     want, out = logits(), tmp_path / "child.npy"
     pid = os.fork()
-    if pid == 0:                                          # the child: no pytest from here on
+    if pid == 0:  # the child: no pytest from here on
         try:
             np.save(out, logits().numpy())
         finally:
@@ -353,7 +385,7 @@ def test_a_forked_child_runs_the_rows_itself(tiny_llama, tmp_path):
     deadline = time.monotonic() + 60
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    if done[0] == 0:                                      # waiting for workers it does not have
+    if done[0] == 0:  # waiting for workers it does not have
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         pytest.fail("the forked child's forward did not return within 60 s")
@@ -385,8 +417,8 @@ def test_threads_in_use_follow_the_idle_cores_and_change_no_bit(tiny_qwen2, monk
         runs[used] = steps_vs_verify(m, ids, 9, "fp32", taps=(0, 2))
         assert kernel.threads == used
     for used in (1, 2):
-        assert_same(runs[3][0], runs[used][0])       # steps
-        assert_same(runs[3][1], runs[used][1])       # verifies
+        assert_same(runs[3][0], runs[used][0])  # steps
+        assert_same(runs[3][1], runs[used][1])  # verifies
     monkeypatch.setenv(threads.ENV, "0")
     busy["others"] = 2
     kernel._fit(), kernel._fit()
@@ -398,8 +430,8 @@ def test_the_kernel_builds_for_an_avx2_only_cpu(monkeypatch, tmp_path):
     VNNI, into its own library; a bad value is refused by name."""
     import platform
 
-    from thor_runtime.kernels import rowstep
     from thor_runtime.errors import ThorError
+    from thor_runtime.kernels import rowstep
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 only")
@@ -414,7 +446,8 @@ def test_the_kernel_builds_for_an_avx2_only_cpu(monkeypatch, tmp_path):
     assert avx2 is not None and native is not None and avx2 != native, why
     import shutil
     import subprocess
-    if shutil.which("objdump"):                         # no 512-bit register in the AVX2 build
+
+    if shutil.which("objdump"):  # no 512-bit register in the AVX2 build
         asm = subprocess.run(["objdump", "-d", str(avx2)], capture_output=True, text=True).stdout
         assert "ymm" in asm and "zmm" not in asm
     monkeypatch.setenv(rowstep.ISA_ENV, "avx9")
@@ -435,17 +468,18 @@ def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
     key = f"PrefillOnRows:{rows.build}"
     assert m.runner.prefill_on_rows == (rows.group > 0 or m.row_verdicts[key])
 
-    class Build:                                                      # the row kernel as another build
+    class Build:  # the row kernel as another build
         def __init__(self, group):
             self.group, self.build = group, rows.build
 
         def __call__(self, *a):
             return rows(*a)
+
     verdict = {}
-    assert prefill_on_rows(m, Build(8), step, verdict) and verdict == {}         # regrouped: not timed
-    measured = prefill_on_rows(m, Build(0), step, verdict)                      # interleaved: timed once
+    assert prefill_on_rows(m, Build(8), step, verdict) and verdict == {}  # regrouped: not timed
+    measured = prefill_on_rows(m, Build(0), step, verdict)  # interleaved: timed once
     assert verdict == {key: measured}
-    verdict[key] = not measured                                                 # and kept
+    verdict[key] = not measured  # and kept
     assert prefill_on_rows(m, Build(0), step, verdict) == (not measured)
     assert prefill_on_rows(m, rows, None, {}) and not prefill_on_rows(m, None, step, {})
 
@@ -457,11 +491,16 @@ def test_prompt_rows_on_the_row_kernel(tiny_qwen2):
         cache = KVCache(m.cfg, T + 1, "fp32", m.dtype)
         for a, b in zip((0,) + splits, splits + (T,)):
             out = m.prefill(ids[a:b], cache)
-        assert m.runner.pick(cache, 1, exact=False).name == ("rowstep" if on_rows else "ort-step-graph")
-        assert m.prefill_kernel == m.runner.pick(cache, 1, exact=False).name         # what /health reports
+        assert m.runner.pick(cache, 1, exact=False).name == (
+            "rowstep" if on_rows else "ort-step-graph"
+        )
+        assert m.prefill_kernel == m.runner.pick(cache, 1, exact=False).name  # what /health reports
         return cache, out.logits
+
     (one, l1), (split, l2) = prompt(True, ()), prompt(True, (5, 16, MAX_ROWS + 3))
-    assert torch.equal(one.k[:, :, :T], split.k[:, :, :T]) and torch.equal(one.v[:, :, :T], split.v[:, :, :T])
+    assert torch.equal(one.k[:, :, :T], split.k[:, :, :T]) and torch.equal(
+        one.v[:, :, :T], split.v[:, :, :T]
+    )
     assert torch.equal(l1, l2)
     graph, lg = prompt(False, ())
     assert (one.k[:, :, :T] - graph.k[:, :, :T]).abs().max() <= 3e-2 * graph.k[:, :, :T].abs().max()

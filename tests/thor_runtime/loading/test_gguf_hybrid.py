@@ -2,6 +2,7 @@
 writes it (gguf_writer.converted_hybrid) loads into the same model as its safetensors, bit for bit;
 quantized files match their dequantized values; bad files are refused naming the tensor. Mixture-of-experts
 files (qwen3next with experts, qwen35moe) likewise."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,11 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from thor_runtime.errors import ThorError
-from thor_runtime.loading import load
-
 from tests.helpers.gguf_writer import tile_value_heads, write_hybrid_gguf
 from tests.helpers.tiny_hybrid import hf_model, make_hybrid_dir
+from thor_runtime.errors import ThorError
+from thor_runtime.loading import load
 
 ARCHS = ("qwen3_5", "qwen3_next")
 GGUF_ARCH = {"qwen3_5": "qwen35", "qwen3_next": "qwen3next"}
@@ -42,13 +42,21 @@ def ggufs(dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ids():
-    return torch.randint(0, 320, (150,), generator=torch.Generator().manual_seed(1))  # crosses a 64-row chunk
+    return torch.randint(
+        0, 320, (150,), generator=torch.Generator().manual_seed(1)
+    )  # crosses a 64-row chunk
 
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "thor_app.cli", *args], check=False, capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "thor_app.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _logits(model, ids, steps=3):
@@ -109,9 +117,14 @@ def test_a_log_comes_back_bit_exact():
     the loader searches the neighbouring fp32 values for one that reproduces it exactly."""
     from thor_runtime.loading.gguf_hybrid import _preimage
 
-    stored = -torch.empty(200_000).uniform_(0.5, 8.0, generator=torch.Generator().manual_seed(0)).log().exp()
+    stored = (
+        -torch.empty(200_000)
+        .uniform_(0.5, 8.0, generator=torch.Generator().manual_seed(0))
+        .log()
+        .exp()
+    )
     guess = torch.log(-stored.double()).float()
-    assert not torch.equal(-guess.exp(), stored)                  # the plain inverse is not enough
+    assert not torch.equal(-guess.exp(), stored)  # the plain inverse is not enough
     assert torch.equal(-_preimage(stored, lambda a: -a.exp(), guess).exp(), stored)
 
 
@@ -130,8 +143,8 @@ def test_quantized_gguf_equals_its_dequantized_values(arch, qtype, dirs, tmp_pat
     import gguf
     import numpy as np
 
-    from thor_runtime.models.hybrid.model import HybridModel
     from thor_runtime.loading.gguf_weights import open_reader
+    from thor_runtime.models.hybrid.model import HybridModel
 
     q, f = tmp_path / "q.gguf", tmp_path / "f.gguf"
     write_hybrid_gguf(q, dirs[arch], qtype)
@@ -143,8 +156,16 @@ def test_quantized_gguf_equals_its_dequantized_values(arch, qtype, dirs, tmp_pat
     if arch == "qwen3_next":
         qt = gguf.GGMLQuantizationType[qtype]
         w = {k: v.float() for k, v in load_file(str(dirs[arch] / "model.safetensors")).items()}
-        w = {k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), qt), qt)
-                                 .reshape(v.shape).astype(np.float32)) if v.ndim == 2 else v for k, v in w.items()}
+        w = {
+            k: torch.from_numpy(
+                gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), qt), qt)
+                .reshape(v.shape)
+                .astype(np.float32)
+            )
+            if v.ndim == 2
+            else v
+            for k, v in w.items()
+        }
         assert torch.equal(ours, _logits(HybridModel(g.cfg, w), ids[:70]))
 
 
@@ -163,13 +184,21 @@ def test_mtp_blocks_are_skipped(dirs, ggufs, tmp_path, ids):
     write_hybrid_gguf(p, dirs["qwen3_5"], mtp_blocks=1)
     g = load(str(p))
     assert g.cfg.num_layers == 4
-    assert torch.equal(_logits(g.model, ids[:20]), _logits(load(str(ggufs["qwen3_5"])).model, ids[:20]))
+    assert torch.equal(
+        _logits(g.model, ids[:20]), _logits(load(str(ggufs["qwen3_5"])).model, ids[:20])
+    )
 
 
 # ---- refusals ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch,name", [("qwen3_5", "blk.1.ssm_a"), ("qwen3_5", "blk.0.ssm_conv1d.weight"),
-                                       ("qwen3_next", "blk.2.ssm_ba.weight"),
-                                       ("qwen3_next", "blk.0.attn_gate.weight")])
+@pytest.mark.parametrize(
+    "arch,name",
+    [
+        ("qwen3_5", "blk.1.ssm_a"),
+        ("qwen3_5", "blk.0.ssm_conv1d.weight"),
+        ("qwen3_next", "blk.2.ssm_ba.weight"),
+        ("qwen3_next", "blk.0.attn_gate.weight"),
+    ],
+)
 def test_bad_ssm_tensor_is_refused(arch, name, dirs, tmp_path):
     missing, bent = tmp_path / "missing.gguf", tmp_path / "bent.gguf"
     write_hybrid_gguf(missing, dirs[arch], edit=lambda t: t.pop(name))
@@ -186,16 +215,22 @@ def test_cli_generates_from_a_hybrid_gguf(ggufs, dirs):
     from thor_runtime.engine.generate import Runtime
     from thor_runtime.engine.sampling import SamplingParams
 
-    r = _cli("generate", "pick up", "--max-tokens", "6", "--json", "--model", str(ggufs["qwen3_next"]))
+    r = _cli(
+        "generate", "pick up", "--max-tokens", "6", "--json", "--model", str(ggufs["qwen3_next"])
+    )
     assert r.returncode == 0, r.stderr
     h = load(str(dirs["qwen3_next"]))
-    want = Runtime(h.model, h.tokenizer).generate(h.tokenizer.encode("pick up"), SamplingParams(max_tokens=6))
+    want = Runtime(h.model, h.tokenizer).generate(
+        h.tokenizer.encode("pick up"), SamplingParams(max_tokens=6)
+    )
     assert json.loads(r.stdout)["token_ids"] == want.token_ids and len(want.token_ids) == 6
 
 
 def test_positive_ssm_a_is_refused(dirs, tmp_path):
     p = tmp_path / "a.gguf"
-    write_hybrid_gguf(p, dirs["qwen3_5"], edit=lambda t: t.__setitem__("blk.0.ssm_a", -t["blk.0.ssm_a"]))
+    write_hybrid_gguf(
+        p, dirs["qwen3_5"], edit=lambda t: t.__setitem__("blk.0.ssm_a", -t["blk.0.ssm_a"])
+    )
     with pytest.raises(ThorError, match="blk.0.ssm_a has positive values"):
         load(str(p))
 
@@ -222,13 +257,15 @@ def test_moe_gguf_logits_equal_safetensors_and_transformers(arch, moe, ids):
     from thor_runtime.loading.gguf_weights import open_reader
 
     d, p = moe[arch]
-    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_inp_shexp.weight"} <= {t.name for t in open_reader(p).tensors}
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_inp_shexp.weight"} <= {
+        t.name for t in open_reader(p).tensors
+    }
     g, h = load(str(p)), load(str(d))
     assert dataclasses.replace(g.cfg, name=h.cfg.name) == h.cfg
     assert g.cfg.moe_layers == ((0, 1, 3) if arch == "qwen3_next_moe" else (0, 1, 2, 3))
     assert g.cfg.norm_topk_prob == (arch == "qwen3_5_moe")
     ours = _logits(g.model, ids)
-    assert torch.equal(ours, _logits(h.model, ids))              # fp32 file: bit for bit
+    assert torch.equal(ours, _logits(h.model, ids))  # fp32 file: bit for bit
     with torch.no_grad():
         ref = hf_model(d)(ids[None]).logits[0]
     assert (ours - ref).abs().max() < 1e-4 and ref.abs().max() > 1e-2
@@ -239,18 +276,27 @@ def test_expert_tensors_come_back_fused(arch, moe):
     """The converter's stacking (and, for fused checkpoints, its gate / up split) is undone into
     the fused form: gate_up [E, 2 I, D] (gate rows first), down [E, D, I], router and shared
     expert as saved."""
-    from thor_runtime.models.hybrid.weights import canonical
     from thor_runtime.loading.gguf_weights import gguf_config, gguf_weights, open_reader
+    from thor_runtime.models.hybrid.weights import canonical
 
     d, p = moe[arch]
     r = open_reader(p)
     cfg = gguf_config(r, p)
     got = gguf_weights(r, cfg, p)
-    want = canonical(cfg, {k: v.float() for k, v in load_file(str(d / "model.safetensors")).items()})
+    want = canonical(
+        cfg, {k: v.float() for k, v in load_file(str(d / "model.safetensors")).items()}
+    )
     for i in cfg.moe_layers:
         m = f"model.layers.{i}.mlp."
-        for k in ("experts.gate_up_proj", "experts.down_proj", "gate.weight", "shared_expert_gate.weight",
-                  "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight"):
+        for k in (
+            "experts.gate_up_proj",
+            "experts.down_proj",
+            "gate.weight",
+            "shared_expert_gate.weight",
+            "shared_expert.gate_proj.weight",
+            "shared_expert.up_proj.weight",
+            "shared_expert.down_proj.weight",
+        ):
             assert torch.equal(got[m + k], want[m + k]), m + k
     assert got["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
 
@@ -263,7 +309,12 @@ def test_quantized_moe_gguf_equals_its_dequantized_values(moe, tmp_path, ids):
     q, f = tmp_path / "q.gguf", tmp_path / "f.gguf"
     write_hybrid_gguf(q, d, "Q8_0")
     write_hybrid_gguf(f, d, "Q8_0", store_dequantized=True)
-    assert next(t for t in open_reader(q).tensors if t.name == "blk.0.ffn_up_exps.weight").tensor_type.name == "Q8_0"
+    assert (
+        next(
+            t for t in open_reader(q).tensors if t.name == "blk.0.ffn_up_exps.weight"
+        ).tensor_type.name
+        == "Q8_0"
+    )
     assert torch.equal(_logits(load(str(q)).model, ids[:40]), _logits(load(str(f)).model, ids[:40]))
 
 
@@ -271,7 +322,9 @@ def test_shared_expert_gate_stored_as_a_vector_loads(moe, tmp_path, ids):
     """Quantizing tools may keep the shared expert's one-row gate as [D]; it reads as [1, D]."""
     d, p = moe["qwen3_next_moe"]
     v = tmp_path / "vec.gguf"
-    write_hybrid_gguf(v, d, edit=lambda t: t.update({k: t[k].reshape(-1) for k in t if "ffn_gate_inp_shexp" in k}))
+    write_hybrid_gguf(
+        v, d, edit=lambda t: t.update({k: t[k].reshape(-1) for k in t if "ffn_gate_inp_shexp" in k})
+    )
     assert torch.equal(_logits(load(str(v)).model, ids[:30]), _logits(load(str(p)).model, ids[:30]))
 
 
@@ -282,7 +335,10 @@ def test_router_renormalises_unless_the_file_says_not(moe, tmp_path):
 
     p = moe["qwen3_next_moe"][1]
     r = open_reader(p)
-    assert field_value(r, "qwen3next.expert_weights_norm") is False and not gguf_config(r, p).norm_topk_prob
+    assert (
+        field_value(r, "qwen3next.expert_weights_norm") is False
+        and not gguf_config(r, p).norm_topk_prob
+    )
     d2 = make_hybrid_dir(tmp_path / "norm", "qwen3_next_moe", seed=3, norm_topk_prob=True)
     p2 = tmp_path / "norm.gguf"
     write_hybrid_gguf(p2, d2)
@@ -291,10 +347,15 @@ def test_router_renormalises_unless_the_file_says_not(moe, tmp_path):
     assert gguf_config(r2, p2).norm_topk_prob and load(str(d2)).cfg.norm_topk_prob
 
 
-@pytest.mark.parametrize("arch,name", [("qwen3_next_moe", "blk.1.ffn_down_exps.weight"),
-                                       ("qwen3_next_moe", "blk.3.ffn_gate_inp_shexp.weight"),
-                                       ("qwen3_5_moe", "blk.0.ffn_gate_inp.weight"),
-                                       ("qwen3_5_moe", "blk.2.ffn_up_exps.weight")])
+@pytest.mark.parametrize(
+    "arch,name",
+    [
+        ("qwen3_next_moe", "blk.1.ffn_down_exps.weight"),
+        ("qwen3_next_moe", "blk.3.ffn_gate_inp_shexp.weight"),
+        ("qwen3_5_moe", "blk.0.ffn_gate_inp.weight"),
+        ("qwen3_5_moe", "blk.2.ffn_up_exps.weight"),
+    ],
+)
 def test_bad_expert_tensor_is_refused(arch, name, moe, tmp_path):
     d = moe[arch][0]
     missing, bent = tmp_path / "missing.gguf", tmp_path / "bent.gguf"
@@ -311,9 +372,14 @@ def test_bad_expert_tensor_is_refused(arch, name, moe, tmp_path):
 
 def test_expert_tensors_without_expert_count_are_refused(dirs, tmp_path):
     p = tmp_path / "router.gguf"
-    write_hybrid_gguf(p, dirs["qwen3_next"], edit=lambda t: t.__setitem__("blk.0.ffn_gate_inp.weight",
-                                                                          torch.zeros(4, 64)))
-    with pytest.raises(ThorError, match="layer 0 has mixture-of-experts tensors but qwen3next.expert_count is 0"):
+    write_hybrid_gguf(
+        p,
+        dirs["qwen3_next"],
+        edit=lambda t: t.__setitem__("blk.0.ffn_gate_inp.weight", torch.zeros(4, 64)),
+    )
+    with pytest.raises(
+        ThorError, match="layer 0 has mixture-of-experts tensors but qwen3next.expert_count is 0"
+    ):
         load(str(p))
 
 

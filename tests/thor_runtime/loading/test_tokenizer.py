@@ -1,4 +1,5 @@
 """Tokenizer vs. transformers (test-only oracle) on the default SmolLM2 GGUF."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,38 @@ from thor_runtime.loading.tokenizer import Tokenizer
 
 # Strings where every tokenizer below must agree with transformers' GGUF loader.
 TEXTS = [
-    "", "hello", "Hello, world!", " leading space", "trailing space ", "a    b", "tabs\tand\t\ttabs",
-    "line1\nline2", "para\n\n\nnext", "\r\n windows \r\n", "   ", "\n",
-    "digits 0 7 42 1234567890", "3.14159 and 2e10", "v1.2.3-rc4", "x=12+34*(56/78)",
-    "naïve café résumé", "日本語のテキスト", "Привет, мир", "emoji 🤖🚀 mix", "Ελληνικά", "١٢٣ arabic digits",
-    "def f(x):\n    return x ** 2  # square\n", '{"action": "move", "speed": 0.5}', "<html><b>bold</b></html>",
-    "I'm sure they'll've done it, it's John's", "ALLCAPS and MiXeD", "<|im_start|>user\nhi<|im_end|>\n",
-    "text<|im_end|>", "<|endoftext|><|im_start|>", "<repo_name>thor<file_sep>", "a<|im_start|>b",
+    "",
+    "hello",
+    "Hello, world!",
+    " leading space",
+    "trailing space ",
+    "a    b",
+    "tabs\tand\t\ttabs",
+    "line1\nline2",
+    "para\n\n\nnext",
+    "\r\n windows \r\n",
+    "   ",
+    "\n",
+    "digits 0 7 42 1234567890",
+    "3.14159 and 2e10",
+    "v1.2.3-rc4",
+    "x=12+34*(56/78)",
+    "naïve café résumé",
+    "日本語のテキスト",
+    "Привет, мир",
+    "emoji 🤖🚀 mix",
+    "Ελληνικά",
+    "١٢٣ arabic digits",
+    "def f(x):\n    return x ** 2  # square\n",
+    '{"action": "move", "speed": 0.5}',
+    "<html><b>bold</b></html>",
+    "I'm sure they'll've done it, it's John's",
+    "ALLCAPS and MiXeD",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "text<|im_end|>",
+    "<|endoftext|><|im_start|>",
+    "<repo_name>thor<file_sep>",
+    "a<|im_start|>b",
 ]
 # Whitespace runs right before a digit: llama.cpp's "smollm" pre-tokenizer (and SmolLM2's own
 # tokenizer.json) split digits off first, so "  1" is [ĠĠ, 1]; transformers' GGUF loader does not know
@@ -29,11 +55,16 @@ TEXTS = [
 DIGIT_AFTER_SPACES = ["  1", "x  42", "a\n\n1", "price:   100", "\t\t9"]
 
 CONVERSATIONS = {
-    "system+user": [{"role": "system", "content": "You are a robot planner."},
-                    {"role": "user", "content": "Pick up the red cube."}],
+    "system+user": [
+        {"role": "system", "content": "You are a robot planner."},
+        {"role": "user", "content": "Pick up the red cube."},
+    ],
     "user-only": [{"role": "user", "content": "What is 2+2?"}],
-    "multi-turn": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"},
-                   {"role": "user", "content": "bye"}],
+    "multi-turn": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "bye"},
+    ],
 }
 
 
@@ -54,17 +85,23 @@ def tok(reader) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def oracle(gguf_path):
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    return transformers.AutoTokenizer.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name
+    )
 
 
 @pytest.fixture(scope="session")
 def smollm_oracle(oracle):
     """transformers' vocab + merges with SmolLM2's published pre-tokenizer (digits split first)."""
     from tokenizers import Tokenizer as HFTok
+
     backend = HFTok.from_str(oracle.backend_tokenizer.to_str())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     return backend
 
 
@@ -84,7 +121,9 @@ def test_metadata(tok, oracle):
 @pytest.mark.parametrize("text", TEXTS)
 def test_encode_matches_transformers(tok, oracle, text):
     assert tok.encode(text) == _ids(oracle, text)
-    assert tok.encode(text, add_special=False) == oracle(text, add_special_tokens=False)["input_ids"]
+    assert (
+        tok.encode(text, add_special=False) == oracle(text, add_special_tokens=False)["input_ids"]
+    )
 
 
 @pytest.mark.parametrize("text", TEXTS + DIGIT_AFTER_SPACES)
@@ -119,7 +158,10 @@ def test_render_chat_matches_transformers(tok, oracle, name, gen):
     msgs = CONVERSATIONS[name]
     want = oracle.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
     assert tok.render_chat(msgs, add_generation_prompt=gen) == want
-    assert tok.encode_chat(msgs, add_generation_prompt=gen) == oracle(want, add_special_tokens=False)["input_ids"]
+    assert (
+        tok.encode_chat(msgs, add_generation_prompt=gen)
+        == oracle(want, add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_token_bytes(tok):
@@ -140,20 +182,30 @@ def test_byte_level_pieces_spelled_as_char_by_char():
     from thor_runtime.loading.tokenizer import _BYTE_TO_CHAR, _CHAR_TO_BYTE, _byte_level_bytes
 
     def by_char(piece):
-        return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece)
+        return b"".join(
+            bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode("utf-8") for c in piece
+        )
 
     outside = [chr(cp) for cp in range(0x250) if chr(cp) not in _CHAR_TO_BYTE]
     assert any(ord(c) < 256 for c in outside) and any(ord(c) > 255 for c in outside)
-    pieces = ["".join(_BYTE_TO_CHAR.values()), "".join(outside), "\u0120the\u00a0caf\u00e9",
-              "\u65e5\u672c", "\U0001f916x", ""] + [_BYTE_TO_CHAR[b] + c for b in (0, 65, 255) for c in outside]
+    pieces = [
+        "".join(_BYTE_TO_CHAR.values()),
+        "".join(outside),
+        "\u0120the\u00a0caf\u00e9",
+        "\u65e5\u672c",
+        "\U0001f916x",
+        "",
+    ] + [_BYTE_TO_CHAR[b] + c for b in (0, 65, 255) for c in outside]
     for p in pieces:
         assert _byte_level_bytes(p) == by_char(p), p
 
 
 def _write_tokenizer_gguf(path: Path, src, *, model="gpt2", pre="smollm", add_bos=False, bos=1):
     """A tokenizer-only GGUF: the default model's vocab under another tokenizer model / pre type."""
+
     def c(k):
         return src.fields[k].contents()
+
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
@@ -161,7 +213,7 @@ def _write_tokenizer_gguf(path: Path, src, *, model="gpt2", pre="smollm", add_bo
     w.add_token_types(c("tokenizer.ggml.token_type"))
     w.add_token_merges(c("tokenizer.ggml.merges"))
     w.add_bos_token_id(bos)
-    w.add_eos_token_id(0)             # <|endoftext|>, like Qwen2's GGUFs
+    w.add_eos_token_id(0)  # <|endoftext|>, like Qwen2's GGUFs
     w.add_add_bos_token(add_bos)
     w.add_chat_template(c("tokenizer.chat_template"))
     w.write_header_to_file()
@@ -178,10 +230,14 @@ def test_other_pre_types_match_transformers(tmp_path, reader, pre):
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     for text in TEXTS + DIGIT_AFTER_SPACES:
         assert ours.encode(text) == _ids(theirs, text), (pre, text)
-    assert ours.encode("hi")[0] == 0                  # add_bos honoured
+    assert ours.encode("hi")[0] == 0  # add_bos honoured
     # eos is <|endoftext|> here; <|im_end|> is still a stop id because the ChatML template writes it
     assert ours.eos_token_ids == (0, 2)
-    assert ours.encode_chat(CONVERSATIONS["user-only"])[:3] == [0, 1, ours.encode("system", False)[0]]
+    assert ours.encode_chat(CONVERSATIONS["user-only"])[:3] == [
+        0,
+        1,
+        ours.encode("system", False)[0],
+    ]
 
 
 def test_encode_chat_never_doubles_bos(tmp_path, reader):
@@ -205,7 +261,9 @@ def _tiny_gguf(path: Path, model: str, pre: str) -> Path:
 
 
 def test_tiny_gguf_builds(tmp_path):
-    t = Tokenizer.from_gguf_fields(gguf.GGUFReader(_tiny_gguf(tmp_path / "ok.gguf", "gpt2", "gpt2")))
+    t = Tokenizer.from_gguf_fields(
+        gguf.GGUFReader(_tiny_gguf(tmp_path / "ok.gguf", "gpt2", "gpt2"))
+    )
     assert t.encode("abba") == [2, 1, 0] and t.eos_token_ids == () and t.bos_token_id is None
 
 
@@ -223,7 +281,9 @@ def test_unknown_pre_type_is_a_clear_error(tmp_path):
 
 def test_template_errors_are_thor_errors(tok):
     bad = Tokenizer.__new__(Tokenizer)
-    bad.__dict__.update(tok.__dict__, chat_template="{{ raise_exception('no tools here') }}", _compiled=None)
+    bad.__dict__.update(
+        tok.__dict__, chat_template="{{ raise_exception('no tools here') }}", _compiled=None
+    )
     with pytest.raises(ThorError, match="no tools here"):
         bad.render_chat([{"role": "user", "content": "x"}])
 
@@ -242,7 +302,9 @@ def test_from_hf_dir_matches(hf_dir, oracle, tok):
     for text in TEXTS:
         assert hf.encode(text) == _ids(oracle, text), text
     msgs = CONVERSATIONS["system+user"]
-    assert hf.render_chat(msgs) == oracle.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert hf.render_chat(msgs) == oracle.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
     assert hf.token_bytes() == tok.token_bytes()
 
 

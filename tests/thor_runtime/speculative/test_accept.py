@@ -1,4 +1,5 @@
 """Acceptance policies, unit-tested with hand-made logits."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,7 @@ def test_rows_argmax_is_torchs_first_maximum(dtype):
     """The cycle's argmax (numpy's on a CPU, torch's for bf16) takes each row's first maximum, as
     torch.argmax does: wide rows with ties, a row of one value, a non-contiguous view."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(-3, 4, (5, 151_936), generator=g).to(dtype)       # many ties per row
+    x = torch.randint(-3, 4, (5, 151_936), generator=g).to(dtype)  # many ties per row
     x[1] = 2.0
     for view in (x, x[::2], x[:, 7:]):
         got = rows_argmax(view)
@@ -72,10 +73,19 @@ def test_relaxed_accepts_runner_up_only_inside_span(margin):
 
 def test_relaxed_respects_delta_and_topk():
     logits = rows(1, 2, second=[4, None], gap=3.0)
-    assert accept_relaxed(logits, torch.tensor([4]), True, RelaxedConfig(B, E, top_k=2, delta=2.0))[0] == 0
-    assert accept_relaxed(logits, torch.tensor([4]), True, RelaxedConfig(B, E, top_k=2, delta=3.0))[0] == 1
+    assert (
+        accept_relaxed(logits, torch.tensor([4]), True, RelaxedConfig(B, E, top_k=2, delta=2.0))[0]
+        == 0
+    )
+    assert (
+        accept_relaxed(logits, torch.tensor([4]), True, RelaxedConfig(B, E, top_k=2, delta=3.0))[0]
+        == 1
+    )
     # A draft outside the top-k is never relaxed, whatever delta.
-    assert accept_relaxed(logits, torch.tensor([3]), True, RelaxedConfig(B, E, top_k=1, delta=99.0))[0] == 0
+    assert (
+        accept_relaxed(logits, torch.tensor([3]), True, RelaxedConfig(B, E, top_k=1, delta=99.0))[0]
+        == 0
+    )
 
 
 def test_relaxed_turns_strict_at_the_closing_draft():
@@ -97,7 +107,11 @@ def test_relaxed_opens_at_begin_token():
 
 def test_in_thinking():
     cfg = RelaxedConfig(B, E)
-    assert in_thinking([1, B, 2], cfg) and not in_thinking([1, B, 2, E, 3], cfg) and not in_thinking([1, 2], cfg)
+    assert (
+        in_thinking([1, B, 2], cfg)
+        and not in_thinking([1, B, 2, E, 3], cfg)
+        and not in_thinking([1, 2], cfg)
+    )
 
 
 def test_relaxed_config_validation():
@@ -129,16 +143,18 @@ def test_speculative_sampling_matches_target_distribution(tiny_llama):
     ids = torch.tensor(tiny_llama.tokenizer.encode("pick up the red cup"))
     from thor_runtime.cache.kv_cache import KVCache
 
-    logits = tiny_llama.model.forward(ids, KVCache(tiny_llama.cfg, 64)).logits[-2:]   # [2, V]
-    p = torch.softmax(logits / 0.7, -1)                                                # [2, V]
+    logits = tiny_llama.model.forward(ids, KVCache(tiny_llama.cfg, 64)).logits[-2:]  # [2, V]
+    p = torch.softmax(logits / 0.7, -1)  # [2, V]
     gen = torch.Generator().manual_seed(0)
-    q = torch.softmax(torch.randn(1, p.shape[1], generator=gen), -1)                   # [1, V]
+    q = torch.softmax(torch.randn(1, p.shape[1], generator=gen), -1)  # [1, V]
     n = 20000
     for draft_probs in (None, q):
         counts = torch.zeros(p.shape[1])
         for _ in range(n):
             if draft_probs is None:
-                d = torch.multinomial(p[0], 1, generator=gen)  # any fixed rule works; sample to spread drafts
+                d = torch.multinomial(
+                    p[0], 1, generator=gen
+                )  # any fixed rule works; sample to spread drafts
                 d = torch.tensor([int(torch.argmax(p[0]))]) if _ % 2 else d
             else:
                 d = torch.multinomial(draft_probs[0], 1, generator=gen)
@@ -147,7 +163,12 @@ def test_speculative_sampling_matches_target_distribution(tiny_llama):
         assert _chi2_ok(counts, p[0])
         # The test has teeth: the proposal's own distribution fails it.
         if draft_probs is not None:
-            assert not _chi2_ok(torch.multinomial(q[0], n, replacement=True, generator=gen).bincount(minlength=p.shape[1]).float(), p[0])
+            assert not _chi2_ok(
+                torch.multinomial(q[0], n, replacement=True, generator=gen)
+                .bincount(minlength=p.shape[1])
+                .float(),
+                p[0],
+            )
 
 
 def test_speculative_sampling_rejects_impossible_draft():

@@ -1,22 +1,22 @@
 """Combined proposer (DFlash + prompt lookup; `--spec combined`, earlier spelled `hybrid`): the
 choice rule on hand-made confidences, the old spelling still meaning it, and greedy output
 token-identical to plain decoding on a tiny model and on the default model."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from thor_runtime.errors import ThorError
+from tests.helpers.tiny import proposer_and_k, random_drafter
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.errors import ThorError
 from thor_runtime.speculative import SpecOptions, Speculation
 from thor_runtime.speculative.budget import DraftBudget
+from thor_runtime.speculative.combined import CombinedProposer
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.dflash_io import save_drafter
-from thor_runtime.speculative.combined import CombinedProposer
 from thor_runtime.speculative.ngram import NgramConfig, NgramProposer
-
-from tests.helpers.tiny import proposer_and_k, random_drafter
 
 
 class StubDrafter:
@@ -38,7 +38,7 @@ class StubDrafter:
         self.calls.append(("commit", n_rows))
 
 
-SEQ = [5, 6, 7, 8, 9, 5, 6]          # the tail [5, 6] occurred before: lookup continues 7, 8, 9, 5, 6
+SEQ = [5, 6, 7, 8, 9, 5, 6]  # the tail [5, 6] occurred before: lookup continues 7, 8, 9, 5, 6
 
 
 def combined(conf, rate=0.8, q=None):
@@ -82,7 +82,9 @@ def test_the_earlier_spelling_hybrid_means_combined(tiny_llama, tmp_path):
     from thor_runtime.speculative import SPEC_ALIASES, SPEC_METHODS, build_speculation
 
     assert SPEC_ALIASES == {"hybrid": "combined"} and {"combined", "hybrid"} <= set(SPEC_METHODS)
-    assert SpecOptions(method="hybrid").method == "combined" == SpecOptions(method="combined").method
+    assert (
+        SpecOptions(method="hybrid").method == "combined" == SpecOptions(method="combined").method
+    )
     save_drafter(random_drafter(tiny_llama.cfg, block_size=4, num_taps=2, seed=1), tmp_path)
     for method in ("hybrid", "combined"):
         sp = build_speculation(SpecOptions(method=method, drafter=str(tmp_path)), tiny_llama.model)
@@ -96,13 +98,20 @@ def test_dflash_confidences_are_the_drafts_probabilities(tiny_llama):
     p = DFlashProposer(random_drafter(model.cfg, block_size=5, num_taps=1, seed=0), model, window=8)
     ids = tiny_llama.tokenizer.encode("pick up the red cup")
     p.start(ids, None)
-    seq = ids + [3]                                                  # the anchor: first generated token
+    seq = ids + [3]  # the anchor: first generated token
     drafts, q, conf = p.propose_scored(seq, 4)
-    assert q is None and len(drafts) == 4 == conf.shape[0] and bool(((conf > 0) & (conf <= 1)).all())
-    assert p.propose(seq, 4) == (drafts, None)                       # same drafts, no confidences
+    assert (
+        q is None and len(drafts) == 4 == conf.shape[0] and bool(((conf > 0) & (conf <= 1)).all())
+    )
+    assert p.propose(seq, 4) == (drafts, None)  # same drafts, no confidences
     # sampling mode: the confidence of each draft is its probability under the returned q
-    p = DFlashProposer(random_drafter(model.cfg, block_size=5, num_taps=1, seed=0), model, window=8,
-                       sample_probs=True, seed=0)
+    p = DFlashProposer(
+        random_drafter(model.cfg, block_size=5, num_taps=1, seed=0),
+        model,
+        window=8,
+        sample_probs=True,
+        seed=0,
+    )
     p.start(ids, None)
     drafts, q, conf = p.propose_scored(seq, 4)
     assert torch.allclose(q[torch.arange(4), torch.tensor(drafts)].float(), conf)
@@ -116,7 +125,9 @@ def test_combined_greedy_identical_tiny(tiny_llama, tmp_path, kv):
     p, k = proposer_and_k(SpecOptions(method="combined", drafter=str(tmp_path)), tiny_llama.model)
     assert isinstance(p, CombinedProposer) and k == 5 and p.lookup.cfg.k == 5
     tok = tiny_llama.tokenizer
-    ids = tok.encode("pick up the red cup and place it on the table. pick up the red cup and place it")
+    ids = tok.encode(
+        "pick up the red cup and place it on the table. pick up the red cup and place it"
+    )
     rt = Runtime(tiny_llama.model, tok, kv_dtype=kv)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     want = rt.generate(ids, params).token_ids
@@ -141,6 +152,11 @@ def test_combined_plans_identical_default(default_model):
     want = rt.generate(ids, params, constraint=plan_constraint(gtok, req)).token_ids
     p, k = proposer_and_k(SpecOptions(method="auto"), model)
     assert isinstance(p, CombinedProposer) and k == 15
-    got = rt.generate(ids, params, speculation=Speculation(p, k, DraftBudget()), constraint=plan_constraint(gtok, req))
+    got = rt.generate(
+        ids,
+        params,
+        speculation=Speculation(p, k, DraftBudget()),
+        constraint=plan_constraint(gtok, req),
+    )
     assert got.token_ids == want
     assert got.stats.committed / got.stats.cycles > 3 and p.lookup_cycles > 0

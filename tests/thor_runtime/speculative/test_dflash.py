@@ -4,6 +4,7 @@ Exactness: greedy speculative decoding with any drafter (random here) must commi
 the tokens plain decoding commits. Window: one entry per committed token, in row order,
 at the right absolute positions, equal to features recomputed from a plain target forward.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from thor_runtime.errors import ThorError
-from thor_runtime.engine.generate import Runtime
+from tests.helpers.tiny import proposer_and_k, random_drafter
 from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.engine.generate import Runtime
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.errors import ThorError
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer
@@ -27,8 +29,6 @@ from thor_runtime.speculative.dflash_model import (
     block_attention_mask,
 )
 
-from tests.helpers.tiny import proposer_and_k, random_drafter
-
 N_TOKENS = 128
 _plain_cache: dict = {}
 
@@ -38,16 +38,22 @@ def sp(n=N_TOKENS, **kw):
 
 
 def prompts(tok):
-    long = " ".join(["pick up the red cup and place it on the table",
-                     "move the gripper to the shelf, then open the drawer",
-                     "The robot arm has a workspace of 0.8 m and a payload of 3 kg."])
+    long = " ".join(
+        [
+            "pick up the red cup and place it on the table",
+            "move the gripper to the shelf, then open the drawer",
+            "The robot arm has a workspace of 0.8 m and a payload of 3 kg.",
+        ]
+    )
     return [tok.encode("pick")[:1], tok.encode("move the gripper to the shelf"), tok.encode(long)]
 
 
 def plain(loaded, ids, kv="fp32", n=N_TOKENS):
     key = (id(loaded), kv, tuple(ids), n)
     if key not in _plain_cache:
-        _plain_cache[key] = Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv).generate(ids, sp(n)).token_ids
+        _plain_cache[key] = (
+            Runtime(loaded.model, loaded.tokenizer, kv_dtype=kv).generate(ids, sp(n)).token_ids
+        )
     return _plain_cache[key]
 
 
@@ -66,8 +72,14 @@ def expected_feats(drafter, model, ids, positions):
 # ---------------------------------------------------------------- exactness: spec == plain
 # (kv dtype, prompt: 0 = one token / 1 = short / 2 = long, window W, seed the window, block B):
 # per KV dtype every prompt once, W both shorter and longer than the prompt, seeding on and off.
-EXACT_CASES = [("fp32", 0, 8, True, 16), ("fp32", 1, 128, True, 16), ("fp32", 2, 8, False, 4),
-               ("fp8", 0, 16, False, 4), ("fp8", 1, 4, True, 16), ("fp8", 2, 128, True, 16)]
+EXACT_CASES = [
+    ("fp32", 0, 8, True, 16),
+    ("fp32", 1, 128, True, 16),
+    ("fp32", 2, 8, False, 4),
+    ("fp8", 0, 16, False, 4),
+    ("fp8", 1, 4, True, 16),
+    ("fp8", 2, 128, True, 16),
+]
 
 
 @pytest.mark.parametrize("kv,which,window,seed_window,block", EXACT_CASES)
@@ -75,7 +87,9 @@ def test_greedy_dflash_equals_plain(tiny_llama, kv, which, window, seed_window, 
     ids = prompts(tiny_llama.tokenizer)[which]
     drafter = random_drafter(tiny_llama.cfg, num_layers=1, block_size=block, seed=window)
     p = DFlashProposer(drafter, tiny_llama.model, window=window, seed_window=seed_window)
-    out = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv).generate(ids, sp(), speculation=Speculation(p, block - 1, DraftBudget()))
+    out = Runtime(tiny_llama.model, tiny_llama.tokenizer, kv_dtype=kv).generate(
+        ids, sp(), speculation=Speculation(p, block - 1, DraftBudget())
+    )
     assert out.token_ids == plain(tiny_llama, ids, kv)
     assert len(out.token_ids) == N_TOKENS
     # The window is exactly the last W committed-and-verified tokens (the final token is
@@ -95,7 +109,7 @@ class Steered(DFlashProposer):
 
     def propose(self, seq, k):
         drafts, _ = super().propose(seq, k)
-        true = list(self.truth[len(seq):len(seq) + len(drafts)])
+        true = list(self.truth[len(seq) : len(seq) + len(drafts)])
         j = self.rng.randrange(len(true) + 1)
         if j < len(true):
             true[j] = (true[j] + 1) % 300
@@ -110,13 +124,17 @@ def test_multirow_commits_window_matches_recomputation(tiny_llama, tiny_qwen3, a
     truth = list(ids) + plain(loaded, ids)
     drafter = random_drafter(loaded.cfg, num_layers=2, block_size=8, seed=3)
     p = Steered(drafter, model, window=window, truth=truth, rng=random.Random(0))
-    out = Runtime(model, loaded.tokenizer).generate(ids, sp(), speculation=Speculation(p, 7, DraftBudget()))
-    assert out.token_ids == truth[len(ids):]
-    assert out.stats.accepted > N_TOKENS // 2 and out.stats.cycles < N_TOKENS  # multi-row commits happened
+    out = Runtime(model, loaded.tokenizer).generate(
+        ids, sp(), speculation=Speculation(p, 7, DraftBudget())
+    )
+    assert out.token_ids == truth[len(ids) :]
+    assert (
+        out.stats.accepted > N_TOKENS // 2 and out.stats.cycles < N_TOKENS
+    )  # multi-row commits happened
     pos, feats = p.window_entries()
     last = len(truth) - 2
     assert pos.tolist() == list(range(max(0, last - window + 1), last + 1))
-    want = expected_feats(drafter, model, truth[:last + 1], pos)
+    want = expected_feats(drafter, model, truth[: last + 1], pos)
     torch.testing.assert_close(feats, want, atol=1e-4, rtol=1e-4)
 
 
@@ -127,7 +145,9 @@ def test_window_append_order(tiny_llama):
     p = DFlashProposer(drafter, model, window=W)
     prompt = prompts(tiny_llama.tokenizer)[2][:10]
     cache = KVCache(model.cfg, 64)
-    out = model.prefill(torch.tensor(prompt), cache, taps=p.tap_layers, tap_rows=min(W, len(prompt)))
+    out = model.prefill(
+        torch.tensor(prompt), cache, taps=p.tap_layers, tap_rows=min(W, len(prompt))
+    )
     p.start(prompt, out.taps)
     pos0, feats0 = p.window_entries()
     assert pos0.tolist() == list(range(4, 10))
@@ -137,12 +157,12 @@ def test_window_append_order(tiny_llama):
     p.commit(3, v.taps)
     pos1, feats1 = p.window_entries()
     assert pos1.tolist() == [7, 8, 9, 10, 11, 12]
-    new = feats1[3]          # first new entry: the anchor row (row 0) at position 10
+    new = feats1[3]  # first new entry: the anchor row (row 0) at position 10
     with torch.inference_mode():
         row0 = drafter.project(drafter.concat_taps(v.taps)[0])
     torch.testing.assert_close(new, row0)
-    assert not torch.allclose(new, feats0[-1])           # not a copy of the previous last row
-    torch.testing.assert_close(feats1[:3], feats0[3:])   # older entries kept, in order
+    assert not torch.allclose(new, feats0[-1])  # not a copy of the previous last row
+    torch.testing.assert_close(feats1[:3], feats0[3:])  # older entries kept, in order
     want = expected_feats(drafter, model, prompt + rows[:3], torch.arange(7, 13))
     torch.testing.assert_close(feats1, want, atol=1e-5, rtol=1e-5)
     # The next anchor (the recovered token) sits at position 13 = len(seq) - 1.
@@ -153,28 +173,36 @@ def test_window_append_order(tiny_llama):
     forced = seq + [1, 2]
     full = drafter.draft_block(p._kv, 5, len(seq) - 1, 5).argmax(-1).tolist()
     assert p.propose(forced, 3)[0] == full[2:]
-    assert p.propose(seq + [1] * (p.block_size - 1), 3)[0] == []   # forced rows fill the block
+    assert p.propose(seq + [1] * (p.block_size - 1), 3)[0] == []  # forced rows fill the block
     with pytest.raises(ThorError, match="out of step"):
         p.propose(seq[:-1], 3)
 
 
-@pytest.mark.parametrize("W,plen,seed_window", [(8, 20, True), (64, 20, True), (8, 1, True), (8, 20, False),
-                                               (0, 20, True)])
+@pytest.mark.parametrize(
+    "W,plen,seed_window",
+    [(8, 20, True), (64, 20, True), (8, 1, True), (8, 20, False), (0, 20, True)],
+)
 def test_window_seeding(tiny_llama, W, plen, seed_window):
     model = tiny_llama.model
     drafter = random_drafter(tiny_llama.cfg, seed=6)
     p = DFlashProposer(drafter, model, window=W, seed_window=seed_window)
     prompt = (prompts(tiny_llama.tokenizer)[2] * 3)[:plen]
     n = min(W, plen)
-    out = model.prefill(torch.tensor(prompt), KVCache(model.cfg, 64), chunk=7, taps=p.tap_layers, tap_rows=n)
+    out = model.prefill(
+        torch.tensor(prompt), KVCache(model.cfg, 64), chunk=7, taps=p.tap_layers, tap_rows=n
+    )
     p.start(prompt, out.taps)
     pos, feats = p.window_entries()
     if not seed_window:
         assert pos.numel() == 0
-        assert len(p.propose(prompt + [3], 5)[0]) == 5  # an empty window: the block sees itself only
+        assert (
+            len(p.propose(prompt + [3], 5)[0]) == 5
+        )  # an empty window: the block sees itself only
         return
     assert pos.tolist() == list(range(plen - n, plen))
-    torch.testing.assert_close(feats, expected_feats(drafter, model, prompt, pos), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        feats, expected_feats(drafter, model, prompt, pos), atol=1e-5, rtol=1e-5
+    )
 
 
 # ---------------------------------------------------------------- drafter: inference == batched forward
@@ -183,7 +211,7 @@ def test_inference_matches_batched_forward(tiny_qwen3):
     drafter = random_drafter(tiny_qwen3.cfg, num_layers=2, block_size=B, seed=7, std=0.1)
     drafter.bind_target(model.embed_w, model.lm_head)
     ids = (prompts(tiny_qwen3.tokenizer)[2] * 2)[:40]
-    raw = drafter.concat_taps(full_taps(model, ids, drafter.cfg.tap_layers))      # [40, n*D]
+    raw = drafter.concat_taps(full_taps(model, ids, drafter.cfg.tap_layers))  # [40, n*D]
     M = drafter.cfg.mask_token_id
     with torch.no_grad():
         feats = drafter.project(raw)
@@ -195,7 +223,9 @@ def test_inference_matches_batched_forward(tiny_qwen3):
         ctx_pos = torch.arange(40)[None]
         for a in (0, 12):
             blk = torch.tensor([[ids[a]] + [M] * (B - 1)])
-            h = drafter(blk, torch.arange(a, a + B)[None], ctx_pos[:, :a], ctx_feats=feats[None, :a])
+            h = drafter(
+                blk, torch.arange(a, a + B)[None], ctx_pos[:, :a], ctx_feats=feats[None, :a]
+            )
             torch.testing.assert_close(drafter.logits(h[0, 1:]), single(a), atol=1e-4, rtol=1e-4)
         # Two blocks of one sequence at once (training): causal across blocks, over raw taps.
         anchors = (12, 25)
@@ -204,7 +234,7 @@ def test_inference_matches_batched_forward(tiny_qwen3):
         mask = block_attention_mask(ctx_pos, bpos, B)
         h = drafter(blk, bpos, ctx_pos, ctx_taps=raw[None], attn_mask=mask)
         for i, a in enumerate(anchors):
-            got = drafter.logits(h[0, i * B + 1:(i + 1) * B])
+            got = drafter.logits(h[0, i * B + 1 : (i + 1) * B])
             torch.testing.assert_close(got, single(a), atol=1e-4, rtol=1e-4)
     # Trainable drafter, frozen shared target pieces.
     drafter.train()
@@ -217,12 +247,16 @@ def test_inference_matches_batched_forward(tiny_qwen3):
 # ---------------------------------------------------------------- checkpoints
 def _drafts(drafter, loaded, ids, k=7):
     p = DFlashProposer(drafter, loaded.model, window=16)
-    out = loaded.model.prefill(torch.tensor(ids), KVCache(loaded.cfg, len(ids) + 8), taps=p.tap_layers,
-                               tap_rows=min(16, len(ids)))
+    out = loaded.model.prefill(
+        torch.tensor(ids),
+        KVCache(loaded.cfg, len(ids) + 8),
+        taps=p.tap_layers,
+        tap_rows=min(16, len(ids)),
+    )
     p.start(ids, out.taps)
-    seq = list(ids) + [ids[0]]   # the first generated token is the anchor, at position len(ids)
+    seq = list(ids) + [ids[0]]  # the first generated token is the anchor, at position len(ids)
     with torch.inference_mode():
-        logits = drafter.draft_block(p._kv[:, :, :, :p.window_len], seq[-1], len(ids), k)
+        logits = drafter.draft_block(p._kv[:, :, :, : p.window_len], seq[-1], len(ids), k)
     return p.propose(seq, k)[0], logits
 
 
@@ -239,33 +273,50 @@ def test_checkpoint_roundtrip(tiny_llama, tmp_path):
 
 def zlab_dir(path, drafter, target_cfg, **over):
     c = drafter.cfg
-    doc = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "attention_bias": False,
-           "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-           "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-           "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_eps,
-           "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
-           "block_size": c.block_size, "num_target_layers": target_cfg.num_layers, "dtype": "bfloat16",
-           "dflash_config": {"target_layer_ids": list(c.tap_layers), "mask_token_id": c.mask_token_id}}
+    doc = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "rms_norm_eps": c.rms_eps,
+        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "block_size": c.block_size,
+        "num_target_layers": target_cfg.num_layers,
+        "dtype": "bfloat16",
+        "dflash_config": {"target_layer_ids": list(c.tap_layers), "mask_token_id": c.mask_token_id},
+    }
     doc.update(over)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(doc))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in drafter.state_dict().items()},
-              str(path / "model.safetensors"))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in drafter.state_dict().items()},
+        str(path / "model.safetensors"),
+    )
     return path
 
 
 def test_zlab_layout_loads_and_runs(tiny_qwen3, tmp_path):
     d = random_drafter(tiny_qwen3.cfg, num_layers=2, block_size=8, seed=11, std=0.1)
-    with torch.no_grad():        # z-lab ships bf16: round the reference the same way
+    with torch.no_grad():  # z-lab ships bf16: round the reference the same way
         for p in d.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     z = load_drafter(zlab_dir(tmp_path / "z", d, tiny_qwen3.cfg), tiny_qwen3.cfg)
-    assert z.cfg.tap_layers == d.cfg.tap_layers and z.cfg.block_size == 8 and z.cfg.rope_theta == d.cfg.rope_theta
+    assert (
+        z.cfg.tap_layers == d.cfg.tap_layers
+        and z.cfg.block_size == 8
+        and z.cfg.rope_theta == d.cfg.rope_theta
+    )
     ids = prompts(tiny_qwen3.tokenizer)[2]
     (a, la), (b, lb) = _drafts(d, tiny_qwen3, ids), _drafts(z, tiny_qwen3, ids)
     assert a == b and torch.equal(la, lb)
     out = Runtime(tiny_qwen3.model, tiny_qwen3.tokenizer).generate(
-        ids, sp(32), speculation=Speculation(DFlashProposer(z, tiny_qwen3.model), 7, DraftBudget()))
+        ids, sp(32), speculation=Speculation(DFlashProposer(z, tiny_qwen3.model), 7, DraftBudget())
+    )
     assert out.token_ids == plain(tiny_qwen3, ids, n=32)
 
 
@@ -286,7 +337,7 @@ def test_refusals(tiny_llama, tiny_qwen3, tmp_path):
 
     tr = save_drafter(d, tmp_path / "trunc")
     data = (tr / "model.safetensors").read_bytes()
-    (tr / "model.safetensors").write_bytes(data[:len(data) // 2])
+    (tr / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ThorError, match="truncated"):
         load_drafter(tr, cfg)
 
@@ -310,11 +361,15 @@ def test_refusals(tiny_llama, tiny_qwen3, tmp_path):
         DFlashProposer(far, tiny_llama.model)
     zq = random_drafter(tiny_qwen3.cfg, seed=2)
     with pytest.raises(ThorError, match="4-layer target"):
-        load_drafter(zlab_dir(tmp_path / "z4", zq, tiny_qwen3.cfg, num_target_layers=4), tiny_qwen3.cfg)
+        load_drafter(
+            zlab_dir(tmp_path / "z4", zq, tiny_qwen3.cfg, num_target_layers=4), tiny_qwen3.cfg
+        )
     with pytest.raises(ThorError, match="hidden size"):
         load_drafter(zlab_dir(tmp_path / "zh", zq, tiny_qwen3.cfg, hidden_size=128), tiny_qwen3.cfg)
     with pytest.raises(ThorError, match="architecture"):
-        load_drafter(zlab_dir(tmp_path / "z2", zq, tiny_qwen3.cfg, architectures=["DFlash2DraftModel"]))
+        load_drafter(
+            zlab_dir(tmp_path / "z2", zq, tiny_qwen3.cfg, architectures=["DFlash2DraftModel"])
+        )
     with pytest.raises(ThorError, match="not found"):
         load_drafter(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
@@ -326,8 +381,15 @@ def test_refusals(tiny_llama, tiny_qwen3, tmp_path):
     (zm / "config.json").write_text(json.dumps(doc))
     with pytest.raises(ThorError, match="target_layer_ids"):
         load_drafter(zm, tiny_qwen3.cfg)
-    for bad in ({"block_size": 1}, {"tap_layers": ()}, {"tap_layers": (1, 1)}, {"num_kv_heads": 3},
-                {"window": -1}, {"block_size": "16"}, {"tap_layers": ("1",)}):
+    for bad in (
+        {"block_size": 1},
+        {"tap_layers": ()},
+        {"tap_layers": (1, 1)},
+        {"num_kv_heads": 3},
+        {"window": -1},
+        {"block_size": "16"},
+        {"tap_layers": ("1",)},
+    ):
         with pytest.raises(ThorError):
             DFlashConfig(**{**d.cfg.__dict__, **bad})
 
@@ -344,13 +406,26 @@ def test_sample_probs(tiny_llama):
     assert all(q[j, d] > 0 for j, d in enumerate(drafts))
     rt = Runtime(tiny_llama.model, tiny_llama.tokenizer)
     params = sp(24, temperature=0.8, seed=1)
-    runs = [rt.generate(ids, params, speculation=Speculation(DFlashProposer(drafter, tiny_llama.model, sample_probs=True, seed=0), 7, DraftBudget())).token_ids for _ in range(2)]
+    runs = [
+        rt.generate(
+            ids,
+            params,
+            speculation=Speculation(
+                DFlashProposer(drafter, tiny_llama.model, sample_probs=True, seed=0),
+                7,
+                DraftBudget(),
+            ),
+        ).token_ids
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1] and len(runs[0]) == 24
 
 
 # ---------------------------------------------------------------- the real default target
-DEFAULT_PROMPTS = ["Plan how the robot moves the red mug from the counter to the dish rack, as JSON steps.",
-                   "The robot must pick up the screwdriver and hand it to the technician. List the steps."]
+DEFAULT_PROMPTS = [
+    "Plan how the robot moves the red mug from the counter to the dish rack, as JSON steps.",
+    "The robot must pick up the screwdriver and hand it to the technician. List the steps.",
+]
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
@@ -365,14 +440,20 @@ def test_default_model_greedy_dflash_equals_plain(default_model, kv):
 
     tok, model = default_model.tokenizer, default_model.model
     shipped = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
-    assert shipped["target_id"] == model.cfg.name and shipped["hidden_size"] == model.cfg.hidden_size
+    assert (
+        shipped["target_id"] == model.cfg.name and shipped["hidden_size"] == model.cfg.hidden_size
+    )
     rt = Runtime(model, tok, kv_dtype=kv)
     for i, prompt in enumerate(DEFAULT_PROMPTS):
         ids = tok.encode_chat([{"role": "user", "content": prompt}])
         want = rt.generate(ids, sp(128)).token_ids
-        p, k = proposer_and_k(SpecOptions(method="dflash"), model)          # the committed drafter
-        assert p.block_size == shipped["block_size"] and tuple(p.tap_layers) == tuple(shipped["tap_layers"])
-        check(rt.generate(ids, sp(128), speculation=Speculation(p, k, DraftBudget())).token_ids, want)
+        p, k = proposer_and_k(SpecOptions(method="dflash"), model)  # the committed drafter
+        assert p.block_size == shipped["block_size"] and tuple(p.tap_layers) == tuple(
+            shipped["tap_layers"]
+        )
+        check(
+            rt.generate(ids, sp(128), speculation=Speculation(p, k, DraftBudget())).token_ids, want
+        )
         if i == 0:
             rnd = DFlashProposer(random_drafter(model.cfg, num_layers=1, seed=0), model, window=128)
             # all 15 drafts every cycle (no budget): rejections and rollbacks on every cycle

@@ -1,4 +1,5 @@
 """The DFlash head shortlist (draft vocabulary) and the small-query attention path."""
+
 from __future__ import annotations
 
 import json
@@ -8,17 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from thor_runtime.errors import ThorError
+from tests.helpers.tiny import random_drafter
 from thor_runtime.engine.generate import Runtime
-from thor_runtime.models.dense import attend
 from thor_runtime.engine.sampling import SamplingParams
+from thor_runtime.errors import ThorError
+from thor_runtime.models.dense import attend
 from thor_runtime.speculative import Speculation
 from thor_runtime.speculative.budget import DraftBudget
 from thor_runtime.speculative.dflash import DFlashProposer
 from thor_runtime.speculative.dflash_io import load_drafter, save_drafter
 from thor_runtime.speculative.draft_vocab import FILENAME, DraftVocab, load_draft_vocab
-
-from tests.helpers.tiny import random_drafter
 
 
 # ---- attention ---------------------------------------------------------------------------------
@@ -32,9 +32,10 @@ def test_attend_matches_sdpa(T, lead):
     ref = F.scaled_dot_product_attention(q, k.repeat_interleave(3, -3), v.repeat_interleave(3, -3))
     assert torch.allclose(attend(q, k, v), ref, atol=1e-5)
     # query t sees keys 0..n-T+t: as a bool mask and as the additive float mask the model builds
-    allowed = torch.arange(n)[None, :] <= torch.arange(T)[:, None] + n - T                   # [T, n]
-    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(3, -3), v.repeat_interleave(3, -3),
-                                         attn_mask=allowed)
+    allowed = torch.arange(n)[None, :] <= torch.arange(T)[:, None] + n - T  # [T, n]
+    ref = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, -3), v.repeat_interleave(3, -3), attn_mask=allowed
+    )
     bias = torch.zeros(T, n).masked_fill(~allowed, float("-inf"))
     assert torch.allclose(attend(q, k, v, allowed), ref, atol=1e-5)
     assert torch.allclose(attend(q, k, v, bias), ref, atol=1e-5)
@@ -44,7 +45,11 @@ def test_attend_matches_sdpa(T, lead):
 def test_draft_vocab_validation_and_counts():
     v = DraftVocab.from_counts(Counter({5: 10, 7: 5, 9: 1}), 2, 20, source={"data": "x"})
     assert v.ids == (5, 7) and v.coverage == pytest.approx(15 / 16)
-    assert v.with_tokens([9, 5, 99, -1]).tolist() == [5, 7, 9]          # out-of-range prompt ids are skipped
+    assert v.with_tokens([9, 5, 99, -1]).tolist() == [
+        5,
+        7,
+        9,
+    ]  # out-of-range prompt ids are skipped
     for bad, msg in (((), "empty"), ((1, 1), "repeated"), ((3, 20), "outside")):
         with pytest.raises(ThorError, match=msg):
             DraftVocab(bad, 20)
@@ -86,10 +91,12 @@ def _drafter_with_vocab(loaded, ids):
 
 def test_shortlist_head_scores_the_same_logits(tiny_llama):
     m = tiny_llama.model
-    d = random_drafter(tiny_llama.cfg, block_size=5, num_taps=2, seed=3).bind_target(m.embed_w, m.lm_head)
+    d = random_drafter(tiny_llama.cfg, block_size=5, num_taps=2, seed=3).bind_target(
+        m.embed_w, m.lm_head
+    )
     ids = torch.tensor([4, 9, 17, 30])
-    full = d.draft_block(None, 5, 10, 4)                                                     # [4, V]
-    sub = d.draft_block(None, 5, 10, 4, head=m.lm_head[ids])                                # [4, 4]
+    full = d.draft_block(None, 5, 10, 4)  # [4, V]
+    sub = d.draft_block(None, 5, 10, 4, head=m.lm_head[ids])  # [4, 4]
     assert torch.allclose(full[:, ids], sub, atol=1e-5)
 
 
@@ -110,20 +117,32 @@ def test_shortlist_greedy_equals_plain_and_drafts_stay_inside(tiny_llama, bf16_c
     seen = []
     inner = p.propose
     p.propose = lambda seq, k: (lambda out: (seen.extend(out[0]), out)[1])(inner(seq, k))
-    spec = rt.generate(prompt, SamplingParams(max_tokens=24), speculation=Speculation(p, 4, DraftBudget()))
+    spec = rt.generate(
+        prompt, SamplingParams(max_tokens=24), speculation=Speculation(p, 4, DraftBudget())
+    )
     assert spec.token_ids == plain
     allowed = set(short) | set(prompt)
     assert seen and set(seen) <= allowed
     # full_vocab ignores the shortlist
-    assert DFlashProposer(_drafter_with_vocab(tiny_llama, short), tiny_llama.model, full_vocab=True).vocab is None
+    assert (
+        DFlashProposer(
+            _drafter_with_vocab(tiny_llama, short), tiny_llama.model, full_vocab=True
+        ).vocab
+        is None
+    )
 
 
 def test_shortlist_sampling_probs_are_full_width(tiny_llama):
     short = (2, 5, 11, 40)
-    p = DFlashProposer(_drafter_with_vocab(tiny_llama, short), tiny_llama.model, window=8, sample_probs=True,
-                       seed=0)
+    p = DFlashProposer(
+        _drafter_with_vocab(tiny_llama, short),
+        tiny_llama.model,
+        window=8,
+        sample_probs=True,
+        seed=0,
+    )
     p.start([7, 8, 9], None)
-    drafts, q = p.propose([7, 8, 9, 12], 3)           # the anchor (first generated token) last
+    drafts, q = p.propose([7, 8, 9, 12], 3)  # the anchor (first generated token) last
     V = tiny_llama.cfg.vocab_size
     assert q.shape == (3, V) and torch.allclose(q.sum(-1), torch.ones(3), atol=1e-5)
     outside = torch.ones(V, dtype=torch.bool)
@@ -140,5 +159,6 @@ def test_bf16_arithmetic_read_from_the_cpu_flags():
     neoverse_v2 = "processor\t: 0\nFeatures\t: fp asimd sve2 bf16 i8mm\n"
     cortex_a78 = "processor\t: 0\nFeatures\t: fp asimd asimddp\n"
     assert "avx512_vnni" in cpu_flags(zen4) and cpu_flags("no flags here") == frozenset()
-    assert cpu_bf16(zen4) and cpu_bf16(neoverse_v2) and not cpu_bf16(zen3) and not cpu_bf16(cortex_a78)
-
+    assert (
+        cpu_bf16(zen4) and cpu_bf16(neoverse_v2) and not cpu_bf16(zen3) and not cpu_bf16(cortex_a78)
+    )

@@ -1,4 +1,5 @@
 """Losslessness gate: identical, numerical tie, or mismatch — judged by a fresh reference forward."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,15 +28,20 @@ def test_judge_tie_and_mismatch(tiny_llama, kv):
     j = 5
     # The gap between the top two tokens at position j, from a forward of our own.
     cache = rt.new_cache(len(ids) + j + 1)
-    logits = model.forward(torch.tensor(ids + plain[:j]), cache).logits[-1]          # [V]
+    logits = model.forward(torch.tensor(ids + plain[:j]), cache).logits[-1]  # [V]
     top2 = logits.topk(2)
     assert int(top2.indices[0]) == plain[j]
     gap = float(top2.values[0] - top2.values[1])
     assert gap > 1e-3
-    other = plain[:j] + [int(top2.indices[1])] + plain[j + 1:]
+    other = plain[:j] + [int(top2.indices[1])] + plain[j + 1 :]
 
     tie = judge(rt, ids, plain, other, tol=gap * 1.01)
-    assert (tie.status, tie.position, tie.plain_token, tie.other_token) == ("tie", j, plain[j], other[j])
+    assert (tie.status, tie.position, tie.plain_token, tie.other_token) == (
+        "tie",
+        j,
+        plain[j],
+        other[j],
+    )
     assert tie.regret == pytest.approx(gap, abs=1e-3) and tie.lossless
     bad = judge(rt, ids, plain, other, tol=gap * 0.5)
     assert bad.status == "mismatch" and not bad.lossless

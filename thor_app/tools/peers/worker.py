@@ -6,6 +6,7 @@ module imports nothing of ours at the top and the llama.cpp path needs only llam
 SPEC: {"engine", "config", "model", "requests": {"decode": [ids...], "long": ids,
 "plans": [{"ids", "schema"}]}, "max_tokens", "plan_max_tokens", "threads"}.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ VERIFY_ROWS, VERIFY_REPEATS = 16, 7
 def _rows_ratio(run_rows) -> float:
     """Median time of a VERIFY_ROWS-row forward over a 1-row one; run_rows(R) runs R rows on a
     fixed context and rolls them back, so every repeat sees the same cache."""
+
     def med(r):
         ts = []
         for _ in range(VERIFY_REPEATS):
@@ -35,6 +37,7 @@ def _rows_ratio(run_rows) -> float:
             run_rows(r)
             ts.append(time.perf_counter() - t)
         return sorted(ts)[len(ts) // 2]
+
     run_rows(1)
     return med(VERIFY_ROWS) / med(1)
 
@@ -50,21 +53,31 @@ def _without_extra_buffers() -> None:
         p = default()
         p.use_extra_bufts = False
         return p
+
     high.llama_cpp.llama_model_default_params = params
 
 
 def run_llama(spec: dict) -> dict:
-    from llama_cpp import Llama, LlamaGrammar
     import llama_cpp
+    from llama_cpp import Llama, LlamaGrammar
 
     if not spec.get("llama_extra_buffers", True):
         _without_extra_buffers()
 
     t0 = time.perf_counter()
     # n_threads_batch too: its default (every core) makes prompt batches crawl on a shared machine
-    llm = Llama(model_path=spec["model"], n_ctx=2048, n_threads=spec["threads"], n_threads_batch=spec["threads"],
-                n_batch=512, verbose=False)
-    out = {"load_s": time.perf_counter() - t0, "version": f"llama-cpp-python {llama_cpp.__version__}"}
+    llm = Llama(
+        model_path=spec["model"],
+        n_ctx=2048,
+        n_threads=spec["threads"],
+        n_threads_batch=spec["threads"],
+        n_batch=512,
+        verbose=False,
+    )
+    out = {
+        "load_s": time.perf_counter() - t0,
+        "version": f"llama-cpp-python {llama_cpp.__version__}",
+    }
     long = spec["requests"]["long"]
     llm.reset()
     t = time.perf_counter()
@@ -72,9 +85,10 @@ def run_llama(spec: dict) -> dict:
     out["prefill_tok_s"] = len(long) / (time.perf_counter() - t)
     ctx = llm.n_tokens
 
-    def rows(r):                    # eval starts by dropping the cache from n_tokens on
+    def rows(r):  # eval starts by dropping the cache from n_tokens on
         llm.n_tokens = ctx
         llm.eval(long[:r])
+
     out["verify16_x_step"] = _rows_ratio(rows)
     rates = []
     for ids in spec["requests"]["decode"]:
@@ -88,10 +102,11 @@ def run_llama(spec: dict) -> dict:
                 break
         rates.append(_decode_rate(n, t_first, time.perf_counter()))
     out["decode_tok_s"] = rates
+
     def plan_s(p: dict, warm: bool) -> float:
         grammar = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
         llm.reset()
-        if warm:        # the same world's prompt just evaluated: generate() reuses the common start
+        if warm:  # the same world's prompt just evaluated: generate() reuses the common start
             llm.eval(p["warm"])
         t, n = time.perf_counter(), 0
         for tok in llm.generate(p["ids"], top_k=1, temp=0.0, grammar=grammar, reset=True):
@@ -115,8 +130,13 @@ def run_transformers(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
     p = Path(spec["model"])
-    hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-    out = {"load_s": time.perf_counter() - t0, "version": f"transformers {transformers.__version__}"}
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(p.parent), gguf_file=p.name, dtype=torch.float32
+    ).eval()
+    out = {
+        "load_s": time.perf_counter() - t0,
+        "version": f"transformers {transformers.__version__}",
+    }
     assist = spec["config"] == "prompt-lookup"
     long = torch.tensor([spec["requests"]["long"]])
     with torch.inference_mode():
@@ -126,12 +146,16 @@ def run_transformers(spec: dict) -> dict:
         rates = []
         for ids in spec["requests"]["decode"]:
             x = torch.tensor([ids])
-            kw = dict(do_sample=False, min_new_tokens=spec["max_tokens"], max_new_tokens=spec["max_tokens"])
+            kw = dict(
+                do_sample=False,
+                min_new_tokens=spec["max_tokens"],
+                max_new_tokens=spec["max_tokens"],
+            )
             if assist:
                 kw["prompt_lookup_num_tokens"] = 8
             t = time.perf_counter()
             hf.generate(x, max_new_tokens=1, do_sample=False)
-            t1 = time.perf_counter() - t           # prefill + first token, measured apart
+            t1 = time.perf_counter() - t  # prefill + first token, measured apart
             t = time.perf_counter()
             hf.generate(x, **kw)
             rates.append((spec["max_tokens"] - 1) / max(time.perf_counter() - t - t1, 1e-9))
@@ -143,7 +167,13 @@ def run_thor(spec: dict) -> dict:
     import torch
 
     from evals.plan_bench import plan_bench
-    from thor_app.assembly import build_speculation, load_model, make_runtime, spec_options, with_settings
+    from thor_app.assembly import (
+        build_speculation,
+        load_model,
+        make_runtime,
+        spec_options,
+        with_settings,
+    )
     from thor_runtime.engine import SamplingParams
 
     torch.set_num_threads(spec["threads"])
@@ -151,13 +181,19 @@ def run_thor(spec: dict) -> dict:
     t0 = time.perf_counter()
     loaded = load_model(config)
     m = loaded.model
-    out = {"load_s": time.perf_counter() - t0, "version": f"thor (torch {torch.__version__})",
-           "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else "")) if m.quant
-           else str(m.dtype).replace("torch.", ""), "decode_kernel": getattr(m, "decode_kernel", "torch"),
-           "prefill_kernel": getattr(m, "prefill_kernel", "torch")}
+    out = {
+        "load_s": time.perf_counter() - t0,
+        "version": f"thor (torch {torch.__version__})",
+        "weights": (m.quant + (f"-{m.int4_kernel}" if getattr(m, "int4_kernel", None) else ""))
+        if m.quant
+        else str(m.dtype).replace("torch.", ""),
+        "decode_kernel": getattr(m, "decode_kernel", "torch"),
+        "prefill_kernel": getattr(m, "prefill_kernel", "torch"),
+    }
     rt = make_runtime(with_settings(config, model__prefix_cache=0), loaded)
-    out["prefill_tok_s"] = rt.generate(spec["requests"]["long"], SamplingParams(max_tokens=1)).stats.to_dict()[
-        "prefill_tok_s"]
+    out["prefill_tok_s"] = rt.generate(
+        spec["requests"]["long"], SamplingParams(max_tokens=1)
+    ).stats.to_dict()["prefill_tok_s"]
     from thor_runtime.cache import KVCache
 
     long = torch.tensor(spec["requests"]["long"])
@@ -165,17 +201,22 @@ def run_thor(spec: dict) -> dict:
     m.prefill(long, kv)
     ctx = kv.length
 
-    def rows(r):                    # the decode cycle's forward, rolled back
+    def rows(r):  # the decode cycle's forward, rolled back
         m.verify(long[:r], kv)
         kv.crop(ctx)
+
     out["verify16_x_step"] = _rows_ratio(rows)
     method = config.speculation.method
     speculation = build_speculation(config, loaded)
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
     rates, acc, per_pos, paired = [], [], {}, []
-    plain = build_speculation(with_settings(config, speculation__method="none"), loaded) if method != "none" else None
+    plain = (
+        build_speculation(with_settings(config, speculation__method="none"), loaded)
+        if method != "none"
+        else None
+    )
     for i, ids in enumerate(spec["requests"]["decode"]):
-        if plain is not None and i % 2:            # the paired plain run, before or after, by turns
+        if plain is not None and i % 2:  # the paired plain run, before or after, by turns
             base = rt.generate(ids, params, plain).stats.to_dict()["decode_tok_s"]
         s = rt.generate(ids, params, speculation).stats.to_dict()
         if plain is not None and not i % 2:
@@ -188,16 +229,29 @@ def run_thor(spec: dict) -> dict:
         acc.append(s.get("accept_length_mean") or 1.0)
         for i, r in enumerate(s.get("accept_per_position") or []):
             per_pos.setdefault(i, []).append(r)
-    out.update(decode_tok_s=rates, accept_length=acc, vs_plain_paired=paired or None,
-               accept_by_position=[sum(v) / len(v) for _, v in sorted(per_pos.items())])
+    out.update(
+        decode_tok_s=rates,
+        accept_length=acc,
+        vs_plain_paired=paired or None,
+        accept_by_position=[sum(v) / len(v) for _, v in sorted(per_pos.items())],
+    )
     if spec["requests"]["plans"]:
-        rows = plan_bench(rt, loaded.tokenizer, [method], repeats=1, max_tokens=spec["plan_max_tokens"],
-                          options=spec_options(config), limit=len(spec["requests"]["plans"]))
+        rows = plan_bench(
+            rt,
+            loaded.tokenizer,
+            [method],
+            repeats=1,
+            max_tokens=spec["plan_max_tokens"],
+            options=spec_options(config),
+            limit=len(spec["requests"]["plans"]),
+        )
         out["plan_latency_s"] = rows[0]["latencies_s"]
         out["plan_accept_length"] = rows[0]["accept_length_mean"]
         # the peak RSS of the configuration itself; the warm measure's kept prompts are apart
         out["peak_rss_mb"] = _rss_mb()
-        out["plan_warm_latency_s"], out["prefix_cache_mb"] = _warm_plans(config, loaded, speculation, spec)
+        out["plan_warm_latency_s"], out["prefix_cache_mb"] = _warm_plans(
+            config, loaded, speculation, spec
+        )
     return out
 
 
@@ -208,23 +262,31 @@ def worker_config(spec: dict):
     from thor_runtime.config import RuntimeConfig
 
     weights, method = spec["config"].split("/")
-    weights, _, kernel = weights.partition("@")          # int4@torch: a named int4 kernel
+    weights, _, kernel = weights.partition("@")  # int4@torch: a named int4 kernel
     cache = spec.get("cache_dir")
-    return with_settings(RuntimeConfig(), model__name=spec["model"], model__dtype=weights,
-                         model__int4_kernel=kernel or "auto", model__device=spec.get("device", "cpu"),
-                         model__weight_cache="auto" if cache is None else cache, speculation__method=method)
+    return with_settings(
+        RuntimeConfig(),
+        model__name=spec["model"],
+        model__dtype=weights,
+        model__int4_kernel=kernel or "auto",
+        model__device=spec.get("device", "cpu"),
+        model__weight_cache="auto" if cache is None else cache,
+        speculation__method=method,
+    )
 
 
 def _warm_plans(config, loaded, speculation, spec: dict) -> tuple[list[float], float]:
     """Plan latency with the same world's prompt just run (the prefix cache of `thor plan` and
     `thor serve`), request by request as llama.cpp's warm measure."""
-    from evals.plan_bench import plan_cases
     from agent.planner.planner import Planner
+    from evals.plan_bench import plan_cases
     from thor_app.assembly import make_runtime
     from thor_runtime.engine import SamplingParams
 
-    rt = make_runtime(config, loaded)                  # kv fp32, the config's prefix cache
-    planner = Planner(rt, loaded.tokenizer, speculation, max_tokens=spec["plan_max_tokens"], attempts=0)
+    rt = make_runtime(config, loaded)  # kv fp32, the config's prefix cache
+    planner = Planner(
+        rt, loaded.tokenizer, speculation, max_tokens=spec["plan_max_tokens"], attempts=0
+    )
     out = []
     cases = plan_cases(len(spec["requests"]["plans"]))
     for (_, task, world, skills), p in zip(cases, spec["requests"]["plans"]):
@@ -238,7 +300,7 @@ ENGINES = {"llama.cpp": run_llama, "transformers": run_transformers, "thor": run
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[0] == "--prepare":      # load once: a first load fills the weight cache the runs time
+    if argv[0] == "--prepare":  # load once: a first load fills the weight cache the runs time
         from thor_app.assembly import load_model
 
         load_model(worker_config({"config": argv[1], "model": argv[2]}))

@@ -13,14 +13,15 @@
 a snapshot of the state before every multi-row forward, and ``crop`` restores the snapshot
 and runs the accepted rows through the model again.
 """
+
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
-from thor_runtime.errors import ThorError
 from thor_runtime.cache.kv_cache import KVCache
+from thor_runtime.errors import ThorError
 
 # Rows up to which a forward uses the recurrent form with one checkpoint slot per row
 # (decode, verify of K + 1 <= this rows); longer forwards (prefill) use the chunked form.
@@ -31,14 +32,28 @@ class RecurrentState:
     """Conv + SSM state of every GDN layer. ``ssm[l]`` [slots, Hv, dk, dv] fp32, ``conv[l]``
     [k - 1 + rows, C] fp32: the conv state before the last forward followed by its rows."""
 
-    def __init__(self, n_layers: int, num_v_heads: int, dk: int, dv: int, conv_dim: int, kernel: int,
-                 device: str | torch.device = "cpu", naive: bool = False):
+    def __init__(
+        self,
+        n_layers: int,
+        num_v_heads: int,
+        dk: int,
+        dv: int,
+        conv_dim: int,
+        kernel: int,
+        device: str | torch.device = "cpu",
+        naive: bool = False,
+    ):
         self.shape = (num_v_heads, dk, dv)
-        self.kernel, self.conv_dim, self.device, self.naive = kernel, conv_dim, torch.device(device), naive
+        self.kernel, self.conv_dim, self.device, self.naive = (
+            kernel,
+            conv_dim,
+            torch.device(device),
+            naive,
+        )
         self.ssm = [torch.zeros(1, *self.shape, device=self.device) for _ in range(n_layers)]
         self.conv = [torch.zeros(kernel, conv_dim, device=self.device) for _ in range(n_layers)]
-        self.cur = 0         # the slot holding the current state
-        self.conv_cur = 0    # the current conv state is conv[l][conv_cur + 1 : conv_cur + kernel]
+        self.cur = 0  # the slot holding the current state
+        self.conv_cur = 0  # the current conv state is conv[l][conv_cur + 1 : conv_cur + kernel]
 
     @property
     def slots(self) -> int:
@@ -63,10 +78,10 @@ class RecurrentState:
 
     # ---- per layer, used by the model's GDN segment
     def conv_state(self, layer: int) -> torch.Tensor:
-        return self.conv[layer][self.conv_cur + 1:self.conv_cur + self.kernel]      # [k-1, C]
+        return self.conv[layer][self.conv_cur + 1 : self.conv_cur + self.kernel]  # [k-1, C]
 
     def current(self, layer: int) -> torch.Tensor:
-        return self.ssm[layer][self.cur]                                           # [Hv, dk, dv]
+        return self.ssm[layer][self.cur]  # [Hv, dk, dv]
 
     def slot(self, layer: int, row: int) -> torch.Tensor:
         return self.ssm[layer][0 if self.naive else row]
@@ -82,8 +97,10 @@ class RecurrentState:
         self.cur, self.conv_cur = row, row
 
     def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return ([s[self.cur].clone() for s in self.ssm],
-                [c[self.conv_cur:self.conv_cur + self.kernel].clone() for c in self.conv])
+        return (
+            [s[self.cur].clone() for s in self.ssm],
+            [c[self.conv_cur : self.conv_cur + self.kernel].clone() for c in self.conv],
+        )
 
     def restore(self, snap) -> None:
         ssm, conv = snap
@@ -99,14 +116,16 @@ class HybridCache:
     def __init__(self, kv: KVCache, rec: RecurrentState):
         self.kv, self.rec = kv, rec
         self.length = 0
-        self.start = 0              # position of the first row of the last forward
-        self.rows = 0               # rows of the last forward
-        self.checkpointed = False   # the last forward left one state per row
+        self.start = 0  # position of the first row of the last forward
+        self.rows = 0  # rows of the last forward
+        self.checkpointed = False  # the last forward left one state per row
         self.max_len = kv.max_len
         self._snap = None
         self._ids: torch.Tensor | None = None
         self._replaying = False
-        self.reforward: Callable[[torch.Tensor], None] | None = None  # set by the model (naive path)
+        self.reforward: Callable[[torch.Tensor], None] | None = (
+            None  # set by the model (naive path)
+        )
 
     @property
     def naive(self) -> bool:
@@ -134,7 +153,7 @@ class HybridCache:
             raise ValueError("crop length must be >= 0")
         if n >= self.length:
             return
-        j = n - self.start - 1                    # keep rows 0..j of the last forward
+        j = n - self.start - 1  # keep rows 0..j of the last forward
         if self.naive and self._snap is not None and j >= -1:
             self.rec.restore(self._snap)
             self.kv.crop(self.start)
@@ -142,13 +161,15 @@ class HybridCache:
             if j >= 0:
                 self._replaying = True
                 try:
-                    self.reforward(ids[:j + 1])   # the second forward the slots avoid
+                    self.reforward(ids[: j + 1])  # the second forward the slots avoid
                 finally:
                     self._replaying = False
             return
         if not self.checkpointed or not 0 <= j < self.rows:
-            raise ThorError(f"cannot roll the recurrent state back to {n} tokens: only the rows of the "
-                            f"last verify ({self.start + 1}..{self.start + self.rows}) are checkpointed")
+            raise ThorError(
+                f"cannot roll the recurrent state back to {n} tokens: only the rows of the "
+                f"last verify ({self.start + 1}..{self.start + self.rows}) are checkpointed"
+            )
         self.rec.select(j)
         self.kv.crop(n)
         self.length = n
