@@ -241,7 +241,8 @@ def test_the_written_format_is_the_templates_own():
     _, _, qwen = gguf_config_and_tokenizer(resolve(QWEN_05B))
     assert template_knows_tools(qwen.chat_template)
     past = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+            "function": {"name": "get_weather",
+                         "arguments": '{"city": "Paris", "unit": "celsius"}'}}
     req = parse_chat({"tools": TOOLS, "messages": [
         {"role": "system", "content": "You are a robot."}, *MSG,
         {"role": "assistant", "content": None, "tool_calls": [past]},
@@ -252,3 +253,21 @@ def test_the_written_format_is_the_templates_own():
     native = qwen.encode_chat(messages, **extra)
     written, none = conversation(req.messages, req.tools, False)
     assert not none and native == qwen.encode_chat(written)
+
+
+@pytest.mark.parametrize("text, ok, calls", [
+    ('{"answer":"sunny"}', True, 0), ("Sunny.", False, 0), (PARIS, True, 1), (FENCED, True, 1),
+    # a bare object is the content's own form here (compact, as without tools): JSON, no call
+    (json.dumps(json.loads(BARE), separators=(",", ":")), True, 0)])
+def test_auto_with_a_response_format_answers_calls_or_its_json(tok, gtok, text, ok, calls):
+    from thor_app.server.openai_api import parse_chat
+    from thor_app.server.tool_calls import CallReader, CallShape, auto_forms, tool_grammar
+
+    req = parse_chat({"messages": MSG, "tools": TOOLS, "response_format": {"type": "json_object"}})
+    ids = tok.encode(text, add_special=False) + [tok.eos_token_ids[0]]
+    assert (tool_grammar(gtok, tok, req).constraint().valid_prefix(ids) == len(ids)) == ok
+    if ok:
+        reader = CallReader(CallShape("auto", frozenset(SCHEMAS), auto_forms({"type": "object"})))
+        reader.push(text)
+        reader.finish("", "eos")
+        assert len(reader.calls) == calls and (reader.text == text) == (not calls)
