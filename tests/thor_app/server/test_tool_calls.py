@@ -240,14 +240,23 @@ def test_the_written_format_is_the_templates_own():
 
     _, _, qwen = gguf_config_and_tokenizer(resolve(QWEN_05B))
     assert template_knows_tools(qwen.chat_template)
-    past = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather",
-                         "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-    req = parse_chat({"tools": TOOLS, "messages": [
-        {"role": "system", "content": "You are a robot."}, *MSG,
-        {"role": "assistant", "content": None, "tool_calls": [past]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
-        {"role": "tool", "tool_call_id": "call_2", "content": '{"humidity": 40}'}]})
+    past = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+    }
+    req = parse_chat(
+        {
+            "tools": TOOLS,
+            "messages": [
+                {"role": "system", "content": "You are a robot."},
+                *MSG,
+                {"role": "assistant", "content": None, "tool_calls": [past]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
+                {"role": "tool", "tool_call_id": "call_2", "content": '{"humidity": 40}'},
+            ],
+        }
+    )
     messages, extra = conversation(req.messages, req.tools, True)
     assert extra == {"tools": list(TOOLS)}
     native = qwen.encode_chat(messages, **extra)
@@ -255,10 +264,17 @@ def test_the_written_format_is_the_templates_own():
     assert not none and native == qwen.encode_chat(written)
 
 
-@pytest.mark.parametrize("text, ok, calls", [
-    ('{"answer":"sunny"}', True, 0), ("Sunny.", False, 0), (PARIS, True, 1), (FENCED, True, 1),
-    # a bare object is the content's own form here (compact, as without tools): JSON, no call
-    (json.dumps(json.loads(BARE), separators=(",", ":")), True, 0)])
+@pytest.mark.parametrize(
+    "text, ok, calls",
+    [
+        ('{"answer":"sunny"}', True, 0),
+        ("Sunny.", False, 0),
+        (PARIS, True, 1),
+        (FENCED, True, 1),
+        # a bare object is the content's own form here (compact, as without tools): JSON, no call
+        (json.dumps(json.loads(BARE), separators=(",", ":")), True, 0),
+    ],
+)
 def test_auto_with_a_response_format_answers_calls_or_its_json(tok, gtok, text, ok, calls):
     from thor_app.server.openai_api import parse_chat
     from thor_app.server.tool_calls import CallReader, CallShape, auto_forms, tool_grammar
