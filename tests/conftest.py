@@ -25,7 +25,8 @@ def pytest_sessionstart(session):
     got = torch.backends.cpu.get_cpu_capability()
     if got.upper() != want.strip().upper():
         pytest.exit(
-            f"THOR_EXPECT_CPU_CAPABILITY={want} but torch.backends.cpu.get_cpu_capability() is {got} "
+            f"THOR_EXPECT_CPU_CAPABILITY={want} but torch.backends.cpu.get_cpu_capability() "
+            f"is {got} "
             f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '<unset>')})",
             returncode=1,
         )
@@ -83,7 +84,8 @@ def tiny_qwen2(tiny_qwen2_dir):
 
 @pytest.fixture(scope="session")
 def tiny_hybrid_dirs(tmp_path_factory):
-    """{"qwen3_5": Path, "qwen3_next": Path} of random-weight hybrid (Gated-DeltaNet) checkpoints."""
+    """{"qwen3_5": Path, "qwen3_next": Path} of random-weight hybrid (Gated-DeltaNet)
+    checkpoints."""
     from tests.helpers.tiny_hybrid import make_hybrid_dir
 
     root = tmp_path_factory.mktemp("tiny_hybrid")

@@ -4,8 +4,8 @@ imports itself through others.
 thor_runtime and engines (runtime, backends) -> agent (planning) -> calib -> evals (the lab:
 evaluation code and sets) -> thor_app (the `thor` CLI, the HTTP server and the benchmark tools,
 which nothing imports). Other packages enter the runtime by its front door; the plan's checks
-(gate, executor, solver) import nothing that reads the task's words. Read from the source with ``ast``,
-including imports inside functions, so a lazy import cannot hide a wrong edge or a cycle.
+(gate, executor, solver) import nothing that reads the task's words. Read from the source with
+``ast``, including imports inside functions, so a lazy import cannot hide a wrong edge or a cycle.
 thor_app imports every command statically: no importlib, import_module or __import__ dispatch
 by name.
 """
@@ -107,8 +107,10 @@ def test_entry_points_import_statically():
 def test_walker_sees_dynamic_imports(tmp_path):
     src = tmp_path / "m.py"
     src.write_text(
-        "import json\nfrom thor_runtime import errors\n\n\ndef f(name):\n    import importlib.util\n"
-        "    from importlib import import_module\n    return import_module(name), __import__(name)\n"
+        "import json\nfrom thor_runtime import errors\n\n\n"
+        "def f(name):\n    import importlib.util\n"
+        "    from importlib import import_module\n"
+        "    return import_module(name), __import__(name)\n"
     )
     assert dynamic_imports(src) == [
         "6: import importlib.util",

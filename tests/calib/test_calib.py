@@ -140,7 +140,10 @@ def test_batched_greedy_matches_runtime_default(default_model):
 
 def test_gen_data_resumes(tiny_llama, tmp_path):
     m = tiny_llama
-    spec = lambda n: PromptSpec("train", n, 0, general_frac=1.0)  # short prompts for the tiny model
+
+    def spec(n):  # short prompts for the tiny model
+        return PromptSpec("train", n, 0, general_frac=1.0)
+
     s1 = generate_dataset(m.model, m.tokenizer, spec(3), GenConfig(12, 2), tmp_path, progress=False)
     assert s1["generated_now"] == 3
     s2 = generate_dataset(m.model, m.tokenizer, spec(5), GenConfig(12, 2), tmp_path, progress=False)

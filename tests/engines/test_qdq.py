@@ -27,7 +27,8 @@ from tests.helpers.tiny import CORPUS  # noqa: E402
 from thor_app.cli import build_parser, main  # noqa: E402
 from thor_runtime.errors import ThorError  # noqa: E402
 
-# The self-test's fp8 bounds: cosine >= 0.99, norm ratio in [0.95, 1.05], max abs <= 0.1 + 0.1 max|ref|.
+# The self-test's fp8 bounds: cosine >= 0.99, norm ratio in [0.95, 1.05], max abs <= 0.1 + 0.1
+# max|ref|.
 FP8 = THRESHOLDS["fp8"]
 
 

@@ -211,7 +211,8 @@ def test_eval_bench_wiring(tiny_llama):
         assert (
             o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"
         )  # refusals name `workspace`
-        # a task that names a world object wants a goal about it first: `missing` there is off-schema too
+        # a task that names a world object wants a goal about it first: `missing` there is
+        # off-schema too
         assert all(r["report_checks"] in (["object"], ["object", "schema"]) for r in o["rows"])
         assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
 
@@ -222,7 +223,8 @@ EVAL_C = SETS_DIR / "3-recycling-science-hotel-garage"
 EVAL_D = SETS_DIR / "4-florist-conservation-vet-baggage"
 EVAL_E = SETS_DIR / "5-watchmaker-bar-backstage-datahall"
 EVAL_F = SETS_DIR / "6-sushi-dental-brewery-firestation"
-# in the order they were written: each set must be fresh against the first set and every set before it
+# in the order they were written: each set must be fresh against the first set and every set
+# before it
 LATER_SETS = (EVAL_B, EVAL_C, EVAL_D, EVAL_E, EVAL_F)
 later_set = pytest.mark.parametrize("directory", LATER_SETS, ids=lambda d: d.name)
 
@@ -252,7 +254,8 @@ def test_later_eval_set_shape_fresh_and_mixed(directory):
         assert sorted(t.refuse for t in tasks if t.world == name and t.refuse) == sorted(
             REFUSALS
         ), name
-    # new settings: no world (nor object / place name) shared with the sample worlds or an earlier set
+    # new settings: no world (nor object / place name) shared with the sample worlds or an
+    # earlier set
     old = [load_world(p) for p in sorted((AGENT_DIR / "worlds").glob("*.json"))]
     old += [w for _, ws in earlier for w, _ in ws.values()]
     vocab = training_names()

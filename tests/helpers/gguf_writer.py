@@ -35,8 +35,9 @@ def write_tiny_gguf(
     override: dict | None = None,
     arch: str = "llama",
 ) -> None:
-    """qtype: F32 | F16 | a type gguf.quants can quantize (Q8_0, Q5_0, ...) for 2-D weights. ``override``: {gguf tensor name: (np.uint8 data,
-    GGMLQuantizationType)} to plant raw tensors (e.g. an unsupported type)."""
+    """qtype: F32 | F16 | a type gguf.quants can quantize (Q8_0, Q5_0, ...) for 2-D weights.
+    ``override``: {gguf tensor name: (np.uint8 data, GGMLQuantizationType)} to plant raw tensors
+    (e.g. an unsupported type)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -181,7 +182,8 @@ def _stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def converted_hybrid(hf_dir) -> tuple[str, dict, dict[str, torch.Tensor]]:
-    """-> (GGUF arch, HF config, {GGUF name: tensor}) as the converter writes a hybrid, dense or MoE."""
+    """-> (GGUF arch, HF config, {GGUF name: tensor}) as the converter writes a hybrid, dense or
+    MoE."""
     import json
 
     import gguf
@@ -237,8 +239,9 @@ def write_hybrid_gguf(
     meta: dict | None = None,
     mtp_blocks: int = 0,
 ) -> None:
-    """The tiny hybrid at ``hf_dir`` as a converted GGUF, with its tokenizer. qtype: F32 | F16 | a type
-    gguf can quantize, for 2-D and stacked 3-D expert weights except the conv (kept F32, as llama.cpp keeps it);
+    """The tiny hybrid at ``hf_dir`` as a converted GGUF, with its tokenizer. qtype: F32 | F16 | a
+    type gguf can quantize, for 2-D and stacked 3-D expert weights except the conv (kept F32, as
+    llama.cpp keeps it);
     store_dequantized: write those weights' quantize -> dequantize round trip as F32 instead.
     ``edit(tensors)`` may change the tensor dict before writing; ``meta``: extra {key: int};
     ``mtp_blocks``: multi-token-prediction blocks appended after the decoder layers, as newer

@@ -37,12 +37,14 @@ def rarely(good, bad, one_in: int):
 
 
 def mostly(good, bad):
-    """``good`` about 7 draws in 8: a request must pass its first checks to reach the deeper ones."""
+    """``good`` about 7 draws in 8: a request must pass its first checks to reach the deeper
+    ones."""
     return rarely(good, bad, 8)
 
 
 def seldom(good, bad):
-    """``bad`` about one draw in 30: for the fields of a world, a dozen of which each may spoil it."""
+    """``bad`` about one draw in 30: for the fields of a world, a dozen of which each may spoil
+    it."""
     return rarely(good, bad, 30)
 
 

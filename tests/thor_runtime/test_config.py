@@ -178,7 +178,8 @@ subs = [[]]
 for cmd in ("generate", "plan", "bench", "calib", "models", "engines", "selftest", "serve"):
     subs.append([cmd])
 subs += [["engines", v] for v in ("build", "list", "verify", "prune")]
-subs += [["calib", v] for v in ("gen-data", "distill", "draft-vocab", "eval-drafter", "kv-scales", "fp8-scales")]
+subs += [["calib", v] for v in ("gen-data", "distill", "draft-vocab", \
+"eval-drafter", "kv-scales", "fp8-scales")]
 for argv in subs:
     try:
         build_parser().parse_args(argv + ["--help"])

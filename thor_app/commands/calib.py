@@ -1,4 +1,5 @@
-"""`thor calib {gen-data,distill,draft-vocab,export-drafter,eval-drafter,kv-scales,fp8-scales}` — offline calibration and drafter training.
+"""`thor calib {gen-data,distill,draft-vocab,export-drafter,eval-drafter,kv-scales,fp8-scales}`
+— offline calibration and drafter training.
 
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
@@ -253,7 +254,8 @@ def register(sub) -> None:
         "--vocab",
         default="data",
         choices=["data", "full"],
-        help="softmax over the data's tokens + random negatives (fast on CPU) or the full vocabulary",
+        help="softmax over the data's tokens + random negatives (fast on CPU) "
+        "or the full vocabulary",
     )
     d.add_argument(
         "--negatives",

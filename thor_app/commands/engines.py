@@ -2,8 +2,8 @@
 
 build exports (and for tensorrt, builds) every graph of a model into one cache entry, with a
 progress bar (TensorRT's profiles follow --prefill-chunk and the --spec flags, by default those
-of `thor serve`'s config); list shows the usable entries (interrupted builds are never shown as usable);
-verify re-hashes every file against its manifest (exit 2 on any mismatch); prune removes
+of `thor serve`'s config); list shows the usable entries (interrupted builds are never shown as
+usable); verify re-hashes every file against its manifest (exit 2 on any mismatch); prune removes
 interrupted builds and entries that fail verification (--all: everything).
 """
 
@@ -70,13 +70,15 @@ def run_list(args) -> int:
     usable = [r for r in rows if r["status"] == "ok"]
     for r in usable:
         print(
-            f"{r['key']}  {r['backend']:<11} {r['form']:<8} {r['precision']:<5} {r['bytes'] / 1e6:8.1f} MB  "
+            f"{r['key']}  {r['backend']:<11} {r['form']:<8} {r['precision']:<5} "
+            f"{r['bytes'] / 1e6:8.1f} MB  "
             f"{r['model']}  {r['runtime']}  {r['created']}"
         )
     other = len(rows) - len(usable)
     if other:
         print(
-            f"({other} interrupted or unreadable build(s) not usable; `thor engines prune` removes them)",
+            f"({other} interrupted or unreadable build(s) not usable; "
+            "`thor engines prune` removes them)",
             file=sys.stderr,
         )
     return 0

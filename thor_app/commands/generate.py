@@ -91,7 +91,8 @@ def run(args) -> int:
         sys.stdout.write("\n")
         s = res.stats.to_dict()
         print(
-            f"[{s['prompt_tokens']} prompt tokens, {s['generated_tokens']} generated, ttft {s['ttft_s']:.3f}s, "
+            f"[{s['prompt_tokens']} prompt tokens, {s['generated_tokens']} generated, "
+            f"ttft {s['ttft_s']:.3f}s, "
             f"decode {s['decode_tok_s']} tok/s, finish={res.finish_reason}]",
             file=sys.stderr,
         )

@@ -29,7 +29,8 @@ def register(sub) -> None:
     p.add_argument(
         "--skills",
         default=None,
-        help="skills file (default: the world's `skills` entry, else agent/skills/manipulation.json)",
+        help="skills file (default: the world's `skills` entry, "
+        "else agent/skills/manipulation.json)",
     )
     p.add_argument(
         "--schema", default=None, help="base plan schema (default: agent/schemas/plan.schema.json)"
@@ -57,7 +58,8 @@ def _log(msg: str) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """tmp file in the same directory + os.replace: readers see the old file or the new, never half."""
+    """tmp file in the same directory + os.replace: readers see the old file or the new, never
+    half."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ThorError(f"--out: directory does not exist: {path.parent}")

@@ -2,9 +2,10 @@
 
 The runtime's tables ([model], [engine], [speculation], [planner]) are the sections of
 thor_runtime.config.RuntimeConfig, whose field table the CLI flags are derived from too;
-[server], [limits] and [auth] are the service's own. Every value is checked when the file is read, so a typo fails at start-up with the key's name
-(exit 2) instead of minutes later on the robot. Unknown tables and keys are refused for the same
-reason. The only environment variable is ``THOR_CONFIG``, which points at the file.
+[server], [limits] and [auth] are the service's own. Every value is checked when the file is
+read, so a typo fails at start-up with the key's name (exit 2) instead of minutes later on the
+robot. Unknown tables and keys are refused for the same reason. The only environment variable
+is ``THOR_CONFIG``, which points at the file.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _check(cond: bool, msg: str) -> None:
 class ServerSection:
     host: str = "127.0.0.1"
     port: int = 8700
-    stall_s: float = 60.0  # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
+    # a generation with no progress (a token, a prefill chunk) this long stops the watchdog
+    stall_s: float = 60.0
     shutdown_grace_s: float = (
         20.0  # SIGTERM: how long in-flight work may finish before it is cancelled
     )

@@ -1,4 +1,5 @@
-"""The one error shape every route answers with: OpenAI's ``{"error": {message, type, param, code}}``."""
+"""The one error shape every route answers with: OpenAI's
+``{"error": {message, type, param, code}}``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The service's job queue: generation workers, threads that take jobs from a bounded queue,
 ``workers`` of them at once (``limits.batch``; their sequences share the target's forwards, see
-thor_runtime/engine/inflight.py). (Not to be confused with engines/, the backends the model's segments
-run on.)
+thor_runtime/engine/inflight.py). (Not to be confused with engines/, the backends the model's
+segments run on.)
 
 Generation is CPU-bound and blocking, so it runs off the event loop, which keeps answering
 /health and /metrics. A job is a plain function of a ``JobContext``; it calls ``ctx.check()``
@@ -162,7 +162,8 @@ class JobQueue:
 
     # ---- submitting --------------------------------------------------------------------------
     def submit(self, fn: Callable[[JobContext], Any], timeout_s: float, priority: int = 0) -> Job:
-        """priority: a higher one runs before the queued lower ones (never preempts the running job)."""
+        """priority: a higher one runs before the queued lower ones (never preempts the running
+        job)."""
         loop = asyncio.get_running_loop()
         job = Job(fn, self.clock() + timeout_s, loop, loop.create_future())
         if self._stopping:

@@ -70,8 +70,8 @@ def register(sub) -> None:
     p.add_argument(
         "--prompt-parts",
         action="store_true",
-        help="tokens per part of the plan prompt (instructions, example, goal forms, skills, world, "
-        "task, template) on the sample worlds and every evaluation set (bench_prompt.py)",
+        help="tokens per part of the plan prompt (instructions, example, goal forms, skills, "
+        "world, task, template) on the sample worlds and every evaluation set (bench_prompt.py)",
     )
     p.add_argument(
         "--plan",
@@ -149,8 +149,9 @@ def register(sub) -> None:
         "--plan-start",
         choices=["whole", "process", "service"],
         default="whole",
-        help="--plan (sample, wordings, heldout): where each plan's prompt starts from: whole = prefilled whole "
-        "(--prefix-cache, default 0); process = as a new `thor plan` process: the skills' shared "
+        help="--plan (sample, wordings, heldout): where each plan's prompt starts from: "
+        "whole = prefilled whole (--prefix-cache, default 0); "
+        "process = as a new `thor plan` process: the skills' shared "
         "prefix from disk, the rest prefilled, auto with no history; service = as `thor serve`: "
         "that prefix and the recent prompts in memory (--prefix-cache, default the service's)",
     )
@@ -161,7 +162,8 @@ def register(sub) -> None:
         "--solver",
         choices=["both", "on", "off"],
         default="both",
-        help="--plan-set eval: steps completed from the model's goal (on), the model's own (off), or both",
+        help="--plan-set eval: steps completed from the model's goal (on), "
+        "the model's own (off), or both",
     )
     p.add_argument(
         "--attempts",
@@ -185,7 +187,8 @@ def register(sub) -> None:
     p.add_argument(
         "--serve",
         action="store_true",
-        help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) against in-process plans",
+        help="benchmark `thor serve` over loopback (plan req/s, p50/p99, TTFT) "
+        "against in-process plans",
     )
     p.add_argument(
         "--serve-clients", default="1,4,16", help="--serve: comma list of concurrent client counts"

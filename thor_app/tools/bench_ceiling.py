@@ -73,7 +73,8 @@ def ceiling(floor: dict, plan_stats: list[dict]) -> dict:
 
 
 def against(ceil: dict, one_at_a_time: list[dict], clients: int = 4, goal: float = 2.0) -> dict:
-    """The ceiling beside what the goal asks: ``goal`` times one-at-a-time plans/s at ``clients``."""
+    """The ceiling beside what the goal asks: ``goal`` times one-at-a-time plans/s at
+    ``clients``."""
     row = next((r for r in one_at_a_time if r["clients"] == clients), None)
     if row is None:
         return ceil
@@ -90,8 +91,8 @@ def against(ceil: dict, one_at_a_time: list[dict], clients: int = 4, goal: float
 def markdown_line(ceil: dict) -> str:
     line = (
         f"compute ceiling: {ceil['plans_per_s']} plans/s ({ceil['rows_per_plan']} rows a plan at "
-        f"{ceil['best_s_per_row'] * 1e3:.3f} ms a row, the cheapest width {ceil['best_rows']} at context "
-        f"{ceil['context']})"
+        f"{ceil['best_s_per_row'] * 1e3:.3f} ms a row, the cheapest width {ceil['best_rows']} "
+        f"at context {ceil['context']})"
     )
     line += (
         f"; with each plan's drafter and between-verify work ({ceil['drafter_and_between_s']} s): "
@@ -100,6 +101,7 @@ def markdown_line(ceil: dict) -> str:
     if "goal_plans_per_s" in ceil:
         line += (
             f"; 2x one-at-a-time at {ceil['goal_clients']} clients asks {ceil['goal_plans_per_s']} "
-            f"(ceiling / asked: {ceil['ceiling_over_goal']}, with them: {ceil['with_them_over_goal']})"
+            f"(ceiling / asked: {ceil['ceiling_over_goal']}, "
+            f"with them: {ceil['with_them_over_goal']})"
         )
     return line

@@ -19,7 +19,8 @@ from thor_app.assembly import build_speculation, load_model, make_runtime, with_
 from thor_app.tools.bench_report import device_info, median, peak_rss_mb, print_table
 
 BENCH_PROMPTS = [
-    "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
+    "Plan how a mobile manipulator should move the red mug from the kitchen counter "
+    "to the dish rack. "
     "List the steps as JSON with skill names and arguments.",
     "The robot must pick up the screwdriver from the lab bench and hand it to the technician. "
     "Give a numbered plan with preconditions for each step.",

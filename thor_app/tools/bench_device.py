@@ -272,9 +272,11 @@ def table(doc: dict) -> str:
         for n, b in (r.get("batch") or {}).items():
             if n.startswith("clients_"):
                 lines.append(
-                    f"  {r['model_shape']}, {n.split('_')[1]} requests at once: {b['tok_s']} tok/s, "
+                    f"  {r['model_shape']}, {n.split('_')[1]} requests at once: "
+                    f"{b['tok_s']} tok/s, "
                     f"{b['speedup_vs_one_at_a_time']}x one at a time "
-                    f"({r['batch']['one_at_a_time_tok_s']} tok/s), latency p50 {b['latency_p50_s']} s"
+                    f"({r['batch']['one_at_a_time_tok_s']} tok/s), "
+                    f"latency p50 {b['latency_p50_s']} s"
                 )
     for q in doc.get("quantized_weight_options", []):
         lines.append(

@@ -11,7 +11,8 @@ SHAPES = {
     "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 64, 151936, True),
     "qwen3-8b": ("qwen3", 4096, 12288, 36, 32, 8, 128, 151936, False),
 }
-# `make demo`'s kitchen plan with the planner model: prompt and generated tokens (docs/performance.md)
+# `make demo`'s kitchen plan with the planner model: prompt and generated tokens
+# (docs/performance.md)
 PLAN_SHAPE = (970, 135)
 
 

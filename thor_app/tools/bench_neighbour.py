@@ -28,7 +28,8 @@ ADAPT = {
     "neighbour-adaptive": "1",
 }  # THOR_ADAPT_THREADS per mode; else unset
 PROMPT = (
-    "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
+    "Plan how a mobile manipulator should move the red mug from the kitchen counter "
+    "to the dish rack. "
     "List the steps as JSON with skill names and arguments."
 )
 # Pure-Python spin: one core, no memory traffic to speak of, no threads of its own; it ends

@@ -59,7 +59,8 @@ def _eval_dir(given: str | None) -> tuple[Path, str]:
 
 # --plan-set wordings: tasks of an evaluation set timed per --spec, when --eval-limit is not given
 WORDINGS_LIMIT = 8
-# --plan-set heldout: the generator's held-out requests timed per --spec, when --eval-limit is not given
+# --plan-set heldout: the generator's held-out requests timed per --spec, when --eval-limit is
+# not given
 HELDOUT_LIMIT = 12
 # the plan bench's token budget per plan (one attempt, the greedy goal)
 PLAN_MAX_TOKENS = 384
@@ -267,7 +268,8 @@ def run_plan(args, specs) -> int:
     print(
         "machine, before / after: "
         + " / ".join(
-            f"1-row step {m['step_ms']} ms, {m['verify_rows']}-row verify {m['verify_ms']} ms ({m['verify_in_steps']} steps)"
+            f"1-row step {m['step_ms']} ms, {m['verify_rows']}-row verify {m['verify_ms']} ms "
+            f"({m['verify_in_steps']} steps)"
             for m in machine.values()
         )
         + f" at {before['context']} cached tokens, logits read by id"

@@ -1,5 +1,5 @@
-"""`thor bench --prompt-parts`: tokens per part of the plan prompt (agent/planner/prompt_parts.py) for
-the sample worlds' benchmark tasks and every evaluation set, with the model's tokenizer only
+"""`thor bench --prompt-parts`: tokens per part of the plan prompt (agent/planner/prompt_parts.py)
+for the sample worlds' benchmark tasks and every evaluation set, with the model's tokenizer only
 (nothing is generated). JSON with every request's counts, and a table of medians."""
 
 from __future__ import annotations

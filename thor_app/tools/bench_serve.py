@@ -80,7 +80,8 @@ def _write_config(
     m, s = c.model, c.speculation
     text = (
         f"[server]\nport = {_free_port()}\n"
-        f"[model]\nname = {q(m.name)}\ndevice = {q(m.device)}\ndtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
+        f"[model]\nname = {q(m.name)}\ndevice = {q(m.device)}\n"
+        f"dtype = {q(wdt)}\nkv_dtype = {q(kv)}\n"
         f"prefix_cache = {prefix_cache}\n"
         f"[engine]\nbackend = {q(backend)}\n"
         f"[speculation]\nmethod = {q(spec)}\ndrafter = {q(s.drafter)}\n"
@@ -249,7 +250,8 @@ async def _paired(base: str, inproc: InProcess, world: str, max_tokens: int, rep
                         "in_process_s": round(i_s, 4),
                         "diff_s": round(h_s - i_s, 4),
                         "overhead": round(h_s / i_s - 1, 5),
-                        # the server compiles the grammar before queueing, outside the planner's timer
+                        # the server compiles the grammar before queueing, outside the
+                        # planner's timer
                         "server_reported_s": round(
                             st["plan_latency_s"] + st["grammar_compile_s"], 4
                         ),
@@ -357,7 +359,8 @@ def markdown(doc: dict) -> str:
         "",
         (
             f"model {doc['model']}, world {doc['world']}, plan max_tokens "
-            f"{doc['max_tokens']}, {s['pairs']} paired plans ({doc['repeats']} repeats x {len(TASKS)} tasks)"
+            f"{doc['max_tokens']}, {s['pairs']} paired plans "
+            f"({doc['repeats']} repeats x {len(TASKS)} tasks)"
         ),
         "",
         "| setting | server | in-process |",
@@ -377,15 +380,20 @@ def markdown(doc: dict) -> str:
         f"| plans identical on both sides | {s['plans_identical']}/{s['pairs']} |",
         (
             f"| HTTP - server-reported plan time, p50 s (transport and parsing only) | "
-            f"{s['http_minus_server_reported_p50_s']} ({s['http_minus_server_reported_fraction']:.2%}) |"
+            f"{s['http_minus_server_reported_p50_s']} "
+            f"({s['http_minus_server_reported_fraction']:.2%}) |"
         ),
-        f"| streaming TTFT p50 s, HTTP / in-process | {s['ttft_stream_p50_s']} / {s['ttft_in_process_p50_s']} |",
+        (
+            f"| streaming TTFT p50 s, HTTP / in-process | {s['ttft_stream_p50_s']} / "
+            f"{s['ttft_in_process_p50_s']} |"
+        ),
         "",
         "| repeat | task | first | HTTP s | in-process s | diff s | overhead |",
         "|---|---|---|---|---|---|---|",
     ]
     out += [
-        f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | {p['diff_s']} | "
+        f"| {p['repeat']} | {p['task']} | {p['first']} | {p['http_s']} | {p['in_process_s']} | "
+        f"{p['diff_s']} | "
         f"{p['overhead']:+.2%} |"
         for p in doc["pairs"]
     ]
@@ -393,21 +401,23 @@ def markdown(doc: dict) -> str:
     ratio = {r["clients"]: r["req_per_s_ratio"] for r in cmp["levels"]}
     out += [
         "",
-        f"| clients | requests | req/s, batch {doc['batch']} | p50 s | p99 s | req/s, one at a time | "
-        "p50 s | p99 s | req/s ratio |",
+        f"| clients | requests | req/s, batch {doc['batch']} | p50 s | p99 s | "
+        "req/s, one at a time | p50 s | p99 s | req/s ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     one = {r["clients"]: r for r in doc["levels_one_at_a_time"]}
     for r in doc["levels"]:
         o = one.get(r["clients"], {})
         out.append(
-            f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | {r['p99_s']} | "
-            f"{o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | {ratio.get(r['clients'])} |"
+            f"| {r['clients']} | {r['requests']} | {r['req_per_s']} | {r['p50_s']} | "
+            f"{r['p99_s']} | {o.get('req_per_s')} | {o.get('p50_s')} | {o.get('p99_s')} | "
+            f"{ratio.get(r['clients'])} |"
         )
     out += [
         "",
         f"p99 at 4 clients / p50 at 1 client (batched): {cmp['p99_4_over_p50_1']}; "
-        f"every task answered with one plan in both modes: {cmp['plans_identical']} ({cmp['tasks']} tasks)",
+        f"every task answered with one plan in both modes: {cmp['plans_identical']} "
+        f"({cmp['tasks']} tasks)",
     ]
     if doc.get("ceiling"):
         from thor_app.tools.bench_ceiling import markdown_line

@@ -98,7 +98,8 @@ def bench_rollback(
     model: HybridModel | None = None,
     log=None,
 ) -> dict:
-    """-> {"config": ..., "rows": [{K, n, verify/rollback/cycle ms per path, speedup, slot bytes}]}."""
+    """-> {"config": ..., "rows": [{K, n, verify/rollback/cycle ms per path, speedup, slot
+    bytes}]}."""
     model = model or random_hybrid(HybridConfig(**BENCH_CONFIG))
     n_params = sum(int(torch.tensor(s).prod()) for s in expected_shapes(model.cfg).values())
     if accept not in ACCEPTS:
@@ -126,7 +127,8 @@ def bench_rollback(
         if log:
             log(
                 f"K={K:2d} n={n:2d}  slots: verify {row['slots_verify_ms']:8.2f} ms  rollback "
-                f"{row['slots_rollback_ms']:7.4f} ms | replay: verify {row['replay_verify_ms']:8.2f} ms  "
+                f"{row['slots_rollback_ms']:7.4f} ms | "
+                f"replay: verify {row['replay_verify_ms']:8.2f} ms  "
                 f"rollback {row['replay_rollback_ms']:8.2f} ms | cycle x{row['speedup']:.2f}  "
                 f"slots {row['slot_bytes'] / 2**20:.2f} MiB"
             )

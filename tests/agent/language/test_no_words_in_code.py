@@ -16,7 +16,8 @@ ALLOWED_RE = {AGENT / "schema" / "grammar.py"}
 
 def plan_vocabulary() -> set[str]:
     """The words of the plan's own language (keys, kinds, types in the shipped JSON schemas and
-    skills files, and JSON Schema's keywords): lists of these are the planner's, not a language's."""
+    skills files, and JSON Schema's keywords): lists of these are the planner's, not a
+    language's."""
     import json
 
     import jsonschema

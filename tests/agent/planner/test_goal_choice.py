@@ -1,6 +1,6 @@
-"""Choosing the plan's goal among the grammar's candidates (agent/planner/goal_choice.py): scores are the
-grammar-masked log-likelihood of each goal's tokens, branches share the prompt's cache, and the
-choice never turns a refusal into a plan or a reachable goal into one that is not."""
+"""Choosing the plan's goal among the grammar's candidates (agent/planner/goal_choice.py): scores
+are the grammar-masked log-likelihood of each goal's tokens, branches share the prompt's cache, and
+the choice never turns a refusal into a plan or a reachable goal into one that is not."""
 
 from __future__ import annotations
 

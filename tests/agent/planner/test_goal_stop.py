@@ -114,7 +114,8 @@ def test_steps_past_the_goal_or_twice_the_solvers_are_cut(tiny_llama):
     assert c.cut and c.steps == 5 and _cut_at(tok, json.dumps(loop, separators=(",", ":")), 5, n)
     assert stop.done_steps is None
     # the same call twice in a row: looping, ended as the third step opens (the solver's
-    # steps are taken); the planner model wrote this one to the cap for "move the apple to the table"
+    # steps are taken); the planner model wrote this one to the cap for "move the apple to the
+    # table"
     spin = {**plan, "steps": [{**ARM, "id": f"s{i + 1}"} for i in range(6)]}
     c, n = _walk(tok, gtok, grammar, spin, stop)
     assert c.cut and c.steps == 3 and _cut_at(tok, json.dumps(spin, separators=(",", ":")), 3, n)

@@ -1,5 +1,6 @@
-"""Where a plan prompt's tokens go (agent/planner/prompt_parts.py, `thor bench --prompt-parts`): the
-parts cover the prompt, the shared ones are the stored prefix, and each moves with what it counts."""
+"""Where a plan prompt's tokens go (agent/planner/prompt_parts.py, `thor bench --prompt-parts`):
+the parts cover the prompt, the shared ones are the stored prefix, and each moves with what it
+counts."""
 
 from __future__ import annotations
 

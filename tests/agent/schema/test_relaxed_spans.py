@@ -64,7 +64,8 @@ def marks(text: str) -> str:
 def test_tracker_marks_only_the_top_level_rationale_value():
     text = (
         '{"plan_id":"rationale","task":"a rationale","goal":[{"missing":"rationale"}],'
-        '"steps":[{"id":"s1","args":{"rationale":"x"},"notes":["rationale"]}],"rationale":"why \\"so\\", ok"}'
+        '"steps":[{"id":"s1","args":{"rationale":"x"},"notes":["rationale"]}],'
+        '"rationale":"why \\"so\\", ok"}'
     )
     got = marks(text)
     start = text.index('"rationale":"why') + len('"rationale":"')
@@ -265,7 +266,8 @@ def test_relaxed_accepts_lie_inside_the_rationale(tiny_llama, tok, gtok, schema)
         assert relaxed_at and all(inside[i] for i in relaxed_at), (relaxed_at, rel.text)
         assert len(relaxed_at) == rel.stats.relaxed_accepted
         if schema is LAST:
-            # up to the rationale's value the tokens are strict decoding's, and so is the rest of the document
+            # up to the rationale's value the tokens are strict decoding's, and so is the rest of
+            # the document
             first = inside.index(True)
             assert out[:first] == plain.token_ids[:first]
             a, b = json.loads(rel.text), json.loads(plain.text)

@@ -196,7 +196,7 @@ def _goal(raw, world=W):
     return parse_goal_items(raw, world, SKILLS)
 
 
-# ---- the task's reading, the grammar and the grounding check --------------------------------------
+# ---- the task's reading, the grammar and the grounding check ----------------------------------
 TASK = "Put the blue block on the green block and the red block on top of the blue block."
 
 

@@ -1,5 +1,6 @@
-"""Goals beyond an end state (agent/symbolic/goals.py): required calls (`do`), order (`before`) and sets
-(`every`), through parsing, symbolic execution, the gate, the solver and the goal grammar."""
+"""Goals beyond an end state (agent/symbolic/goals.py): required calls (`do`), order (`before`)
+and sets (`every`), through parsing, symbolic execution, the gate, the solver and the goal
+grammar."""
 
 from __future__ import annotations
 
@@ -352,7 +353,8 @@ def test_base_schema_takes_the_new_forms():
 
 
 def test_every_goal_form_the_prompt_shows_is_a_goal_the_plan_schema_takes():
-    """The prompt's examples are what a small model copies: each must be a goal the grammar allows."""
+    """The prompt's examples are what a small model copies: each must be a goal the grammar
+    allows."""
     from agent.planner.prompt import _GOAL_EXAMPLES, _PROCESS_EXAMPLES
 
     v = PlanValidator(base_plan_schema())

@@ -153,7 +153,7 @@ def test_skills_file_is_refused_naming_the_skill(skill, word):
     )
 
 
-# ---- the fertilizer case ---------------------------------------------------------------------------
+# ---- the fertilizer case ----------------------------------------------------------------------
 GARDEN = {
     "name": "garden",
     "objects": [
@@ -260,7 +260,7 @@ def test_fertilizer_cli_never_exit_0(tmp_path, capsys, tiny_llama, monkeypatch):
     )
 
 
-# ---- symbolic execution: good and bad plans ----------------------------------------------------------
+# ---- symbolic execution: good and bad plans ---------------------------------------------------
 def test_good_plans_execute_and_reach_their_goal():
     r, found = checks_of(
         plan(
@@ -433,7 +433,7 @@ def test_goal_schema_is_specialized_and_first():
     )
 
 
-# ---- solver (goal -> steps) --------------------------------------------------------------------------
+# ---- solver (goal -> steps) -------------------------------------------------------------------
 def test_solver_completes_steps_from_the_goal():
     w, s = world_and_skills("kitchen")
     schema = specialize(base_plan_schema(), w, s)

@@ -28,7 +28,8 @@ from thor_runtime.speculative import SpecOptions, build_speculation
 # ---- CLI ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_long(tiny_dirs, tmp_path_factory):
-    """The tiny llama with a 4k context: its 320-token BPE spells a sample world's prompt in ~1.5k tokens."""
+    """The tiny llama with a 4k context: its 320-token BPE spells a sample world's prompt in ~1.5k
+    tokens."""
     d = tmp_path_factory.mktemp("tiny_long") / "llama"
     shutil.copytree(tiny_dirs["llama"], d)
     cfg = json.loads((d / "config.json").read_text())

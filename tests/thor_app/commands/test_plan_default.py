@@ -37,7 +37,8 @@ def _argv(*extra):
 
 @pytest.fixture
 def seen_models(monkeypatch, tiny_llama):
-    """build_runtime replaced by one that records the model it was asked for and plans a good plan."""
+    """build_runtime replaced by one that records the model it was asked for and plans a good
+    plan."""
     seen = []
 
     def build(config):

@@ -19,7 +19,8 @@ LONG_MSG = [{"role": "user", "content": "pick up the red cup and put it in the s
 
 
 class SlowPrefill:
-    """The tiny model with every prefill call taking ``delay_s`` longer: a CPU host's long prompt."""
+    """The tiny model with every prefill call taking ``delay_s`` longer: a CPU host's long
+    prompt."""
 
     def __init__(self, model, delay_s: float):
         self._m, self.delay_s, self.calls = model, delay_s, 0

@@ -28,7 +28,8 @@ CHAT, PLAN = "/v1/chat/completions", "/v1/plan"
 
 
 def _encoded(doc) -> bytes:
-    # a lone surrogate cannot be UTF-8: json.dumps escapes it (``\ud800``), as a client library would
+    # a lone surrogate cannot be UTF-8: json.dumps escapes it (``\ud800``), as a client library
+    # would
     return json.dumps(doc).encode()
 
 

@@ -365,7 +365,8 @@ def test_systemd_analyze_verify_passes(tmp_path):
             subprocess.run([exe, "--version"], capture_output=True, text=True).stdout,
         ).group(1)
     )
-    # RestartSteps / RestartMaxDelaySec (the backoff) arrived in systemd 254; older ones ignore them.
+    # RestartSteps / RestartMaxDelaySec (the backoff) arrived in systemd 254; older ones ignore
+    # them.
     newer = {"RestartSteps", "RestartMaxDelaySec"} if version < 254 else set()
     problems = [
         ln

@@ -46,7 +46,8 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     assert rc == 0
     doc = json.loads(out.read_text())
 
-    # both sides report what they run with; equal, and what was asked (prefix cache: the service's default)
+    # both sides report what they run with; equal, and what was asked (prefix cache: the
+    # service's default)
     s = doc["settings"]
     assert s["identical"] is True and s["server"] == s["in_process"]
     want = {
@@ -120,7 +121,8 @@ def test_bench_serve_pairs_the_same_plans_on_the_same_settings(tiny_dirs, tmp_pa
     )
 
     # the cores' ceiling: rows a plan needs (generated + computed prompt tokens) at the cheapest
-    # measured seconds a row, beside 2x one-at-a-time's rate at the goal's client count (2 here: none)
+    # measured seconds a row, beside 2x one-at-a-time's rate at the goal's client count (2 here:
+    # none)
     c = doc["ceiling"]
     rows = [p["generated_tokens"] + p["prompt_tokens_computed"] for p in pairs]
     assert c["plans"] == len(pairs) and c["rows_per_plan"] == pytest.approx(

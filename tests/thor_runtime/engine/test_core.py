@@ -1,4 +1,5 @@
-"""Runtime core: parity with transformers (the oracle), KV dtypes, chunked prefill, sampling, stops."""
+"""Runtime core: parity with transformers (the oracle), KV dtypes, chunked prefill, sampling,
+stops."""
 
 from __future__ import annotations
 

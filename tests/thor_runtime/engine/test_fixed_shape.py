@@ -233,7 +233,8 @@ def test_drafter_block_at_one_shape_drafts_as_eager(tiny_llama):
 @pytest.mark.cuda
 @cuda
 def test_cuda_drafter_block_graph(tiny_dirs):
-    """On CUDA the drafter's block is a replayed graph; its drafts are the eager fixed-shape ones."""
+    """On CUDA the drafter's block is a replayed graph; its drafts are the eager fixed-shape
+    ones."""
     from thor_runtime.speculative.dflash import DFlashProposer
 
     loaded = on_cuda(tiny_dirs["llama"], "bf16")

@@ -1,6 +1,6 @@
 """Logits read by id: under a grammar, a verify on the row kernel computes only the logits of
-the ids some row may commit (thor_runtime/engine/constraint.py ``read_ids``). Each computed logit has
-the bits the whole head gives it, so constrained decoding commits the same tokens, plain and
+the ids some row may commit (thor_runtime/engine/constraint.py ``read_ids``). Each computed logit
+has the bits the whole head gives it, so constrained decoding commits the same tokens, plain and
 speculative, alone and in a shared round."""
 
 from __future__ import annotations

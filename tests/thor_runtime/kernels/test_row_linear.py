@@ -1,6 +1,6 @@
-"""A drafter's projections on the row kernel (thor_runtime/kernels/row_linear.py): the int8 math of the
-target's own blocks, each row's bits independent of the rows beside it, and speculative output
-still plain decoding's."""
+"""A drafter's projections on the row kernel (thor_runtime/kernels/row_linear.py): the int8 math
+of the target's own blocks, each row's bits independent of the rows beside it, and speculative
+output still plain decoding's."""
 
 from __future__ import annotations
 

@@ -254,26 +254,37 @@ ATTN_CHECK = r"""
 #include <stdio.h>
 #include "ROWSTEP_C"
 static uint32_t rng = 777;
-static float urand(void) { rng = rng * 1664525u + 1013904223u; return (float)(rng >> 8) / 16777216.f - 0.5f; }
+static float urand(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / 16777216.f - 0.5f;
+}
 int main(void) {
-    static const int shapes[][3] = {{14, 2, 64}, {8, 1, 128}, {6, 2, 128}, {4, 2, 16}, {6, 3, 32}, {32, 1, 64}, {5, 1, 64}, {4, 2, 40}, {2, 2, 12}};
+    static const int shapes[][3] = {{14, 2, 64}, {8, 1, 128}, {6, 2, 128}, {4, 2, 16}, {6, 3, 32},
+                                    {32, 1, 64}, {5, 1, 64}, {4, 2, 40}, {2, 2, 12}};
     static const int starts[] = {0, 5, 37, 77, 1100};
     enum { S = 1200, T = 16 };
     int bad = 0;
     for (int c = 0; c < (int)(sizeof shapes / sizeof shapes[0]); c++) {
         int H = shapes[c][0], Hkv = shapes[c][1], Dh = shapes[c][2], W = (H + 2 * Hkv) * Dh;
         Engine *e = rowstep_new(2, 64, H, Hkv, Dh, 96, 80, 1e-6f, 2, S);
-        float *k = malloc(sizeof(float) * 2 * Hkv * S * Dh), *v = malloc(sizeof(float) * 2 * Hkv * S * Dh);
+        float *k = malloc(sizeof(float) * 2 * Hkv * S * Dh),
+              *v = malloc(sizeof(float) * 2 * Hkv * S * Dh);
         float *qkv = malloc(sizeof(float) * T * W), *out = malloc(sizeof(float) * T * H * Dh);
         float *ref = malloc(sizeof(float) * Dh), *sc = malloc(sizeof(float) * S);
-        for (size_t i = 0; i < (size_t)2 * Hkv * S * Dh; i++) { k[i] = 2 * urand(); v[i] = urand(); }
+        for (size_t i = 0; i < (size_t)2 * Hkv * S * Dh; i++) {
+            k[i] = 2 * urand();
+            v[i] = urand();
+        }
         for (int i = 0; i < T * W; i++) qkv[i] = 3 * urand();
         for (int si = 0; si < (int)(sizeof starts / sizeof starts[0]); si++)
             for (int rows = 1; rows <= T; rows += T - 1)
-                for (int parts = 1, per = 0; parts <= 5; parts += 2, per++) {     /* heads a job: all, 1, 2 */
+                /* heads a job: all, 1, 2 */
+                for (int parts = 1, per = 0; parts <= 5; parts += 2, per++) {
                     int pos[T], Ss[T];
                     float *ks[T], *vs[T];
-                    for (int t = 0; t < T; t++) { pos[t] = starts[si] + t; Ss[t] = S; ks[t] = k; vs[t] = v; }
+                    for (int t = 0; t < T; t++) {
+                        pos[t] = starts[si] + t; Ss[t] = S; ks[t] = k; vs[t] = v;
+                    }
                     AttnTask at = {e, rows, 1, pos, ks, vs, Ss, qkv, out, per};
                     pool_active(&e->pool, 1);
                     pool_run(&e->pool, attn_task, &at, parts);
@@ -284,13 +295,18 @@ int main(void) {
                             const float *q = qkv + (size_t)t * W + h * Dh;
                             size_t off = ((size_t)1 * Hkv + h / (H / Hkv)) * S * Dh;
                             if (score_blocks(Dh))
-                                for (; p + 8 <= n; p += 8) score_block8(q, k + off + (size_t)p * Dh, Dh, sc + p);
+                                for (; p + 8 <= n; p += 8)
+                                    score_block8(q, k + off + (size_t)p * Dh, Dh, sc + p);
                             for (; p < n; p++) sc[p] = dot_f32(q, k + off + (size_t)p * Dh, Dh);
-                            float sum = softmax_parts(sc, n, 1.f / sqrtf((float)Dh)), inv = 1.f / sum;
+                            float sum = softmax_parts(sc, n, 1.f / sqrtf((float)Dh)),
+                                  inv = 1.f / sum;
                             weigh_values(sc, v + off, n, Dh, ref);
                             for (int i = 0; i < Dh; i++) ref[i] *= inv;
-                            if (memcmp(ref, out + (size_t)t * H * Dh + h * Dh, sizeof(float) * Dh)) {
-                                if (bad++ < 10) fprintf(stderr, "H %d Hkv %d Dh %d: row %d head %d at %d keys differs\n", H, Hkv, Dh, t, h, n);
+                            if (memcmp(ref, out + (size_t)t * H * Dh + h * Dh,
+                                       sizeof(float) * Dh)) {
+                                if (bad++ < 10)
+                                    fprintf(stderr, "H %d Hkv %d Dh %d: row %d head %d "
+                                            "at %d keys differs\n", H, Hkv, Dh, t, h, n);
                             }
                         }
                 }
@@ -329,7 +345,8 @@ int main(void) {
     static float g[N], up[N], a[N];
     uint32_t r = 99;
     for (int i = 0; i < N; i++) {
-        r = r * 1664525u + 1013904223u; g[i] = ((float)(r >> 8) / 16777216.f - 0.5f) * (i % 31 ? 16.f : 400.f);
+        r = r * 1664525u + 1013904223u;
+        g[i] = ((float)(r >> 8) / 16777216.f - 0.5f) * (i % 31 ? 16.f : 400.f);
         r = r * 1664525u + 1013904223u; up[i] = (float)(r >> 8) / 16777216.f - 0.5f;
     }
     int bad = 0;

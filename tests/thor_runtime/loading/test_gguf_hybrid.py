@@ -1,7 +1,7 @@
 """GGUF hybrids (llama.cpp's qwen35 / qwen3next): a tiny random checkpoint written as the converter
 writes it (gguf_writer.converted_hybrid) loads into the same model as its safetensors, bit for bit;
-quantized files match their dequantized values; bad files are refused naming the tensor. Mixture-of-experts
-files (qwen3next with experts, qwen35moe) likewise."""
+quantized files match their dequantized values; bad files are refused naming the tensor.
+Mixture-of-experts files (qwen3next with experts, qwen35moe) likewise."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def _cli(*args):
 
 
 def _logits(model, ids, steps=3):
-    """Prefill (chunked GDN form) of all but ``steps`` tokens, then that many 1-token decode steps."""
+    """Prefill (chunked GDN form) of all but ``steps`` tokens, then that many 1-token decode
+    steps."""
     cache = model.new_cache(256)
     rows = [model.forward(ids[:-steps], cache).logits]
     for t in ids[-steps:]:
@@ -68,7 +69,7 @@ def _logits(model, ids, steps=3):
     return torch.cat(rows)
 
 
-# ---- parity ----------------------------------------------------------------------------------------
+# ---- parity -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gguf_logits_equal_safetensors_and_transformers(arch, dirs, ggufs, ids):
     g, h = load(str(ggufs[arch])), load(str(dirs[arch]))
@@ -101,8 +102,8 @@ def test_every_converter_rewrite_is_undone(arch, dirs, ggufs):
 
 
 def test_value_heads_are_tiled_as_llama_cpp_documents():
-    """Grouped by key head [G0v0, G0v1, G1v0, G1v1] -> tiled [G0v0, G1v0, G0v1, G1v1] (Hk = 2, r = 2),
-    per row block of head_dim; and the loader's untile is its inverse."""
+    """Grouped by key head [G0v0, G0v1, G1v0, G1v1] -> tiled [G0v0, G1v0, G0v1, G1v1] (Hk = 2,
+    r = 2), per row block of head_dim; and the loader's untile is its inverse."""
     from thor_runtime.loading.gguf_hybrid import untile
 
     assert tile_value_heads(torch.arange(4), 0, 2, 2, 1).tolist() == [0, 2, 1, 3]
@@ -113,8 +114,8 @@ def test_value_heads_are_tiled_as_llama_cpp_documents():
 
 
 def test_a_log_comes_back_bit_exact():
-    """log(-ssm_a) rounded to fp32 sometimes gives an A_log whose -exp is an ulp off the file's value;
-    the loader searches the neighbouring fp32 values for one that reproduces it exactly."""
+    """log(-ssm_a) rounded to fp32 sometimes gives an A_log whose -exp is an ulp off the file's
+    value; the loader searches the neighbouring fp32 values for one that reproduces it exactly."""
     from thor_runtime.loading.gguf_hybrid import _preimage
 
     stored = (

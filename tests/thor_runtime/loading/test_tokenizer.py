@@ -50,8 +50,9 @@ TEXTS = [
     "a<|im_start|>b",
 ]
 # Whitespace runs right before a digit: llama.cpp's "smollm" pre-tokenizer (and SmolLM2's own
-# tokenizer.json) split digits off first, so "  1" is [ĠĠ, 1]; transformers' GGUF loader does not know
-# "smollm" and falls back to GPT-2's regex, giving [Ġ, Ġ, 1]. We follow the model's real tokenizer.
+# tokenizer.json) split digits off first, so "  1" is [ĠĠ, 1]; transformers' GGUF loader does not
+# know "smollm" and falls back to GPT-2's regex, giving [Ġ, Ġ, 1]. We follow the model's real
+# tokenizer.
 DIGIT_AFTER_SPACES = ["  1", "x  42", "a\n\n1", "price:   100", "\t\t9"]
 
 CONVERSATIONS = {

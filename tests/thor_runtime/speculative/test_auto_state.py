@@ -18,7 +18,8 @@ def _auto(tiny, tmp_path):
 
 
 def _teach(sp):
-    """Cycles in which the lookup arm drafted 6 and had 4 accepted, each 0.02 s besides its verify."""
+    """Cycles in which the lookup arm drafted 6 and had 4 accepted, each 0.02 s besides its
+    verify."""
     policy = sp.auto
     cls = policy.classes["free"]
     arm = next(a for a in cls.arms if a.proposer is not None)

@@ -1,4 +1,5 @@
-"""DFlash drafter, its checkpoints and its proposer, on tiny random targets (+ one default-model check).
+"""DFlash drafter, its checkpoints and its proposer, on tiny random targets (+ one default-model
+check).
 
 Exactness: greedy speculative decoding with any drafter (random here) must commit exactly
 the tokens plain decoding commits. Window: one entry per committed token, in row order,
@@ -205,7 +206,7 @@ def test_window_seeding(tiny_llama, W, plen, seed_window):
     )
 
 
-# ---------------------------------------------------------------- drafter: inference == batched forward
+# ---------------------------------------------------------- drafter: inference == batched forward
 def test_inference_matches_batched_forward(tiny_qwen3):
     model, B = tiny_qwen3.model, 8
     drafter = random_drafter(tiny_qwen3.cfg, num_layers=2, block_size=B, seed=7, std=0.1)

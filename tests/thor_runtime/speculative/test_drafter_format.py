@@ -227,7 +227,8 @@ def retrain_commands(readme) -> str:
     lines = [b.strip() for b in blocks if "thor calib" in b]
     return (
         "\n".join(lines)
-        or "(no commands in the README: `thor calib gen-data --constrained`, then `thor calib distill`)"
+        or "(no commands in the README: `thor calib gen-data --constrained`, "
+        "then `thor calib distill`)"
     )
 
 
@@ -244,8 +245,8 @@ def test_shipped_drafters_match_plan_format():
         if reason is not None:
             commands = retrain_commands(d / "README.md").replace("\n", "\n    ")
             stale.append(
-                f"{d.name}: {reason}.\n  Retrain it as its README.md says (gen-data stamps the data with "
-                f"the current format, distill copies it into config.json), then copy the drafter's files "
-                f"into thor_runtime/drafters/{d.name}/:\n    {commands}"
+                f"{d.name}: {reason}.\n  Retrain it as its README.md says (gen-data stamps the "
+                f"data with the current format, distill copies it into config.json), then copy "
+                f"the drafter's files into thor_runtime/drafters/{d.name}/:\n    {commands}"
             )
     assert not stale, f"shipped drafters stale for plan format {current}:\n" + "\n".join(stale)

@@ -1,4 +1,5 @@
-"""Losslessness gate: identical, numerical tie, or mismatch — judged by a fresh reference forward."""
+"""Losslessness gate: identical, numerical tie, or mismatch — judged by a fresh reference
+forward."""
 
 from __future__ import annotations
 

@@ -19,12 +19,15 @@ from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
-DECODE_PROMPTS = [  # free-text chat, planning in other wordings (the drafter's off-distribution cases)
+# free-text chat, planning in other wordings (the drafter's off-distribution cases)
+DECODE_PROMPTS = [
     "Tell me a short story about a lighthouse keeper who befriends a seagull.",
     "What are three good habits for staying focused while studying?",
-    "Our warehouse robot should fetch the blue crate from aisle 4 and drop it at packing station 2. "
+    "Our warehouse robot should fetch the blue crate from aisle 4 "
+    "and drop it at packing station 2. "
     "Describe the steps it should take.",
-    "Plan how a mobile manipulator should move the red mug from the kitchen counter to the dish rack. "
+    "Plan how a mobile manipulator should move the red mug from the kitchen counter "
+    "to the dish rack. "
     "List the steps as JSON with skill names and arguments.",
 ]
 FULL = {"max_tokens": 128, "plan_max_tokens": 384, "decode_prompts": 4, "plans": 6, "repeats": 3}
@@ -44,7 +47,8 @@ THOR_SHORT = ["int4/none", "int4/auto"]
 
 
 def parse_configs(text: str | None) -> list[str] | None:
-    """--peers-configs: "int4/none,int4@torch/auto" -> the list, each checked (None: the defaults)."""
+    """--peers-configs: "int4/none,int4@torch/auto" -> the list, each checked (None: the
+    defaults)."""
     from thor_app.tools.bench_report import BENCH_WEIGHTS
     from thor_runtime.speculative import SPEC_METHODS
 
@@ -61,7 +65,8 @@ def parse_configs(text: str | None) -> list[str] | None:
             or (kernel and dtype != "int4")
         ):
             raise ThorError(
-                f"bad --peers-configs entry {c!r}; expected WEIGHTS[@KERNEL]/SPEC like int4/none or "
+                f"bad --peers-configs entry {c!r}; "
+                f"expected WEIGHTS[@KERNEL]/SPEC like int4/none or "
                 f"int4@torch/auto (SPEC one of {', '.join(SPEC_METHODS)})"
             )
     if not out:
@@ -208,7 +213,8 @@ def run_peers(
         log(f"peers: {k} skipped: {v}")
     if any(c.startswith(("int4", "auto")) for e, c, _ in runs if e == "thor"):
         log(
-            "peers: preparing thor's weight cache (a first start builds it; the runs measure warm starts)"
+            "peers: preparing thor's weight cache "
+            "(a first start builds it; the runs measure warm starts)"
         )
         for kernel in ("auto", "torch"):
             subprocess.run(

@@ -154,7 +154,8 @@ def _spy_mixer_inputs(model, fn):
 
 
 def _mixer(model, i, cache, qkv, b, a):
-    """Run only layer i's GDN mixer on ``cache`` (recurrent form), as one forward of len(qkv) rows."""
+    """Run only layer i's GDN mixer on ``cache`` (recurrent form), as one forward of len(qkv)
+    rows."""
     cache.begin(torch.zeros(qkv.shape[0], dtype=torch.long), recurrent=True)
     model.gdn(i, qkv, b, a, cache)
     cache.end()
@@ -350,7 +351,7 @@ def test_multimodal_text_part_loads(dirs, loaded, tmp_path):
     assert torch.equal(got, want)
 
 
-# ---- calibration: a drafter distils on a hybrid target --------------------------------------------
+# ---- calibration: a drafter distils on a hybrid target ----------------------------------------
 def test_distill_runs_on_hybrid(loaded, tmp_path):
     from calib.datagen import GenConfig, generate_dataset
     from calib.distill import DistillConfig, run_distill

@@ -177,7 +177,7 @@ def test_multimodal_moe_text_part_loads(dirs, loaded, tmp_path):
     )
 
 
-# ---- exactness: verify rows are 1-row steps -------------------------------------------------------
+# ---- exactness: verify rows are 1-row steps ---------------------------------------------------
 @pytest.mark.parametrize(
     "dtype,layout", [("fp32", "auto"), ("fp32", "dense"), ("bf16", "auto"), ("int8", "auto")]
 )
@@ -236,7 +236,7 @@ def test_speculative_equals_plain(arch, loaded):
     assert steered.token_ids == want and steered.stats.cycles < len(want)  # drafts were accepted
 
 
-# ---- refusals ----------------------------------------------------------------------------------------
+# ---- refusals ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "form,name",
     [
