@@ -39,7 +39,8 @@ class GenConfig:
 
 def plan_constraint(gtok, req: RobotRequest | None):
     """A fresh plan-grammar constraint for req, built exactly as the planner builds it (None for a
-    general instruction, which has no request). gtok: an ``agent.schema.grammar.GrammarTokenizer``."""
+    general instruction, which has no request). gtok: an
+    ``agent.schema.grammar.GrammarTokenizer``."""
     from agent.planner.planner import prepare_request
 
     if req is None:

@@ -590,8 +590,8 @@ def read_data(dirs: list[Path]) -> tuple[dict, list[dict]]:
         diff = [k for k in _SAME if mans and m.get(k) != mans[0].get(k)]
         if diff:
             raise ThorError(
-                f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one target's "
-                f"answers to one format"
+                f"{d}: its {', '.join(diff)} differ from {dirs[0]}'s: one run trains on one "
+                f"target's answers to one format"
             )
         mans.append(m)
         seqs += [s for s in read_shards(d) if len(s["ids"]) - s["prompt_len"] >= 2]

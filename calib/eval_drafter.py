@@ -3,10 +3,10 @@
 For each held-out robot prompt (never trained on: see prompts.py) the target decodes greedily
 four times, back to back — plain (K = 0), with the drafter alone, with the combined proposer
 (the drafter plus prompt lookup, speculative/combined.py) and with prompt lookup alone — so all
-see the same machine load. Reported: acceptance length (tokens committed per verify cycle, i.e. accepted drafts +
-the bonus token), acceptance rate per draft position, decode tokens/s of each and their ratio
-to plain, and whether the outputs are identical (greedy speculative decoding must not change
-a token).
+see the same machine load. Reported: acceptance length (tokens committed per verify cycle, i.e.
+accepted drafts + the bonus token), acceptance rate per draft position, decode tokens/s of each and
+their ratio to plain, and whether the outputs are identical (greedy speculative decoding must not
+change a token).
 
 ``constrained``: all runs decode as the planner does, greedy under each request's plan
 grammar (forced tokens ride in the draft; plain constrained decoding already commits them
@@ -43,7 +43,8 @@ class EvalConfig:
     def __post_init__(self):
         if self.constrained and self.prompt_set != "robot":
             raise ThorError(
-                "eval-drafter: --constrained needs the robot prompt set (general prompts have no plan grammar)"
+                "eval-drafter: --constrained needs the robot prompt set (general prompts have no "
+                "plan grammar)"
             )
         if self.prompt_set not in ("robot", "general"):
             raise ThorError(

@@ -1,8 +1,8 @@
 """Calibration / distillation prompts: randomized robot-planning requests plus general instructions.
 
 Why synthetic: the drafter and the FP8 scales should see what the robot actually asks the
-target — the planner's system prompt (agent.planner.prompt.build_messages) with a world, a skill list
-and a task — but with far more variety than the three sample worlds. Each prompt is built from
+target — the planner's system prompt (agent.planner.prompt.build_messages) with a world, a skill
+list and a task — but with far more variety than the three sample worlds. Each prompt is built from
 its own ``random.Random`` seeded by (split, seed, index), so a prompt never depends on how many
 came before it and any subset can be regenerated exactly.
 
@@ -291,7 +291,7 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
     A renamed thing drops its aliases (they belonged to the old name)."""
     w = copy.deepcopy(b.world)
     lo, hi = w["robot"]["workspace"]["min"], w["robot"]["workspace"]["max"]
-    span = [h - l for l, h in zip(lo, hi)]
+    span = [h - low for low, h in zip(lo, hi)]
     used: set[str] = set()
 
     def fresh(cands: list[str], default: str, pool: list[str] = ()) -> str:
@@ -312,8 +312,8 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
             o.pop("aliases", None)
         # jitter by up to 15% of the workspace span, clamped inside it (z kept for shelves etc.)
         o["position"] = [
-            _r2(min(h, max(l, p + rng.uniform(-0.15, 0.15) * s)))
-            for p, l, h, s in zip(o["position"], lo, hi, span)
+            _r2(min(h, max(low, p + rng.uniform(-0.15, 0.15) * s)))
+            for p, low, h, s in zip(o["position"], lo, hi, span)
         ]
         o["mass_kg"] = _r2(max(0.01, o["mass_kg"] * rng.uniform(0.5, 1.5)))
     w["objects"] = objs
@@ -327,8 +327,8 @@ def _random_world(rng: random.Random, b: _Base) -> dict:
         if p["name"] != old:
             p.pop("aliases", None)
         p["position"] = [
-            _r2(min(h, max(l, v + rng.uniform(-0.1, 0.1) * s)))
-            for v, l, h, s in zip(p["position"], lo, hi, span)
+            _r2(min(h, max(low, v + rng.uniform(-0.1, 0.1) * s)))
+            for v, low, h, s in zip(p["position"], lo, hi, span)
         ]
     w["places"] = places
     _follow_places(w, renamed)
@@ -350,7 +350,8 @@ def _follow_places(w: dict, renamed: dict) -> None:
 
 def invented_word(rng: random.Random) -> str:
     """A pronounceable word of two or three syllables, one of them with an onset no English word
-    has, so it is never a real word (tests/calib/test_calib.py checks the evaluation sets' names)."""
+    has, so it is never a real word (tests/calib/test_calib.py checks the evaluation sets'
+    names)."""
     n = rng.choice((2, 2, 3))
     rare = rng.randrange(1, n)
     return "".join(

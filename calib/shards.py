@@ -33,7 +33,8 @@ def read_manifest(out: Path) -> dict | None:
 
 
 def read_shards(data_dir: str | Path) -> list[dict]:
-    """-> [{"ids": list[int] (prompt + response), "prompt_len": int, "index": int}] sorted by index."""
+    """-> [{"ids": list[int] (prompt + response), "prompt_len": int, "index": int}] sorted by
+    index."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

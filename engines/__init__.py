@@ -9,3 +9,5 @@ tensorrt) are imported only where used.
 # The names of backend.BACKENDS, importable without torch (config checks that must be fast);
 # stated once, in the runtime's config table.
 from thor_runtime.config import ENGINE_BACKENDS as BACKEND_NAMES  # noqa: E402
+
+__all__ = ["BACKEND_NAMES"]

@@ -80,8 +80,8 @@ def make_backend(
 
 
 class RowWiseGraphs(GraphBackend):
-    """``backend`` called one row at a time, for any plan (thor_runtime.models.dense.RowWise does this
-    for the dense model's methods): each call is the very call a 1-row step makes."""
+    """``backend`` called one row at a time, for any plan (thor_runtime.models.dense.RowWise does
+    this for the dense model's methods): each call is the very call a 1-row step makes."""
 
     def __init__(self, backend: GraphBackend):
         self.b, self.name, self.plan = backend, backend.name, backend.plan

@@ -87,7 +87,8 @@ class BackendOptions:
             )
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ThorError(
-                f"unknown engine precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+                f"unknown engine precision {self.precision!r}; "
+                f"choose one of {', '.join(PRECISIONS)}"
             )
         if self.precision == "fp8" and not self.fp8_scales:
             raise ThorError(
@@ -102,7 +103,8 @@ class BackendOptions:
         a, b, c = self.profiles
         if not 1 <= a <= b <= c:
             raise ThorError(
-                f"engine profiles must satisfy 1 <= decode <= verify <= prefill, got {self.profiles}"
+                "engine profiles must satisfy 1 <= decode <= verify <= prefill, "
+                f"got {self.profiles}"
             )
 
     @property

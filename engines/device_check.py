@@ -32,7 +32,10 @@ def _logits_check(ref_model, dev_model, ids: torch.Tensor, precision: str) -> Ch
     got, _ = _teacher_forced(dev_model, ids, ())
     figs, failed = compare(ref.logits, got.logits.float().cpu(), thr)
     return Check(
-        f"logits on {dev_model.device} ({precision}) vs CPU fp32 (teacher-forced, {len(ids)} tokens)",
+        (
+            f"logits on {dev_model.device} ({precision}) vs CPU fp32 "
+            f"(teacher-forced, {len(ids)} tokens)"
+        ),
         not failed,
         figs,
         _thr_dict(thr),

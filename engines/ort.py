@@ -2,8 +2,9 @@
 
 CPU provider everywhere; the CUDA provider when the model lives on a CUDA device and this
 onnxruntime build has it. With ``--fp8-scales`` the graphs carry the fp8 Q/DQ of engines.qdq:
-ONNX Runtime then runs the twin of TensorRT's FP8 GEMMs (each operand rounded to e4m3). Inputs and outputs are bound in place to torch tensors (IO binding):
-no copies between torch and ONNX Runtime on either device.
+ONNX Runtime then runs the twin of TensorRT's FP8 GEMMs (each operand rounded to e4m3). Inputs and
+outputs are bound in place to torch tensors (IO binding): no copies between torch and ONNX Runtime
+on either device.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def providers_for(ort, device: torch.device) -> list[str]:
 
 
 def ort_key(model, opts: BackendOptions, weights_sha256: str, scales=None):
-    """``scales`` (engines.qdq.Fp8Scales): the graphs carry fp8 Q/DQ, the twin of TensorRT's FP8 GEMMs."""
+    """``scales`` (engines.qdq.Fp8Scales): the graphs carry fp8 Q/DQ, the twin of TensorRT's FP8
+    GEMMs."""
     ort = import_ort()
     if model.dtype not in _NP or (model.dtype == torch.float16 and model.device.type == "cpu"):
         raise ThorError(

@@ -189,8 +189,8 @@ class Fp8Scales:
         if wrong:
             n = wrong[0]
             raise ThorError(
-                f"fp8 scales: {n} is {list(self.shapes[n])} in the file but {list(shapes[n])} in the "
-                "model; the file was calibrated for another model"
+                f"fp8 scales: {n} is {list(self.shapes[n])} in the file but {list(shapes[n])} "
+                "in the model; the file was calibrated for another model"
             )
 
 

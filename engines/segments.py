@@ -1,14 +1,14 @@
 """The dense segments of a TargetModel as ONNX graphs.
 
 Each graph is traced from the model's own segment methods (``embed``, ``pre_attn``,
-``post_attn``, ``head``; hybrids add ``pre_gdn``, ``post_gdn`` and ``pre_moe``) over plain dense tensors, so
-the reference model stays the one definition of the math: an architecture whose segment code
-the torch model runs exports with one entry in EXPORT_ARCHS, and a new *kind* of layer is one
+``post_attn``, ``head``; hybrids add ``pre_gdn``, ``post_gdn`` and ``pre_moe``) over plain dense
+tensors, so the reference model stays the one definition of the math: an architecture whose segment
+code the torch model runs exports with one entry in EXPORT_ARCHS, and a new *kind* of layer is one
 entry in LAYER_KINDS. The stateful mixers (attention: the KV cache; the Gated-DeltaNet conv and
 delta rule: the recurrent state) are never exported, nor is a mixture-of-experts block (its
-routing is data-dependent): a MoE layer's graph ends at the block's input. Exporter: torch.onnx's TorchScript
-exporter (``dynamo=False``: fast, and needs no onnxscript), opset ``OPSET``, the token axis
-``T`` dynamic on every input and output. RoPE is computed in the graph from the ``pos`` input
+routing is data-dependent): a MoE layer's graph ends at the block's input. Exporter: torch.onnx's
+TorchScript exporter (``dynamo=False``: fast, and needs no onnxscript), opset ``OPSET``, the token
+axis ``T`` dynamic on every input and output. RoPE is computed in the graph from the ``pos`` input
 (absolute positions, int64 [T]), so one graph serves every position. Weights above
 ``EXTERNAL_MIN_BYTES`` go to one external data file per graph (``NAME.onnx.data``); the
 ``.onnx`` itself stays small.
@@ -150,7 +150,8 @@ def graph_plan(cfg, form: str) -> list[tuple[str, int | None]]:
         if any(k.fused is None for k in kinds):
             raise ThorError(
                 f"engines: the fused form is not available for {cfg.arch} (its layers are "
-                "exported per segment, one graph on each side of a mixer); use --engine-form segments"
+                "exported per segment, one graph on each side of a mixer); "
+                "use --engine-form segments"
             )
         plan += [(s, 0) for s in kinds[0].pre] + [(kinds[i].fused, i) for i in range(n - 1)]
         plan += [(s, n - 1) for s in kinds[n - 1].post]

@@ -326,7 +326,8 @@ def _token_check(name, rt_ref, prompt, a, b, strict: bool, tol: float) -> Check:
         ""
         if v.status == "identical"
         else (
-            f"first divergence at token {v.position}: {v.plain_token} vs {v.other_token}, judged {v.status}"
+            f"first divergence at token {v.position}: {v.plain_token} vs {v.other_token}, "
+            f"judged {v.status}"
         )
     )
     return Check(

@@ -221,7 +221,8 @@ class TrtBackend(GraphBackend):
             )  # bytes checked against the manifest
             if engine is None:
                 raise ThorError(
-                    f"TensorRT cannot deserialize {g['plan']} (built by another TensorRT version?); "
+                    f"TensorRT cannot deserialize {g['plan']} "
+                    "(built by another TensorRT version?); "
                     "run `thor engines prune --all` and rebuild"
                 )
             k = (g["segment"], g["layer"])

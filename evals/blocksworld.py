@@ -126,7 +126,8 @@ def problem_text(name: str, init: list[list[str]], goal: list[tuple]) -> str:
     )
     return (
         f"(define (problem {name})\n  (:domain blocksworld)\n  (:objects {' '.join(blocks)})\n"
-        f"  (:init {' '.join(start)})\n  (:goal (and {' '.join('(' + ' '.join(f) + ')' for f in goal)})))\n"
+        f"  (:init {' '.join(start)})\n"
+        f"  (:goal (and {' '.join('(' + ' '.join(f) + ')' for f in goal)})))\n"
     )
 
 
@@ -154,7 +155,8 @@ def block_name(pddl_name: str) -> str:
 
 
 def read_problem(path: Path) -> tuple[list[str], dict, list[tuple]]:
-    """-> (blocks, block -> what it rests on ("table" or a block), goal facts), by the `pddl` parser."""
+    """-> (blocks, block -> what it rests on ("table" or a block), goal facts), by the `pddl`
+    parser."""
     import pddl
     from pddl.logic.base import And
 
@@ -177,7 +179,8 @@ def read_problem(path: Path) -> tuple[list[str], dict, list[tuple]]:
     ]
     if any(g[0] not in ("on", "ontable") for g in goal) or set(rests) != set(blocks):
         raise ThorError(
-            f"{path}: not a Blocksworld problem (every block on the table or a block; goals on / ontable)"
+            f"{path}: not a Blocksworld problem "
+            "(every block on the table or a block; goals on / ontable)"
         )
     return blocks, rests, goal
 
@@ -304,9 +307,9 @@ def write_set(out: Path = SET_DIR, seed: int = 29, per_size: int = 12) -> int:
         (out / "problems" / f"{name}.pddl").write_text(text)
     tasks, letters = translate(out, seed)
     description = (
-        f"Blocksworld, {per_size} instances each of {', '.join(map(str, SIZES))} blocks, drawn with seed "
-        f"{seed} by python -m evals.blocksworld; every plan is also checked against domain.pddl and "
-        "its problem by an independent PDDL validator"
+        f"Blocksworld, {per_size} instances each of {', '.join(map(str, SIZES))} blocks, "
+        f"drawn with seed {seed} by python -m evals.blocksworld; every plan is also checked "
+        "against domain.pddl and its problem by an independent PDDL validator"
     )
     binding = {
         "domain": "domain.pddl",

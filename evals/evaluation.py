@@ -1,4 +1,5 @@
-"""The project's held-out plan evaluation (evals/sets/, one folder per set): tasks with their own expected goals.
+"""The project's held-out plan evaluation (evals/sets/, one folder per set): tasks with their own
+expected goals.
 
 A task is feasible (``goal``: conditions its plan must reach) or infeasible (``refuse``: the gate
 check its exit-3 report must name: payload, object, workspace). Scoring is independent of what
@@ -187,7 +188,10 @@ def _pddl(rows: list[dict]) -> dict:
         return {}
     checked = [r for r in rows if r.get("pddl_valid") is not None]
     return {
-        "pddl_valid": f"{sum(r['valid'] and r['pddl_valid'] for r in checked)}/{sum(r['valid'] for r in rows)}",
+        "pddl_valid": (
+            f"{sum(r['valid'] and r['pddl_valid'] for r in checked)}/"
+            f"{sum(r['valid'] for r in rows)}"
+        ),
         "pddl_disagree": sum(
             r["pddl_valid"] != (r["executable"] and r.get("reached", False)) for r in checked
         ),

@@ -92,7 +92,8 @@ def require_validator() -> None:
 
 
 def validate(binding: PddlBinding, task_id: str, plan) -> dict:
-    """-> {"pddl_valid": True / False (None: no plan to check), "pddl_report": why not, in short}."""
+    """-> {"pddl_valid": True / False (None: no plan to check), "pddl_report": why not, in
+    short}."""
     if not isinstance(plan, dict):
         return {"pddl_valid": None, "pddl_report": "no plan"}
     lines, why = binding.plan_lines(plan)

@@ -213,7 +213,8 @@ def eval_bench(
     tasks, worlds = load_eval_set(directory) if directory else load_eval_set()
     binding = load_binding(directory or EVAL_DIR)
     tasks = _spread(tasks, limit)
-    # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines it)
+    # as `thor plan` speculates: a drafter trained on another plan format is stale (auto declines
+    # it)
     speculation = build_speculation(
         replace(options or SpecOptions(), method=spec),
         runtime.model,

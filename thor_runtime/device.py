@@ -38,7 +38,8 @@ def resolve_device(spec: str = DEVICE_DEFAULT):
     if not torch.cuda.is_available():
         raise ThorError(
             f"device {s}: this machine has no CUDA device torch can use "
-            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); use --device cpu"
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+            "use --device cpu"
         )
     index = int(s.split(":")[1]) if ":" in s else 0
     if index >= torch.cuda.device_count():

@@ -477,7 +477,8 @@ def _check(
     task: str, plan: dict | None, unreadable: list, req: PreparedRequest, parsed: ParsedGoal
 ) -> GateResult:
     """The gate, then the goal held to the things and amounts the task names (checks.py), on
-    the attempt's parsed goal and the request's reading. ``unreadable``: why the text gave no plan (gate.parse_plan)."""
+    the attempt's parsed goal and the request's reading. ``unreadable``: why the text gave no plan
+    (gate.parse_plan)."""
     if plan is None:
         return GateResult(None, tuple(unreadable))
     gate = check_plan(plan, req.schema, req.world, req.skills, parsed)

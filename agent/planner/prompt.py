@@ -127,8 +127,9 @@ _GOAL_EXAMPLES = {
 }
 
 
-# What a task asks beyond an end state (agent/symbolic/goals.py): a call, an order, a set. Each is shown
-# only when the library has what it needs: (the skill names and condition kinds it uses, task, goal).
+# What a task asks beyond an end state (agent/symbolic/goals.py): a call, an order, a set. Each is
+# shown only when the library has what it needs: (the skill names and condition kinds it uses, task,
+# goal).
 _PROCESS_EXAMPLES = (
     ({"wait"}, "wait 5 seconds", '{"do":"wait","args":{"duration":5}}'),
     (
@@ -172,7 +173,8 @@ OPENING = "You are a robot task planner. Reply with one JSON plan and nothing el
 GOAL_RULE = (
     "Goal first, one condition per object the task names: ",
     '; {"missing":"<name>"} for a thing not below. Then steps reaching it, each skill\'s needs '
-    "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a step id.",
+    "met, the hand empty at the end unless holding is the goal. on_failure: abort, retry or a "
+    "step id.",
 )
 
 

@@ -113,7 +113,8 @@ def _check_text(text: str) -> None:
 
 # ---- tokenizer view ---------------------------------------------------------------------------
 class _TokenSource:
-    """The duck type llguidance.TokenizerWrapper reads: raw token bytes, eos/bos, specials, encode."""
+    """The duck type llguidance.TokenizerWrapper reads: raw token bytes, eos/bos, specials,
+    encode."""
 
     def __init__(self, tokenizer, token_bytes: list[bytes], special_ids: list[int]):
         self._tok = tokenizer
@@ -298,7 +299,8 @@ class GrammarConstraint(Constraint):
         return not self.finished and (self.cut or bool(self.m.is_accepting()))
 
     def relaxed_spans(self, drafts: list[int]) -> list[bool]:
-        """Per draft: wholly inside the string value of a ``free_text`` key (agent/schema/free_text.py)."""
+        """Per draft: wholly inside the string value of a ``free_text`` key
+        (agent/schema/free_text.py)."""
         if self.free is None:
             return [False] * len(drafts)
         return self.free.spans(drafts)

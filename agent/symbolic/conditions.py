@@ -5,7 +5,8 @@ A condition is a small JSON object; its key set says which kind it is:
     {"hand": "empty"} / {"hand": "full"}   the robot's one carrying slot (gripper or deck)
     {"holding": X}                          the robot holds / carries object X
     {"object": X, "at": P}                  object X rests at place P
-    {"object": X, "is": S}                  X is open / closed / inspected (X may be a place: inspected)
+    {"object": X, "is": S}                  X is open / closed / inspected (X may be a place:
+                                            inspected)
     {"robot_at": P}                         the robot (base) is at place P
     {"object": X, "on": Y}                  object X rests on object Y (a block on a block)
     {"clear": X}                            skills only: nothing rests on X and it is not held

@@ -200,7 +200,8 @@ def _unmet(skill: Skill, c: Cond, actual: str, sid: str) -> Finding:
 
 def step_call(step, world: World, skills: SkillSet):
     """-> (skill, args, grounded (preconditions, effects)) of one plan step; the conditions are
-    None when the step names no known skill, has no args object, or its names are not the world's."""
+    None when the step names no known skill, has no args object, or its names are not the
+    world's."""
     skill = (
         skills.get(step.get("skill"))
         if isinstance(step, dict) and isinstance(step.get("skill"), str)
@@ -393,7 +394,8 @@ def goal_findings(goal: tuple[Cond, ...], st: State, last_step: str | None) -> l
 
 
 def reaches(goal: tuple[Cond, ...], st: State) -> bool:
-    """Every goal condition is known to hold, and nothing is left in the hand the goal does not ask for."""
+    """Every goal condition is known to hold, and nothing is left in the hand the goal does not ask
+    for."""
     if any(holds(c, st)[0] is not True for c in goal):
         return False
     return st.held is None or any(c.kind == "holding" and c.subject == st.held for c in goal)

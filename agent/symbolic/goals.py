@@ -177,7 +177,8 @@ def parse_act(d, skills: SkillSet | None, where: str) -> Act:
     skill = skills.get(d["do"]) if skills is not None else None
     if skills is not None and skill is None:
         raise ThorError(
-            f"{where}: no skill {d['do']!r} here (known: {', '.join(s.name for s in skills.skills)})"
+            f"{where}: no skill {d['do']!r} here "
+            f"(known: {', '.join(s.name for s in skills.skills)})"
         )
     if skill is not None:
         extra = set(args) - {a.name for a in skill.args}

@@ -301,7 +301,8 @@ def goal_reasons(
 ) -> list:
     """Why a stated goal cannot be done here (a name this world lacks, a heavy, fixed or
     out-of-reach object, `missing`, a set that picks nothing, a required call out of bounds):
-    the findings a refusal should name. ``parsed``: the plan's parse_goal, when the caller has it."""
+    the findings a refusal should name. ``parsed``: the plan's parse_goal, when the caller has
+    it."""
     goal, problems = parse_goal(plan, world, skills) if parsed is None else parsed
     return problems if goal is None or problems else goal_limits(goal, world, skills)
 

@@ -148,7 +148,8 @@ class KVCache:
     def loaded(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored keys and values of ``layer`` (any leading dims, [..., Hkv, n, Dh]) in the compute dtype."""
+        """Stored keys and values of ``layer`` (any leading dims, [..., Hkv, n, Dh]) in the compute
+        dtype."""
         if self.fp8:
             return (
                 (k.to(torch.float32) * self._ks[layer]).to(self.compute_dtype),

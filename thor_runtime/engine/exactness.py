@@ -44,7 +44,10 @@ def make_rows_exact(
     verdict = {} if verdict is None else verdict
 
     def exact(w) -> bool:
-        key = f"{type(w).__name__}{tuple(w.shape)}{'+dense' if getattr(w, 'dense', None) is not None else ''}"
+        key = (
+            f"{type(w).__name__}{tuple(w.shape)}"
+            f"{'+dense' if getattr(w, 'dense', None) is not None else ''}"
+        )
         if key not in verdict:
             verdict[key] = rows_invariant(w, w.shape[1], model.dtype, model.device)
         return verdict[key]

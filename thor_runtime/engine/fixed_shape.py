@@ -189,7 +189,8 @@ class FixedShapeDecoder:
             for j, b, ids in live:
                 c, T, r0 = calls[j].cache, ids.shape[0], b * self.rows
                 c.lengths = [int(self._starts[b]) + T] * len(c.lengths)
-                # views of static buffers: the caller reads them before the next call overwrites them
+                # views of static buffers: the caller reads them before the next call overwrites
+                # them
                 parts[j].append(
                     ForwardOut(
                         keep(logits[r0 : r0 + T]),

@@ -103,7 +103,8 @@ class Runtime:
     ):
         """fixed_shape: run every decode forward at ``step_rows`` rows (fixed_shape.py); None =
         where kernels are not row-invariant (CUDA), for dense targets. cost_cache: where the
-        verify cost curve is kept (speculative/cost.py; None = the default cache dir, '' = not kept)."""
+        verify cost curve is kept (speculative/cost.py; None = the default cache dir, '' = not
+        kept)."""
         self.model, self.tok = model, tokenizer
         self.kv_dtype, self.prefill_chunk, self.kv_scales = kv_dtype, prefill_chunk, kv_scales
         # Passed to a model that builds its own cache (hybrid: {"naive": True} = replay rollback).
@@ -240,7 +241,8 @@ class Runtime:
             )
             # a start some recent prompt shared comes from the prefix cache, with the taps that
             # prompt kept of the rows among the drafter's seed rows and of the margin before them
-            # (without the seed rows' taps the start ends before those rows); the last row always runs
+            # (without the seed rows' taps the start ends before those rows); the last row always
+            # runs
             with self._shared:
                 reused, head_taps = (
                     self.prefixes.restore_seeded(

@@ -36,7 +36,8 @@ class Stats:
     # per draft position j: how many cycles offered a draft there / accepted it
     pos_offered: list[int] = field(default_factory=list)
     pos_accepted: list[int] = field(default_factory=list)
-    # why the proposer that ran is not the one asked for, or what is wrong with it (Speculation.note)
+    # why the proposer that ran is not the one asked for, or what is wrong with it
+    # (Speculation.note)
     spec_note: str = ""
 
     def record_cycle(
@@ -78,7 +79,8 @@ class Stats:
             "decode_tok_s": round(decode_tokens / self.decode_s, 2) if self.decode_s else 0.0,
             "prompt_tokens": self.prompt_tokens,
             "cached_prompt_tokens": self.cached_prompt_tokens,
-            # where the prompt came from: a pinned shared prefix (disk), a recent prompt (memory), computed
+            # where the prompt came from: a pinned shared prefix (disk), a recent prompt (memory),
+            # computed
             "prompt_tokens_from_disk": self.pinned_prompt_tokens,
             "prompt_tokens_from_memory": self.cached_prompt_tokens - self.pinned_prompt_tokens,
             "prompt_tokens_computed": self.prompt_tokens - self.cached_prompt_tokens,

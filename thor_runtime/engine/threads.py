@@ -108,7 +108,8 @@ def others_cpu(since):
 
 
 def fitting_threads(limit: int, others: int | None, n_cores: int | None = None) -> int:
-    """Threads that fit beside ``others`` busy tasks: the idle cores, at least 1, at most ``limit``."""
+    """Threads that fit beside ``others`` busy tasks: the idle cores, at least 1, at most
+    ``limit``."""
     if others is None:
         return limit
     return max(1, min(limit, (n_cores or cores()) - others))
@@ -192,7 +193,8 @@ class ThreadGovernor:
         return self.watch.changes
 
     def start(self) -> None:
-        """At a request's start (prefill too): read the machine now, the last request may be long ago."""
+        """At a request's start (prefill too): read the machine now, the last request may be long
+        ago."""
         self._sync()
         if self.enabled:
             self._apply(self.watch.poll(force=True))

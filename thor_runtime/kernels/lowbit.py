@@ -45,7 +45,8 @@ class Int4Codes:
             raise ThorError(f"int4 weights need an input size divisible by {GROUP}, got {K}")
         if tuple(self.scale.shape) != (N, K // GROUP) or self.zero.shape != self.scale.shape:
             raise ThorError(
-                f"int4 scales of shape {list(self.scale.shape)} do not fit codes {list(self.codes.shape)}"
+                f"int4 scales of shape {list(self.scale.shape)} "
+                f"do not fit codes {list(self.codes.shape)}"
             )
 
     @property

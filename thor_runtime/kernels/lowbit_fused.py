@@ -68,11 +68,11 @@ def shared_nodes(cfg) -> tuple[list, list]:
     cosU/sinU [M, 1, Dh] from the graph inputs cos/sin [M, Dh]."""
     from onnx import helper, numpy_helper
 
-    H, Hkv, Dh, I = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+    H, Hkv, Dh, Di = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
     inits = [
         numpy_helper.from_array(np.array(v, np.int64), k)
         for k, v in (
-            ("split", [I, I]),
+            ("split", [Di, Di]),
             ("qk_v", [H + Hkv, Hkv]),
             ("q_k", [H, Hkv]),
             ("q_k_v", [H, Hkv, Hkv]),
@@ -167,10 +167,15 @@ def pre_nodes(model, j: int, h: str, out: str, p: str) -> tuple[list, list]:
 def graph_key(model, name: str) -> str:
     """What a probe verdict for a graph of this model's shapes is kept under."""
     cfg, L = model.cfg, model.layers[-1]
-    return (
-        f"{name}{(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, L.bqkv is not None)}"
-        f"+rope{'+qknorm' if L.q_norm is not None else ''}"
+    shapes = (
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+        L.bqkv is not None,
     )
+    return f"{name}{shapes}+rope{'+qknorm' if L.q_norm is not None else ''}"
 
 
 class FusedPostPre:
@@ -335,7 +340,8 @@ def _trim_heap() -> None:
 
 def ort_weights(model, kernels) -> list[NBitsWeight]:
     """The model's MatMulNBits weights whose bytes ORT holds (in their own session, a fused
-    graph or the step graph); a weight wrapped for row-exactness (RowLoop) builds its session on first use."""
+    graph or the step graph); a weight wrapped for row-exactness (RowLoop) builds its session on
+    first use."""
     n = model.cfg.num_layers
     fused = (
         set()

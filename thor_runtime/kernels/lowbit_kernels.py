@@ -22,8 +22,8 @@ from thor_runtime.kernels.projections import Int8Weight
 
 
 def int4_kernels() -> dict:
-    """Kernel name -> projection class, fastest first (measured: docs/performance.md, low-bit weights).
-    Each class has ``from_codes(parts)`` and ``available()``."""
+    """Kernel name -> projection class, fastest first (measured: docs/performance.md, low-bit
+    weights). Each class has ``from_codes(parts)`` and ``available()``."""
     return {"ort": NBitsWeight, "torch": Int4Weight}
 
 
@@ -36,10 +36,8 @@ def pick_int4_kernel(name: str = "auto") -> str:
                 f"unknown int4 kernel {name!r}; choose auto or one of {', '.join(kernels)}"
             )
         if not kernels[name].available():
-            raise ThorError(
-                f"int4 kernel {name!r} is not available here "
-                f"({'install the onnx extra' if name == 'ort' else 'this torch has no int4 CPU kernel'})"
-            )
+            why = "install the onnx extra" if name == "ort" else "this torch has no int4 CPU kernel"
+            raise ThorError(f"int4 kernel {name!r} is not available here ({why})")
         return name
     for k, cls in kernels.items():
         if cls.available():

@@ -135,12 +135,12 @@ class StepGraph:
             cfg.num_kv_heads,
             cfg.head_dim,
         )
-        I = cfg.intermediate_size
+        Di = cfg.intermediate_size
         inits = [
             numpy_helper.from_array(np.array(v, np.int64), k)
             for k, v in (
                 ("axis0", [0]),
-                ("split", [I, I]),
+                ("split", [Di, Di]),
                 ("q_k_v", [H * Dh, Hkv * Dh, Hkv * Dh]),
                 ("q_heads", [1, -1, H, Dh]),
                 ("k_heads", [1, -1, Hkv, Dh]),

@@ -350,7 +350,8 @@ class RowStep:
             *[tap_out[i].data_ptr() if i in tap_out else None for i in range(self.n)]
         )
         heads, logits = self._heads(cols, T, want) if want is not None else ([], None)
-        # one head: in the forward, rows in order; two (rows inside a string beside others): after it
+        # one head: in the forward, rows in order; two (rows inside a string beside others): after
+        # it
         r, units = (heads[0][0], heads[0][2]) if len(heads) == 1 else (np.empty(0, np.int64), None)
         r = np.ascontiguousarray(r, np.int64)
         cos, sin = self.model.cos, self.model.sin

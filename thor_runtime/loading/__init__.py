@@ -47,7 +47,8 @@ def resolve(model: str) -> Path:
         ):  # a named model: pulled and sha256-verified, or an error saying how to pull it
             return verified_path(CATALOG[model], models_dir())
         raise ThorError(
-            f"model path not found: {p} (named models: {', '.join(CATALOG)}; see `thor models list`)"
+            f"model path not found: {p} "
+            f"(named models: {', '.join(CATALOG)}; see `thor models list`)"
         )
     if p.is_file() and p.suffix in PICKLE_SUFFIXES:
         raise ThorError(

@@ -9,7 +9,8 @@ Qwen3NextModel, and Qwen3_5TextModel on top of it); each rewrite is undone here:
   output norm (``ssm_norm``) is a plain scale and is stored as is;
 * ``dt_bias`` is stored as ``ssm_dt.bias``; ``conv1d`` [C, 1, k] is stored squeezed, [C, k];
 * Qwen3-Next: ``in_proj_qkvz`` (rows grouped per key head: q, k, v.., z..) is split into
-  ``attn_qkv`` (all q, all k, all v) and ``attn_gate`` (z); ``in_proj_ba`` is kept whole (``ssm_ba``);
+  ``attn_qkv`` (all q, all k, all v) and ``attn_gate`` (z); ``in_proj_ba`` is kept whole
+  (``ssm_ba``);
 * Qwen3.5 with more value than key heads: every value-head axis (v rows of ``attn_qkv`` and of
   the conv, ``attn_gate``, ``ssm_beta``/``ssm_alpha`` rows, ``ssm_a``, ``ssm_dt``, ``ssm_out``
   columns) is reordered from grouped by key head (value head g*r + j) to tiled (j*Hk + g).
@@ -26,8 +27,8 @@ converter writes no ``norm_topk_prob``; ``expert_weights_norm`` is read where pr
 router renormalises, as the published checkpoints do (Qwen3.5-MoE's always does).
 
 The gguf package names only expert FFNs for ``qwen3next``, so a dense-MLP Qwen3-Next file (or
-layer) uses the ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` names ``qwen35`` has. Multi-token-prediction
-blocks that a converter appends after the decoder layers are skipped.
+layer) uses the ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` names ``qwen35`` has.
+Multi-token-prediction blocks that a converter appends after the decoder layers are skipped.
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ SHIFTED = "shifted"  # stored w + 1
 NEG_EXP = "neg_exp"  # stored -exp(A_log)
 CONV = "conv"  # stored squeezed
 ROW = "row"  # [1, D], may be stored as [D]
-GATE_UP = "mlp.experts.gate_up_proj"  # fed by ffn_gate_exps then ffn_up_exps (fused in hybrid_gguf_weights)
+# fed by ffn_gate_exps then ffn_up_exps (fused in hybrid_gguf_weights)
+GATE_UP = "mlp.experts.gate_up_proj"
 
 
 def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str | None]]:
@@ -172,7 +174,7 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
     import gguf
 
     T, M = gguf.TENSOR_NAMES, gguf.MODEL_TENSOR
-    D, I, Dh, V = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size
+    D, Di, Dh, V = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size
     H, Hk = cfg.num_heads, cfg.num_kv_heads
     Hv, Vd, dv = cfg.linear_num_value_heads, cfg.value_dim, cfg.linear_value_head_dim
     plan = {
@@ -203,9 +205,9 @@ def tensor_plan(cfg: HybridConfig) -> dict[str, tuple[str, tuple[int, ...], str 
             put(i, M.FFN_UP_SHEXP, "mlp.shared_expert.up_proj.weight", (Is, D))
             put(i, M.FFN_DOWN_SHEXP, "mlp.shared_expert.down_proj.weight", (D, Is))
         else:
-            put(i, M.FFN_GATE, "mlp.gate_proj.weight", (I, D))
-            put(i, M.FFN_UP, "mlp.up_proj.weight", (I, D))
-            put(i, M.FFN_DOWN, "mlp.down_proj.weight", (D, I))
+            put(i, M.FFN_GATE, "mlp.gate_proj.weight", (Di, D))
+            put(i, M.FFN_UP, "mlp.up_proj.weight", (Di, D))
+            put(i, M.FFN_DOWN, "mlp.down_proj.weight", (D, Di))
         if kind == "full_attention":
             put(
                 i, M.ATTN_Q, "self_attn.q_proj.weight", (2 * H * Dh, D)
@@ -251,7 +253,8 @@ def _dequantize(t, path) -> torch.Tensor:
 
 
 def untile(x: torch.Tensor, dim: int, num_k_heads: int, per_k: int, head_dim: int) -> torch.Tensor:
-    """Value heads along ``dim`` from tiled order (j*Hk + g) back to grouped by key head (g*r + j)."""
+    """Value heads along ``dim`` from tiled order (j*Hk + g) back to grouped by key head
+    (g*r + j)."""
     shape = list(x.shape)
     x = x.reshape(*shape[:dim], per_k, num_k_heads, head_dim, *shape[dim + 1 :])
     return x.transpose(dim, dim + 1).reshape(shape).contiguous()

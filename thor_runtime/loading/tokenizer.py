@@ -44,8 +44,8 @@ _PRE_SPLITS = {
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-# Llama 3's tokenizer.json sets ignore_merges (a piece that is already a whole token is taken as is);
-# llama.cpp mirrors that for this pre type, so we do too.
+# Llama 3's tokenizer.json sets ignore_merges (a piece that is already a whole token is taken as
+# is); llama.cpp mirrors that for this pre type, so we do too.
 _IGNORE_MERGES = {"llama-bpe", "llama3", "smaug-bpe"}
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token_type values
@@ -56,7 +56,8 @@ _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_tu
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable char table: printable Latin-1 bytes stand for themselves, the other
-    68 (controls, space, ...) are shifted to U+0100.. so every byte is one visible char in vocab files."""
+    68 (controls, space, ...) are shifted to U+0100.. so every byte is one visible char in vocab
+    files."""
     keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
     table, shift = {b: chr(b) for b in keep}, 0
     for b in range(256):
@@ -127,7 +128,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self._pieces = pieces  # GGUF token strings, kept so duplicate entries keep their bytes
         self._compiled = None
-        # Stop ids: the explicit ones first (order kept), then end-of-turn markers the template writes.
+        # Stop ids: the explicit ones first (order kept), then end-of-turn markers the template
+        # writes.
         ids = [i for i in eos_token_ids if i is not None]
         for marker in _END_OF_TURN:
             mid = tok.token_to_id(marker)
@@ -155,8 +157,8 @@ class Tokenizer:
         return self._tok.id_to_token(int(i))
 
     def token_bytes(self) -> list[bytes]:
-        """Raw bytes of every id. A grammar engine matches bytes, and a single byte-level token may be
-        half a UTF-8 character, which no str-based decode can represent."""
+        """Raw bytes of every id. A grammar engine matches bytes, and a single byte-level token may
+        be half a UTF-8 character, which no str-based decode can represent."""
         added = {i for i in self._tok.get_added_tokens_decoder()}
         byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
         out = []
@@ -176,7 +178,8 @@ class Tokenizer:
 
     # -- chat ----------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Render like HF's apply_chat_template(tokenize=False): same Jinja options, same variables."""
+        """Render like HF's apply_chat_template(tokenize=False): same Jinja options, same
+        variables."""
         if not self.chat_template:
             raise ThorError("this model has no chat template; pass a raw prompt instead")
         if self._compiled is None:
@@ -344,8 +347,8 @@ class Tokenizer:
                 )
                 (tok.add_special_tokens if at.special else tok.add_tokens)([at])
 
-        # chat_template.jinja is where current transformers saves it; older ones keep it in the config,
-        # sometimes as a list of named templates.
+        # chat_template.jinja is where current transformers saves it; older ones keep it in the
+        # config, sometimes as a list of named templates.
         template = cfg.get("chat_template")
         if (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")

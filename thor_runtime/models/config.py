@@ -15,8 +15,8 @@ WEIGHT_LAYOUTS = ("auto", "dense", "packed", "dual")
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
 
 # Architectures the reference model implements; the value says whether q/k get an RMSNorm.
-# Hybrid Gated-DeltaNet targets (thor_runtime/models/hybrid) carry a HybridConfig; their full-attention
-# layers have q/k norms.
+# Hybrid Gated-DeltaNet targets (thor_runtime/models/hybrid) carry a HybridConfig; their
+# full-attention layers have q/k norms.
 ARCHITECTURES = {"llama": False, "qwen3": True, "qwen2": False, "qwen3_5": True, "qwen3_next": True}
 # Architectures whose q/k/v projections carry a bias (the fused wqkv gets a fused bias).
 QKV_BIAS_ARCHITECTURES = frozenset({"qwen2"})
@@ -29,7 +29,8 @@ def check_attention_dims(what: str, cfg, sizes: tuple[str, ...]) -> None:
             raise ThorError(f"{what}: {k} must be positive, got {getattr(cfg, k)}")
     if cfg.num_heads % cfg.num_kv_heads:
         raise ThorError(
-            f"{what}: num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}"
+            f"{what}: num_heads {cfg.num_heads} is not a multiple of "
+            f"num_kv_heads {cfg.num_kv_heads}"
         )
     if cfg.head_dim % 2:
         raise ThorError(f"{what}: head_dim {cfg.head_dim} must be even for RoPE")

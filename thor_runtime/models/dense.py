@@ -100,7 +100,7 @@ class ForwardOut:
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    D, I, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    D, Di, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     H, Hk = cfg.num_heads, cfg.num_kv_heads
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
     if not cfg.tie_word_embeddings:
@@ -115,9 +115,9 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.weight": (Hk * Dh, D),
                 p + "self_attn.v_proj.weight": (Hk * Dh, D),
                 p + "self_attn.o_proj.weight": (D, H * Dh),
-                p + "mlp.gate_proj.weight": (I, D),
-                p + "mlp.up_proj.weight": (I, D),
-                p + "mlp.down_proj.weight": (D, I),
+                p + "mlp.gate_proj.weight": (Di, D),
+                p + "mlp.up_proj.weight": (Di, D),
+                p + "mlp.down_proj.weight": (D, Di),
             }
         )
         if cfg.qk_norm:
@@ -332,8 +332,9 @@ class TargetModel:
         return F.embedding(ids, self.embed_w).to(self.dtype)  # [T, D]
 
     def pre_attn(self, i: int, h: torch.Tensor, pos: torch.Tensor):
-        """h [..., T, D], pos [..., T] absolute positions -> q [..., H, T, Dh], k/v [..., Hkv, T, Dh]
-        with norms and RoPE applied. Leading dims are free, so a batched caller can reuse it."""
+        """h [..., T, D], pos [..., T] absolute positions -> q [..., H, T, Dh],
+        k/v [..., Hkv, T, Dh] with norms and RoPE applied. Leading dims are free, so a batched
+        caller can reuse it."""
         L = self.layers[i]
         qkv = linear(rms_norm(h, L.attn_norm, self.cfg.rms_eps), L.wqkv)  # [..., T, (H + 2Hkv) Dh]
         if L.bqkv is not None:
@@ -425,7 +426,8 @@ class TargetModel:
         exact: bool = False,
         cols=None,
     ) -> ForwardOut:
-        """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a slice.
+        """ids [T] continue the sequence in ``cache``. logits_rows: "all", "last", "none" or a
+        slice.
         exact: row-invariant attention (``verify``). cols: the token ids whose logits the caller
         reads (None: all); a kernel that computes only those leaves the others at -inf."""
         start, T = cache.length, ids.shape[0]

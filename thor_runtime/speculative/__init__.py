@@ -22,8 +22,8 @@ from thor_runtime.speculative.shipped import (
     drafter_for,
     pick_drafter,
     require_drafter_for,
-    weights_kind,
 )
+from thor_runtime.speculative.shipped import weights_kind as weights_kind
 
 if TYPE_CHECKING:  # torch-free at import, so `thor --help` stays fast
     from thor_runtime.speculative.accept import RelaxedConfig
@@ -171,8 +171,8 @@ def build_speculation(
 
     drafter: a DFlash drafter already in memory (one just distilled, evaluated before it is
     saved), taken instead of loading ``opts.drafter``; only the DFlash-based methods use it.
-    plan_format: the planner's request-format fingerprint today (agent.planner.plan_format), handed in
-    by a caller that plans; a drafter recorded on another format is stale: auto declines it,
+    plan_format: the planner's request-format fingerprint today (agent.planner.plan_format), handed
+    in by a caller that plans; a drafter recorded on another format is stale: auto declines it,
     dflash and combined run it, both say so on stderr (shipped.py). None: no check."""
     pick = pick_drafter(opts.method, opts.drafter, drafter, model, plan_format)
     if pick.drafter is not None:

@@ -18,12 +18,12 @@ d is the proposer's drafting time per cycle it is asked, w its upkeep per cycle 
 window), r what every cycle of the class spends besides these and its verify (the grammar's
 masks, choosing and committing the tokens), all measured as they run. Leaving r out made every
 cycle look cheaper than it is and longer blocks less worth their rows: on the planner model
-(Zen 5) auto verified ~10 drafts a cycle where 15 commit more per second. Each cycle verifies the K with the largest E[K] / T[K]
-(``CostBudget``, which takes the draft budget's place under auto); K = 0 pauses the proposer,
-with probes on the draft budget's schedule (``budget.probe_due``) so that a paused proposer can
-show it is right again. Acceptance is kept apart after a cycle that accepted nothing (cold)
-and one that accepted drafts (hot): lookup that is copying a span keeps being right. A request's
-rate weighs the two by the share of hot cycles their K lead to (``Arm.hot_share``).
+(Zen 5) auto verified ~10 drafts a cycle where 15 commit more per second. Each cycle verifies the K
+with the largest E[K] / T[K] (``CostBudget``, which takes the draft budget's place under auto);
+K = 0 pauses the proposer, with probes on the draft budget's schedule (``budget.probe_due``) so that
+a paused proposer can show it is right again. Acceptance is kept apart after a cycle that accepted
+nothing (cold) and one that accepted drafts (hot): lookup that is copying a span keeps being right.
+A request's rate weighs the two by the share of hot cycles their K lead to (``Arm.hot_share``).
 
 Each request runs the candidate of its class with the largest expected rate; plain decoding is
 a candidate (rate 1 / c(1 + f)), and every other one is probed 4, 12, 28 and 60 requests after

@@ -25,7 +25,8 @@ class Proposer(ABC):
 
     @abstractmethod
     def propose(self, seq: list[int], k: int) -> tuple[list[int], torch.Tensor | None]:
-        """seq: every committed token, the anchor last. -> (drafts [<= k], draft probs [n, V] or None)."""
+        """seq: every committed token, the anchor last. -> (drafts [<= k], draft probs [n, V] or
+        None)."""
 
     def fork(self) -> "Proposer":
         """A proposer for another sequence at the same time: these settings and weights, state

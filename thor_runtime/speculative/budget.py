@@ -8,8 +8,8 @@ accepted per cycle. While it is at least ``threshold``, up to ``low_k + ramp * l
 K drafts are verified, ``last`` being the drafts accepted in the previous cycle: a request
 starts with ``low_k`` and reaches all K within two or three cycles of a right proposer, while
 a stranger to the text pays for few rows before the pause (a verify row costs ~0.1-0.35 of a
-step on CPU kernels). Below it, the proposer is not asked at all, except for ``low_k`` probe drafts after
-``probe_every`` cycles, then after twice, four times ... as many, at most ``max_gap`` apart:
+step on CPU kernels). Below it, the proposer is not asked at all, except for ``low_k`` probe drafts
+after ``probe_every`` cycles, then after twice, four times ... as many, at most ``max_gap`` apart:
 one accepted probe lifts the mean over the threshold again.
 
 Drafts never decide which token is committed, so this changes speed, never output.
@@ -95,7 +95,8 @@ class DraftBudget:
         return float(self.initial), 0, 0
 
     def cap(self, k: int, state: State, forced: int = 0) -> int:
-        """Proposer drafts to verify next (grammar-forced tokens, ``forced`` of them, come on top)."""
+        """Proposer drafts to verify next (grammar-forced tokens, ``forced`` of them, come on
+        top)."""
         mean, below, last = state
         if mean >= self.threshold:
             return k if not self.ramp else min(k, self.low_k + math.ceil(self.ramp * last))

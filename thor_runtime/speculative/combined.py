@@ -1,5 +1,6 @@
 """Combined proposer (``--spec combined``; ``hybrid`` is its earlier name): the DFlash drafter,
-with prompt lookup taking over where it is unsure. (Not the hybrid models of thor_runtime/models/hybrid/.)
+with prompt lookup taking over where it is unsure. (Not the hybrid models of
+thor_runtime/models/hybrid/.)
 
 Why: on held-out planner requests the shipped drafter misses most where the target copies
 text out of the prompt — the task sentence into "task", object and place names into the

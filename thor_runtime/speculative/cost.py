@@ -16,8 +16,8 @@ another key. Measuring touches no request's cache and decides no
 token, so it never changes output.
 
 A plan's verify under its grammar often computes only the logits of the ids its rows may commit
-(``cols``, thor_runtime/engine/constraint.py), which skips most of the head: such a verify costs less,
-and more so per extra row. So a second curve, ``by_id``, times the same verifies reading
+(``cols``, thor_runtime/engine/constraint.py), which skips most of the head: such a verify costs
+less, and more so per extra row. So a second curve, ``by_id``, times the same verifies reading
 ``READ_IDS`` logits, in the same unit (a full 1-row step); auto weighs the two by the share of
 its constrained verifies that read by id (auto.py).
 
@@ -151,7 +151,8 @@ def curve_key(rt, rows: int) -> dict:
 
 
 def cost_dir(cache: str | None) -> Path | None:
-    """The curves' directory: under the weight cache's (``--cache-dir``); None = ``''`` (none kept)."""
+    """The curves' directory: under the weight cache's (``--cache-dir``); None = ``''`` (none
+    kept)."""
     if cache == "":
         return None
     return (Path(cache) if cache else default_cache_dir()) / "costs"
@@ -204,7 +205,8 @@ def verify_calls(widths) -> int:
 
 def timed_verifies(rt, cache, ctx: int, widths) -> tuple[list[float], list[float]]:
     """The fastest of each verify's timings, one per row count in ``widths``, on ``cache``
-    (empty) at ``ctx`` tokens: every logit, and ``READ_IDS`` of them (spread over the vocabulary)."""
+    (empty) at ``ctx`` tokens: every logit, and ``READ_IDS`` of them (spread over the
+    vocabulary)."""
     m = rt.model
     widths = list(widths)
     vocab = m.cfg.vocab_size

@@ -109,7 +109,8 @@ class RowDrafter:
         feats: torch.Tensor,
     ) -> None:
         """raw [n, n_taps*D] taps of the tokens at ``pos`` [n] -> their features into ``feats``
-        [W, D] rows ``slots`` [n] and every layer's K/V into those slots of ``kv`` [L, 2, Hkv, S, Dh]."""
+        [W, D] rows ``slots`` [n] and every layer's K/V into those slots of
+        ``kv`` [L, 2, Hkv, S, Dh]."""
         raw = raw.detach().float().contiguous()
         pos32, slots32 = pos.to(torch.int32).contiguous(), slots.to(torch.int32).contiguous()
         with self.rows._one:  # the table too: a fork's call may be reading it

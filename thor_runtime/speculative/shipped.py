@@ -7,8 +7,8 @@ unrecorded). Only config.json is read to choose, so a target without a drafter, 
 drafter ``auto`` declines, never loads drafter weights.
 
 Staleness: a drafter's config records ``plan_format``, the fingerprint of the planner request
-format its training plans were written in (agent/planner/plan_format.py). When the planner's prompt or
-schema changes, a drafter trained on the old format drafts a document that is gone and its
+format its training plans were written in (agent/planner/plan_format.py). When the planner's prompt
+or schema changes, a drafter trained on the old format drafts a document that is gone and its
 acceptance collapses without any error. The runtime cannot compute today's fingerprint (the
 planner lives above it), so a caller that plans hands it in; ``None`` means the caller does not
 plan (free text), and then no drafter is stale. A stale drafter still runs when asked for by
@@ -30,8 +30,8 @@ DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
 # The methods that run a DFlash drafter (``auto`` only when one fits and is current).
 DRAFTER_METHODS = ("dflash", "combined", "auto")
 RETRAIN = (
-    "regenerate its data and distill it again on today's planner: `thor calib gen-data --constrained`, "
-    "then `thor calib distill`"
+    "regenerate its data and distill it again on today's planner: "
+    "`thor calib gen-data --constrained`, then `thor calib distill`"
 )
 
 
@@ -119,8 +119,9 @@ def require_drafter_for(model, root: str | Path | None = None) -> ShippedDrafter
     if found is None:
         have = ", ".join(d.describe() for d in shipped_drafters(root)) or "none"
         raise ThorError(
-            f"no shipped DFlash drafter for the target {model.cfg.name!r} ({weights_kind(model) or '?'} "
-            f"weights, hidden size {model.cfg.hidden_size}); shipped: {have}. Pass --drafter DIR "
+            f"no shipped DFlash drafter for the target {model.cfg.name!r} "
+            f"({weights_kind(model) or '?'} weights, hidden size {model.cfg.hidden_size}); "
+            f"shipped: {have}. Pass --drafter DIR "
             "(train one with `thor calib distill`), or use --spec ngram or auto"
         )
     return found

@@ -61,7 +61,8 @@ class HybridConfig(ModelConfig):
             )
         if "full_attention" not in self.layer_types or "linear_attention" not in self.layer_types:
             raise ThorError(
-                "model config: a hybrid target needs both linear_attention and full_attention layers"
+                "model config: a hybrid target needs both linear_attention and full_attention "
+                "layers"
             )
         for k in (
             "linear_num_key_heads",

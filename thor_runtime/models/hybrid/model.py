@@ -369,7 +369,8 @@ class HybridModel:
         tap_rows: int = 0,
     ) -> ForwardOut:
         """The prompt in chunks of ``chunk`` tokens (0 = one pass), chunked GDN form; the recurrent
-        state is carried from chunk to chunk. Last-row logits, taps of the last ``tap_rows`` rows."""
+        state is carried from chunk to chunk. Last-row logits, taps of the last ``tap_rows``
+        rows."""
         T = ids.shape[0]
         step = chunk if chunk and chunk > 0 else T
         parts: dict[int, list[torch.Tensor]] = {i: [] for i in taps}

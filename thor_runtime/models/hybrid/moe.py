@@ -64,7 +64,7 @@ def is_fused(cfg, m: str, weights: dict[str, torch.Tensor] | None, per_expert: s
 
 
 def moe_shapes(cfg, m: str, fused: bool) -> dict[str, tuple[int, ...]]:
-    D, E, I, Is = (
+    D, E, Di, Is = (
         cfg.hidden_size,
         cfg.num_experts,
         cfg.moe_intermediate_size,
@@ -78,21 +78,22 @@ def moe_shapes(cfg, m: str, fused: bool) -> dict[str, tuple[int, ...]]:
         m + "shared_expert.down_proj.weight": (D, Is),
     }
     if fused:
-        shapes.update({m + GATE_UP: (E, 2 * I, D), m + DOWN: (E, D, I)})
+        shapes.update({m + GATE_UP: (E, 2 * Di, D), m + DOWN: (E, D, Di)})
     else:
         for e in range(E):
             shapes.update(
                 {
-                    m + f"experts.{e}.gate_proj.weight": (I, D),
-                    m + f"experts.{e}.up_proj.weight": (I, D),
-                    m + f"experts.{e}.down_proj.weight": (D, I),
+                    m + f"experts.{e}.gate_proj.weight": (Di, D),
+                    m + f"experts.{e}.up_proj.weight": (Di, D),
+                    m + f"experts.{e}.down_proj.weight": (D, Di),
                 }
             )
     return shapes
 
 
 def fuse_experts(out: dict[str, torch.Tensor], m: str, num_experts: int) -> None:
-    """Per-expert tensors under ``m`` -> the fused gate_up [E, 2 I, D] and down [E, D, I], in place."""
+    """Per-expert tensors under ``m`` -> the fused gate_up [E, 2 I, D] and down [E, D, I], in
+    place."""
     if m + GATE_UP in out:
         return
     take = {
@@ -179,7 +180,10 @@ class MoEBlock:
         """Wrap the router in a RowLoop unless its kernel is row-invariant (one probe per kernel
         and shape, kept in ``verdict``). -> whether wrapped."""
         w = self.router
-        key = f"router{type(w).__name__}{tuple(w.shape)}{'+dense' if getattr(w, 'dense', None) is not None else ''}"
+        key = (
+            f"router{type(w).__name__}{tuple(w.shape)}"
+            f"{'+dense' if getattr(w, 'dense', None) is not None else ''}"
+        )
         if key not in verdict:
             verdict[key] = rows_invariant(w, w.shape[1], torch.float32, device)
         if not verdict[key]:
@@ -193,7 +197,8 @@ class MoEBlock:
         return (w / w.sum(dim=-1, keepdim=True) if self.norm_topk else w), idx
 
     def __call__(self, x: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-        """x [T, D] normed input, shared [T, D] the shared expert's output -> block output [T, D]."""
+        """x [T, D] normed input, shared [T, D] the shared expert's output ->
+        block output [T, D]."""
         E = self.experts.n
         logits = linear(x.float(), self.router)  # [T, E + 1]
         routed = (

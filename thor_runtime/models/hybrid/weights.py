@@ -35,7 +35,7 @@ def expected_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads. ``weights``: the file's tensors, which decide the form
     each MoE layer's experts are expected in (without: the form published checkpoints use)."""
-    D, I, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    D, Di, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     H, Hk = cfg.num_heads, cfg.num_kv_heads
     Hv, Kd, Vd, dv = (
         cfg.linear_num_value_heads,
@@ -58,9 +58,9 @@ def expected_shapes(
         else:
             shapes.update(
                 {
-                    p + "mlp.gate_proj.weight": (I, D),
-                    p + "mlp.up_proj.weight": (I, D),
-                    p + "mlp.down_proj.weight": (D, I),
+                    p + "mlp.gate_proj.weight": (Di, D),
+                    p + "mlp.up_proj.weight": (Di, D),
+                    p + "mlp.down_proj.weight": (D, Di),
                 }
             )
         if kind == "full_attention":
