@@ -116,12 +116,16 @@ class Planner:
                 model,
                 tokenizer,
                 self.gtok,
-                runtime.new_cache,
+                getattr(runtime, "new_cache", None),
                 goal_choice,
                 getattr(runtime, "prefill_chunk", 0),
                 _prefix_restore(runtime),
             )
-            if goal_choice > 0 and model is not None and not model.is_hybrid
+            # a runtime that keeps no cache of its own (a scripted one) has no forwards to weigh
+            if goal_choice > 0
+            and model is not None
+            and hasattr(runtime, "new_cache")
+            and not model.is_hybrid
             else None
         )
         # word knowledge the goal choice may use as hints (language/lexicon.py; "none": no words)

@@ -211,10 +211,8 @@ def test_eval_bench_wiring(tiny_llama):
         assert (
             o["feasible_success"] == "0/4" and o["correct_refusals"] == "0/4"
         )  # refusals name `workspace`
-        # a task that names a world object wants a goal about it first: `missing` there is
-        # off-schema too
-        assert all(r["report_checks"] in (["object"], ["object", "schema"]) for r in o["rows"])
-        assert any(r["report_checks"] == ["object", "schema"] for r in o["rows"])
+        # `missing` is open to every task: the thing it names is not here (`object`)
+        assert all(r["report_checks"] == ["object"] for r in o["rows"])
 
 
 # ---- evals/sets/2-* .. 6-*: the later held-out sets ----------------------------------------------
