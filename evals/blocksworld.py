@@ -205,7 +205,7 @@ def world_doc(name: str, blocks: list[str], rests: dict) -> dict:
     return {
         "name": name,
         "description": "one arm over a table of toy blocks (Blocksworld)",
-        "skills": "../../../skills/blocks.json",
+        "skills": "../../../../agent/skills/blocks.json",
         "objects": objects,
         "places": [{"name": "table", "position": [0.0, 0.0, 0.75]}],
         "robot": {
