@@ -74,7 +74,9 @@ __all__ = [
 
 
 class Planner:
-    """speculation: built once by ``build_speculation`` (the CLI's default is ``auto``)."""
+    """speculation: built once by ``build_speculation`` (the CLI's default is ``auto``).
+    goal_choice: 0 keeps the greedy goal; ``thor plan``, the service and the ROS node plan
+    through a PlanSession, which passes the config's (PlannerSettings.goal_choice)."""
 
     def __init__(
         self,
@@ -88,7 +90,7 @@ class Planner:
         on_progress=None,
         grammar_tokenizer: GrammarTokenizer | None = None,
         complete: bool = True,
-        goal_choice: int = PlannerSettings.goal_choice,
+        goal_choice: int = 0,
         lexicon: str = SHIPPED,
         shelf=None,
     ):

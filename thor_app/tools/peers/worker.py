@@ -171,9 +171,9 @@ def run_thor(spec: dict) -> dict:
         build_speculation,
         load_model,
         make_runtime,
-        spec_options,
         with_settings,
     )
+    from thor_app.tools.bench_plan import spec_sessions
     from thor_runtime.engine import SamplingParams
 
     torch.set_num_threads(spec["threads"])
@@ -237,12 +237,9 @@ def run_thor(spec: dict) -> dict:
     )
     if spec["requests"]["plans"]:
         rows = plan_bench(
-            rt,
-            loaded.tokenizer,
+            spec_sessions(config, loaded, rt, max_tokens=spec["plan_max_tokens"]),
             [method],
             repeats=1,
-            max_tokens=spec["plan_max_tokens"],
-            options=spec_options(config),
             limit=len(spec["requests"]["plans"]),
         )
         out["plan_latency_s"] = rows[0]["latencies_s"]
