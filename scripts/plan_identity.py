@@ -21,11 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = ("6-", "7-", "8-")
-SAMPLE = {
-    "kitchen": ["put the red cup in the sink", "move the apple to the table"],
-    "warehouse": ["bring box_a to dock_1", "move the small tote to the staging area"],
-    "lab_bench": ["put the test tube in rack slot 1", "move the beaker to the tray"],
-}
 GENERATE_PROMPT = "The robot arm picked up the red cup and"
 
 
@@ -57,29 +52,34 @@ def _imports():
     )
 
 
-def _eval_dirs(agent_dir: Path) -> list[Path]:
-    for base in (agent_dir.parent / "evals" / "sets", agent_dir / "evalsets"):
-        if base.is_dir():
-            return sorted(d for d in base.iterdir() if d.name.startswith(SETS))
-    raise SystemExit("no evaluation sets found")
+def _lab():
+    """(the sample worlds' tasks, load_eval_set, the sets' folder) for whichever layout is on
+    the path: the ones the plan bench and the evaluation use."""
+    try:  # this layout: the lab in evals/
+        from evals.evaluation import SETS_DIR, load_eval_set
+        from evals.plan_bench import TASKS
+    except ImportError:  # the flat layout before it
+        from agent.bench import TASKS
+        from agent.evaluation import EVAL_DIR, load_eval_set
+
+        SETS_DIR = EVAL_DIR.parent
+    return TASKS, load_eval_set, SETS_DIR
 
 
 def cases(load_world, load_skills, resolve_skills_path, agent_dir: Path):
     """(key, task, world, skills) for every task the snapshot plans."""
+    tasks_by_world, load_eval_set, sets_dir = _lab()
     worlds = agent_dir / "worlds"
-    if not worlds.is_dir():
-        worlds = agent_dir / "files" / "worlds"
-    for name, tasks in SAMPLE.items():
+    for name, tasks in tasks_by_world.items():
         world = load_world(worlds / f"{name}.json")
         skills = load_skills(resolve_skills_path(world, None))
         for i, t in enumerate(tasks):
             yield f"sample/{name}/{i}", t, world, skills
-    for d in _eval_dirs(agent_dir):
-        doc = json.loads((d / "tasks.json").read_text())
-        for t in doc["tasks"]:
-            world = load_world(d / "worlds" / f"{t['world']}.json")
-            skills = load_skills(resolve_skills_path(world, None))
-            yield f"{d.name.split('-')[0]}/{t['id']}", t["task"], world, skills
+    for d in sorted(x for x in sets_dir.iterdir() if x.name.startswith(SETS)):
+        tasks, by_world = load_eval_set(d)
+        for t in tasks:
+            world, skills = by_world[t.world]
+            yield f"{d.name.split('-')[0]}/{t.id}", t.task, world, skills
 
 
 def snapshot(model: str, out: Path, limit: int | None) -> None:

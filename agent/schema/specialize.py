@@ -20,7 +20,6 @@ import copy
 
 from agent.files.loader import SkillSet, World
 from agent.schema.arg_schemas import _enum, _resolve, _shape, args_schema, step_schema
-from agent.schema.validator import PlanValidator  # noqa: F401  (re-exported)
 from agent.symbolic.executor import states_by_object
 from agent.symbolic.goals import MAX_TIMES
 from thor_runtime.errors import ThorError

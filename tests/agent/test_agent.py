@@ -20,7 +20,8 @@ from agent.files.loader import (
 )
 from agent.planner.planner import Planner
 from agent.planner.prompt import build_messages
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.gate import CHECKS, check_plan, gate_findings
 from tests.helpers.runtimes import ScriptedRuntime
 from tests.helpers.worlds import WORLDS, good_plan, kitchen_dict, mutated_plan, world_and_skills

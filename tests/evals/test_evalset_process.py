@@ -15,7 +15,8 @@ from agent.files.loader import AGENT_DIR, base_plan_schema, load_world
 from agent.language.checks import task_findings
 from agent.language.lexicon import load_lexicon
 from agent.language.mentions import read_words
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.gate import check_plan
 from agent.symbolic.solver import complete, goal_reasons
 from calib.prompts import training_names

@@ -14,7 +14,8 @@ import pytest
 from agent.files.loader import AGENT_DIR, base_plan_schema, load_skills, world_from_dict
 from agent.language.checks import task_findings
 from agent.language.mentions import read_words
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.executor import execute, goal_limits, reaches
 from agent.symbolic.gate import check_plan
 from agent.symbolic.solver import complete

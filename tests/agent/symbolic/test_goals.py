@@ -11,7 +11,8 @@ import pytest
 
 from agent.files.loader import AGENT_DIR, base_plan_schema, skills_from_dict, world_from_dict
 from agent.schema.grammar import check_schema
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.executor import execute
 from agent.symbolic.gate import check_plan
 from agent.symbolic.goals import parse_goal_items

@@ -19,7 +19,8 @@ from agent.files.loader import (
     world_from_dict,
 )
 from agent.planner.planner import Planner
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.conditions import Cond, parse_cond
 from agent.symbolic.executor import execute, initial_state, symbolic_findings
 from agent.symbolic.gate import check_plan, gate_findings

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from agent.files.loader import base_plan_schema
 from agent.planner.planner import Planner
-from agent.schema.specialize import PlanValidator, specialize
+from agent.schema.specialize import specialize
+from agent.schema.validator import PlanValidator
 from agent.symbolic.executor import symbolic_findings
 from agent.symbolic.gate import check_plan, gate_findings
 from tests.helpers.strategies import JSON, PROPERTY, SCHEMA, SKILLS, WORLD, mostly
