@@ -164,8 +164,6 @@ def _values_of(args) -> list[str]:
 def takes_amounts(words: TaskWords, goal, world: World, skills: SkillSet | None) -> int:
     """How many of the numbers the task says (with a unit or not, but not 1) the goal's calls take:
     a hint for ranking goals in any language, never a finding."""
-    from agent.symbolic.executor import parse_goal
-
     if skills is None or not isinstance(goal, list):
         return 0
     parsed, problems = parse_goal({"goal": goal}, world, skills)
