@@ -23,10 +23,7 @@ def register(sub) -> None:
 
 def plan_check(loaded, backend):
     """One constrained plan on the sample world, on the backend under test: valid or not."""
-    from pathlib import Path
-
-    from agent.files.loader import __file__ as agent_files
-    from agent.files.loader import load_skills, load_world, resolve_skills_path
+    from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
     from agent.planner.planner import Planner
     from agent.planner.prompt import build_messages
     from engines.backend import using
@@ -34,7 +31,7 @@ def plan_check(loaded, backend):
     from thor_runtime.engine import Runtime
     from thor_runtime.speculative import PLAIN
 
-    world = load_world(Path(agent_files).parent / "worlds" / "kitchen.json")
+    world = load_world(AGENT_DIR / "worlds" / "kitchen.json")
     skills = load_skills(resolve_skills_path(world, None))
     name, task, budget = (
         "constrained plan on the kitchen world",
