@@ -52,6 +52,10 @@ _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token_type values
 # Markers that close an assistant turn in common templates. Checked against the template text, so a
 # model is only given the stop ids its own template actually writes.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+# end-of-text markers a GGUF keeps only as control tokens: an HF export lists them in
+# generation_config's eos_token_id (Qwen2.5-Instruct: <|im_end|> and <|endoftext|>), a GGUF
+# names one eos, so without these a reply that ends in <|endoftext|> runs on past it
+_END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>")
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -295,6 +299,11 @@ class Tokenizer:
         # many GGUFs (Qwen2, ...) set eos to <|endoftext|>; stopping on eos only would let the model
         # run on into an invented next turn. __init__ adds the markers the template uses.
         eos = [field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        eos += [
+            i
+            for i, (t, ty) in enumerate(zip(tokens, types))
+            if ty == _CONTROL and t in _END_OF_TEXT
+        ]
         return cls(
             tok,
             bos_token_id=field("tokenizer.ggml.bos_token_id"),

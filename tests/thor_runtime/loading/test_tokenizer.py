@@ -113,8 +113,9 @@ def _ids(oracle, text):
 def test_metadata(tok, oracle):
     assert tok.vocab_size == len(oracle) == 49152
     assert tok.bos_token_id == 1 and tok.add_bos is False
-    # eos is <|im_end|> (id 2) in this file already; no duplicates when the template adds it again
-    assert tok.eos_token_ids == (2,)
+    # eos is <|im_end|> (id 2) in this file already; no duplicates when the template adds it again;
+    # the control token <|endoftext|> (id 0) ends a reply too, as it does in llama.cpp
+    assert tok.eos_token_ids == (2, 0)
     assert tok.token_to_id("<|im_start|>") == 1 and tok.id_to_token(2) == "<|im_end|>"
     assert tok.token_to_id("definitely-not-a-token") is None
 
