@@ -43,6 +43,11 @@ REACHABLE, UNREACHED, INFEASIBLE = 0, 1, 2
 # goal uses) adds to a goal's rank, in nats: as much as the task making the goal's wording
 # e^4 times likelier; a hint ranks, it never decides alone
 HINT_NATS = 4.0
+# a goal's grounding (checks.grounding: the things the task names that it is about) ranks it as
+# a hint does, per thing
+GROUND_NATS = HINT_NATS
+# end-state openings tried for at most this many of the objects a task names
+MAX_NAMED_FORMS = 3
 TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "infeasible"}
 
 
@@ -373,9 +378,12 @@ class GoalChooser:
             feed = [t]
         return None
 
-    def choose(self, cands: list[Candidate], judge, score=None) -> Choice:
+    def choose(self, cands: list[Candidate], judge, score=None, ground=None) -> Choice:
         """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]. ``score``
-        (candidate) -> how it ranks among the reachable ones (default: its log-likelihood)."""
+        (candidate) -> how it ranks among the reachable ones (default: its log-likelihood).
+        ``ground`` (candidate) -> how many of the things the task names its goal is about
+        (checks.grounding): a goal infeasible from itself that is about more of them than any
+        reachable one is the task's own goal, and its refusal is chosen."""
         score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
@@ -388,6 +396,18 @@ class GoalChooser:
                 seen[key] = cand
         if greedy.tier == INFEASIBLE:
             return Choice(greedy, cands, False, note="refused from the goal alone: kept")
+        if ground is not None:
+            reached = [c for c in seen.values() if c.tier == REACHABLE]
+            floor = max((ground(c) for c in reached), default=None)
+            refusals = [
+                c
+                for c in seen.values()
+                if c.tier == INFEASIBLE and (floor is None or ground(c) > floor)
+            ]
+            # a refusal needs the task to name something: one about nothing it says is no reading
+            refusal = max(refusals, key=lambda c: (ground(c), score(c)), default=None)
+            if refusal is not None and ground(refusal) > 0:
+                return Choice(refusal, cands, True, note="the task's own goal is infeasible")
         reachable = [c for c in seen.values() if c.tier == REACHABLE and c.goal != greedy.goal]
         best = max(reachable, key=score, default=None)
         if best is not None and (greedy.tier != REACHABLE or score(best) > score(greedy)):
@@ -402,12 +422,18 @@ class GoalChooser:
         return Choice(greedy, cands, False, note="greedy kept")
 
 
-def goal_openings(skills) -> tuple[str, ...]:
+def goal_openings(skills, named: tuple[str, ...] = ()) -> tuple[str, ...]:
     """How a goal of each form the skills allow opens, for ``candidates``' ``forms``: a call of
-    each skill that puts nothing anywhere (an end state says that itself), an order, a set."""
+    each skill that puts nothing anywhere (an end state says that itself), an order, a set, and
+    an end state of each object in ``named`` (those the task names, in the order it names
+    them: the model then says where it goes or what state it ends in)."""
     places = ("at", "holding", "on", "robot_at")
     calls = [s.name for s in skills.skills if not any(c.kind in places for c in s.effects)]
-    return tuple(f'{{"do":"{n}"' for n in calls) + ('{"before":[', '{"every":')
+    return (
+        tuple(f'{{"do":"{n}"' for n in calls)
+        + ('{"before":[', '{"every":')
+        + tuple(f'{{"object":"{n}"' for n in named[:MAX_NAMED_FORMS])
+    )
 
 
 def hinted(goal, hints: dict) -> int:

@@ -27,9 +27,10 @@ import time
 from dataclasses import replace
 
 from agent.files.loader import SkillSet, World
-from agent.language.checks import takes_amounts, task_findings
+from agent.language.checks import grounding, takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
+    GROUND_NATS,
     HINT_NATS,
     INFEASIBLE,
     REACHABLE,
@@ -377,8 +378,15 @@ class Planner:
                 None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept"
             )
         start = self._think_end(res.token_ids)
+        said = req.reading
+        # the objects the task names, first named first: an end state of each is weighed
+        named = (
+            tuple(n for n in sorted(said.named, key=said.named.get) if world.object(n))
+            if said is not None
+            else ()
+        )
         cands = self.chooser.candidates(
-            ids, res.token_ids, req.grammar, start, goal_openings(skills)
+            ids, res.token_ids, req.grammar, start, goal_openings(skills, named)
         )
         if not cands:
             return res, None
@@ -386,16 +394,22 @@ class Planner:
             self._neutral_ids(req, res.token_ids[start : cands[0].start]), cands, req.grammar
         )
         own = parse_plan(self._json_text(res.token_ids))[0]
-        said = req.reading
         hints = said.hints if said is not None else {}
 
-        def score(c: Candidate) -> float:
-            # the numbers the task says that the goal's calls take rank it as a lexicon's hint
-            # does, in any language
-            taken = takes_amounts(said, c.goal, world, skills) if said is not None else 0
-            return rank(c, hints) + HINT_NATS * taken
+        def ground(c: Candidate) -> int:
+            return grounding(said, c.goal, world, skills) if said is not None else 0
 
-        choice = self.chooser.choose(cands, lambda c: self._judge(c, req, task, own), score)
+        def score(c: Candidate) -> float:
+            # the numbers the task says that the goal's calls take, and the things it names
+            # that the goal is about, rank it as a lexicon's hint does, in any language
+            if said is None:
+                return rank(c, hints)
+            taken = takes_amounts(said, c.goal, world, skills)
+            return rank(c, hints) + HINT_NATS * taken + GROUND_NATS * ground(c)
+
+        choice = self.chooser.choose(
+            cands, lambda c: self._judge(c, req, task, own), score, ground if said else None
+        )
         choice.seconds = time.perf_counter() - t0
         if not choice.changed:
             return res, choice

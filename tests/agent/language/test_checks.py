@@ -94,3 +94,21 @@ def test_a_count_is_taken_by_times_and_an_amount_no_skill_takes_is_left_alone(ws
         )
         == []
     )
+
+
+def test_grounding_ranks_the_goal_about_what_the_task_names(ws):
+    from agent.language.checks import grounding
+
+    world, skills = ws
+
+    def g(task, goal):
+        return grounding(read_words(task, world), goal, world, skills)
+
+    task = "Stell die Farbdose aufs Regal"  # both things named by an alias, no lexicon
+    assert g(task, [{"object": "ink_tin", "at": "rack"}]) == 2
+    assert g(task, [{"do": "inspect", "args": {"object": "ink_tin"}}]) == 1
+    # the goal writes a thing the task does not mention: it counts against it
+    assert g(task, [{"object": "ink_tin", "at": "bench"}]) == 0
+    # a set covers the things it takes; a type the task says counts once, however many
+    assert g("put the tin on the rack", [{"every": {"type": "tin"}, "at": "rack"}]) == 2
+    assert g(task, [{"missing": "Pinsel"}]) == 0

@@ -101,13 +101,36 @@ def _cand(goal, logprob, branch):
     return Candidate([], logprob, 1, branch, goal=None), goal
 
 
-def _choose(pairs, tiers):
+def _choose(pairs, tiers, ground=None):
     chooser = GoalChooser(None, None, None, None, branches=2)
     cands = []
     for (c, goal), tier in zip(pairs, tiers):
         c.goal_for_test = (tier, goal)
         cands.append(c)
-    return chooser.choose(cands, lambda c: c.goal_for_test)
+    return chooser.choose(cands, lambda c: c.goal_for_test, ground=ground)
+
+
+def test_an_infeasible_goal_about_more_of_what_the_task_names_is_its_refusal():
+    heavy, light, other = (
+        [{"object": "anvil", "at": "shelf"}],
+        [{"object": "anvil", "near": "shelf"}],
+        [{"object": "cup", "at": "shelf"}],
+    )
+    named = {"anvil", "shelf"}
+
+    def ground(c):
+        return len(named & {v for d in c.goal for v in d.values()})
+
+    # "put the anvil on the shelf": the only goal about both is too heavy; it is the refusal
+    ch = _choose(
+        [_cand(other, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground
+    )
+    assert ch.changed and ch.chosen.goal == heavy and "infeasible" in ch.note
+    # a reachable goal about as much of the task stands
+    ch = _choose(
+        [_cand(light, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground
+    )
+    assert not ch.changed and ch.chosen.goal == light
 
 
 def test_the_choice_ranks_reachable_goals_first_and_keeps_a_refusal():
