@@ -4,6 +4,12 @@ A drafter is judged by how often its tokens equal the target's greedy tokens, so
 are exactly those tokens (not human text). Free-text prompts are decoded in batches
 (``thor_runtime.engine.batched``); robot prompts with ``--constrained`` as the planner decodes them.
 The on-disk format is in ``shards.py``; ``generate_dataset`` resumes from the shards present.
+
+Under torchrun each rank answers the requests i with i % size == rank and writes its own shards.
+A request's prompt and answer depend on i and the set's seed alone (every rank builds the whole
+prompt set; decoding is greedy), so the union of the ranks' shards is the data one process
+makes, whatever the number of workers, and a restart — with any number of workers — skips every
+request some shard already holds.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from thor_runtime.engine import batched_greedy
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
 
+from .dist import ONE, World
+from .fleet import fleet_items
 from .prompts import PromptSpec, RobotRequest, calib_items, render_key
-from .shards import DATA_FORMAT, read_manifest, read_shards, write_shard
+from .shards import DATA_FORMAT, read_manifest, shard_indices, shard_path, write_shard
 
 
 @dataclass(frozen=True)
@@ -89,13 +97,15 @@ def generate_dataset(
     out: str | Path,
     target: str = "",
     progress: bool = True,
+    world: World = ONE,
 ) -> dict:
-    """Generate (or finish generating) the dataset in ``out``. -> summary dict."""
+    """Generate (or finish generating) the dataset in ``out``: this rank's share of it, and with
+    several workers wait for the others. -> summary dict (rank 0's covers every rank)."""
     from tqdm import tqdm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    items = calib_items(spec)
+    items = fleet_items(spec) if spec.from_log else calib_items(spec)
     prompts = [m for m, _ in items]
     man = {
         "format": DATA_FORMAT,
@@ -108,6 +118,7 @@ def generate_dataset(
         "constrained": gen.constrained,
         FORMAT_KEY: plan_format_fingerprint(),
         "prompt_set_sha256": prompt_set_hash([render_key(m) for m in prompts]),
+        "from_log": bool(spec.from_log),
     }
     old = read_manifest(out)
     if old is not None:
@@ -121,27 +132,33 @@ def generate_dataset(
             "constrained",
             FORMAT_KEY,
         )
+        if spec.from_log or old.get("from_log"):  # a log changes: resume the same requests only
+            keys += ("from_log", "prompt_set_sha256")
         diff = [k for k in keys if old.get(k, False if k == "constrained" else None) != man[k]]
         if diff:
             raise ThorError(
                 f"{out}: existing data was made with different settings ({', '.join(diff)}); "
                 "use another --out or delete it"
             )
-    write_json_atomic(out / "manifest.json", man)
+    # Every rank has checked the settings above; one per machine writes them (the same bytes
+    # where the machines share OUT), before any shard, so that a restart finds them to check
+    # against and each machine's OUT reads as a data set of its own.
+    if world.local_rank == 0:
+        write_json_atomic(out / "manifest.json", man)
 
-    done = {s["index"] for s in read_shards(out)}
-    todo = [i for i in range(len(prompts)) if i not in done]
+    done = shard_indices(out)
+    mine = [i for i in range(len(prompts)) if world.owns(i)]
+    todo = [i for i in mine if i not in done]
     enc = {i: tok.encode_chat(prompts[i]) for i in todo}
     # Similar lengths per batch: less left padding to pay for.
     todo.sort(key=lambda i: len(enc[i]))
-    shard_no = len(list(out.glob("shard-*.safetensors")))
     bar = tqdm(
-        total=len(prompts),
-        initial=len(done),
-        desc="gen-data",
+        total=len(mine),
+        initial=len(mine) - len(todo),
+        desc="gen-data" if world.size == 1 else f"gen-data ({world})",
         unit="prompt",
         file=sys.stderr,
-        disable=not progress,
+        disable=not (progress and world.main),  # one bar: the workers' would interleave
         dynamic_ncols=True,
     )
     n_tok = 0
@@ -157,16 +174,28 @@ def generate_dataset(
         seqs = [
             {"ids": enc[i] + r, "prompt_len": len(enc[i]), "index": i} for i, r in zip(idx, resp)
         ]
-        write_shard(out / f"shard-{shard_no:05d}.safetensors", seqs)
-        shard_no += 1
+        write_shard(shard_path(out, None if world.size == 1 else world.rank), seqs)
         n_tok += sum(len(r) for r in resp)
         bar.update(len(idx))
         bar.set_postfix(new_tokens=n_tok)
     bar.close()
-    return {
+    doc = {
         "out": str(out),
         "prompts": len(prompts),
         "generated_now": len(todo),
         "new_tokens": n_tok,
         **{k: man[k] for k in ("split", "seed", "max_tokens", "prompt_set_sha256")},
+    }
+    if world.size == 1:
+        return doc
+    # Past this wait every rank's shards are written: the set is whole (where OUT is one disk
+    # that all ranks share; shards made on other machines' disks are copied in, see the docs).
+    shares = world.gather([len(todo), n_tok])
+    have = shard_indices(out)
+    return {
+        **doc,
+        "generated_now": sum(a for a, _ in shares),
+        "new_tokens": sum(b for _, b in shares),
+        "workers": world.size,
+        "missing_here": sum(i not in have for i in range(len(prompts))),
     }

@@ -19,6 +19,15 @@ so early rows matter most; gamma = 7 for B = 16 (the DFlash paper's choice) leav
 The target's embedding and lm_head are shared and frozen (bound, never saved). AdamW with
 linear warmup then cosine decay to 10 % of the peak rate; gradient norm clipped at 1.
 
+Several workers (torchrun): the drafter is wrapped in DistributedDataParallel (gloo; training
+runs on the CPU) and each worker trains on its contiguous slice of the same global batch of
+--batch rows (drawn by every worker from the same generator). The loss one process takes is a
+mean over the whole batch's weighted positions, so each worker divides its weighted CE sum by
+the batch's weight sum (added up over the workers) times the worker count: DDP's gradient
+average is then the one-process gradient, and the loss curve is one process's within float
+rounding. Rank 0 alone writes checkpoints, the drafter and the report; after torchrun restarts
+the workers (--max-restarts) every one resumes from the last checkpoint.
+
 Precision: fp32 by default. Measured on the 2-core dev box (1 thread, SmolLM2-135M target,
 batch 4 x 8 blocks of 16): with the data-vocabulary softmax fp32 took 0.43-0.57 s/step and
 bf16 autocast 0.74-0.86 s/step (casts dominate once the head is small); only with the full
@@ -54,6 +63,7 @@ from thor_runtime.speculative import (
 )
 
 from .ckpt import init_hash, init_weights, load_checkpoint, save_checkpoint
+from .dist import ONE, World
 from .features import build_features
 from .shards import read_manifest, read_shards
 
@@ -202,25 +212,38 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 
 
 def make_batch(
-    seqs: list[dict], feats, cfg: DistillConfig, mask_id: int, gen: torch.Generator
+    seqs: list[dict],
+    feats,
+    cfg: DistillConfig,
+    mask_id: int,
+    gen: torch.Generator,
+    rows: slice = slice(None),
 ) -> dict:
-    """Sample cfg.batch sequences x cfg.blocks anchors -> tensors for one step."""
+    """Sample cfg.batch sequences x cfg.blocks anchors -> tensors for one step: the rows
+    ``rows`` of that global batch (a DDP worker's slice; all of it by default). Every worker
+    draws the whole batch from the same generator, so the generators stay in step and the
+    workers' slices are together the batch one process trains on."""
     Bk, W, nb = cfg.block_size, cfg.window, cfg.blocks
     C = W + SPAN
-    R = cfg.batch
+    draws = []
+    pick = torch.randint(len(seqs), (cfg.batch,), generator=gen)
+    for i in pick.tolist():
+        s, pl = seqs[i]["ids"], seqs[i]["prompt_len"]
+        T = len(s)
+        lo, hi = pl, T - 2  # anchor needs at least one label after it
+        start = lo + int(torch.randint(max(1, hi - SPAN + 2 - lo), (1,), generator=gen))
+        anchors = start + torch.randint(min(SPAN, hi - start + 1), (nb,), generator=gen)  # [nb]
+        draws.append((i, start, anchors))
+    draws = draws[rows]
+    R = len(draws)
     ctx = torch.zeros(R, C, feats.taps.shape[1], dtype=feats.taps.dtype)  # [R, C, n_taps*D]
     ctx_pos = torch.zeros(R, C, dtype=torch.long)  # [R, C]
     ctx_ok = torch.zeros(R, C, dtype=torch.bool)  # [R, C]
     ids = torch.full((R, nb, Bk), mask_id, dtype=torch.long)  # [R, nb, Bk]
     pos = torch.zeros(R, nb, Bk, dtype=torch.long)  # [R, nb, Bk]
     labels = torch.full((R, nb, Bk - 1), -100, dtype=torch.long)  # [R, nb, Bk-1]
-    pick = torch.randint(len(seqs), (R,), generator=gen)
-    for r, i in enumerate(pick.tolist()):
-        s, pl = seqs[i]["ids"], seqs[i]["prompt_len"]
-        T = len(s)
-        lo, hi = pl, T - 2  # anchor needs at least one label after it
-        start = lo + int(torch.randint(max(1, hi - SPAN + 2 - lo), (1,), generator=gen))
-        anchors = start + torch.randint(min(SPAN, hi - start + 1), (nb,), generator=gen)  # [nb]
+    for r, (i, start, anchors) in enumerate(draws):
+        s = seqs[i]["ids"]
         c0, c1 = max(feats.first[i], start - W), int(anchors.max())
         n = c1 - c0
         ctx[r, :n] = feats.rows(i, c0, c1)
@@ -259,6 +282,22 @@ def block_loss(
     vocab: optional sorted ids [Vs] to take the softmax over instead of the full vocabulary
     (every label must be in it). The [V, D] head is most of a CPU training step (its forward
     and input-gradient are 2 * rows * V * D MACs); see ``train_vocab``."""
+    ce_w, wsum, hit, valid = block_terms(drafter, b, w, bf16, vocab)
+    return ce_w / wsum.clamp(min=1e-6), hit / valid.clamp(min=1), int(valid.sum())
+
+
+def block_terms(
+    drafter: DFlashDrafter,
+    b: dict,
+    w: torch.Tensor,
+    bf16: bool = False,
+    vocab: torch.Tensor | None = None,
+    net=None,
+):
+    """The sums ``block_loss`` divides -> (sum of weighted CE (with grad), sum of the weights
+    present, top-1 hits [B-1], labeled rows [B-1]). Sums, not means, so that workers that
+    each hold a slice of the batch can add theirs up to the whole batch's. net: what runs the
+    forward (the drafter wrapped for DDP), default the drafter itself."""
     R, N = b["ids"].shape
     Bk = w.shape[0] + 1
     lab = b["labels"]  # [R, nb, Bk-1]
@@ -267,7 +306,7 @@ def block_loss(
         head = head[vocab]  # [Vs, D]
         lab = torch.where(lab >= 0, torch.searchsorted(vocab, lab.clamp(min=0)), lab)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        h = drafter(
+        h = (drafter if net is None else net)(
             b["ids"], b["pos"], b["ctx_pos"], ctx_taps=b["ctx"], attn_mask=b["mask"]
         )  # [R, N, D]
         h = h.view(R, N // Bk, Bk, -1)[:, :, 1:]  # [R, nb, Bk-1, D]
@@ -277,11 +316,9 @@ def block_loss(
     ).view_as(lab)  # [R, nb, Bk-1]
     valid = (lab >= 0).float()
     wv = w[None, None] * valid
-    loss = (ce * wv).sum() / wv.sum().clamp(min=1e-6)
     with torch.no_grad():
         hit = (logits.argmax(-1) == lab).float() * valid
-        acc = hit.sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)  # [Bk-1]
-    return loss, acc, int(valid.sum())
+    return (ce * wv).sum(), wv.sum(), hit.sum((0, 1)), valid.sum((0, 1))  # [], [], [Bk-1] x 2
 
 
 def data_tokens(seqs: list[dict], vocab_size: int) -> torch.Tensor:
@@ -384,8 +421,9 @@ def _weights_key(model) -> dict:
     return {} if kind == "fp32" else {"weights": kind}
 
 
-def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
-    """Generate the data when none is given, check it, and compute (or reuse) the features."""
+def prepare(loaded, cfg: DistillConfig, progress: bool = True, world: World = ONE) -> Prepared:
+    """Generate the data when none is given, check it, and compute (or reuse) the features
+    (with several workers each generates and computes its share; all then read the whole)."""
     model, tok = loaded.model, loaded.tokenizer
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -401,6 +439,7 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
             GenConfig(cfg.gen_max_tokens, 8),
             dirs[0],
             progress=progress,
+            world=world,
         )
     man, seqs = read_data(dirs)
 
@@ -434,14 +473,19 @@ def prepare(loaded, cfg: DistillConfig, progress: bool = True) -> Prepared:
         out / "features",
         {"target": mcfg.name, **_weights_key(model)},
         progress,
+        world,
     )
     return Prepared(",".join(d.name for d in dirs), man, seqs, dcfg, feats, data_hash)
 
 
-def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> Trained:
-    """The training loop, checkpointing every ``ckpt_every`` steps (``resume`` continues one)."""
+def train(
+    model, prep: Prepared, cfg: DistillConfig, progress: bool = True, world: World = ONE
+) -> Trained:
+    """The training loop, checkpointing every ``ckpt_every`` steps (``resume`` continues one;
+    so does a worker torchrun restarted, where a checkpoint is)."""
     from tqdm import tqdm
 
+    rows = world.rows(cfg.batch)
     dcfg, seqs = prep.dcfg, prep.seqs
     torch.manual_seed(cfg.seed)  # drafter init only; batches use their own generator
     drafter = DFlashDrafter(dcfg)
@@ -463,13 +507,23 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
     fp = _fingerprint(cfg, dcfg, prep.data_hash)
     ckpt_dir = Path(cfg.out) / "ckpt"
     step, losses, elapsed = 0, [], 0.0
-    if cfg.resume:
+    # A restarted worker group resumes what the killed one checkpointed (the command line is
+    # the first one's, with or without --resume); before its first checkpoint it starts over.
+    if cfg.resume or (world.restart and (ckpt_dir / "ckpt.json").exists()):
         doc = load_checkpoint(ckpt_dir, drafter, opt, gen, fp)
         step, losses, elapsed = (
             int(doc["step"]),
             [list(x) for x in doc["losses"]],
             float(doc["elapsed_s"]),
         )
+    if world.size > 1:
+        at = world.gather(step)
+        if len(set(at)) > 1:  # a worker on another machine cannot see rank 0's checkpoint
+            raise ThorError(
+                f"distill: the workers would resume at different steps ({at}, by rank): "
+                f"{ckpt_dir} must be one directory every worker sees"
+            )
+    net = _ddp(drafter, world)
 
     w = position_weights(cfg.block_size, cfg.gamma)  # [B-1]
     in_data = data_tokens(seqs, model.cfg.vocab_size)  # [V] bool
@@ -477,32 +531,43 @@ def train(model, prep: Prepared, cfg: DistillConfig, progress: bool = True) -> T
     bar = tqdm(
         total=cfg.steps,
         initial=step,
-        desc="distill",
+        desc="distill" if world.size == 1 else f"distill ({world.size} workers)",
         unit="step",
         file=sys.stderr,
-        disable=not progress,
+        disable=not (progress and world.main),
         dynamic_ncols=True,
     )
     t0, toks, acc = time.perf_counter(), 0, torch.zeros(cfg.block_size - 1)
     while step < cfg.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        b = make_batch(seqs, prep.feats, cfg, dcfg.mask_token_id, gen)
+        b = make_batch(seqs, prep.feats, cfg, dcfg.mask_token_id, gen, rows)
         vocab = train_vocab(in_data, cfg.negatives, gen) if cfg.vocab == "data" else None
-        loss, acc, n = block_loss(drafter, b, w, cfg.bf16, vocab)
+        ce_w, wsum, hit, valid = block_terms(drafter, b, w, cfg.bf16, vocab, net)
+        if world.size == 1:
+            loss = ce_w / wsum.clamp(min=1e-6)
+        else:
+            # the whole batch's sums, so that every worker scales its part of the gradient by
+            # the same weight total: DDP's mean over workers is then the one-process gradient
+            tot = world.sum(torch.cat([torch.stack([ce_w.detach(), wsum]), hit, valid]))
+            wsum, hit, valid = tot[1], tot[2 : 2 + len(hit)], tot[2 + len(hit) :]
+            loss = ce_w / wsum.clamp(min=1e-6) * world.size
+        acc = hit / valid.clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         step += 1
-        toks += n
-        lval = float(loss.detach())
+        toks += int(valid.sum())
+        lval = float(loss.detach()) if world.size == 1 else float(tot[0] / wsum.clamp(min=1e-6))
         losses.append([step, round(lval, 6)])
         dt = time.perf_counter() - t0
         bar.update(1)
         bar.set_postfix(loss=f"{lval:.3f}", acc1=f"{float(acc[0]):.2f}", tok_s=f"{toks / dt:.0f}")
-        over = (cfg.max_time and elapsed + dt >= cfg.max_time) or step == cfg.stop_at
-        if step % cfg.ckpt_every == 0 or step == cfg.steps or over:
+        late = bool(cfg.max_time and elapsed + dt >= cfg.max_time)
+        # each worker has its own clock: they stop together when the first one is late
+        over = (world.any(late) if cfg.max_time else late) or step == cfg.stop_at
+        if world.main and (step % cfg.ckpt_every == 0 or step == cfg.steps or over):
             save_checkpoint(ckpt_dir, step, drafter, opt, gen, fp, losses, elapsed + dt)
         if over:
             break
@@ -566,10 +631,28 @@ def report(
     return doc
 
 
-def run_distill(loaded, cfg: DistillConfig, command: str = "", progress: bool = True) -> dict:
-    """prepare -> train -> report."""
-    prep = prepare(loaded, cfg, progress)
-    return report(loaded, prep, train(loaded.model, prep, cfg, progress), cfg, command, progress)
+def run_distill(
+    loaded, cfg: DistillConfig, command: str = "", progress: bool = True, world: World = ONE
+) -> dict:
+    """prepare -> train -> report (rank 0's; the other workers return where they stopped)."""
+    world.rows(cfg.batch)  # an uneven split is refused before the data and taps are made
+    prep = prepare(loaded, cfg, progress, world)
+    run = train(loaded.model, prep, cfg, progress, world)
+    if not world.main:
+        return {"rank": world.rank, "step": run.step}
+    return report(loaded, prep, run, cfg, command, progress)
+
+
+def _ddp(drafter: DFlashDrafter, world: World):
+    """The drafter as the workers train it: wrapped in DDP (which averages the gradients over
+    the workers during backward) when there are several, else itself."""
+    if world.size == 1:
+        return drafter
+    from torch.nn.parallel import DistributedDataParallel
+
+    # The target's embedding and head are plain tensors on the drafter, not parameters: DDP
+    # neither broadcasts nor reduces them.
+    return DistributedDataParallel(drafter)
 
 
 # what the data sets one run trains on must share: the same answers to the same kind of prompt

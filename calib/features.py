@@ -13,7 +13,9 @@ Each part records a hash of the sequences it holds, and a part is reused only wh
 hash matches. A data set extended by ``gen-data --n`` (a prefix of the larger set, sorted by
 index) therefore keeps every full part of the old set; only the last, partial part and the
 new sequences are computed. Tap rows cost one target forward per sequence (~1 s each here), from
-where the sequence leaves the previous one's prompt (``_Prefill``).
+where the sequence leaves the previous one's prompt in the same part (``_Prefill``; each part
+starts afresh, so its rows depend on its own sequences alone — which run, or which worker,
+computes it does not change a bit). Under torchrun the workers split the missing parts.
 
 features/meta.json         {"format": "thor-calib-features/2", key fields}
 features/part-NNNNN.safetensors   (metadata: format, seqs_sha256)
@@ -35,6 +37,8 @@ import torch
 
 from thor_runtime.errors import ThorError
 from thor_runtime.fileio import write_json_atomic
+
+from .dist import ONE, World
 
 FEAT_FORMAT = "thor-calib-features/2"
 PART = 16
@@ -102,8 +106,22 @@ def build_features(
     out_dir: Path,
     key: dict,
     progress: bool = True,
+    world: World = ONE,
 ) -> "Features":
-    """Compute missing parts under out_dir (refusing a cache made for other settings)."""
+    """Compute missing parts under out_dir (refusing a cache made for other settings). With
+    several workers each computes the missing parts it owns; then, where a machine does not
+    share out_dir with the others, its first worker computes what its disk still lacks."""
+    _compute_parts(model, seqs, taps, window, out_dir, key, progress and world.main, world)
+    if world.size > 1:
+        world.barrier()
+        if world.local_rank == 0:  # finds nothing to do where out_dir is one shared disk
+            _compute_parts(model, seqs, taps, window, out_dir, key, False, ONE)
+        world.barrier()
+    return Features.load(out_dir, seqs)
+
+
+def _compute_parts(model, seqs, taps, window, out_dir: Path, key: dict, progress, world: World):
+    """The missing parts ``world`` says are this process's."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -127,21 +145,25 @@ def build_features(
     todo = [
         p
         for p in range(n_parts)
-        if _part_hash(out_dir / f"part-{p:05d}.safetensors")
+        if world.owns(p)
+        and _part_hash(out_dir / f"part-{p:05d}.safetensors")
         != seqs_hash(seqs[p * PART : (p + 1) * PART])
     ]
+    mine = [p for p in range(n_parts) if world.owns(p)]
+    size = sum(len(seqs[p * PART : (p + 1) * PART]) for p in mine)
     bar = tqdm(
-        total=len(seqs),
-        initial=len(seqs) - sum(len(seqs[p * PART : (p + 1) * PART]) for p in todo),
-        desc="target taps",
+        total=size,
+        initial=size - sum(len(seqs[p * PART : (p + 1) * PART]) for p in todo),
+        desc="target taps" if world.size == 1 else f"target taps ({world})",
         unit="seq",
         file=sys.stderr,
         disable=not progress,
         dynamic_ncols=True,
     )
-    run = _Prefill(model, max((len(s["ids"]) for s in seqs), default=1))
+    cap = max((len(s["ids"]) for s in seqs), default=1)
     with torch.inference_mode():
         for p in todo:
+            run = _Prefill(model, cap)
             part = seqs[p * PART : (p + 1) * PART]
             rows, firsts, offs = [], [], [0]
             for s in part:
@@ -151,6 +173,7 @@ def build_features(
                 offs.append(offs[-1] + r.shape[0])
                 bar.update(1)
             f = out_dir / f"part-{p:05d}.safetensors"
+            tmp = str(f) + ".tmp"
             save_file(
                 {
                     "taps": torch.cat(rows),
@@ -158,12 +181,11 @@ def build_features(
                     "offs": torch.tensor(offs, dtype=torch.int64),
                     "index": torch.tensor([s["index"] for s in part], dtype=torch.int64),
                 },
-                str(f) + ".tmp",
+                tmp,
                 metadata={"format": FEAT_FORMAT, "seqs_sha256": seqs_hash(part)},
             )
-            os.replace(str(f) + ".tmp", f)
+            os.replace(tmp, f)
     bar.close()
-    return Features.load(out_dir, seqs)
 
 
 class Features:

@@ -158,6 +158,8 @@ class PromptSpec:
     n: int
     seed: int = 0
     general_frac: float = 0.1  # share of general instructions mixed into a calibration set
+    # a request log (calib/request_log.py): the robots' own requests instead of generated ones
+    from_log: str = ""
 
     def __post_init__(self):
         if self.split not in SPLITS:
@@ -166,6 +168,8 @@ class PromptSpec:
             raise ThorError(f"number of prompts must be >= 0, got {self.n}")
         if not 0.0 <= self.general_frac <= 1.0:
             raise ThorError(f"general_frac must be in [0, 1], got {self.general_frac}")
+        if self.from_log and not Path(self.from_log).is_dir():  # before a model loads
+            raise ThorError(f"no request log at {self.from_log}")
 
 
 DOMAIN_FILE = Path(__file__).resolve().parent / "domains.json"
@@ -478,7 +482,7 @@ def calib_items(spec: PromptSpec) -> list[tuple[list[dict], RobotRequest | None]
     """A calibration set: robot requests with a general instruction (no request: nothing to
     constrain) in every round(1/frac)-th slot while the general set lasts. Slot i's kind
     depends on i alone, so the set for n is a prefix of the set for any larger n (gen-data can
-    be extended and resumed by index)."""
+    be extended and resumed by index). A spec ``from_log`` is read by calib/fleet.py instead."""
     gen = general_prompts(spec.split)
     random.Random(f"general:{spec.seed}").shuffle(gen)
     every = round(1 / spec.general_frac) if spec.general_frac > 0 else 0

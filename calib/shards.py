@@ -7,6 +7,10 @@
 
 Shards are written atomically (tmp + os.replace), so a reader sees whole shards only, and an
 interrupted ``gen-data`` resumes from what is there.
+
+With several workers (torchrun) each rank writes its own shards, ``shard-rRRRR-NNNNN`` (one
+process writes ``shard-NNNNN``): no two writers share a name, so the files of every rank (or
+every machine) can lie in one directory, and a reader takes the union of whatever is there.
 """
 
 from __future__ import annotations
@@ -58,6 +62,29 @@ def read_shards(data_dir: str | Path) -> list[dict]:
         for j, (pl, ix) in enumerate(zip(t["prompt_lens"].tolist(), t["prompt_index"].tolist())):
             seqs.append({"ids": toks[off[j] : off[j + 1]], "prompt_len": pl, "index": ix})
     return sorted(seqs, key=lambda s: s["index"])
+
+
+def shard_path(out: Path, rank: int | None) -> Path:
+    """The next free shard file of one writer (rank None: the one-process name)."""
+    stem = "shard-" if rank is None else f"shard-r{rank:04d}-"
+    nums = [f.name[len(stem) : -len(".safetensors")] for f in out.glob(f"{stem}*.safetensors")]
+    nums = [int(x) for x in nums if x.isdigit()]  # "shard-" also matches the ranks' files
+    return out / f"{stem}{max(nums, default=-1) + 1:05d}.safetensors"
+
+
+def shard_indices(data_dir: str | Path) -> set[int]:
+    """The prompt indices the shards present hold (no manifest needed: a rank that starts
+    before rank 0 has written it still sees what is done)."""
+    from safetensors import SafetensorError, safe_open
+
+    done = set()
+    for f in sorted(Path(data_dir).glob("shard-*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as t:
+                done.update(t.get_tensor("prompt_index").tolist())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ThorError(f"{f}: cannot read shard (truncated?): {e}") from None
+    return done
 
 
 def write_shard(path: Path, seqs: list[dict]) -> None:

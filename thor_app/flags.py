@@ -36,6 +36,7 @@ METAVARS = {
     "weight_cache": "DIR",
     "cache_dir": "DIR",
     "drafter": "DIR",
+    "log_requests": "DIR",
     "int4_kernel": "KERNEL",
 }
 

@@ -11,6 +11,9 @@ Three things outlive a plan, each kept on disk for the next process:
 - what ``--spec auto`` learned (thor_runtime/speculative/auto_state.py): read once when the
   session opens, written after a plan (the service: at most once a minute).
 
+Opt-in, beside them: the request log (calib/request_log.py; ``planner.log_requests``, off by
+default), one record per plan, so every path that plans logs the same way.
+
 ``thor plan`` (thor_app/commands/plan.py), the service (thor_app/server/host.py) and
 ``thor bench --plan`` (thor_app/tools/bench_plan.py, which hands its sessions to
 evals/plan_bench.py) each plan through a session built from an assembled runtime
@@ -46,6 +49,23 @@ def world_shelf(config):
     where = prefix_dir(config)
     n = config.model.world_starts
     return PrefixShelf(where / "worlds", n) if where is not None and n > 0 else None
+
+
+def request_log(config, warn=None):
+    """The request log ``config`` asks for (planner.log_requests), or None: off, the default,
+    or a directory that cannot be made (said to ``warn``: planning goes on without it)."""
+    p = config.planner
+    if not p.log_requests:
+        return None
+    from calib.request_log import RequestLog
+    from thor_runtime.errors import ThorError
+
+    try:
+        return RequestLog(p.log_requests, p.log_requests_max_mb << 20)
+    except ThorError as e:
+        if warn is not None:
+            warn(f"plan requests are not logged: {e}")
+        return None
 
 
 def shared_prefix_ids(tokenizer, skills) -> list[int]:
@@ -123,7 +143,8 @@ class PlanSession:
     starts, by default the config's (``world_shelf``), or a given shelf, or None: none.
     ``save_every_s``: write what auto learned after a plan at most this often (0: after every
     plan); ``keep_learned=False``: never write it (a bench hands it on in memory: ``learned``,
-    ``resume``).
+    ``resume``). ``requests``: the request log (``request_log``), None when the config keeps
+    none.
     """
 
     def __init__(
@@ -146,6 +167,12 @@ class PlanSession:
         self._learned_read = False
         self._saved_at = -save_every_s  # when auto's state was last written (a plan writes)
         self._planner = None
+        self.requests = request_log(self.config, self._warn)
+        if self.requests is not None and self.log is not None:
+            self.log(
+                f"logging plan requests to {self.requests.dir} "
+                f"(at most {self.config.planner.log_requests_max_mb} MiB)"
+            )
 
     # ---- the prompt start of a skill library --------------------------------------------------
     def attach(self, skills) -> dict:
@@ -243,7 +270,32 @@ class PlanSession:
             planner = self._planner
         if isinstance(request, SpecializedRequest):
             request = planner.compile(request)
-        return planner.plan(request, world, skills, schema, on_token=on_token)
+        res = planner.plan(request, world, skills, schema, on_token=on_token)
+        if self.requests is not None:
+            self._log_request(request, world, skills, res)
+        return res
+
+    def _log_request(self, request, world, skills, res) -> None:
+        """One record in the request log: what was asked and the model's answer to it (the first
+        attempt's text, before any repair or solver). A failure is said, never raised."""
+        task = getattr(request, "task", request)
+        world, skills = getattr(request, "world", world), getattr(request, "skills", skills)
+        answer = res.history[0]["model_text"] if res.history else res.text
+        try:
+            kept = self.requests.append(
+                world,
+                skills,
+                task,
+                answer,
+                model=self.config.model.name,
+                valid=res.valid,
+                attempts=res.attempts,
+            )
+        except OSError as e:
+            self._warn(f"plan request not logged: {e.strerror or e}")
+            return
+        if not kept:
+            self._warn("plan request not logged: larger than the whole request log")
 
     def after_plan(self) -> None:
         """What a plan left, for the next process, once the plan is out: the world starts written,

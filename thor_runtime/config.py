@@ -352,6 +352,19 @@ class PlannerSettings:
         "", "the service's worlds by name: <dir>/<name>.json ('' = the shipped samples)"
     )
     skills_dir: str = setting("", "the service's skills by name ('' = the shipped samples)")
+    # opt-in calibration data: what robots were asked may be private, so nothing by default
+    log_requests: str = setting(
+        "",
+        "keep each plan request (world, skills, task) and the model's answer in this "
+        "directory, for `thor calib gen-data --from-log` ('' = off: nothing is kept)",
+        "--log-requests",
+    )
+    log_requests_max_mb: int = setting(
+        64,
+        "the most the request log keeps, in MiB: the oldest requests go first",
+        "--log-requests-max-mb",
+        low=1,
+    )
 
     def __post_init__(self):
         _validate("planner", self)

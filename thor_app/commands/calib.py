@@ -23,9 +23,10 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-def _load_target(args, dtype: str | None = None, layout: str = "auto"):
+def _load_target(args, dtype: str | None = None, layout: str = "auto", world=None):
     """The target on --device, with calibration's own weights: --weights where the command has
-    it (a drafter learns the taps of the weights it is trained on), else fp32."""
+    it (a drafter learns the taps of the weights it is trained on), else fp32. world: the
+    torchrun worker group this process is one of (each worker takes its own GPU)."""
     import torch
 
     from thor_app.assembly import load_model, with_settings
@@ -34,9 +35,14 @@ def _load_target(args, dtype: str | None = None, layout: str = "auto"):
     # jobs were measured 10-20x slower than one (spin-waiting threads starve each other).
     torch.set_num_threads(args.threads)
     dtype = dtype or getattr(args, "weights", "fp32")
+    config = config_from_args(args)
+    if world is not None:
+        from calib.dist import rank_device
+
+        config = with_settings(config, model__device=rank_device(config.model.device, world))
     return load_model(
         with_settings(
-            config_from_args(args),
+            config,
             model__name=args.target,
             model__dtype=dtype,
             model__weights_layout=layout,
@@ -52,13 +58,15 @@ def _emit(doc: dict) -> int:
 # ---- gen-data --------------------------------------------------------------------------------
 def _gen_data(args) -> int:
     from calib.datagen import GenConfig, generate_dataset
+    from calib.dist import World
     from calib.prompts import PromptSpec
 
-    spec = PromptSpec(args.split, args.n, args.seed, args.general_frac)
+    spec = PromptSpec(args.split, args.n, args.seed, args.general_frac, args.from_log)
     gen = GenConfig(args.max_tokens, args.batch, args.constrained)
-    loaded = _load_target(args)
-    return _emit(
-        generate_dataset(
+    # under torchrun: one worker of several, each answering its share of the requests
+    with World.from_env() as world:
+        loaded = _load_target(args, world=world)
+        doc = generate_dataset(
             loaded.model,
             loaded.tokenizer,
             spec,
@@ -66,24 +74,30 @@ def _gen_data(args) -> int:
             args.out,
             target=args.target if args.weights == "fp32" else f"{args.target}@{args.weights}",
             progress=not args.quiet,
+            world=world,
         )
-    )
+    return _emit(doc) if world.main else 0  # one summary for the whole group
 
 
 # ---- distill ---------------------------------------------------------------------------------
 def _distill(args) -> int:
+    from calib.dist import World
     from calib.distill import DistillConfig, run_distill
 
     cfg = DistillConfig.from_args(args)
-    loaded = _load_target(args)
-    return _emit(
-        run_distill(
+    # under torchrun: one DDP worker of several, each training on its slice of every batch
+    world = World.from_env()
+    world.rows(cfg.batch)  # an uneven split is refused before the target loads
+    with world:
+        loaded = _load_target(args, world=world)
+        doc = run_distill(
             loaded,
             cfg,
             command=" ".join(["thor"] + sys.argv[1:]) if args.argv is None else args.argv,
             progress=not args.quiet,
+            world=world,
         )
-    )
+    return _emit(doc) if world.main else 0  # one report for the whole group
 
 
 # ---- draft-vocab -----------------------------------------------------------------------------
@@ -182,6 +196,13 @@ def register(sub) -> None:
         "--constrained",
         action="store_true",
         help="answer robot prompts as the planner does (greedy under the plan grammar)",
+    )
+    g.add_argument(
+        "--from-log",
+        default="",
+        metavar="DIR",
+        help="the robots' own plan requests, logged with --log-requests DIR, instead of "
+        "generated ones: de-duplicated, split by world (--n caps them)",
     )
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_gen_data)

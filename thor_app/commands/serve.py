@@ -24,15 +24,34 @@ def register(sub) -> None:
         "--host", default=None, help="address to bind (default 127.0.0.1; config server.host)"
     )
     p.add_argument("--port", type=int, default=None, help="port (default 8700; config server.port)")
+    p.add_argument(
+        "--log-requests",
+        default=None,
+        metavar="DIR",
+        help="keep each plan request and the model's answer in DIR, for `thor calib gen-data "
+        "--from-log` (default: config planner.log_requests, '' = off)",
+    )
     p.set_defaults(func=run)
+
+
+def serve_config(args):
+    """The config file (or the defaults) with the command line over it."""
+    from dataclasses import replace
+
+    from thor_app.assembly import with_settings
+    from thor_app.server.config import load_config
+
+    cfg = load_config(args.config).with_overrides(args.host, args.port)  # replace() re-validates
+    if args.log_requests is not None:
+        runtime = with_settings(cfg.runtime, planner__log_requests=args.log_requests)
+        cfg = replace(cfg, runtime=runtime)
+    return cfg
 
 
 def run(args) -> int:
     import asyncio
 
-    from thor_app.server.config import load_config
-
-    cfg = load_config(args.config).with_overrides(args.host, args.port)  # replace() re-validates
+    cfg = serve_config(args)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="thor serve: %(levelname)s %(message)s"
     )

@@ -122,14 +122,10 @@ def test_an_infeasible_goal_about_more_of_what_the_task_names_is_its_refusal():
         return len(named & {v for d in c.goal for v in d.values()})
 
     # "put the anvil on the shelf": the only goal about both is too heavy; it is the refusal
-    ch = _choose(
-        [_cand(other, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground
-    )
+    ch = _choose([_cand(other, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground)
     assert ch.changed and ch.chosen.goal == heavy and "infeasible" in ch.note
     # a reachable goal about as much of the task stands
-    ch = _choose(
-        [_cand(light, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground
-    )
+    ch = _choose([_cand(light, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground)
     assert not ch.changed and ch.chosen.goal == light
 
 
