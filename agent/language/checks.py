@@ -188,21 +188,22 @@ def _names_in(value, world: World, out: set[str]) -> None:
             _names_in(v, world, out)
 
 
-def grounding(words: TaskWords, goal, world: World, skills: SkillSet | None) -> int:
-    """How well a goal is about what the task names, in any language: one for each thing the
-    task names (by its name or an alias) and each type it names that the goal is about, less one
-    for each thing the goal writes that the task does not mention at all. A ranking figure for
-    goals the gate already passes, never a finding: "the sheet onto the plan chest" ranks the
-    goal about the sheet and the chest above one that only picks the sheet up."""
+def grounding(words: TaskWords, goal, world: World, skills: SkillSet | None) -> tuple[int, int]:
+    """How well a goal is about what the task names, in any language: (net, said). ``said``
+    counts each thing the task names (by its name or an alias) and each type it names that the
+    goal is about; ``net`` is that less one for each thing the goal writes that the task does
+    not mention at all. A ranking figure for goals the gate already passes, never a finding:
+    "the sheet onto the plan chest" ranks the goal about the sheet and the chest above one that
+    only picks the sheet up; a goal about nothing the task names (said 0) is no reading of it."""
     if skills is None or not isinstance(goal, list):
-        return 0
+        return 0, 0
     parsed, problems = parse_goal({"goal": goal}, world, skills)
     if parsed is None or problems:
-        return 0
+        return 0, 0
     written: set[str] = set()
     _names_in(goal, world, written)
     about = written | {n for _, names in parsed.sets for n in names}
     said = sum(1 for name in words.named if name in about)
     types = {world.object(n).type for n in words.typed if world.object(n) is not None}
     said += sum(1 for t in types if any(o.type == t and o.name in about for o in world.objects))
-    return said - sum(1 for name in written if not words.mentions(name))
+    return said - sum(1 for name in written if not words.mentions(name)), said

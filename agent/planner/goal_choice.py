@@ -381,9 +381,13 @@ class GoalChooser:
     def choose(self, cands: list[Candidate], judge, score=None, ground=None) -> Choice:
         """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]. ``score``
         (candidate) -> how it ranks among the reachable ones (default: its log-likelihood).
-        ``ground`` (candidate) -> how many of the things the task names its goal is about
-        (checks.grounding): a goal infeasible from itself that is about more of them than any
-        reachable one is the task's own goal, and its refusal is chosen."""
+
+        ``ground`` (candidate) -> (net, said): how much of what the task names its goal is about
+        (checks.grounding), or None where the task names nothing to hold goals to. With it, a
+        goal is first what the task is about, then likely: a reachable goal replaces another
+        only when it is about at least as much of the task; one about nothing the task names
+        never replaces a goal; and an infeasible goal about more of the task than any reachable
+        one is the task's own goal, so its refusal is chosen (the greedy goal's too)."""
         score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
@@ -394,30 +398,46 @@ class GoalChooser:
             key, had = repr(cand.goal), seen.get(repr(cand.goal))
             if had is None or (had.branch is not None and cand.logprob > had.logprob):
                 seen[key] = cand
-        if greedy.tier == INFEASIBLE:
-            return Choice(greedy, cands, False, note="refused from the goal alone: kept")
-        if ground is not None:
-            reached = [c for c in seen.values() if c.tier == REACHABLE]
-            floor = max((ground(c) for c in reached), default=None)
-            refusals = [
-                c
-                for c in seen.values()
-                if c.tier == INFEASIBLE and (floor is None or ground(c) > floor)
-            ]
-            # a refusal needs the task to name something: one about nothing it says is no reading
-            refusal = max(refusals, key=lambda c: (ground(c), score(c)), default=None)
-            if refusal is not None and ground(refusal) > 0:
-                return Choice(refusal, cands, True, note="the task's own goal is infeasible")
-        reachable = [c for c in seen.values() if c.tier == REACHABLE and c.goal != greedy.goal]
-        best = max(reachable, key=score, default=None)
-        if best is not None and (greedy.tier != REACHABLE or score(best) > score(greedy)):
+        if ground is None:
+            if greedy.tier == INFEASIBLE:
+                return Choice(greedy, cands, False, note="refused from the goal alone: kept")
+            return self._likeliest(greedy, list(seen.values()), score, cands)
+
+        def key(c: Candidate) -> tuple[int, float]:
+            return ground(c)[0], score(c)
+
+        reached = [c for c in seen.values() if c.tier == REACHABLE and ground(c)[1] > 0]
+        floor = max((ground(c)[0] for c in reached), default=None)
+        refusals = [
+            c
+            for c in seen.values()
+            if c.tier == INFEASIBLE and ground(c)[1] > 0 and (floor is None or ground(c)[0] > floor)
+        ]
+        if greedy.tier == INFEASIBLE and not reached and greedy not in refusals:
+            refusals.append(greedy)  # nothing that can be done is about the task: it stands
+        refusal = max(refusals, key=key, default=None)
+        if refusal is not None:
+            if refusal is greedy:
+                return Choice(greedy, cands, False, note="refused from the goal alone: kept")
+            return Choice(refusal, cands, True, note="the task's own goal is infeasible")
+        return self._likeliest(greedy, reached, key, cands)
+
+    @staticmethod
+    def _likeliest(greedy: Candidate, options: list[Candidate], key, cands) -> Choice:
+        """The greedy goal, or the best reachable other option by ``key`` where the greedy goal
+        is not reachable or ranks below it."""
+        others = [c for c in options if c.tier == REACHABLE and c.goal != greedy.goal]
+        best = max(others, key=key, default=None)
+        if best is not None and (greedy.tier != REACHABLE or key(best) > key(greedy)):
             return Choice(
                 best,
                 cands,
                 True,
-                note="likelier reachable goal"
-                if greedy.tier == REACHABLE
-                else "the greedy goal is not reached; a reachable one is",
+                note={
+                    REACHABLE: "likelier reachable goal",
+                    UNREACHED: "the greedy goal is not reached; a reachable one is",
+                    INFEASIBLE: "the greedy goal is infeasible; a reachable one is as grounded",
+                }[greedy.tier],
             )
         return Choice(greedy, cands, False, note="greedy kept")
 
@@ -426,13 +446,16 @@ def goal_openings(skills, named: tuple[str, ...] = ()) -> tuple[str, ...]:
     """How a goal of each form the skills allow opens, for ``candidates``' ``forms``: a call of
     each skill that puts nothing anywhere (an end state says that itself), an order, a set, and
     an end state of each object in ``named`` (those the task names, in the order it names
-    them: the model then says where it goes or what state it ends in)."""
+    them: the model then says where it goes or what state it ends in) and its being held."""
     places = ("at", "holding", "on", "robot_at")
     calls = [s.name for s in skills.skills if not any(c.kind in places for c in s.effects)]
+    holds = any(c.kind == "holding" for s in skills.skills for c in s.effects)
+    named = named[:MAX_NAMED_FORMS]
     return (
         tuple(f'{{"do":"{n}"' for n in calls)
         + ('{"before":[', '{"every":')
-        + tuple(f'{{"object":"{n}"' for n in named[:MAX_NAMED_FORMS])
+        + tuple(f'{{"object":"{n}"' for n in named)
+        + (tuple(f'{{"holding":"{n}"' for n in named) if holds else ())
     )
 
 

@@ -373,12 +373,19 @@ class Planner:
         if greedy is None:
             return res, None  # no whole goal: nothing to choose among
         world, skills = req.world, req.skills
-        if goal_reasons(greedy, world, skills):  # cheap, before any forward: the refusal stands
+        said = req.reading
+        # a refusal stands without a forward where the model says the thing is not here (the
+        # task checks hold that to the task's words), or where the task names nothing to weigh
+        # another goal against; one for payload or reach is weighed against goals that can be
+        # done (a small model may read "camera" as the 95 kg camera pedestal)
+        missing = any(isinstance(d, dict) and "missing" in d for d in greedy.get("goal") or [])
+        if goal_reasons(greedy, world, skills) and (
+            missing or said is None or not (said.named or said.typed)
+        ):
             return res, Choice(
                 None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept"
             )
         start = self._think_end(res.token_ids)
-        said = req.reading
         # the objects the task names, first named first: an end state of each is weighed
         named = (
             tuple(n for n in sorted(said.named, key=said.named.get) if world.object(n))
@@ -396,8 +403,8 @@ class Planner:
         own = parse_plan(self._json_text(res.token_ids))[0]
         hints = said.hints if said is not None else {}
 
-        def ground(c: Candidate) -> int:
-            return grounding(said, c.goal, world, skills) if said is not None else 0
+        def ground(c: Candidate) -> tuple[int, int]:
+            return grounding(said, c.goal, world, skills) if said is not None else (0, 0)
 
         def score(c: Candidate) -> float:
             # the numbers the task says that the goal's calls take, and the things it names
@@ -405,10 +412,13 @@ class Planner:
             if said is None:
                 return rank(c, hints)
             taken = takes_amounts(said, c.goal, world, skills)
-            return rank(c, hints) + HINT_NATS * taken + GROUND_NATS * ground(c)
+            return rank(c, hints) + HINT_NATS * taken + GROUND_NATS * ground(c)[0]
 
         choice = self.chooser.choose(
-            cands, lambda c: self._judge(c, req, task, own), score, ground if said else None
+            cands,
+            lambda c: self._judge(c, req, task, own),
+            score,
+            ground if said is not None and (said.named or said.typed) else None,
         )
         choice.seconds = time.perf_counter() - t0
         if not choice.changed:

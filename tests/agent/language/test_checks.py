@@ -105,10 +105,11 @@ def test_grounding_ranks_the_goal_about_what_the_task_names(ws):
         return grounding(read_words(task, world), goal, world, skills)
 
     task = "Stell die Farbdose aufs Regal"  # both things named by an alias, no lexicon
-    assert g(task, [{"object": "ink_tin", "at": "rack"}]) == 2
-    assert g(task, [{"do": "inspect", "args": {"object": "ink_tin"}}]) == 1
+    assert g(task, [{"object": "ink_tin", "at": "rack"}]) == (2, 2)
+    assert g(task, [{"do": "inspect", "args": {"object": "ink_tin"}}]) == (1, 1)
     # the goal writes a thing the task does not mention: it counts against it
-    assert g(task, [{"object": "ink_tin", "at": "bench"}]) == 0
+    assert g(task, [{"object": "ink_tin", "at": "bench"}]) == (0, 1)
+    assert g(task, [{"object": "squeegee", "at": "bench"}]) == (-2, 0)
     # a set covers the things it takes; a type the task says counts once, however many
-    assert g("put the tin on the rack", [{"every": {"type": "tin"}, "at": "rack"}]) == 2
-    assert g(task, [{"missing": "Pinsel"}]) == 0
+    assert g("put the tin on the rack", [{"every": {"type": "tin"}, "at": "rack"}]) == (2, 2)
+    assert g(task, [{"missing": "Pinsel"}]) == (0, 0)

@@ -119,7 +119,8 @@ def test_an_infeasible_goal_about_more_of_what_the_task_names_is_its_refusal():
     named = {"anvil", "shelf"}
 
     def ground(c):
-        return len(named & {v for d in c.goal for v in d.values()})
+        said = len(named & {v for d in c.goal for v in d.values()})
+        return said, said
 
     # "put the anvil on the shelf": the only goal about both is too heavy; it is the refusal
     ch = _choose([_cand(other, -1.0, None), _cand(heavy, -4.0, 3)], [REACHABLE, INFEASIBLE], ground)
@@ -219,18 +220,43 @@ def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypat
         assert [st["args"]["object"] for st in res.plan["steps"]] == ["apple", "apple"]
 
 
-def test_a_refused_goal_runs_no_forward(tiny_llama, monkeypatch):
+def test_a_refusal_is_weighed_against_goals_about_as_much_of_the_task(tiny_llama, monkeypatch):
     tok = tiny_llama.tokenizer
     w, s = world_and_skills("kitchen")
-    heavy = {**good_plan(), "goal": [{"object": "cast_iron_pan", "at": "table"}]}
+    task = "put the cast iron pan on the table"
+    heavy = {**good_plan(), "task": task, "goal": [{"object": "cast_iron_pan", "at": "table"}]}
     rt = _Runtime(tok, [_compact(heavy)], tiny_llama.model)
+    pl = Planner(rt, tok, attempts=0, thinking=False, goal_choice=4)
+    # the only goal that can be done is about the table alone (and an apple the task does not
+    # name): the pan on the table, too heavy, is what the task asks, and its refusal stands
+    apple = _compact({**_head([{"object": "apple", "at": "table"}]), "task": task})[:-1]
+
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
+        assert any(f.startswith('{"object":"cast_iron_pan"') for f in forms)
+        g, h = head_span(pl.gtok.token_bytes, gen_ids)
+        alt = tok.encode(apple + ',"steps":[', add_special=False)
+        return [Candidate(list(gen_ids[:h]), -9.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
+
+    monkeypatch.setattr(pl.chooser, "candidates", candidates)
+    monkeypatch.setattr(pl.chooser, "priors", lambda *a, **k: None)
+    res = pl.plan(task, w, s)
+    assert not res.valid and "payload" in {f["check"] for f in res.report}
+    assert res.stats["goal_changed"] == 0 and "refused" in res.stats["goal_choice"][0]["note"]
+
+
+def test_a_missing_thing_is_refused_with_no_forward(tiny_llama, monkeypatch):
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    task = "put the toaster on the table"
+    gone = {**good_plan(), "task": task, "goal": [{"missing": "toaster"}]}
+    rt = _Runtime(tok, [_compact(gone)], tiny_llama.model)
     pl = Planner(rt, tok, attempts=0, thinking=False, goal_choice=4)
     monkeypatch.setattr(
         pl.chooser, "candidates", lambda *a, **k: pytest.fail("no candidates for a refusal")
     )
-    res = pl.plan("put the cast iron pan on the table", w, s)
-    assert not res.valid and "payload" in {f["check"] for f in res.report}
-    assert res.stats["goal_changed"] == 0 and "refused" in res.stats["goal_choice"][0]["note"]
+    res = pl.plan(task, w, s)
+    assert not res.valid and res.stats["goal_changed"] == 0
+    assert "refused" in res.stats["goal_choice"][0]["note"]
 
 
 def test_on_by_default_with_one_grammar_for_every_task_and_every_lexicon(tiny_llama):
