@@ -459,6 +459,42 @@ def goal_openings(skills, named: tuple[str, ...] = ()) -> tuple[str, ...]:
     )
 
 
+def named_goals(
+    skills, objects: tuple[str, ...], places: tuple[str, ...], types: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """Whole one-line goals over the things a task names (``objects`` and ``places`` by name or
+    alias, ``types`` of objects it names by type, each first named first), for ``candidates``'
+    ``forms``: each object at each place, held, or in each state a skill makes; a call of each
+    skill that takes just one thing; each type's objects at each place; everything at one place
+    moved to another; the robot at each place; all the objects at one place. The model's
+    likelihood and the task's grounding rank them; a goal the grammar refuses is left out."""
+    objects, places = objects[:MAX_NAMED_FORMS], places[:MAX_NAMED_FORMS]
+    kinds = {c.kind for s in skills.skills for c in s.effects}
+    states = sorted({c.value for s in skills.skills for c in s.effects if c.kind == "is"})
+    items: list[str] = []
+    for o in objects:
+        if "at" in kinds:
+            items += [f'{{"object":"{o}","at":"{p}"}}' for p in places]
+        if "holding" in kinds:
+            items.append(f'{{"holding":"{o}"}}')
+        items += [f'{{"object":"{o}","is":"{v}"}}' for v in states]
+    for s in skills.skills:
+        if len(s.args) == 1 and s.args[0].type in ("object", "place"):
+            names = objects if s.args[0].type == "object" else places
+            items += [f'{{"do":"{s.name}","args":{{"{s.args[0].name}":"{n}"}}}}' for n in names]
+    if "at" in kinds:
+        items += [f'{{"every":{{"type":"{t}"}},"at":"{p}"}}' for t in types[:2] for p in places]
+        items += [
+            f'{{"every":{{"at":"{a}"}},"at":"{b}"}}' for a in places for b in places if a != b
+        ]
+    if "robot_at" in kinds:
+        items += [f'{{"robot_at":"{p}"}}' for p in places]
+    goals = [item + "]" for item in items]
+    if "at" in kinds and len(objects) > 1:
+        goals += [",".join(f'{{"object":"{o}","at":"{p}"}}' for o in objects) + "]" for p in places]
+    return tuple(goals)
+
+
 def hinted(goal, hints: dict) -> int:
     """How many of a lexicon's hints (mentions.TaskWords.hints: forms, skills, states the task's
     phrases ask for) the goal's items take up."""

@@ -39,6 +39,7 @@ from agent.planner.goal_choice import (
     Choice,
     GoalChooser,
     goal_openings,
+    named_goals,
     rank,
 )
 from agent.planner.prompt import build_messages, shared_start, system_prompt
@@ -386,15 +387,7 @@ class Planner:
                 None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept"
             )
         start = self._think_end(res.token_ids)
-        # the objects the task names, first named first: an end state of each is weighed
-        named = (
-            tuple(n for n in sorted(said.named, key=said.named.get) if world.object(n))
-            if said is not None
-            else ()
-        )
-        cands = self.chooser.candidates(
-            ids, res.token_ids, req.grammar, start, goal_openings(skills, named)
-        )
+        cands = self.chooser.candidates(ids, res.token_ids, req.grammar, start, self._forms(req))
         if not cands:
             return res, None
         self.chooser.priors(
@@ -447,6 +440,21 @@ class Planner:
             finish_reason=more.finish_reason,
         )
         return whole, choice
+
+    @staticmethod
+    def _forms(req: PreparedRequest) -> tuple[str, ...]:
+        """The goals weighed beside the greedy one's branches: one opening per form the skills
+        allow, and whole goals over the things the task names (first named first)."""
+        world, said = req.world, req.reading
+        if said is None:
+            return goal_openings(req.skills)
+        order = sorted(said.named, key=said.named.get)
+        objects = tuple(n for n in order if world.object(n) is not None)
+        places = tuple(n for n in order if world.place(n) is not None)
+        types = tuple(
+            dict.fromkeys(world.object(n).type for n in sorted(said.typed, key=said.typed.get))
+        )
+        return goal_openings(req.skills, objects) + named_goals(req.skills, objects, places, types)
 
     def _neutral_ids(self, req: PreparedRequest, head: list[int]) -> list[int]:
         """The request with no task, up to where its goal opens: the prompt with an empty task,
