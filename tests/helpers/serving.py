@@ -114,13 +114,21 @@ def direct_plan(loaded, task, world_name, max_tokens, attempts, share: int = 1):
     its decode forwards then take that many sequences' rows: another shape)."""
     from agent.files.loader import AGENT_DIR, load_skills, load_world, resolve_skills_path
     from agent.planner.planner import Planner
+    from thor_runtime.config import PlannerSettings
     from thor_runtime.engine.generate import Runtime
 
     world = load_world(AGENT_DIR / "worlds" / f"{world_name}.json")
     skills = load_skills(resolve_skills_path(world, None))
     rt = Runtime(loaded.model, loaded.tokenizer)
     rt.share(share)
-    planner = Planner(rt, loaded.tokenizer, max_tokens=max_tokens, attempts=attempts)
+    # the config's goal choice, as the plan session passes it to every planner it makes
+    planner = Planner(
+        rt,
+        loaded.tokenizer,
+        max_tokens=max_tokens,
+        attempts=attempts,
+        goal_choice=PlannerSettings().goal_choice,
+    )
     return planner.plan(task, world, skills)
 
 

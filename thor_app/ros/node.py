@@ -33,13 +33,14 @@ from typing import Callable
 import rclpy
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.action import ActionClient, ActionServer, CancelResponse, GoalResponse
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
+from thor_app.ros.action_client import ActionClient
 from thor_app.ros.inputs import check_task, read_inputs, read_plan
 from thor_app.ros.params import declare
 from thor_app.ros.planning import Cancelled, Planning, Progress

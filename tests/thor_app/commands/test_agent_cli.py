@@ -22,6 +22,7 @@ from tests.helpers.worlds import WORLDS, kitchen_dict, world_and_skills
 from thor_app.assembly import assembled_with
 from thor_app.cli import main
 from thor_app.commands import plan as agent_cli
+from thor_runtime.config import PlannerSettings
 from thor_runtime.engine.generate import Runtime
 from thor_runtime.speculative import SpecOptions, build_speculation
 
@@ -197,7 +198,14 @@ def test_cli_exit_0_default_model_and_spec_exactness(tmp_path, capsys, monkeypat
     w, s = world_and_skills("kitchen")
     assert check_plan(obj["plan"], specialize(base_plan_schema(), w, s), w, s).valid
     assert not list(tmp_path.glob(".plan.json.*"))  # the temp file was renamed away
-    plain = Planner(rt, default_model.tokenizer, max_tokens=200, attempts=0)
+    # the planner as the CLI builds it (the config's goal choice), with plain decoding
+    plain = Planner(
+        rt,
+        default_model.tokenizer,
+        max_tokens=200,
+        attempts=0,
+        goal_choice=PlannerSettings().goal_choice,
+    )
     res = plain.plan(task, w, s)
     assert res.plan == obj["plan"] and res.stats["generated_tokens"] == st["generated_tokens"]
     assert st["cycles"] < res.stats["cycles"]  # ngram drafts were accepted

@@ -18,7 +18,7 @@ KITCHEN = str(WORLDS["kitchen"])
 
 
 def send(client_node, action_type, name, goal, feedback=None, server_wait_s=10.0):
-    from rclpy.action import ActionClient
+    from thor_app.ros.action_client import ActionClient
 
     c = ActionClient(client_node, action_type, name)
     assert c.wait_for_server(server_wait_s), f"no action server {name}"

@@ -36,8 +36,9 @@ def test_the_launched_node_plans_cancels_and_stops(ros, interfaces):
     import rclpy
     from action_msgs.msg import GoalStatus
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-    from rclpy.action import ActionClient
     from rclpy.executors import SingleThreadedExecutor
+
+    from thor_app.ros.action_client import ActionClient
 
     Plan = interfaces[0]
     env = loopback_env(dict(os.environ))

@@ -59,7 +59,7 @@ def run_goal(t, RunPlan, plan, skills=None, feedback=None):
     from tests.helpers.ros import need_interfaces
 
     need_interfaces()
-    from rclpy.action import ActionClient
+    from thor_app.ros.action_client import ActionClient
 
     c = ActionClient(t.client, RunPlan, "/thor/run_plan")
     assert c.wait_for_server(10)
@@ -75,7 +75,8 @@ def run_goal(t, RunPlan, plan, skills=None, feedback=None):
 
 def test_a_plan_runs_step_by_step_on_the_robots_action_servers(thor, interfaces):
     from action_msgs.msg import GoalStatus
-    from rclpy.action import ActionClient
+
+    from thor_app.ros.action_client import ActionClient
 
     Plan = interfaces[0]
     t = thor()
