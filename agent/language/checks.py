@@ -174,7 +174,7 @@ def takes_amounts(words: TaskWords, goal, world: World, skills: SkillSet | None)
     )
 
 
-def _names_in(value, world: World, out: set[str]) -> None:
+def names_in(value, world: World, out: set[str]) -> None:
     """Every world object or place name written anywhere in a goal's JSON (its calls' arguments
     and its sets' filters included)."""
     if isinstance(value, str):
@@ -182,10 +182,10 @@ def _names_in(value, world: World, out: set[str]) -> None:
             out.add(value)
     elif isinstance(value, dict):
         for v in value.values():
-            _names_in(v, world, out)
+            names_in(v, world, out)
     elif isinstance(value, list):
         for v in value:
-            _names_in(v, world, out)
+            names_in(v, world, out)
 
 
 def grounding(words: TaskWords, goal, world: World, skills: SkillSet | None) -> tuple[int, int]:
@@ -201,9 +201,12 @@ def grounding(words: TaskWords, goal, world: World, skills: SkillSet | None) -> 
     if parsed is None or problems:
         return 0, 0
     written: set[str] = set()
-    _names_in(goal, world, written)
+    names_in(goal, world, written)
     about = written | {n for _, names in parsed.sets for n in names}
-    said = sum(1 for name in words.named if name in about)
+    # a place the task names where a thing it names already lies says where that thing is,
+    # not what to do ("the sheet on the light box: move it to the chest"): no goal need say it
+    lying = {o.at or o.on for o in world.objects if o.name in words.named or o.name in words.typed}
+    said = sum(1 for name in words.named if name in about and name not in lying)
     types = {world.object(n).type for n in words.typed if world.object(n) is not None}
     said += sum(1 for t in types if any(o.type == t and o.name in about for o in world.objects))
     return said - sum(1 for name in written if not words.mentions(name)), said

@@ -141,9 +141,11 @@ class GoalChooser:
         grammar,
         start: int = 0,
         forms: tuple[str, ...] = (),
+        branch: bool = True,
     ) -> list[Candidate]:
-        """The greedy goal (``gen_ids``' head), up to ``branches`` alternatives, and one goal per
-        text of ``forms`` (how a goal's first item opens: ``{"do":"inspect"``), each scored."""
+        """The greedy goal (``gen_ids``' head), up to ``branches`` alternatives (none without
+        ``branch``), and one goal per text of ``forms`` (how a goal's first item opens:
+        ``{"do":"inspect"``, or a whole goal), each scored."""
         span = head_span(self.gtok.token_bytes, gen_ids, start)
         if span is None:
             return []
@@ -191,20 +193,20 @@ class GoalChooser:
                     said.append(b)
             return kept
 
-        alts = {j: options(j, max(self.branches // 2, 1)) for j in range(h - g)}
-        choices = [j for j in range(h - g) if alts[j]]
-        if not choices:
-            return [greedy]
+        alts = {j: options(j, max(self.branches // 2, 1)) for j in range(h - g)} if branch else {}
+        choices = [j for j in range(h - g) if alts.get(j)]
         # The goal's first choice is what kind of thing it asks (an end state, a call, an order,
         # a set) or what its first condition is about: half the branches take its next likeliest
         # options there, so a goal of another kind is weighed at all. The rest go where the
         # greedy token led the best other legal one by the least.
-        first = choices[0]
-        points = [(first, t) for t in alts[first]]
-        lead = {j: float(picked[j] - lp[j, alts[j][0]]) for j in choices[1:]}
-        points += [(j, alts[j][0]) for j in sorted(lead, key=lead.get)][
-            : self.branches - len(points)
-        ]
+        points = []
+        if choices:
+            first = choices[0]
+            points = [(first, t) for t in alts[first]]
+            lead = {j: float(picked[j] - lp[j, alts[j][0]]) for j in choices[1:]}
+            points += [(j, alts[j][0]) for j in sorted(lead, key=lead.get)][
+                : self.branches - len(points)
+            ]
         out_c = [greedy]
         # latest branch first: each one only crops the cache back further, and the K/V before
         # its branch point are still the greedy head's

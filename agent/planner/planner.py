@@ -22,12 +22,13 @@ are result.py's types.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 from dataclasses import replace
 
 from agent.files.loader import SkillSet, World
-from agent.language.checks import grounding, takes_amounts, task_findings
+from agent.language.checks import grounding, names_in, takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
     GROUND_NATS,
@@ -53,7 +54,7 @@ from agent.planner.request import (
 from agent.planner.result import Attempt, PlanResult, merge_stats
 from agent.schema.free_text import drop_free_text, trailing_free_text
 from agent.schema.grammar import GrammarTokenizer
-from agent.symbolic.executor import ParsedGoal, parse_goal
+from agent.symbolic.executor import ParsedGoal, initial_state, parse_goal, reaches
 from agent.symbolic.gate import Finding, GateResult, check_plan, parse_plan
 from agent.symbolic.solver import complete as solve_from_goal
 from agent.symbolic.solver import goal_reasons, goal_stop, stated_goal
@@ -407,9 +408,33 @@ class Planner:
             taken = takes_amounts(said, c.goal, world, skills)
             return rank(c, hints) + HINT_NATS * taken + GROUND_NATS * ground(c)[0]
 
+        judged: dict[int, tuple[int, list | None]] = {}
+
+        def judge(c: Candidate) -> tuple[int, list | None]:
+            if id(c) not in judged:
+                judged[id(c)] = self._judge(c, req, task, own)
+            return judged[id(c)]
+
+        if said is not None:
+            # the one-line goals, ranked, put in the order the task names their things
+            for c in cands:
+                c.tier, c.goal = judge(c)
+            # (one a task check holds back may still be a step of the order: "wait ten seconds,
+            # then check the map" is neither alone)
+            more = ordered_goals(said, [c for c in cands if c.tier != INFEASIBLE], score, req)
+            if more:
+                extra = self.chooser.candidates(
+                    ids, res.token_ids, req.grammar, start, more, branch=False
+                )[1:]
+                self.chooser.priors(
+                    self._neutral_ids(req, res.token_ids[start : cands[0].start]),
+                    extra,
+                    req.grammar,
+                )
+                cands += extra
         choice = self.chooser.choose(
             cands,
-            lambda c: self._judge(c, req, task, own),
+            judge,
             score,
             ground if said is not None and (said.named or said.typed) else None,
         )
@@ -482,14 +507,19 @@ class Planner:
     ) -> tuple[int, list | None]:
         """A candidate goal's tier: infeasible from the goal alone, reachable (the solver's steps
         for it, or for the greedy one its own steps, pass the gate and the grounding check), or
-        not."""
+        not. Another than the greedy goal is a refusal only for what the world sets against the
+        task (a payload, the reach): one that holds a fixed thing or names what is not here is a
+        goal the model was made to write, not a reading of the task."""
         head = stated_goal(self._json_text(cand.ids))
         if head is None:
             return UNREACHED, None
         world, skills = req.world, req.skills
         parsed = parse_goal(head, world, skills)
-        if goal_reasons(head, world, skills, parsed):
-            return INFEASIBLE, head["goal"]
+        reasons = goal_reasons(head, world, skills, parsed)
+        if reasons:
+            checks = {getattr(f, "check", None) for f in reasons}
+            refusal = cand.branch is None or checks <= _WORLD_LIMITS
+            return (INFEASIBLE if refusal else UNREACHED), head["goal"]
         if cand.branch is None and own is not None and _check(task, own, [], req, parsed).valid:
             return REACHABLE, head["goal"]
         filled = solve_from_goal(head, world, skills, _max_items(req.schema), parsed)
@@ -509,6 +539,69 @@ class Planner:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
             ids = ids[last + 1 :]
         return self.tok.decode(ids).strip()
+
+
+# the most ordered goals weighed (``ordered_goals``), and the one-line goals per named thing
+# each is made from
+MAX_ORDERS, ORDER_OPTIONS = 6, 2
+
+
+def ordered_goals(said, options: list[Candidate], score, req: PreparedRequest) -> tuple[str, ...]:
+    """Goals that do the task's things in the order it names them, in any language: for each
+    thing it names (and each amount it says that a one-number call takes, ``wait``'s seconds),
+    the best one-line goals about it among ``options`` (by ``score``), put in order of where the
+    task names them: ``[{"before": [a, b, ...]}, last]`` (the last repeated where it is an end
+    state, as a goal that ends in it says). Only what the task's words order; the model's
+    likelihood ranks them against every other goal."""
+    world, skills = req.world, req.skills
+    start = initial_state(world)
+    where = {**said.typed, **said.named}
+    slots: dict[int, list[tuple[float, dict]]] = {}
+    for c in options:
+        g = c.goal
+        if not (isinstance(g, list) and len(g) == 1 and isinstance(g[0], dict)):
+            continue
+        if "before" in g[0] or "every" in g[0] or g[0].get("times", 1) != 1:
+            continue
+        parsed, problems = parse_goal({"goal": g}, world, skills)
+        if parsed is None or problems or (not parsed.acts and reaches(parsed, start)):
+            continue  # true before any step (the sheet "on the light box" it lies on): no step
+        names: set[str] = set()
+        names_in(g, world, names)
+        at = [where[n] for n in names if n in where]
+        if at:  # where the task last names what it is about: "bring it to the table" ends there
+            slots.setdefault(max(at), []).append((score(c), g[0]))
+    for a in said.amounts:
+        if a.unit in (None, "count"):
+            continue
+        for sk in skills.skills:
+            if len(sk.args) == 1 and sk.args[0].unit == a.unit:
+                v = int(a.value) if float(a.value).is_integer() else a.value
+                slots.setdefault(a.at, []).append(
+                    (0.0, {"do": sk.name, "args": {sk.args[0].name: v}})
+                )
+    if len(slots) < 2:
+        return ()
+    best = [
+        [d for _, d in sorted(slots[k], key=lambda x: -x[0])[:ORDER_OPTIONS]] for k in sorted(slots)
+    ]
+    out: list[str] = []
+    for pick in itertools.product(*best):
+        items = [d for i, d in enumerate(pick) if d not in pick[:i]]
+        if len(items) < 2:
+            continue
+        last = items[-1]
+        text = json.dumps(
+            [{"before": items}] + ([] if "do" in last else [last]), separators=(",", ":")
+        )
+        out.append(text[1:])  # after the goal's own bracket
+        if len(out) == MAX_ORDERS:
+            break
+    return tuple(dict.fromkeys(out))
+
+
+# the findings a goal other than the greedy one may be refused for (``_judge``)
+_WORLD_LIMITS = frozenset({"payload", "workspace"})
 
 
 def _check(
