@@ -572,14 +572,20 @@ def ordered_goals(said, options: list[Candidate], score, req: PreparedRequest) -
         if at:  # where the task last names what it is about: "bring it to the table" ends there
             slots.setdefault(max(at), []).append((score(c), g[0]))
     for a in said.amounts:
-        if a.unit in (None, "count"):
-            continue
+        # a call that takes just this number, in its unit (any, where no lexicon knows the
+        # unit's word): "wait 5 s", "5 Sekunden warten"
+        v = int(a.value) if float(a.value).is_integer() else a.value
         for sk in skills.skills:
-            if len(sk.args) == 1 and sk.args[0].unit == a.unit:
-                v = int(a.value) if float(a.value).is_integer() else a.value
-                slots.setdefault(a.at, []).append(
-                    (0.0, {"do": sk.name, "args": {sk.args[0].name: v}})
-                )
+            arg = sk.args[0] if len(sk.args) == 1 else None
+            if (
+                arg is None
+                or arg.type not in ("number", "integer")
+                or a.unit not in (None, arg.unit)
+                or (arg.min is not None and v < arg.min)
+                or (arg.max is not None and v > arg.max)
+            ):
+                continue
+            slots.setdefault(a.at, []).append((0.0, {"do": sk.name, "args": {arg.name: v}}))
     if len(slots) < 2:
         return ()
     best = [

@@ -359,3 +359,56 @@ def test_forms_open_goals_of_every_kind_and_rank_by_what_the_task_adds(tiny_llam
     }
     assert hinted(cands[0].goal, hints) == 2 and hinted(cands[0].goal, {}) == 0
     assert rank(cands[0], hints) == cands[0].logprob - cands[0].prior + 2 * HINT_NATS
+
+
+def test_whole_goals_over_the_named_things_and_their_order():
+    from agent.language.mentions import read_words
+    from agent.planner.goal_choice import named_goals
+    from agent.planner.planner import ordered_goals
+
+    w, s = world_and_skills("kitchen")
+    forms = named_goals(s, ("apple",), ("table", "sink"), ("cup",))
+    for want in (
+        '{"object":"apple","at":"table"}]',
+        '{"holding":"apple"}]',
+        '{"object":"apple","is":"inspected"}]',
+        '{"do":"inspect","args":{"object":"apple"}}]',
+        '{"every":{"type":"cup"},"at":"sink"}]',
+        '{"every":{"at":"table"},"at":"sink"}]',
+    ):
+        assert want in forms
+    # no words of the task order anything: where it names each thing does ("Apfel" is an alias
+    # the test adds), and a goal already true before any step (the apple on the counter it
+    # lies on) is no step of an order
+    task = "den Apfel zuerst ansehen und dann auf den Tisch, 5 s warten"
+    world = w.__class__(
+        **{
+            **w.__dict__,
+            "objects": tuple(
+                o.__class__(**{**o.__dict__, "aliases": ("Apfel",)}) if o.name == "apple" else o
+                for o in w.objects
+            ),
+            "places": tuple(
+                p.__class__(**{**p.__dict__, "aliases": ("Tisch",)}) if p.name == "table" else p
+                for p in w.places
+            ),
+        }
+    )
+    said = read_words(task, world)
+    req = type("Req", (), {"world": world, "skills": s})()
+    one = [
+        ({"object": "apple", "is": "inspected"}, -1.0),
+        ({"object": "apple", "at": "table"}, -2.0),
+        ({"object": "apple", "at": "counter"}, 0.0),
+    ]
+    cands = []
+    for goal, sc in one:
+        c = Candidate([], sc, 1, 3, goal=[goal])
+        cands.append(c)
+    out = ordered_goals(said, cands, lambda c: c.logprob, req)
+    first = json.loads("[" + out[0])
+    assert first[0]["before"][0] == {"object": "apple", "is": "inspected"}
+    assert {"object": "apple", "at": "counter"} not in first[0]["before"]
+    assert any(
+        {"do": "wait", "args": {"duration": 5}} in json.loads("[" + o)[0]["before"] for o in out
+    )
