@@ -54,6 +54,8 @@ def world_shelf(config):
 def request_log(config, warn=None):
     """The request log ``config`` asks for (planner.log_requests), or None: off, the default,
     or a directory that cannot be made (said to ``warn``: planning goes on without it)."""
+    if config is None:  # a session on a served runtime without a config of its own
+        return None
     p = config.planner
     if not p.log_requests:
         return None
