@@ -497,6 +497,39 @@ def named_goals(
     return tuple(goals)
 
 
+def end_states(goal, skills) -> list | None:
+    """``goal`` with each call whose whole effect is an end state written as that end state
+    (``{"do": "pick", "args": {"object": "phone"}}`` as ``{"holding": "phone"}``), or None
+    where no item changes. Only a call that writes no argument its effects leave out (a drive's
+    speed is asked of the drive, not of where it ends) and is made once."""
+    if not isinstance(goal, list):
+        return None
+    out, changed = [], False
+    for item in goal:
+        skill = skills.get(item.get("do")) if isinstance(item, dict) else None
+        args = item.get("args") if isinstance(item, dict) else None
+        effects = [c for c in skill.effects if c.kind != "hand"] if skill is not None else []
+        said = {r[1:] for c in effects for r, _ in c.refs() if r.startswith("$")}
+        if (
+            not effects
+            or not isinstance(args, dict)
+            or item.get("times", 1) != 1
+            or set(item) - {"do", "args", "times"}
+            or any(c.kind not in ("holding", "at", "on", "robot_at") for c in effects)
+            or not set(args) <= said
+            or not said <= set(args)
+        ):
+            out.append(item)
+            continue
+
+        def value(v):
+            return args.get(v[1:]) if isinstance(v, str) and v.startswith("$") else v
+
+        out += [{k: value(v) for k, v in c.to_dict().items()} for c in effects]
+        changed = True
+    return out if changed else None
+
+
 def hinted(goal, hints: dict) -> int:
     """How many of a lexicon's hints (mentions.TaskWords.hints: forms, skills, states the task's
     phrases ask for) the goal's items take up."""

@@ -39,6 +39,7 @@ from agent.planner.goal_choice import (
     Candidate,
     Choice,
     GoalChooser,
+    end_states,
     goal_openings,
     named_goals,
     rank,
@@ -432,6 +433,15 @@ class Planner:
                     req.grammar,
                 )
                 cands += extra
+        # a call whose whole effect is an end state is that end state, said the way a goal says
+        # it ("pick up the phone": the phone held, not a pick after which the hand is emptied)
+        for c in cands:
+            c.tier, c.goal = judge(c)
+        stated = {repr(c.goal) for c in cands if c.tier == REACHABLE}
+        for c in cands:
+            plain = end_states(c.goal, skills) if c.tier == REACHABLE else None
+            if plain is not None and repr(plain) in stated:
+                judged[id(c)] = (UNREACHED, c.goal)
         choice = self.chooser.choose(
             cands,
             judge,

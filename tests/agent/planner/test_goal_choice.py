@@ -412,3 +412,21 @@ def test_whole_goals_over_the_named_things_and_their_order():
     assert any(
         {"do": "wait", "args": {"duration": 5}} in json.loads("[" + o)[0]["before"] for o in out
     )
+
+
+def test_a_call_whose_whole_effect_is_an_end_state_is_that_end_state():
+    from agent.planner.goal_choice import end_states
+
+    _, s = world_and_skills("kitchen")
+    pick = {"do": "pick", "args": {"object": "apple"}}
+    assert end_states([pick], s) == [{"holding": "apple"}]
+    place = {"do": "place", "args": {"object": "apple", "target": "sink"}}
+    assert end_states([place, {"object": "plate", "is": "inspected"}], s) == [
+        {"object": "apple", "at": "sink"},
+        {"object": "plate", "is": "inspected"},
+    ]
+    # a call that says more than where things end, or is asked more than once, stays a call
+    assert end_states([{**pick, "args": {"object": "apple", "force": 5}}], s) is None
+    assert end_states([{**pick, "times": 2}], s) is None
+    assert end_states([{"do": "inspect", "args": {"object": "apple"}}], s) is None
+    assert end_states([{"object": "apple", "at": "sink"}], s) is None
