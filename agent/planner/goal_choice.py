@@ -29,9 +29,14 @@ decode loop's, so only the ranking reads these numbers.
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass, field
 
 import torch
+
+from agent.language.checks import names_in
+from agent.symbolic.executor import initial_state, parse_goal, reaches
 
 GOAL_OPEN = b'"goal":['
 STEPS_OPEN = b'"steps":['
@@ -48,6 +53,8 @@ HINT_NATS = 4.0
 GROUND_NATS = HINT_NATS
 # end-state openings tried for at most this many of the objects a task names
 MAX_NAMED_FORMS = 3
+# the condition kinds that say where things end (an end state says them itself, no call needed)
+END_KINDS = ("at", "holding", "on", "robot_at")
 TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "infeasible"}
 
 
@@ -449,8 +456,7 @@ def goal_openings(skills, named: tuple[str, ...] = ()) -> tuple[str, ...]:
     each skill that puts nothing anywhere (an end state says that itself), an order, a set, and
     an end state of each object in ``named`` (those the task names, in the order it names
     them: the model then says where it goes or what state it ends in) and its being held."""
-    places = ("at", "holding", "on", "robot_at")
-    calls = [s.name for s in skills.skills if not any(c.kind in places for c in s.effects)]
+    calls = [s.name for s in skills.skills if not any(c.kind in END_KINDS for c in s.effects)]
     holds = any(c.kind == "holding" for s in skills.skills for c in s.effects)
     named = named[:MAX_NAMED_FORMS]
     return (
@@ -497,6 +503,70 @@ def named_goals(
     return tuple(goals)
 
 
+# the most ordered goals weighed (``ordered_goals``), and the one-line goals per named thing
+# each is made from
+MAX_ORDERS, ORDER_OPTIONS = 6, 2
+
+
+def ordered_goals(said, options: list[Candidate], score, world, skills) -> tuple[str, ...]:
+    """Goals that do the task's things in the order it names them, in any language: for each
+    thing it names (and each amount it says that a one-number call takes, ``wait``'s seconds),
+    the best one-line goals about it among ``options`` (by ``score``), put in order of where the
+    task names them: ``[{"before": [a, b, ...]}, last]`` (the last repeated where it is an end
+    state, as a goal that ends in it says). Only what the task's words order; the model's
+    likelihood ranks them against every other goal."""
+    start = initial_state(world)
+    where = {**said.typed, **said.named}
+    slots: dict[int, list[tuple[float, dict]]] = {}
+    for c in options:
+        g = c.goal
+        if not (isinstance(g, list) and len(g) == 1 and isinstance(g[0], dict)):
+            continue
+        if "before" in g[0] or "every" in g[0] or g[0].get("times", 1) != 1:
+            continue
+        parsed, problems = parse_goal({"goal": g}, world, skills)
+        if parsed is None or problems or (not parsed.acts and reaches(parsed, start)):
+            continue  # true before any step (the sheet "on the light box" it lies on): no step
+        names: set[str] = set()
+        names_in(g, world, names)
+        at = [where[n] for n in names if n in where]
+        if at:  # where the task last names what it is about: "bring it to the table" ends there
+            slots.setdefault(max(at), []).append((score(c), g[0]))
+    for a in said.amounts:
+        # a call that takes just this number, in its unit (any, where no lexicon knows the
+        # unit's word): "wait 5 s", "5 Sekunden warten"
+        v = int(a.value) if float(a.value).is_integer() else a.value
+        for sk in skills.skills:
+            arg = sk.args[0] if len(sk.args) == 1 else None
+            if (
+                arg is None
+                or arg.type not in ("number", "integer")
+                or a.unit not in (None, arg.unit)
+                or (arg.min is not None and v < arg.min)
+                or (arg.max is not None and v > arg.max)
+            ):
+                continue
+            slots.setdefault(a.at, []).append((0.0, {"do": sk.name, "args": {arg.name: v}}))
+    if len(slots) < 2:
+        return ()
+    best = [
+        [d for _, d in sorted(slots[k], key=lambda x: -x[0])[:ORDER_OPTIONS]] for k in sorted(slots)
+    ]
+    out: list[str] = []
+    for pick in itertools.product(*best):
+        items = [d for i, d in enumerate(pick) if d not in pick[:i]]
+        if len(items) < 2:
+            continue
+        last = items[-1]
+        text = json.dumps(
+            [{"before": items}] + ([] if "do" in last else [last]), separators=(",", ":")
+        )
+        out.append(text[1:])  # after the goal's own bracket
+        if len(out) == MAX_ORDERS:
+            break
+    return tuple(dict.fromkeys(out))
+
+
 def end_states(goal, skills) -> list | None:
     """``goal`` with each call whose whole effect is an end state written as that end state
     (``{"do": "pick", "args": {"object": "phone"}}`` as ``{"holding": "phone"}``), or None
@@ -515,9 +585,8 @@ def end_states(goal, skills) -> list | None:
             or not isinstance(args, dict)
             or item.get("times", 1) != 1
             or set(item) - {"do", "args", "times"}
-            or any(c.kind not in ("holding", "at", "on", "robot_at") for c in effects)
-            or not set(args) <= said
-            or not said <= set(args)
+            or any(c.kind not in END_KINDS for c in effects)
+            or set(args) != said
         ):
             out.append(item)
             continue

@@ -22,13 +22,12 @@ are result.py's types.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import time
 from dataclasses import replace
 
 from agent.files.loader import SkillSet, World
-from agent.language.checks import grounding, names_in, takes_amounts, task_findings
+from agent.language.checks import grounding, takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
     GROUND_NATS,
@@ -42,6 +41,7 @@ from agent.planner.goal_choice import (
     end_states,
     goal_openings,
     named_goals,
+    ordered_goals,
     rank,
 )
 from agent.planner.prompt import build_messages, shared_start, system_prompt
@@ -55,7 +55,7 @@ from agent.planner.request import (
 from agent.planner.result import Attempt, PlanResult, merge_stats
 from agent.schema.free_text import drop_free_text, trailing_free_text
 from agent.schema.grammar import GrammarTokenizer
-from agent.symbolic.executor import ParsedGoal, initial_state, parse_goal, reaches
+from agent.symbolic.executor import ParsedGoal, parse_goal
 from agent.symbolic.gate import Finding, GateResult, check_plan, parse_plan
 from agent.symbolic.solver import complete as solve_from_goal
 from agent.symbolic.solver import goal_reasons, goal_stop, stated_goal
@@ -392,9 +392,8 @@ class Planner:
         cands = self.chooser.candidates(ids, res.token_ids, req.grammar, start, self._forms(req))
         if not cands:
             return res, None
-        self.chooser.priors(
-            self._neutral_ids(req, res.token_ids[start : cands[0].start]), cands, req.grammar
-        )
+        neutral = self._neutral_ids(req, res.token_ids[start : cands[0].start])
+        self.chooser.priors(neutral, cands, req.grammar)
         own = parse_plan(self._json_text(res.token_ids))[0]
         hints = said.hints if said is not None else {}
 
@@ -416,27 +415,26 @@ class Planner:
                 judged[id(c)] = self._judge(c, req, task, own)
             return judged[id(c)]
 
-        if said is not None:
-            # the one-line goals, ranked, put in the order the task names their things
-            for c in cands:
+        def judge_all(cs: list[Candidate]) -> None:
+            for c in cs:
                 c.tier, c.goal = judge(c)
-            # (one a task check holds back may still be a step of the order: "wait ten seconds,
-            # then check the map" is neither alone)
-            more = ordered_goals(said, [c for c in cands if c.tier != INFEASIBLE], score, req)
+
+        if said is not None:
+            # the one-line goals, ranked, put in the order the task names their things (one a
+            # task check holds back may still be a step of the order: "wait ten seconds, then
+            # check the map" is neither alone)
+            judge_all(cands)
+            options = [c for c in cands if c.tier != INFEASIBLE]
+            more = ordered_goals(said, options, score, world, skills)
             if more:
                 extra = self.chooser.candidates(
                     ids, res.token_ids, req.grammar, start, more, branch=False
                 )[1:]
-                self.chooser.priors(
-                    self._neutral_ids(req, res.token_ids[start : cands[0].start]),
-                    extra,
-                    req.grammar,
-                )
+                self.chooser.priors(neutral, extra, req.grammar)
                 cands += extra
         # a call whose whole effect is an end state is that end state, said the way a goal says
         # it ("pick up the phone": the phone held, not a pick after which the hand is emptied)
-        for c in cands:
-            c.tier, c.goal = judge(c)
+        judge_all(cands)
         stated = {repr(c.goal) for c in cands if c.tier == REACHABLE}
         for c in cands:
             plain = end_states(c.goal, skills) if c.tier == REACHABLE else None
@@ -527,8 +525,7 @@ class Planner:
         parsed = parse_goal(head, world, skills)
         reasons = goal_reasons(head, world, skills, parsed)
         if reasons:
-            checks = {getattr(f, "check", None) for f in reasons}
-            refusal = cand.branch is None or checks <= _WORLD_LIMITS
+            refusal = cand.branch is None or {f.check for f in reasons} <= _WORLD_LIMITS
             return (INFEASIBLE if refusal else UNREACHED), head["goal"]
         if cand.branch is None and own is not None and _check(task, own, [], req, parsed).valid:
             return REACHABLE, head["goal"]
@@ -549,71 +546,6 @@ class Planner:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
             ids = ids[last + 1 :]
         return self.tok.decode(ids).strip()
-
-
-# the most ordered goals weighed (``ordered_goals``), and the one-line goals per named thing
-# each is made from
-MAX_ORDERS, ORDER_OPTIONS = 6, 2
-
-
-def ordered_goals(said, options: list[Candidate], score, req: PreparedRequest) -> tuple[str, ...]:
-    """Goals that do the task's things in the order it names them, in any language: for each
-    thing it names (and each amount it says that a one-number call takes, ``wait``'s seconds),
-    the best one-line goals about it among ``options`` (by ``score``), put in order of where the
-    task names them: ``[{"before": [a, b, ...]}, last]`` (the last repeated where it is an end
-    state, as a goal that ends in it says). Only what the task's words order; the model's
-    likelihood ranks them against every other goal."""
-    world, skills = req.world, req.skills
-    start = initial_state(world)
-    where = {**said.typed, **said.named}
-    slots: dict[int, list[tuple[float, dict]]] = {}
-    for c in options:
-        g = c.goal
-        if not (isinstance(g, list) and len(g) == 1 and isinstance(g[0], dict)):
-            continue
-        if "before" in g[0] or "every" in g[0] or g[0].get("times", 1) != 1:
-            continue
-        parsed, problems = parse_goal({"goal": g}, world, skills)
-        if parsed is None or problems or (not parsed.acts and reaches(parsed, start)):
-            continue  # true before any step (the sheet "on the light box" it lies on): no step
-        names: set[str] = set()
-        names_in(g, world, names)
-        at = [where[n] for n in names if n in where]
-        if at:  # where the task last names what it is about: "bring it to the table" ends there
-            slots.setdefault(max(at), []).append((score(c), g[0]))
-    for a in said.amounts:
-        # a call that takes just this number, in its unit (any, where no lexicon knows the
-        # unit's word): "wait 5 s", "5 Sekunden warten"
-        v = int(a.value) if float(a.value).is_integer() else a.value
-        for sk in skills.skills:
-            arg = sk.args[0] if len(sk.args) == 1 else None
-            if (
-                arg is None
-                or arg.type not in ("number", "integer")
-                or a.unit not in (None, arg.unit)
-                or (arg.min is not None and v < arg.min)
-                or (arg.max is not None and v > arg.max)
-            ):
-                continue
-            slots.setdefault(a.at, []).append((0.0, {"do": sk.name, "args": {arg.name: v}}))
-    if len(slots) < 2:
-        return ()
-    best = [
-        [d for _, d in sorted(slots[k], key=lambda x: -x[0])[:ORDER_OPTIONS]] for k in sorted(slots)
-    ]
-    out: list[str] = []
-    for pick in itertools.product(*best):
-        items = [d for i, d in enumerate(pick) if d not in pick[:i]]
-        if len(items) < 2:
-            continue
-        last = items[-1]
-        text = json.dumps(
-            [{"before": items}] + ([] if "do" in last else [last]), separators=(",", ":")
-        )
-        out.append(text[1:])  # after the goal's own bracket
-        if len(out) == MAX_ORDERS:
-            break
-    return tuple(dict.fromkeys(out))
 
 
 # the findings a goal other than the greedy one may be refused for (``_judge``)

@@ -363,8 +363,7 @@ def test_forms_open_goals_of_every_kind_and_rank_by_what_the_task_adds(tiny_llam
 
 def test_whole_goals_over_the_named_things_and_their_order():
     from agent.language.mentions import read_words
-    from agent.planner.goal_choice import named_goals
-    from agent.planner.planner import ordered_goals
+    from agent.planner.goal_choice import named_goals, ordered_goals
 
     w, s = world_and_skills("kitchen")
     forms = named_goals(s, ("apple",), ("table", "sink"), ("cup",))
@@ -395,7 +394,6 @@ def test_whole_goals_over_the_named_things_and_their_order():
         }
     )
     said = read_words(task, world)
-    req = type("Req", (), {"world": world, "skills": s})()
     one = [
         ({"object": "apple", "is": "inspected"}, -1.0),
         ({"object": "apple", "at": "table"}, -2.0),
@@ -405,7 +403,7 @@ def test_whole_goals_over_the_named_things_and_their_order():
     for goal, sc in one:
         c = Candidate([], sc, 1, 3, goal=[goal])
         cands.append(c)
-    out = ordered_goals(said, cands, lambda c: c.logprob, req)
+    out = ordered_goals(said, cands, lambda c: c.logprob, world, s)
     first = json.loads("[" + out[0])
     assert first[0]["before"][0] == {"object": "apple", "is": "inspected"}
     assert {"object": "apple", "at": "counter"} not in first[0]["before"]
