@@ -2,8 +2,8 @@
 
 The front door. Other packages import the runtime from here or from a subpackage's own module
 (``thor_runtime.engine``, ``.cache``, ``.kernels``, ``.models``, ``.loading``, ``.speculative``)
-and from the top-level modules ``config``, ``errors``, ``fileio``, ``device`` and ``catalog``;
-never from a file inside a subpackage (tests/test_layering.py holds this).
+and from the top-level modules ``config``, ``errors``, ``fileio``, ``device``, ``catalog`` and
+``model_choice``; never from a file inside a subpackage (tests/test_layering.py holds this).
 
     from thor_runtime import RuntimeConfig, Runtime, SamplingParams, load
 
@@ -15,6 +15,7 @@ The folders, by role:
     loading/      HF safetensors and GGUF files, tokenizer, the weight cache
     speculative/  proposers (DFlash, prompt lookup, combined, auto), acceptance, draft budgets
     config.py     RuntimeConfig, every runtime setting once; catalog.py the pullable models
+    model_choice.py  which pulled model a CUDA device runs by default (measured, cached)
 
 Names load on first use, so ``import thor_runtime`` stays light (no torch until one is asked for).
 """

@@ -161,7 +161,8 @@ CATALOG: dict[str, CatalogModel] = {
 # The planner-grade model: the catalog model with the best measured task success on the
 # held-out evaluation (docs/planning.md, "Evaluation"), which `make demo`, the installer and CI
 # pull and plan with (--model). `thor plan` and `thor serve` without a model run the embedded
-# one, which needs no download; this one is never substituted for it silently.
+# one, which needs no download; only on a CUDA device may a pulled catalog model take its place,
+# by the measured rule of model_choice.py, and that is said on stderr, never done silently.
 PLANNER_DEFAULT = "qwen2.5-coder-0.5b-instruct"
 
 

@@ -111,8 +111,9 @@ def _open_unit(v: float) -> float:
 class ModelSettings:
     name: str = setting(
         "default",
-        "default (the embedded SmolLM2-135M-Instruct), a name from `thor models list`, "
-        "an HF dir, or a .gguf file",
+        "default (the embedded SmolLM2-135M-Instruct; on CUDA the largest pulled catalog "
+        "model within --latency-goal), a name from `thor models list`, an HF dir, or a .gguf "
+        "file",
         "--model",
     )
     dtype: str = setting(
@@ -347,6 +348,16 @@ class PlannerSettings:
         "lexicon that ships: English), none (no word knowledge), or a comma list of "
         "languages and lexicon files",
         "--lexicon",
+    )
+    # The plan-latency goal a default model is chosen by on CUDA (thor_runtime/model_choice.py):
+    # 2 s is what the 0.5B planner takes on a 2-core CPU (docs/cuda.md): a GPU then runs the
+    # largest model that still plans no slower than a small CPU does with that one.
+    latency_goal_s: float = setting(
+        2.0,
+        "seconds a warm plan may take: on CUDA the model `default` is the largest pulled "
+        "catalog model measured within it, else the embedded one (0 = always the embedded one)",
+        "--latency-goal",
+        low=0.0,
     )
     worlds_dir: str = setting(
         "", "the service's worlds by name: <dir>/<name>.json ('' = the shipped samples)"

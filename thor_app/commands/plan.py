@@ -3,8 +3,9 @@
 Exit codes: 0 a plan that passed schema + gate; 2 bad input (files, schema, arguments);
 3 no valid plan after the repair attempts. Every input file is checked, and the request's
 schema compiled to a grammar, before the model is loaded: bad input fails in milliseconds.
-Without --model it plans with the embedded default model, as `thor serve` does (one default
-for the CLI and the service); a pulled catalog model plans better: --model NAME.
+Without --model it plans with the model `thor serve` runs by default (one rule for both,
+thor_app/default_model.py): the embedded one, or on a CUDA device the largest pulled catalog
+model measured within --latency-goal there, said in one line on stderr. --model NAME runs NAME.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from thor_app.assembly import build_runtime
+from thor_app.default_model import choose_default
 from thor_app.flags import add_config_args, config_from_args
 from thor_app.session import PlanSession
 from thor_runtime.errors import NoValidPlan, ThorError
@@ -102,6 +104,7 @@ def run(args) -> int:
         f"world {world.name} ({len(world.objects)} objects, {len(world.places)} places), "
         f"{len(skills.skills)} skills from {skills.source}"
     )
+    config = choose_default(config, _log)  # after the inputs are checked: a measurement is slow
     _log(f"loading model {config.model.name} ...")
     t0 = time.perf_counter()
     assembled = build_runtime(config)

@@ -55,12 +55,14 @@ def default_loader(cfg: ServeConfig) -> Hosted:
     from dataclasses import replace
 
     from thor_app.assembly import build_runtime
+    from thor_app.default_model import choose_default
     from thor_app.server.leftovers import cache_roots, remove_abandoned
 
     remove_abandoned(cache_roots(cfg))  # before this start builds (and perhaps is killed) itself
     rc = cfg.runtime
     if not rc.model.prefill_chunk:  # one pass: nothing could stop or mark a long prompt meanwhile
         rc = replace(rc, model=replace(rc.model, prefill_chunk=SERVICE_PREFILL_CHUNK))
+    rc = choose_default(rc, log.info)  # `thor plan`'s rule for an unnamed model, said in the log
     a = build_runtime(rc)
     from thor_app.server.config import skills_path
 
