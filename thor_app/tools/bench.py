@@ -94,7 +94,8 @@ def register(sub) -> None:
     p.add_argument(
         "--peers-python",
         default=None,
-        help="with --peers: the python of the peers' venv (default .venv-peers/bin/python)",
+        help="with --peers / --tools: the python of the peers' venv (default "
+        ".venv-peers/bin/python; --tools runs llama.cpp on the same GGUF where it is found)",
     )
     p.add_argument("--out-dir", default="results/peers", help="with --peers: where the results go")
     p.add_argument(

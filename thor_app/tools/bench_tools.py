@@ -48,6 +48,7 @@ CATEGORIES = {
     "irrelevance": "irrelevance",
 }
 MODES = ("grammar", "plain")
+PEER = "llama.cpp"
 # the leaderboard's types as JSON Schema's (its GORILLA_TO_OPENAPI) and as Python's
 TO_SCHEMA = {
     "integer": "integer",
@@ -334,9 +335,9 @@ def _post(base: str, body: dict, timeout_s: float = 600) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
-    """One entry through the endpoint -> {"calls": [{name: args}], "malformed", "status",
-    "latency_s", "prompt_tokens", "text"}."""
+def request_body(model: str, mode: str, entry: dict, max_tokens: int) -> dict:
+    """The /v1/chat/completions body of one entry: ``grammar`` sends the tools, ``plain`` writes
+    them into the system turn as the model's template would."""
     tools = tools_of(entry["function"])
     messages = [dict(m) for m in entry["question"][0]]
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0}
@@ -349,6 +350,14 @@ def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
         )
         rest = [m for m in messages if m["role"] != "system"]
         body["messages"] = [{"role": "system", "content": system}] + rest
+    return body
+
+
+def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
+    """One entry through the endpoint -> {"calls": [{name: args}], "malformed", "status",
+    "latency_s", "prompt_tokens", "text"}."""
+    body = request_body(model, mode, entry, max_tokens)
+    tools = tools_of(entry["function"])
     t0 = time.perf_counter()
     status, doc = _post(base, body)
     out = {
@@ -364,7 +373,6 @@ def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
         return out
     msg = doc["choices"][0]["message"]
     out["text"], out["finish_reason"] = msg.get("content"), doc["choices"][0]["finish_reason"]
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     if mode == "grammar":
         found = []
         for c in msg.get("tool_calls") or []:
@@ -378,11 +386,16 @@ def ask(base: str, model: str, mode: str, entry: dict, max_tokens: int) -> dict:
         found = calls_in_text(msg.get("content") or "")
         if found is None:
             out["malformed"], found = 1, []
-    for c in found:
-        if not _valid(c, schemas):
-            out["malformed"] += 1
-        out["calls"].append({c["name"]: c["arguments"]})
+    calls, bad = checked_calls(found, tools)
+    out["calls"], out["malformed"] = calls, out["malformed"] + bad
     return out
+
+
+def checked_calls(found: list[dict], tools: list[dict]) -> tuple[list[dict], int]:
+    """[{"name", "arguments"}] -> ([{name: arguments}], how many break their function's schema
+    or name no function)."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    return [{c["name"]: c["arguments"]} for c in found], sum(not _valid(c, schemas) for c in found)
 
 
 def _valid(call: dict, schemas: dict) -> bool:
@@ -410,11 +423,17 @@ def _write_config(path: Path, model: str, spec: str, max_tokens: int) -> int:
     return port
 
 
+def row_mode(r: dict) -> str:
+    """A result row's column: thor's modes by name, a peer's as ``engine mode``."""
+    engine = r.get("engine", "thor")
+    return r["mode"] if engine == "thor" else f"{engine} {r['mode']}"
+
+
 def summarize(rows: list[dict]) -> dict:
     """Per category and mode: accuracy, malformed calls, refused requests, latency."""
     out: dict = {}
     for r in rows:
-        out.setdefault(r["category"], {}).setdefault(r["mode"], []).append(r)
+        out.setdefault(r["category"], {}).setdefault(row_mode(r), []).append(r)
     table = {}
     for cat, modes in out.items():
         for mode, rs in modes.items():
@@ -445,7 +464,7 @@ def markdown(table: dict, meta: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for cat, modes in table.items():
-        for mode in MODES:
+        for mode in [*MODES, *(f"{PEER} {m}" for m in MODES)]:
             s = modes.get(mode)
             if s is None:
                 continue
@@ -455,6 +474,16 @@ def markdown(table: dict, meta: dict) -> str:
             lines.append(
                 f"| {cat} | {mode} | {acc} | {s['malformed']} | {s['refused']} | {p50} | {mean} |"
             )
+    ratios = [
+        f"{cat} {m}: {s[f'{PEER} {m}']['latency_p50_s'] / s[m]['latency_p50_s']:.2f}x"
+        for cat, s in table.items()
+        for m in MODES
+        if s.get(m, {}).get("latency_p50_s") and (s.get(f"{PEER} {m}") or {}).get("latency_p50_s")
+    ]
+    if ratios:
+        lines += ["", f"{PEER}'s p50 latency over thor's: " + ", ".join(ratios)]
+    if meta.get("peer_skipped"):
+        lines += ["", f"{PEER} not run: {meta['peer_skipped']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -504,6 +533,9 @@ def run_tools(args) -> int:
         finally:
             proc.terminate()
             proc.wait(60)
+    # the peer after thor's server has gone: neither shares the CPU with the other
+    peer_rows, peer_meta = run_llama(args, model, data, modes)
+    rows += peer_rows
     meta = {
         "model": model,
         "spec": spec,
@@ -511,6 +543,7 @@ def run_tools(args) -> int:
         "max_tokens": args.max_tokens,
         "bfcl_eval": BFCL_VERSION,
         "threads": args.threads,
+        **peer_meta,
     }
     table = summarize(rows)
     out = Path(args.json_out)
@@ -525,3 +558,92 @@ def _original_names(calls: list[dict], entry: dict) -> list[dict]:
     """The service's names (``.`` as ``_``) back to the leaderboard's."""
     names = {openai_name(f["name"]): f["name"] for f in entry["function"]}
     return [{names.get(k, k): v for k, v in c.items()} for c in calls]
+
+
+# ---- llama.cpp on the same GGUF (thor_app/tools/peers/llama_tools.py) -------------------------
+def prompt_ids(tok, model: str, mode: str, entry: dict) -> list[int]:
+    """The token ids thor's service decodes for this entry in this mode: its chat template over
+    the same messages, the tools rendered as the service renders them."""
+    from thor_app.server.tool_calls import conversation, template_knows_tools
+
+    body = request_body(model, mode, entry, 0)
+    native = template_knows_tools(tok.chat_template)
+    messages, extra = conversation(body["messages"], body.get("tools") or [], native)
+    return tok.encode_chat(messages, **extra)
+
+
+def run_llama(args, model: str, data: dict, modes: list[str]) -> tuple[list[dict], dict]:
+    """llama.cpp's answers to the same entries, on the same GGUF and prompt tokens, read and
+    scored as thor's ``plain`` answers -> (rows, settings)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from thor_app.tools.peers.driver import _has, peers_python
+    from thor_runtime.loading import gguf_config_and_tokenizer, resolve
+
+    path = resolve(model)
+    python = peers_python(getattr(args, "peers_python", None))
+    why = "no peers venv (run `make bench-peers`)" if python is None else _has(python, "llama_cpp")
+    if why is None and path.suffix != ".gguf":
+        why = f"{model} is not a GGUF file"
+    if why:
+        _log(f"{PEER} skipped: {why}")
+        return [], {"peer_skipped": why}
+    tok = gguf_config_and_tokenizer(path)[2]
+    entries, index = [], {}
+    for cat, rows in data.items():
+        for mode in modes:
+            for entry, answer in rows:
+                key = f"{cat}/{mode}/{entry['id']}"
+                ids = prompt_ids(tok, model, mode, entry)
+                index[key] = (cat, mode, entry, answer, len(ids))
+                entries.append(
+                    {"key": key, "mode": mode, "ids": ids, "tools": tools_of(entry["function"])}
+                )
+    spec = {
+        "model": str(path),
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "entries": entries,
+    }
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": str(args.threads)}
+    _log(f"{PEER}: {len(entries)} requests on {path.name} ...")
+    with tempfile.TemporaryDirectory() as d:
+        sp, op = Path(d) / "spec.json", Path(d) / "out.json"
+        sp.write_text(json.dumps(spec))
+        cmd = [python, "-m", "thor_app.tools.peers.llama_tools", str(sp), str(op)]
+        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=None)
+        if r.returncode != 0:
+            why = f"{PEER} exited with status {r.returncode}"
+            _log(why)
+            return [], {"peer_skipped": why}
+        done = json.loads(op.read_text())
+    rows = []
+    for a in done["answers"]:
+        cat, mode, entry, answer, n_prompt = index[a["key"]]
+        tools = tools_of(entry["function"])
+        found = calls_in_text(a["text"])
+        calls, bad = checked_calls(found or [], tools)
+        calls = _original_names(calls, entry)
+        rows.append(
+            {
+                "engine": PEER,
+                "id": entry["id"],
+                "category": cat,
+                "mode": mode,
+                "status": 200,
+                "latency_s": a["latency_s"],
+                "text": a["text"],
+                "calls": calls,
+                "malformed": bad + (found is None),
+                "prompt_tokens": n_prompt,
+                "verdict": score(cat, entry["function"], calls, answer),
+            }
+        )
+    for cat in data:
+        for mode in modes:
+            got = [r for r in rows if r["category"] == cat and r["mode"] == mode]
+            _log(f"{cat} {PEER} {mode}: {sum(r['verdict'] is None for r in got)}/{len(got)}")
+    return rows, {"peer": done["version"], "peer_load_s": done["load_s"]}

@@ -389,3 +389,35 @@ async def test_the_default_model_calls_under_the_grammar(start, default_model):
     assert ch.finish_reason == "tool_calls", ch
     check_calls(ch.message.tool_calls)
     await oc.close()
+
+
+@pytest.mark.parametrize("mode", ["grammar", "plain"])
+async def test_the_tools_bench_gives_its_peer_the_services_own_prompt(start, tiny_llama_long, mode):
+    """`thor bench --tools` renders each entry's prompt for llama.cpp itself; it must be the
+    prompt the service decodes for the same request, token for token."""
+    from thor_app.tools.bench_tools import prompt_ids, request_body
+
+    entry = {
+        "id": "simple_0",
+        "question": [[{"role": "user", "content": "What is the weather in Paris?"}]],
+        "function": [
+            {
+                "name": "weather.get",
+                "description": "The weather in a city.",
+                "parameters": {
+                    "type": "dict",
+                    "properties": {"city": {"type": "string", "description": "The city."}},
+                    "required": ["city"],
+                },
+            }
+        ],
+    }
+    script = Scripted(tiny_llama_long.tokenizer, ["It is sunny."])
+    client = await start(script=script)
+    r = await client.post("/v1/chat/completions", json=request_body("default", mode, entry, 8))
+    assert r.status == 200, await r.text()
+    tok = tiny_llama_long.tokenizer
+    ids = prompt_ids(tok, "default", mode, entry)
+    assert tok.decode(ids, skip_special=False) == script.prompts[0]
+    assert (await r.json())["usage"]["prompt_tokens"] == len(ids)
+    assert "weather_get" in script.prompts[0]
