@@ -174,3 +174,21 @@ def test_the_real_timing_plans_warm_and_logs_no_request(tiny_dirs, tmp_path, mon
     assert got.plans == len(default_model.TIMED_TASKS) == 3 and got.latency_s > 0
     assert planned == [default_model.WARM_UP_TASK, *default_model.TIMED_TASKS]
     assert not logs.exists()  # the request log is off while measuring
+
+
+def test_the_ros_node_applies_the_same_rule(pulled, monkeypatch):
+    """`thor ros` loads the model the rule chose, and its status names it."""
+    from thor_app.ros.planning import Planning
+
+    def build(config):
+        raise RuntimeError(f"built {config.model.name}")
+
+    calls = []
+    monkeypatch.setattr(default_model, "cuda_card", _card("NVIDIA Test Card"))
+    monkeypatch.setattr(default_model, "time_warm_plan", fake_timing({Q15: 0.9, Q05: 0.3}, calls))
+    said = []
+    planning = Planning(RuntimeConfig(), build=build, log=said.append)
+    assert planning.start() is False
+    assert planning.reason == f"start-up failed: RuntimeError: built {Q15}"
+    assert planning.config.model.name == Q15 and [c[0] for c in calls] == [Q15]
+    assert any(s.startswith("default model: ") and Q15 in s for s in said)

@@ -126,9 +126,12 @@ class Planning:
     def start(self) -> bool:
         """Load, attach the default skills' prompt start, self-test (blocking: run it in a
         thread)."""
+        from thor_app.default_model import choose_default
         from thor_app.session import PlanSession
 
         try:
+            # the rule `thor plan` and `thor serve` apply to an unnamed model, said in the log
+            self.config = choose_default(self.config, self.log)
             self._set("loading", f"loading model {self.config.model.name}")
             a = self.build(self.config)
             session = PlanSession(a, log=self.log, save_every_s=60.0)
