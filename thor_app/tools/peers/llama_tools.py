@@ -86,26 +86,12 @@ def answer(llm, ids: list[int], mode: str, max_tokens: int, grammar, ends) -> di
 
 def run(spec: dict) -> dict:
     import llama_cpp
-    from llama_cpp import Llama, LlamaGrammar
+    from llama_cpp import LlamaGrammar
 
-    if not spec.get("llama_extra_buffers", True):
-        from thor_app.tools.peers.worker import _without_extra_buffers
+    from thor_app.tools.peers.worker import load_llama
 
-        _without_extra_buffers()
-    t0 = time.perf_counter()
     longest = max(len(e["ids"]) for e in spec["entries"])
-    llm = Llama(
-        model_path=spec["model"],
-        n_ctx=max(2048, longest + spec["max_tokens"] + 16),
-        n_threads=spec["threads"],
-        n_threads_batch=spec["threads"],
-        n_batch=512,
-        verbose=False,
-    )
-    out = {
-        "load_s": time.perf_counter() - t0,
-        "version": f"llama-cpp-python {llama_cpp.__version__}",
-    }
+    llm, out = load_llama(spec, n_ctx=max(2048, longest + spec["max_tokens"] + 16))
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
 
     def ends(tok: int) -> bool:

@@ -57,27 +57,33 @@ def _without_extra_buffers() -> None:
     high.llama_cpp.llama_model_default_params = params
 
 
-def run_llama(spec: dict) -> dict:
+def load_llama(spec: dict, n_ctx: int = 2048):
+    """-> (llama_cpp.Llama of spec's model and threads, {"load_s", "version"})."""
     import llama_cpp
-    from llama_cpp import Llama, LlamaGrammar
+    from llama_cpp import Llama
 
     if not spec.get("llama_extra_buffers", True):
         _without_extra_buffers()
-
     t0 = time.perf_counter()
     # n_threads_batch too: its default (every core) makes prompt batches crawl on a shared machine
     llm = Llama(
         model_path=spec["model"],
-        n_ctx=2048,
+        n_ctx=n_ctx,
         n_threads=spec["threads"],
         n_threads_batch=spec["threads"],
         n_batch=512,
         verbose=False,
     )
-    out = {
+    return llm, {
         "load_s": time.perf_counter() - t0,
         "version": f"llama-cpp-python {llama_cpp.__version__}",
     }
+
+
+def run_llama(spec: dict) -> dict:
+    from llama_cpp import LlamaGrammar
+
+    llm, out = load_llama(spec)
     long = spec["requests"]["long"]
     llm.reset()
     t = time.perf_counter()
