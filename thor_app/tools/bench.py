@@ -230,6 +230,18 @@ def register(sub) -> None:
         help="--tools: the leaderboard's data folder (default: bfcl-eval's)",
     )
     p.add_argument(
+        "--ros",
+        action="store_true",
+        help="the ROS 2 ~/plan action against the same plans without ROS, in one process: its "
+        "cost per plan and the feedback's spacing (needs the ros extra and thor_interfaces)",
+    )
+    p.add_argument(
+        "--ros-plans", type=positive_int, default=6, help="--ros: the sample's first N requests"
+    )
+    p.add_argument(
+        "--ros-repeats", type=positive_int, default=3, help="--ros: times each request is planned"
+    )
+    p.add_argument(
         "--json", dest="json_out", default="bench.json", help="where to write the JSON results"
     )
     p.add_argument("--backend", default="torch", help=f"comma list of {'|'.join(ENGINE_BACKENDS)}")
@@ -291,7 +303,7 @@ def run(args) -> int:
     if args.rollback:
         return run_rollback(args)
     if _on_accelerator(config) and not (
-        args.plan or args.serve or args.tools or args.peers or args.backend != "torch"
+        args.plan or args.serve or args.tools or args.ros or args.peers or args.backend != "torch"
     ):
         from thor_app.tools.bench_device import side_by_side
 
@@ -335,6 +347,10 @@ def run(args) -> int:
         from thor_app.tools.bench_tools import run_tools
 
         return run_tools(args)
+    if args.ros:
+        from thor_app.tools.bench_ros import run_ros
+
+        return run_ros(args)
     if args.serve:
         from thor_app.tools.bench_serve import run_serve
 
