@@ -72,11 +72,23 @@ def _tally(agg: dict, run: str, stats) -> None:
     agg[f"{run}_committed"] += stats.committed
 
 
+def heldout_prompts(tok, cfg: EvalConfig) -> tuple[list, list[list[int]], str | None]:
+    """-> (the held-out requests, [] for general instructions; each prompt's chat ids; today's
+    plan-format fingerprint for planner requests, None otherwise): what ``evaluate`` decodes,
+    shared with choose-drafter so that both judge a drafter on the same requests."""
+    from agent.planner.plan_format import plan_format_fingerprint
+
+    # planner requests: a drafter distilled on another plan format is reported stale (once)
+    fmt = plan_format_fingerprint() if cfg.prompt_set == "robot" else None
+    reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
+    msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[: cfg.n]
+    return reqs, [tok.encode_chat(m) for m in msgs], fmt
+
+
 def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> dict:
     """drafter: an in-memory DFlashDrafter (distill's report), else loaded from cfg.drafter."""
     from tqdm import tqdm
 
-    from agent.planner.plan_format import plan_format_fingerprint
     from agent.schema.grammar import GrammarTokenizer
     from thor_runtime.speculative import (
         SpecOptions,
@@ -98,14 +110,10 @@ def evaluate(loaded, cfg: EvalConfig, progress: bool = True, drafter=None) -> di
         window=cfg.window,
         lookup_rate=cfg.lookup_rate,
     )
-    # planner requests: a drafter distilled on another plan format is reported stale (once)
-    fmt = plan_format_fingerprint() if cfg.prompt_set == "robot" else None
     block = cfg.block_size or drafter.cfg.block_size
     rt = Runtime(model, tok)
     params = SamplingParams(max_tokens=cfg.max_tokens)
-    reqs = robot_requests("heldout", cfg.n, cfg.seed) if cfg.prompt_set == "robot" else []
-    msgs = [r.messages for r in reqs] if reqs else general_prompts("heldout")[: cfg.n]
-    prompts = [tok.encode_chat(m) for m in msgs]
+    reqs, prompts, fmt = heldout_prompts(tok, cfg)
     gtok = GrammarTokenizer(tok) if cfg.constrained else None
     agg = {f"{run}_{total}": 0 for run in RUNS for total in ("tokens", "s", "cycles", "committed")}
     agg["comb_lookup_cycles"] = 0

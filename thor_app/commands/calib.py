@@ -1,5 +1,5 @@
-"""`thor calib {gen-data,distill,draft-vocab,export-drafter,eval-drafter,kv-scales,fp8-scales}`
-— offline calibration and drafter training.
+"""`thor calib {gen-data,distill,draft-vocab,export-drafter,eval-drafter,choose-drafter,kv-scales,
+fp8-scales}` — offline calibration and drafter training.
 
 Every command prints exactly one JSON summary on stdout; progress bars and logs go to stderr.
 Heavy modules are imported inside the handlers so `thor --help` stays fast.
@@ -134,6 +134,49 @@ def _eval_drafter(args) -> int:
     )
     loaded = _load_target(args)
     return _emit(evaluate(loaded, cfg, progress=not args.quiet))
+
+
+# ---- choose-drafter --------------------------------------------------------------------------
+def _choose_drafter(args) -> int:
+    from calib.choose_drafter import ChooseConfig, choose, describe, markdown, write_report
+    from calib.eval_drafter import EvalConfig
+
+    cfg = ChooseConfig(
+        tuple(args.drafters),
+        EvalConfig(
+            None,
+            args.n,
+            args.max_tokens,
+            args.seed,
+            None,
+            args.window,
+            args.prompts,
+            args.constrained,
+            config_from_args(args).speculation.lookup_rate,
+        ),
+        args.repeats,
+        args.proposer,
+    )
+    if not args.out.endswith(".json"):
+        raise ThorError(f"choose-drafter: --out must name a .json file, got {args.out}")
+    for d in cfg.drafters:  # a missing or foreign directory is refused before the target loads
+        describe(d)
+    loaded = _load_target(args)
+    report = choose(loaded, cfg, progress=not args.quiet)
+    # every setting it ran with, spelled out (the defaults too), as the command that repeats it
+    report["command"] = " ".join(
+        ["thor calib choose-drafter", *cfg.drafters, "--target", args.target]
+        + ["--weights", args.weights, "--n", str(args.n), "--max-tokens", str(args.max_tokens)]
+        + ["--seed", str(args.seed), "--window", str(args.window), "--prompts", args.prompts]
+        + (["--constrained"] if args.constrained else [])
+        + ["--repeats", str(args.repeats), "--proposer", args.proposer]
+        + ["--lookup-rate", str(cfg.eval.lookup_rate), "--threads", str(args.threads)]
+        + ["--out", args.out]
+    )
+    path, table = write_report(report, args.out)
+    # the table is what a person reads; stdout keeps the one JSON summary every command prints
+    print(markdown(report), file=sys.stderr, end="", flush=True)
+    return _emit({**report, "report": str(path), "table": str(table)})
 
 
 # ---- kv-scales -------------------------------------------------------------------------------
@@ -342,6 +385,45 @@ def register(sub) -> None:
     add_config_args(e, ("speculation",), only={"speculation.lookup_rate"})
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
+
+    c = cs.add_parser(
+        "choose-drafter",
+        parents=[common, weights],
+        help="rank drafters of one target by expected decode speed on this machine (accept "
+        "length against drafting and verify cost)",
+    )
+    c.add_argument(
+        "drafters",
+        nargs="+",
+        metavar="DRAFTER_DIR",
+        help="candidate drafter dirs, all for --target; ratios are against the first",
+    )
+    c.add_argument("--target", default="default")
+    c.add_argument("--out", required=True, help="the JSON report; the table goes beside it (.md)")
+    c.add_argument("--n", type=positive_int, default=8, help="held-out requests, as eval-drafter")
+    c.add_argument("--max-tokens", type=positive_int, default=128)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
+    c.add_argument(
+        "--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set"
+    )
+    c.add_argument(
+        "--constrained",
+        action="store_true",
+        help="decode under the plan grammar, as the planner does (robot prompts)",
+    )
+    c.add_argument(
+        "--repeats", type=positive_int, default=3, help="rounds; costs are their medians"
+    )
+    c.add_argument(
+        "--proposer",
+        default="combined",
+        choices=["combined", "dflash"],
+        help="combined (with prompt lookup: what --spec auto runs on plans) or the drafter alone",
+    )
+    add_config_args(c, ("speculation",), only={"speculation.lookup_rate"})
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(func=_choose_drafter)
 
     # what the two FP8 scale commands share: the target, the prompts, the report's held-out split
     scales = type(p)(add_help=False)

@@ -218,7 +218,9 @@ _LAZY = [
     "format_stale",
     "judge",
     "load_drafter",
+    "machine_key",
     "measure",
+    "read_shipped",
     "require_drafter_for",
     "response_counts",
     "save_drafter",
@@ -243,7 +245,7 @@ def __getattr__(name: str):
             "restore_auto_state": "restore",
             "save_auto_state": "save",
         }[name]
-    elif name in ("measure", "timed_verifies", "verify_calls"):
+    elif name in ("machine_key", "measure", "timed_verifies", "verify_calls"):
         from thor_runtime.speculative import cost as module
     elif name in ("DFlashProposer",):
         from thor_runtime.speculative import dflash as module
@@ -255,7 +257,7 @@ def __getattr__(name: str):
         from thor_runtime.speculative import draft_vocab as module
     elif name in ("DEFAULT_TIE_TOL", "first_divergence", "judge", "summarize"):
         from thor_runtime.speculative import lossless as module
-    elif name in ("DRAFTER_METHODS", "format_stale", "require_drafter_for"):
+    elif name in ("DRAFTER_METHODS", "format_stale", "read_shipped", "require_drafter_for"):
         from thor_runtime.speculative import shipped as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
