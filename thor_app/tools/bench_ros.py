@@ -94,11 +94,14 @@ def run_ros(args) -> int:
         raise ThorError(NEEDS) from None
     from agent.files.loader import AGENT_DIR
     from evals.plan_bench import TASKS
+    from thor_app.assembly import with_settings
     from thor_app.flags import config_from_args
     from thor_app.ros.action_client import ActionClient
     from thor_app.ros.node import ThorNode
 
-    config = config_from_args(args)
+    # --spec is the benchmark's list of methods; the node runs the first
+    spec = args.spec.split(",")[0].strip()
+    config = with_settings(config_from_args(args), speculation__method=spec)
     cases = [(w, t) for w, tasks in TASKS.items() for t in tasks][: args.ros_plans]
     # discovery on loopback only, on a domain of its own: nothing leaves this machine
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
