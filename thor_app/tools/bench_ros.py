@@ -37,11 +37,12 @@ def _log(msg: str) -> None:
 
 
 def _wait(future, timeout_s: float):
-    end = time.monotonic() + timeout_s
-    while not future.done():
-        if time.monotonic() > end:
-            raise ThorError(f"no answer from the node within {timeout_s:.0f} s")
-        time.sleep(0.001)
+    """The future's result, waiting without polling: a thread that wakes to poll takes the GIL
+    from the plan's decoding thread and would be counted as the action's cost."""
+    done = threading.Event()
+    future.add_done_callback(lambda f: done.set())
+    if not done.wait(timeout_s):
+        raise ThorError(f"no answer from the node within {timeout_s:.0f} s")
     return future.result()
 
 
