@@ -362,33 +362,36 @@ def register(sub) -> None:
     x.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     x.set_defaults(func=_export_drafter)
 
-    e = cs.add_parser(
-        "eval-drafter",
-        parents=[common, weights],
-        help="held-out acceptance length and speedup vs plain decoding",
-    )
-    e.add_argument("--target", default="default")
-    e.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
-    e.add_argument("--n", type=positive_int, default=8)
-    e.add_argument("--max-tokens", type=positive_int, default=128)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--block-size", type=positive_int, default=None)
-    e.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
-    e.add_argument(
+    # what eval-drafter and choose-drafter share: the target and the held-out requests decoded
+    heldout = type(p)(add_help=False)
+    heldout.add_argument("--target", default="default")
+    heldout.add_argument("--n", type=positive_int, default=8, help="held-out requests")
+    heldout.add_argument("--max-tokens", type=positive_int, default=128)
+    heldout.add_argument("--seed", type=int, default=0)
+    heldout.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
+    heldout.add_argument(
         "--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set"
     )
-    e.add_argument(
+    heldout.add_argument(
         "--constrained",
         action="store_true",
         help="decode under the plan grammar, as the planner does (robot prompts)",
     )
-    add_config_args(e, ("speculation",), only={"speculation.lookup_rate"})
+    add_config_args(heldout, ("speculation",), only={"speculation.lookup_rate"})
+
+    e = cs.add_parser(
+        "eval-drafter",
+        parents=[common, weights, heldout],
+        help="held-out acceptance length and speedup vs plain decoding",
+    )
+    e.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one)")
+    e.add_argument("--block-size", type=positive_int, default=None)
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=_eval_drafter)
 
     c = cs.add_parser(
         "choose-drafter",
-        parents=[common, weights],
+        parents=[common, weights, heldout],
         help="rank drafters of one target by expected decode speed on this machine (accept "
         "length against drafting and verify cost)",
     )
@@ -398,20 +401,7 @@ def register(sub) -> None:
         metavar="DRAFTER_DIR",
         help="candidate drafter dirs, all for --target; ratios are against the first",
     )
-    c.add_argument("--target", default="default")
     c.add_argument("--out", required=True, help="the JSON report; the table goes beside it (.md)")
-    c.add_argument("--n", type=positive_int, default=8, help="held-out requests, as eval-drafter")
-    c.add_argument("--max-tokens", type=positive_int, default=128)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--window", type=positive_int, default=SpeculationSettings.window)
-    c.add_argument(
-        "--prompts", default="robot", choices=["robot", "general"], help="held-out prompt set"
-    )
-    c.add_argument(
-        "--constrained",
-        action="store_true",
-        help="decode under the plan grammar, as the planner does (robot prompts)",
-    )
     c.add_argument(
         "--repeats", type=positive_int, default=3, help="rounds; costs are their medians"
     )
@@ -421,7 +411,6 @@ def register(sub) -> None:
         choices=["combined", "dflash"],
         help="combined (with prompt lookup: what --spec auto runs on plans) or the drafter alone",
     )
-    add_config_args(c, ("speculation",), only={"speculation.lookup_rate"})
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=_choose_drafter)
 

@@ -3,10 +3,12 @@ and the plain-text table printed after the JSON is written."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 import sys
+from pathlib import Path
 
 # the weight dtypes a bench configuration may name (--configs, --peers-configs)
 BENCH_WEIGHTS = ("fp32", "bf16", "int8", "int4")
@@ -84,3 +86,12 @@ def print_table(rows, cols=TABLE_COLUMNS) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for t in table:
         print("  ".join(x.ljust(w) for x, w in zip(t, widths)))
+
+
+def write_results(json_out: str, doc: dict, table_md: str) -> int:
+    """A benchmark's JSON at ``json_out``, its Markdown table beside it (``.md``) and on stdout."""
+    out = Path(json_out)
+    out.write_text(json.dumps(doc, indent=1))
+    out.with_suffix(".md").write_text(table_md)
+    print(table_md)
+    return 0

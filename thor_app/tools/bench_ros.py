@@ -21,7 +21,6 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 from thor_runtime.errors import ThorError
 
@@ -99,6 +98,7 @@ def run_ros(args) -> int:
     from thor_app.flags import config_from_args
     from thor_app.ros.action_client import ActionClient
     from thor_app.ros.node import ThorNode
+    from thor_app.tools.bench_report import write_results
 
     # --spec is the benchmark's list of methods; the node runs the first
     spec = args.spec.split(",")[0].strip()
@@ -193,9 +193,5 @@ def run_ros(args) -> int:
         "rmw": os.environ.get("RMW_IMPLEMENTATION", "default"),
     }
     s = summarize(rows)
-    out = Path(args.json_out)
-    out.write_text(json.dumps({"settings": meta, "summary": s, "rows": rows}, indent=1))
-    md = markdown(s, meta)
-    out.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
+    doc = {"settings": meta, "summary": s, "rows": rows}
+    return write_results(args.json_out, doc, markdown(s, meta))

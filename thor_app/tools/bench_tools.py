@@ -491,6 +491,7 @@ def run_tools(args) -> int:
     import tempfile
 
     from thor_app.flags import config_from_args
+    from thor_app.tools.bench_report import write_results
     from thor_app.tools.bench_serve import _start_server, _wait_ready
 
     cats = [c.strip() for c in args.tools_categories.split(",") if c.strip()]
@@ -546,12 +547,8 @@ def run_tools(args) -> int:
         **peer_meta,
     }
     table = summarize(rows)
-    out = Path(args.json_out)
-    out.write_text(json.dumps({"settings": meta, "summary": table, "entries": rows}, indent=1))
-    md = markdown(table, meta)
-    out.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
+    doc = {"settings": meta, "summary": table, "entries": rows}
+    return write_results(args.json_out, doc, markdown(table, meta))
 
 
 def _original_names(calls: list[dict], entry: dict) -> list[dict]:
