@@ -17,6 +17,11 @@ point, which is not the likeliest goal: "wait 10" can lose to "wait 10.5" at the
    thing, an empty set), reachable (the solver's steps for it pass the gate and the task's
    grounding check), or neither. A reachable candidate ranks above one that is not; among
    reachable ones the higher log-likelihood wins.
+4. The few reachable candidates that rank best are read the other way round (``explain``): how
+   likely the task's own words are after each goal, as if the model had to say the goal. A goal
+   the words follow from ("keep hold of the pen": the pen held) gains on one that is merely
+   likely after them (the pen inspected). The words are the task's in whatever language it
+   came; the goal's things are shown with their aliases from the world file.
 
 A greedy goal infeasible from the goal alone is never replaced: that is the task's refusal for
 its stated reason, and a likelier goal about another thing would turn it into a wrong plan.
@@ -36,7 +41,9 @@ from dataclasses import dataclass, field
 import torch
 
 from agent.language.checks import names_in
+from agent.planner.prompt import explain_messages
 from agent.symbolic.executor import initial_state, parse_goal, reaches
+from thor_runtime.cache import common_prefix
 
 GOAL_OPEN = b'"goal":['
 STEPS_OPEN = b'"steps":['
@@ -53,6 +60,11 @@ HINT_NATS = 4.0
 GROUND_NATS = HINT_NATS
 # end-state openings tried for at most this many of the objects a task names
 MAX_NAMED_FORMS = 3
+# the reachable goals ranked best that are also weighed by how well each explains the task's words
+# (``explain``), and what one nat of that adds to a goal's rank: half a nat, so the task's words
+# read back from the goal move a rank as much as the goal's own likelihood moves it by half
+EXPLAIN_POOL = 3
+EXPLAIN_NATS = 0.5
 # the condition kinds that say where things end (an end state says them itself, no call needed)
 END_KINDS = ("at", "holding", "on", "robot_at")
 TIER_NAMES = {REACHABLE: "reachable", UNREACHED: "not reached", INFEASIBLE: "infeasible"}
@@ -69,6 +81,10 @@ class Candidate:
     goal: list | None = None
     prior: float = 0.0  # the same goal's log-likelihood with no task (``priors``)
     start: int = 0  # index into ids of the goal's first token
+    score: float | None = None  # its rank by ``choose``'s score (None: not ranked)
+    grounded: tuple[int, int] | None = None  # ``choose``'s ``ground`` of it (None: not used)
+    # log P(task | goal) less the best of the goals weighed so (``explain``); 0: not weighed
+    explained: float = 0.0
 
 
 @dataclass
@@ -93,6 +109,10 @@ class Choice:
                     "tokens": c.tokens,
                     "greedy": c.branch is None,
                     "tier": TIER_NAMES[c.tier],
+                    "prior": round(c.prior, 4),
+                    "score": None if c.score is None else round(c.score, 4),
+                    "grounded": None if c.grounded is None else list(c.grounded),
+                    "explained": round(c.explained, 4),
                 }
                 for c in self.candidates
             ],
@@ -264,6 +284,43 @@ class GoalChooser:
             each = lp[torch.arange(len(goal)), torch.tensor(goal)]  # [n]
             cand.prior = float(each[torch.isfinite(each)].sum())
 
+    def explain(self, task: str, world, cands: list[Candidate], key) -> int:
+        """The second reading: for the ``EXPLAIN_POOL`` reachable candidates that rank best by
+        ``key`` (the choice's own order), the log-likelihood of the task's words after the goal,
+        as the model would word it (``prompt.explain_messages``: the goal and the aliases of
+        what it names), so a goal the task's words follow from ranks above one that is only
+        likely after them: "keep hold of the pen" reads back from the pen held, not from the pen
+        inspected. Each weighed candidate's ``explained`` is that less the best one's (<= 0);
+        every other reachable candidate gets the lowest of them, so none overtakes a weighed one
+        for not having been weighed. -> forwards run (none where fewer than two are in reach)."""
+        seen: dict[str, Candidate] = {}
+        for c in cands:
+            if c.tier == REACHABLE:
+                seen.setdefault(repr(c.goal), c)
+        pool = sorted(seen.values(), key=key, reverse=True)[:EXPLAIN_POOL]
+        if len(pool) < 2 or not getattr(self.tok, "chat_template", None):
+            return 0
+        raw = {}
+        for c in pool:
+            msgs = explain_messages(c.goal, world)
+            head = self.tok.encode_chat(msgs)
+            full = self.tok.encode_chat(
+                msgs + [{"role": "assistant", "content": task}], add_generation_prompt=False
+            )
+            n = common_prefix(head, full)
+            cache = self.new_cache(len(full) + 1)
+            rows = self.model.forward(
+                torch.tensor(full[:-1], dtype=torch.long), cache, logits_rows=slice(n - 1, None)
+            ).logits  # [len(full) - n, V]: predict the task's tokens and the turn's end
+            lp = torch.log_softmax(rows.float(), -1)
+            raw[id(c)] = float(lp[torch.arange(len(full) - n), torch.tensor(full[n:])].sum())
+        best, low = max(raw.values()), min(raw.values())
+        for c in cands:
+            if c.tier == REACHABLE:
+                same = seen[repr(c.goal)]
+                c.explained = raw[id(same)] - best if id(same) in raw else low - best
+        return len(pool)
+
     def _opened(
         self,
         cache,
@@ -400,6 +457,9 @@ class GoalChooser:
         score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
+            # kept for the plan's stats: why the choice went as it did
+            cand.score = score(cand)
+            cand.grounded = tuple(ground(cand)) if ground is not None else None
         greedy = cands[0]
         # one entry per distinct goal: the greedy one's own, else the likelier spelling
         seen: dict[str, Candidate] = {}

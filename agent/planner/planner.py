@@ -30,6 +30,7 @@ from agent.files.loader import SkillSet, World
 from agent.language.checks import grounding, takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
+    EXPLAIN_NATS,
     GROUND_NATS,
     HINT_NATS,
     INFEASIBLE,
@@ -404,9 +405,14 @@ class Planner:
             # the numbers the task says that the goal's calls take, and the things it names
             # that the goal is about, rank it as a lexicon's hint does, in any language
             if said is None:
-                return rank(c, hints)
+                return rank(c, hints) + EXPLAIN_NATS * c.explained
             taken = takes_amounts(said, c.goal, world, skills)
-            return rank(c, hints) + HINT_NATS * taken + GROUND_NATS * ground(c)[0]
+            return (
+                rank(c, hints)
+                + HINT_NATS * taken
+                + GROUND_NATS * ground(c)[0]
+                + EXPLAIN_NATS * c.explained
+            )
 
         judged: dict[int, tuple[int, list | None]] = {}
 
@@ -440,12 +446,14 @@ class Planner:
             plain = end_states(c.goal, skills) if c.tier == REACHABLE else None
             if plain is not None and repr(plain) in stated:
                 judged[id(c)] = (UNREACHED, c.goal)
-        choice = self.chooser.choose(
-            cands,
-            judge,
-            score,
-            ground if said is not None and (said.named or said.typed) else None,
-        )
+        grounded = said is not None and bool(said.named or said.typed)
+
+        def order(c: Candidate) -> tuple:
+            # the choice's own order: about the task first (where it names things), then rank
+            return (ground(c)[1] > 0, ground(c)[0], score(c)) if grounded else (score(c),)
+
+        self.chooser.explain(task, world, cands, order)
+        choice = self.chooser.choose(cands, judge, score, ground if grounded else None)
         choice.seconds = time.perf_counter() - t0
         if not choice.changed:
             return res, choice

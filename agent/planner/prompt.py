@@ -8,7 +8,10 @@ given once as a template rather than explained. The calibration data generator r
 
 from __future__ import annotations
 
+import json
+
 from agent.files.loader import ArgSpec, Skill, SkillSet, World
+from agent.language.checks import names_in
 
 # A worked example teaches small models more than a description of the format does; it is
 # deliberately from no sample world, so its names are never copied into a valid plan.
@@ -243,3 +246,26 @@ def build_messages(
             }
         )
     return msgs
+
+
+# The goal choice's second reading (goal_choice.GoalChooser.explain): how likely the model finds
+# the operator's own words after a goal, as if it had to say the goal. The words are the task's,
+# in its language; these instructions only frame the model's turn.
+EXPLAIN_SYSTEM = (
+    "A robot's goal is written in JSON. Write the request an operator said to give the robot "
+    "this goal."
+)
+
+
+def explain_messages(goal, world: World) -> list[dict]:
+    """-> the chat turns before the task, for one goal: the goal and what the world also calls
+    each thing it names (its aliases, in the deployment's language)."""
+    names: set[str] = set()
+    names_in(goal, world, names)
+    lines = []
+    for name in sorted(names):
+        thing = world.object(name) or world.place(name)
+        also = ", ".join(thing.aliases)
+        lines.append(f"- {name}" + (f" (also called: {also})" if also else ""))
+    user = f"Goal: {json.dumps(goal, ensure_ascii=False)}\nThings it names:\n" + "\n".join(lines)
+    return [{"role": "system", "content": EXPLAIN_SYSTEM}, {"role": "user", "content": user}]

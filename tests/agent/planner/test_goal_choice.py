@@ -11,6 +11,8 @@ import torch
 
 from agent.files.loader import base_plan_schema
 from agent.planner.goal_choice import (
+    EXPLAIN_NATS,
+    EXPLAIN_POOL,
     INFEASIBLE,
     REACHABLE,
     UNREACHED,
@@ -19,11 +21,13 @@ from agent.planner.goal_choice import (
     head_span,
 )
 from agent.planner.planner import Planner, specialize_request
+from agent.planner.prompt import explain_messages
 from agent.schema.grammar import Grammar, GrammarTokenizer
 from agent.schema.specialize import specialize
 from agent.symbolic.solver import stated_goal
 from tests.helpers.runtimes import ScriptedRuntime
 from tests.helpers.worlds import good_plan, world_and_skills
+from thor_runtime.cache import common_prefix
 from thor_runtime.errors import ThorError
 
 TASK = "put the apple on the table"
@@ -428,3 +432,89 @@ def test_a_call_whose_whole_effect_is_an_end_state_is_that_end_state():
     assert end_states([{**pick, "times": 2}], s) is None
     assert end_states([{"do": "inspect", "args": {"object": "apple"}}], s) is None
     assert end_states([{"object": "apple", "at": "sink"}], s) is None
+
+
+def _explained_reference(model, task, goal, world) -> float:
+    """log P(task's words and the turn's end | the explain prompt), from one fresh forward over
+    the whole chat."""
+    tok = model.tokenizer
+    msgs = explain_messages(goal, world)
+    head = tok.encode_chat(msgs)
+    full = tok.encode_chat(
+        msgs + [{"role": "assistant", "content": task}], add_generation_prompt=False
+    )
+    n = common_prefix(head, full)
+    cache = model.model.new_cache(len(full) + 1)
+    logits = model.model.forward(torch.tensor(full[:-1]), cache, logits_rows="all").logits
+    lp = torch.log_softmax(logits.float(), -1)  # [len(full) - 1, V]
+    return float(sum(lp[i - 1, full[i]] for i in range(n, len(full))))
+
+
+def test_explain_weighs_the_best_ranked_reachable_goals_by_the_tasks_words(tiny_llama_long):
+    m = tiny_llama_long
+    w, _ = world_and_skills("kitchen")
+    chooser = GoalChooser(m.model, m.tokenizer, None, m.model.new_cache, branches=2)
+    goals = [
+        [{"object": "apple", "at": "table"}],
+        [{"holding": "apple"}],
+        [{"object": "apple", "at": "sink"}],
+        [{"object": "red_cup", "at": "sink"}],
+    ]
+    cands = [
+        Candidate([], -float(i), 1, i or None, goal=g, tier=REACHABLE) for i, g in enumerate(goals)
+    ]
+    cands.append(Candidate([], 0.0, 1, 9, goal=[{"object": "plate", "at": "sink"}]))  # not reached
+    # the same goal spelt another way is weighed once and shares the weight
+    cands.append(Candidate([], -9.0, 1, 7, goal=goals[1], tier=REACHABLE))
+    assert chooser.explain(TASK, w, cands, key=lambda c: c.logprob) == EXPLAIN_POOL == 3
+    raw = [_explained_reference(m, TASK, g, w) for g in goals[:3]]
+    best = max(raw)
+    assert [c.explained for c in cands[:3]] == pytest.approx([r - best for r in raw], abs=2e-3)
+    assert max(c.explained for c in cands[:3]) == 0.0
+    # reachable but not weighed: the lowest weight, so it cannot overtake a weighed goal
+    assert cands[3].explained == pytest.approx(min(raw) - best, abs=2e-3)
+    assert cands[4].explained == 0.0 and cands[5].explained == cands[1].explained
+    # fewer than two goals in reach: nothing to weigh, no forward
+    one = [Candidate([], 0.0, 1, None, goal=goals[0], tier=REACHABLE)]
+    assert chooser.explain(TASK, w, one + cands[4:5], key=lambda c: c.logprob) == 0
+    assert one[0].explained == 0.0
+
+
+def test_how_well_a_goal_explains_the_task_moves_its_rank(tiny_llama, monkeypatch):
+    """The alternative is likelier (-1 against -4), but the task's words read back far worse
+    from it than from the greedy goal: the greedy goal stands, and the stats say why."""
+    tok = tiny_llama.tokenizer
+    w, s = world_and_skills("kitchen")
+    task = "move the apple"
+    greedy_text = _compact({**good_plan(), "task": task})
+    other_head = (
+        _compact({**_head([{"object": "apple", "at": "sink"}]), "task": task})[:-1] + ',"steps":['
+    )
+    pl = Planner(
+        _Runtime(tok, [greedy_text], tiny_llama.model),
+        tok,
+        attempts=0,
+        thinking=False,
+        goal_choice=2,
+    )
+    alt = tok.encode(other_head, add_special=False)
+
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
+        g, h = head_span(pl.gtok.token_bytes, gen_ids)
+        return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
+
+    def explain(task_text, world, cands, key):
+        assert task_text == task and world is w
+        for c in cands:
+            c.explained = -10.0 if c.ids == alt else 0.0
+        return 2
+
+    monkeypatch.setattr(pl.chooser, "candidates", candidates)
+    monkeypatch.setattr(pl.chooser, "priors", lambda *a, **k: None)
+    monkeypatch.setattr(pl.chooser, "explain", explain)
+    res = pl.plan(task, w, s)
+    assert res.valid and res.plan["goal"] == good_plan()["goal"]
+    assert res.stats["goal_changed"] == 0
+    stated = res.stats["goal_choice"][0]["candidates"]
+    assert [c["explained"] for c in stated] == [0.0, -10.0]
+    assert stated[0]["score"] - stated[1]["score"] == pytest.approx(-3.0 + EXPLAIN_NATS * 10)
