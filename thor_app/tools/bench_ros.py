@@ -50,17 +50,36 @@ def gaps(stamps: list[float]) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
+def median_interval(xs: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``xs``: how far the median of this many
+    differences moves with the machine's noise (a fixed seed: the same rows, the same
+    interval)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(rounds))
+    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
 def summarize(rows: list[dict]) -> dict:
-    """-> medians of the direct and action latencies, the action's overhead (median and p90 of
-    the per-request differences), the longest feedback gap, and whether every plan matched."""
+    """-> medians of the direct and action latencies, the action's overhead (median, its 95%
+    interval and p90 of the per-request differences), the part of it outside the plan (goal sent
+    to first feedback, last feedback to result), the longest feedback gap, and whether every
+    plan matched."""
     extra = sorted(r["action_s"] - r["direct_s"] for r in rows)
     all_gaps = [g for r in rows for g in r["feedback_gaps_s"]]
+    ends = [
+        r["to_first_feedback_s"] + r["after_last_feedback_s"]
+        for r in rows
+        if r.get("to_first_feedback_s") is not None and r.get("after_last_feedback_s") is not None
+    ]
+    low, high = median_interval(extra)
     return {
         "plans": len(rows),
         "direct_p50_s": statistics.median(r["direct_s"] for r in rows),
         "action_p50_s": statistics.median(r["action_s"] for r in rows),
         "overhead_p50_ms": 1000 * statistics.median(extra),
+        "overhead_p50_interval_ms": [1000 * low, 1000 * high],
         "overhead_p90_ms": 1000 * extra[min(len(extra) - 1, round(0.9 * (len(extra) - 1)))],
+        "outside_plan_p50_ms": 1000 * statistics.median(ends) if ends else None,
         "feedback_gap_max_s": max(all_gaps) if all_gaps else None,
         "feedback_gap_p50_s": statistics.median(all_gaps) if all_gaps else None,
         "same_plans": all(r["same_plan"] for r in rows),
@@ -68,6 +87,10 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def markdown(s: dict, meta: dict) -> str:
+    lo, hi = s["overhead_p50_interval_ms"]
+    outside = (
+        f"median {s['outside_plan_p50_ms']:.1f} ms" if s["outside_plan_p50_ms"] is not None else "-"
+    )
     gap = (
         f"{s['feedback_gap_max_s']:.3f} s (median {s['feedback_gap_p50_s']:.3f} s)"
         if s["feedback_gap_max_s"] is not None
@@ -79,9 +102,11 @@ def markdown(s: dict, meta: dict) -> str:
         "| through | p50 latency |\n|---|---|\n"
         f"| the node's planner (as `thor plan`, warm) | {s['direct_p50_s']:.3f} s |\n"
         f"| the `~/plan` action | {s['action_p50_s']:.3f} s |\n\n"
-        f"The action's cost per plan: median {s['overhead_p50_ms']:.1f} ms, "
-        f"p90 {s['overhead_p90_ms']:.1f} ms. Longest time between feedback messages while "
-        f"planning: {gap}. Same plans both ways: {s['same_plans']}.\n"
+        f"The action's cost per plan: median {s['overhead_p50_ms']:.1f} ms "
+        f"(95% interval {lo:.0f} to {hi:.0f} ms), p90 {s['overhead_p90_ms']:.1f} ms; of it, "
+        f"outside the plan (goal to first feedback, last feedback to result): {outside}. "
+        f"Longest time between feedback messages while planning: {gap}. "
+        f"Same plans both ways: {s['same_plans']}.\n"
     )
 
 

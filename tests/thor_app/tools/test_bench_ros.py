@@ -11,15 +11,17 @@ import sys
 import pytest
 
 from tests.helpers.paths import ROOT
-from thor_app.tools.bench_ros import gaps, markdown, summarize
+from thor_app.tools.bench_ros import gaps, markdown, median_interval, summarize
 
 
-def _row(direct, action, same=True, stamps=(0.0, 0.1, 0.35)):
+def _row(direct, action, same=True, stamps=(0.0, 0.1, 0.35), ends=(0.012, 0.001)):
     return {
         "direct_s": direct,
         "action_s": action,
         "same_plan": same,
         "feedback_gaps_s": gaps(list(stamps)),
+        "to_first_feedback_s": ends[0],
+        "after_last_feedback_s": ends[1],
     }
 
 
@@ -33,6 +35,18 @@ def test_the_actions_cost_is_the_median_of_the_differences_per_plan():
     assert not summarize(rows + [_row(1.0, 1.0, same=False)])["same_plans"]
     md = markdown(s, {"model": "m", "spec": "none", "plans": 3, "repeats": 1, "rmw": "default"})
     assert "median 20.0 ms" in md and "0.250 s" in md
+    # the part outside the plan: goal to first feedback plus last feedback to result
+    assert s["outside_plan_p50_ms"] == pytest.approx(13.0) and "median 13.0 ms" in md
+
+
+def test_the_medians_interval_holds_it_and_widens_with_noise():
+    quiet = [0.02 + 0.001 * (i % 3) for i in range(30)]
+    noisy = [0.02 + 0.4 * ((i * 7) % 11 - 5) / 5 for i in range(30)]
+    lo, hi = median_interval(quiet)
+    assert lo <= 0.021 <= hi and hi - lo <= 0.002
+    nlo, nhi = median_interval(noisy)
+    assert nlo <= sorted(noisy)[15] <= nhi and nhi - nlo > 10 * (hi - lo)
+    assert median_interval(noisy) == (nlo, nhi)  # the same rows, the same interval
 
 
 @pytest.mark.slow
