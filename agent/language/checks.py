@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 
 from agent.files.loader import SkillSet, World
-from agent.language.mentions import Amount, TaskWords
+from agent.files.names import name_words
+from agent.files.names import words as words_of
+from agent.language.mentions import Amount, TaskWords, run_in
 from agent.symbolic.executor import ParsedGoal, parse_goal
 from agent.symbolic.findings import Finding
 
@@ -172,6 +174,21 @@ def takes_amounts(words: TaskWords, goal, world: World, skills: SkillSet | None)
     return sum(
         1 for a in words.amounts if a.value != 1 and _takers(a, skills) and _taken(a, parsed)
     )
+
+
+def absent(words: TaskWords, name: str, world: World) -> bool:
+    """Whether ``name`` (a thing a goal says is missing) is a thing the task says that this
+    world lacks: its words run in the task, and no object or place of the world is called so
+    (by its name or an alias, by a part of one, "the glass" for the sundae glass, or by more
+    than one, "the glass bowl" where the glass is a thing)."""
+    said = tuple(words_of(name))
+    if not said or not words.says(name):
+        return False
+    for thing in (*world.objects, *world.places):
+        for phrase in (tuple(name_words(thing.name)), *(tuple(words_of(a)) for a in thing.aliases)):
+            if run_in(list(phrase), said) is not None or run_in(list(said), phrase) is not None:
+                return False
+    return True
 
 
 def names_in(value, world: World, out: set[str]) -> None:

@@ -18,6 +18,8 @@ from agent.language.lexicon import EMPTY, Lexicon, Phrase, cues
 
 # a word this long may carry an ending of up to _ENDING letters and still be the same word
 _STEM, _ENDING = 5, 3
+# the longest run of a task's words ``TaskWords.unnamed`` offers as a thing's name
+UNNAMED_WORDS = 4
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,35 @@ class TaskWords:
     hints: dict[str, frozenset[str]] = field(default_factory=dict)  # forms|skills|states ->
 
     loose: frozenset[str] = frozenset()  # things a word of whose name the task says
+    covered: frozenset[int] = frozenset()  # the words that say a thing, a type or a name's word
 
     def mentions(self, name: str) -> bool:
         """Named by its name, an alias or its type, or by one word of its name ("the door" for
         chiller_door)."""
         return name in self.named or name in self.typed or name in self.loose
 
+    def unnamed(self, longest: int = UNNAMED_WORDS) -> list[tuple[int, str]]:
+        """Every run of one to ``longest`` of the task's words of which none says a thing of
+        this world (by a name, an alias, a type or a word of a name), and which is not only
+        digits, as (its first word, its text): what the task may name that the world lacks, in
+        its own words. A script written without spaces is joined without them."""
+        toks, out = self.toks, []
+        for i in range(len(toks)):
+            for n in range(1, longest + 1):
+                run = toks[i : i + n]
+                if len(run) < n or any(i + k in self.covered for k in range(n)):
+                    break
+                if all(w.isdigit() for w in run):
+                    continue
+                text = run[0]
+                for a, b in zip(run, run[1:]):
+                    text += b if unspaced(a[-1]) and unspaced(b[0]) else " " + b
+                out.append((i, text))
+        return out
+
     def says(self, text: str) -> bool:
         """Whether the words of ``text`` (a value the model wrote) run in the task."""
-        return _run(list(self.toks), tuple(words(text))) is not None
+        return run_in(list(self.toks), tuple(words(text))) is not None
 
 
 def same_word(a: str, b: str) -> bool:
@@ -58,7 +80,8 @@ def same_word(a: str, b: str) -> bool:
     return long_.startswith(short) and len(long_) - len(short) <= _ENDING
 
 
-def _run(toks: list[str], phrase: Phrase, spans=None) -> int | None:
+def run_in(toks: list[str], phrase: Phrase) -> int | None:
+    """Where the words of ``phrase`` first run in ``toks`` (each the same word), or None."""
     n = len(phrase)
     if not n:
         return None
@@ -135,7 +158,7 @@ def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
     spans = []  # (start, end, thing) of every name said
     for thing in list(world.objects) + list(world.places):
         for p in _phrases(thing, lex):
-            at = _run(toks, p)
+            at = run_in(toks, p)
             if at is not None:
                 spans.append((at, at + len(p), thing.name))
     # a name said inside a longer one names nothing of its own ("mould" in "the mould cupboard")
@@ -150,18 +173,32 @@ def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
         named.setdefault(name, at)
         inside |= set(range(at, end))
     typed: dict[str, int] = {}
+    covered = set(inside)
     for o in world.objects:
         p = tuple(w for w in name_words(o.type) if w not in lex.ignore)
-        at = _run(toks, p) if p else None
-        if at is not None and o.name not in named:
-            typed[o.name] = at
-    loose = frozenset(
-        t.name
-        for t in list(world.objects) + list(world.places)
-        if any(
-            len(w) >= 3 and w not in lex.ignore and _run(toks, (w,)) is not None
-            for w in name_words(t.name)
-        )
-    )
+        at = run_in(toks, p) if p else None
+        if at is not None:
+            covered |= set(range(at, at + len(p)))
+            if o.name not in named:
+                typed[o.name] = at
+    loose: set[str] = set()
+    for t in list(world.objects) + list(world.places):
+        for w in name_words(t.name):
+            said = [
+                i
+                for i, x in enumerate(toks)
+                if len(w) >= 3 and w not in lex.ignore and same_word(x, w)
+            ]
+            if said:
+                loose.add(t.name)
+                covered |= set(said)
     hints = {k: frozenset(v) for k, v in cues(lex, toks).items()}
-    return TaskWords(tuple(toks), named, typed, tuple(amounts(toks, lex, inside)), hints, loose)
+    return TaskWords(
+        tuple(toks),
+        named,
+        typed,
+        tuple(amounts(toks, lex, inside)),
+        hints,
+        frozenset(loose),
+        frozenset(covered),
+    )

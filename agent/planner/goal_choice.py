@@ -47,6 +47,10 @@ from thor_runtime.cache import common_prefix
 
 GOAL_OPEN = b'"goal":['
 STEPS_OPEN = b'"steps":['
+MISSING_OPEN = b'{"missing":"'
+# where in the task a missing thing's name may start (``_lacking``): this many of its words, the
+# likeliest first
+MISSING_STARTS = 2
 # a goal longer than this many tokens after its branch point is left unfinished (dropped)
 MAX_GOAL_TOKENS = 160
 
@@ -169,10 +173,12 @@ class GoalChooser:
         start: int = 0,
         forms: tuple[str, ...] = (),
         branch: bool = True,
+        unnamed: list[tuple[int, str]] = (),
     ) -> list[Candidate]:
         """The greedy goal (``gen_ids``' head), up to ``branches`` alternatives (none without
-        ``branch``), and one goal per text of ``forms`` (how a goal's first item opens:
-        ``{"do":"inspect"``, or a whole goal), each scored."""
+        ``branch``), one goal per text of ``forms`` (how a goal's first item opens:
+        ``{"do":"inspect"``, or a whole goal), and goals that say a thing is missing in the
+        task's own words (``unnamed``: ``TaskWords.unnamed``; ``_lacking``), each scored."""
         span = head_span(self.gtok.token_bytes, gen_ids, start)
         if span is None:
             return []
@@ -251,6 +257,7 @@ class GoalChooser:
             if cand is not None:
                 out_c.append(cand)
         out_c += self._opened(cache, P, head, g, start, lp[0], forms, grammar)
+        out_c += self._lacking(cache, P, head, g, start, lp[0], unnamed, grammar)
         for cand in out_c:
             cand.start = g
         return out_c
@@ -284,7 +291,7 @@ class GoalChooser:
             each = lp[torch.arange(len(goal)), torch.tensor(goal)]  # [n]
             cand.prior = float(each[torch.isfinite(each)].sum())
 
-    def explain(self, task: str, world, cands: list[Candidate], key) -> int:
+    def explain(self, task: str, world, cands: list[Candidate], key, lacking=()) -> int:
         """The second reading: for the ``EXPLAIN_POOL`` reachable candidates that rank best by
         ``key`` (the choice's own order), the log-likelihood of the task's words after the goal,
         as the model would word it (``prompt.explain_messages``: the goal and the aliases of
@@ -292,16 +299,20 @@ class GoalChooser:
         likely after them: "keep hold of the pen" reads back from the pen held, not from the pen
         inspected. Each weighed candidate's ``explained`` is that less the best one's (<= 0);
         every other reachable candidate gets the lowest of them, so none overtakes a weighed one
-        for not having been weighed. -> forwards run (none where fewer than two are in reach)."""
+        for not having been weighed. The likeliest of ``lacking`` (goals that say a thing the
+        task names is missing) is read back too, against the same best (``choose``: a refusal
+        where it explains the words better). -> forwards run (none where fewer than two)."""
         seen: dict[str, Candidate] = {}
         for c in cands:
             if c.tier == REACHABLE:
                 seen.setdefault(repr(c.goal), c)
         pool = sorted(seen.values(), key=key, reverse=True)[:EXPLAIN_POOL]
-        if len(pool) < 2 or not getattr(self.tok, "chat_template", None):
+        refusal = max(lacking, key=lambda c: c.logprob, default=None)
+        weigh = pool + ([refusal] if refusal is not None and pool else [])
+        if len(weigh) < 2 or not getattr(self.tok, "chat_template", None):
             return 0
         raw = {}
-        for c in pool:
+        for c in weigh:
             msgs = explain_messages(c.goal, world)
             head = self.tok.encode_chat(msgs)
             full = self.tok.encode_chat(
@@ -314,12 +325,15 @@ class GoalChooser:
             ).logits  # [len(full) - n, V]: predict the task's tokens and the turn's end
             lp = torch.log_softmax(rows.float(), -1)
             raw[id(c)] = float(lp[torch.arange(len(full) - n), torch.tensor(full[n:])].sum())
-        best, low = max(raw.values()), min(raw.values())
+        best = max(raw[id(c)] for c in pool)
+        low = min(raw[id(c)] for c in pool)
         for c in cands:
             if c.tier == REACHABLE:
                 same = seen[repr(c.goal)]
                 c.explained = raw[id(same)] - best if id(same) in raw else low - best
-        return len(pool)
+        if refusal is not None:
+            refusal.explained = raw[id(refusal)] - best
+        return len(weigh)
 
     def _opened(
         self,
@@ -362,6 +376,52 @@ class GoalChooser:
             if cand is not None:
                 out.append(cand)
         return out
+
+    def _lacking(
+        self,
+        cache,
+        P: int,
+        head: list[int],
+        g: int,
+        start: int,
+        first: torch.Tensor,
+        unnamed: list[tuple[int, str]],
+        grammar,
+    ) -> list[Candidate]:
+        """Goals ``[{"missing": RUN}]`` where RUN is a run of the task's words that names nothing
+        of this world: after the opening ``{"missing":"``, the ``MISSING_STARTS`` words where a
+        run's first token is likeliest, and every run from each of them (one word, two, ...)
+        a goal of its own, scored as ``forms`` are. The name is then the task's own words, never
+        a thing the world has, in any language."""
+        if not unnamed:
+            return []
+        tb = self.gtok.token_bytes
+        text = b"".join(tb[t] for t in head[start:] if t < len(tb))
+        written = len(b"".join(tb[t] for t in head[start:g] if t < len(tb)))
+        open_end = text.find(GOAL_OPEN) + len(GOAL_OPEN)
+        ids = self._spell(head[:g], text[written:open_end] + MISSING_OPEN, grammar)
+        if not ids or not torch.isfinite(first[ids[0]]):
+            return []
+        cache.crop(P + g)
+        c = grammar.constraint()
+        for t in head[:g] + ids:
+            c.advance(t)
+        rows = self.model.forward(
+            torch.tensor(ids, dtype=torch.long), cache, logits_rows="last"
+        ).logits  # [1, V]: the name's first token
+        lp = _masked_logprobs(c, rows[-1:], [])[0]  # [V]
+        by_start: dict[int, float] = {}
+        for at, run in unnamed:
+            if at not in by_start:
+                t = self.tok.encode(run, add_special=False)
+                by_start[at] = float(lp[t[0]]) if t else float("-inf")
+        starts = sorted(by_start, key=by_start.get, reverse=True)[:MISSING_STARTS]
+        forms = tuple(
+            MISSING_OPEN.decode() + json.dumps(run, ensure_ascii=False)[1:] + "}]"
+            for at, run in unnamed
+            if at in starts and by_start[at] > float("-inf")
+        )
+        return self._opened(cache, P, head, g, start, first, forms, grammar)
 
     def _spell(self, prefix: list[int], want: bytes, grammar) -> list[int]:
         """Tokens the grammar allows after ``prefix`` that write ``want`` (the last may write
@@ -444,7 +504,7 @@ class GoalChooser:
             feed = [t]
         return None
 
-    def choose(self, cands: list[Candidate], judge, score=None, ground=None) -> Choice:
+    def choose(self, cands: list[Candidate], judge, score=None, ground=None, lacking=()) -> Choice:
         """judge(candidate) -> (tier, goal); the greedy candidate is cands[0]. ``score``
         (candidate) -> how it ranks among the reachable ones (default: its log-likelihood).
 
@@ -453,7 +513,12 @@ class GoalChooser:
         goal is first what the task is about, then likely: a reachable goal replaces another
         only when it is about at least as much of the task; one about nothing the task names
         never replaces a goal; and an infeasible goal about more of the task than any reachable
-        one is the task's own goal, so its refusal is chosen (the greedy goal's too)."""
+        one is the task's own goal, so its refusal is chosen (the greedy goal's too).
+
+        ``lacking``: goals that say a thing the task names in its own words is missing, each
+        about that thing (``ground``). The best of them is the task's refusal where it ranks
+        above every reachable goal: about as much of the task, and likelier after it (its
+        ``score``), or where no goal can be reached at all."""
         score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
@@ -467,6 +532,17 @@ class GoalChooser:
             key, had = repr(cand.goal), seen.get(repr(cand.goal))
             if had is None or (had.branch is not None and cand.logprob > had.logprob):
                 seen[key] = cand
+        absent = [c for c in lacking if c.tier == INFEASIBLE]
+        if absent:
+            order = (lambda c: (ground(c)[0], score(c))) if ground is not None else score
+            # the model's own choice of the thing's name (a longer run of the task's words is
+            # always less likely without the task, so it would always rank higher)
+            best = max(absent, key=lambda c: c.logprob)
+            rival = max((c for c in seen.values() if c.tier == REACHABLE), key=order, default=None)
+            if (rival is None and greedy.tier != INFEASIBLE) or (
+                rival is not None and order(best) > order(rival)
+            ):
+                return Choice(best, cands, True, note="the task names a thing this world lacks")
         if ground is None:
             if greedy.tier == INFEASIBLE:
                 return Choice(greedy, cands, False, note="refused from the goal alone: kept")
@@ -480,7 +556,10 @@ class GoalChooser:
         refusals = [
             c
             for c in seen.values()
-            if c.tier == INFEASIBLE and ground(c)[1] > 0 and (floor is None or ground(c)[0] > floor)
+            if c.tier == INFEASIBLE
+            and ground(c)[1] > 0
+            and (floor is None or ground(c)[0] > floor)
+            and c not in absent  # weighed above, against reachable goals only
         ]
         if greedy.tier == INFEASIBLE and not reached and greedy not in refusals:
             refusals.append(greedy)  # nothing that can be done is about the task: it stands

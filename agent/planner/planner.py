@@ -27,7 +27,7 @@ import time
 from dataclasses import replace
 
 from agent.files.loader import SkillSet, World
-from agent.language.checks import grounding, takes_amounts, task_findings
+from agent.language.checks import absent, grounding, takes_amounts, task_findings
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
     EXPLAIN_NATS,
@@ -390,7 +390,10 @@ class Planner:
                 None, [], False, time.perf_counter() - t0, "refused from the goal alone: kept"
             )
         start = self._think_end(res.token_ids)
-        cands = self.chooser.candidates(ids, res.token_ids, req.grammar, start, self._forms(req))
+        unnamed = said.unnamed() if said is not None else []
+        cands = self.chooser.candidates(
+            ids, res.token_ids, req.grammar, start, self._forms(req), unnamed=unnamed
+        )
         if not cands:
             return res, None
         neutral = self._neutral_ids(req, res.token_ids[start : cands[0].start])
@@ -399,7 +402,11 @@ class Planner:
         hints = said.hints if said is not None else {}
 
         def ground(c: Candidate) -> tuple[int, int]:
-            return grounding(said, c.goal, world, skills) if said is not None else (0, 0)
+            if said is None:
+                return 0, 0
+            if _lacks(c.goal):  # about each thing it says the task names and the world lacks
+                return len(c.goal), len(c.goal)
+            return grounding(said, c.goal, world, skills)
 
         def score(c: Candidate) -> float:
             # the numbers the task says that the goal's calls take, and the things it names
@@ -452,8 +459,11 @@ class Planner:
             # the choice's own order: about the task first (where it names things), then rank
             return (ground(c)[1] > 0, ground(c)[0], score(c)) if grounded else (score(c),)
 
-        self.chooser.explain(task, world, cands, order)
-        choice = self.chooser.choose(cands, judge, score, ground if grounded else None)
+        # goals saying a thing the task names is missing, in its own words (``_judge`` tiers one
+        # naming a thing the world has, or words the task does not say, as not reached)
+        lacking = [c for c in cands if c.tier == INFEASIBLE and _lacks(c.goal)]
+        self.chooser.explain(task, world, cands, order, lacking)
+        choice = self.chooser.choose(cands, judge, score, ground if grounded else None, lacking)
         choice.seconds = time.perf_counter() - t0
         if not choice.changed:
             return res, choice
@@ -533,7 +543,15 @@ class Planner:
         parsed = parse_goal(head, world, skills)
         reasons = goal_reasons(head, world, skills, parsed)
         if reasons:
-            refusal = cand.branch is None or {f.check for f in reasons} <= _WORLD_LIMITS
+            missing = [d["missing"] for d in head["goal"] if isinstance(d, dict) and "missing" in d]
+            said = req.reading
+            refusal = (
+                cand.branch is None
+                or {f.check for f in reasons} <= _WORLD_LIMITS
+                or bool(missing)
+                and said is not None
+                and all(absent(said, m, world) for m in missing)
+            )
             return (INFEASIBLE if refusal else UNREACHED), head["goal"]
         if cand.branch is None and own is not None and _check(task, own, [], req, parsed).valid:
             return REACHABLE, head["goal"]
@@ -554,6 +572,11 @@ class Planner:
             last = len(ids) - 1 - ids[::-1].index(self.gtok.think_ids[1])
             ids = ids[last + 1 :]
         return self.tok.decode(ids).strip()
+
+
+def _lacks(goal) -> bool:
+    """Whether a goal says only that things are missing."""
+    return bool(goal) and all(isinstance(d, dict) and "missing" in d for d in goal)
 
 
 # the findings a goal other than the greedy one may be refused for (``_judge``)

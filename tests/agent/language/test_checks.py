@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.files.loader import DEFAULT_SKILLS, load_skills, world_from_dict
-from agent.language.checks import task_findings
+from agent.language.checks import absent, task_findings
 from agent.language.lexicon import EMPTY, load_lexicon
 from agent.language.mentions import read_words
 
@@ -66,6 +66,20 @@ def test_missing_must_be_said_by_the_task(ws):
     assert out and out[0].startswith("object: the goal says 'tulip' is missing")
 
 
+def test_a_thing_is_absent_only_where_the_task_says_it_and_the_world_has_no_such_thing(ws):
+    world, _ = ws
+    said = read_words("Bring die Orchidee zur Farbdose", world, EMPTY)
+    assert absent(said, "Orchidee", world)
+    assert absent(said, "orchidee", world)  # the words, not their case
+    assert not absent(said, "tulip", world)  # not said: the model's own thing
+    assert not absent(said, "Farbdose", world)  # an alias of ink_tin
+    assert not absent(said, "ink_tin", world)  # the thing itself
+    # part of a thing's name or alias, or more than one, is that thing, not a missing one
+    said = read_words("put the ink tin and its lid on the rack", world, EMPTY)
+    assert not absent(said, "ink", world) and not absent(said, "ink tin lid", world)
+    assert absent(said, "lid", world)
+
+
 def test_an_amount_said_with_a_known_unit_must_be_taken_by_a_call(ws):
     task = "schieb die Farbdose 5 cm nach rechts"
     lex = load_lexicon("en")  # knows "cm", not a word of German
@@ -113,3 +127,18 @@ def test_grounding_ranks_the_goal_about_what_the_task_names(ws):
     # a set covers the things it takes; a type the task says counts once, however many
     assert g("put the tin on the rack", [{"every": {"type": "tin"}, "at": "rack"}]) == (2, 2)
     assert g(task, [{"missing": "Pinsel"}]) == (0, 0)
+
+
+def test_unnamed_runs_are_the_tasks_words_that_name_nothing_here(ws):
+    world, _ = ws
+    runs = read_words("Stell die Orchidee und 3 Tulpen aufs Regal", world, EMPTY).unnamed(2)
+    texts = [t for _, t in runs]
+    # no run says a thing of the world (Regal is the rack) or is only digits
+    assert "regal" not in " ".join(texts) and "3" not in texts
+    assert (2, "orchidee") in runs and (2, "orchidee und") in runs and (4, "3 tulpen") in runs
+    assert all(len(t.split()) <= 2 for t in texts)
+    # a word of a thing's name said alone is that thing's ("the tin")
+    assert not any("tin" in t for _, t in read_words("move the tin", world, EMPTY).unnamed())
+    # a script written without spaces: runs of characters, joined without them
+    runs = read_words("把辣椒油拿到Regal", world, EMPTY).unnamed(3)
+    assert (1, "辣椒油") in runs and all(" " not in t for _, t in runs)

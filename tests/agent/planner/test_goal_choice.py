@@ -4,7 +4,9 @@ the choice never turns a refusal into a plan or a reachable goal into one that i
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from agent.planner.goal_choice import (
     EXPLAIN_NATS,
     EXPLAIN_POOL,
     INFEASIBLE,
+    MISSING_STARTS,
     REACHABLE,
     UNREACHED,
     Candidate,
@@ -134,6 +137,87 @@ def test_an_infeasible_goal_about_more_of_what_the_task_names_is_its_refusal():
     assert not ch.changed and ch.chosen.goal == light
 
 
+def test_a_thing_the_task_names_and_the_world_lacks_is_refused_where_it_ranks_above():
+    put, heavy = [{"object": "cup", "at": "shelf"}], [{"object": "anvil", "at": "shelf"}]
+    lacks = [{"missing": "milk jug"}]
+    named = {"cup", "shelf"}
+
+    def ground(c):
+        if "missing" in c.goal[0]:
+            return 1, 1
+        said = len(named & {v for d in c.goal for v in d.values()})
+        return said, said
+
+    def choose(pairs, tiers, scores, ground=ground):
+        chooser = GoalChooser(None, None, None, None, branches=2)
+        cands = []
+        for (c, goal), tier in zip(pairs, tiers):
+            c.goal_for_test = (tier, goal)
+            cands.append(c)
+        lacking = [c for c in cands if "missing" in c.goal_for_test[1][0]]
+        return chooser.choose(
+            cands, lambda c: c.goal_for_test, lambda c: scores[id(c)], ground, lacking
+        )
+
+    # "put the milk jug next to the cup": the refusal is about as much of the task as the
+    # reachable goal about the cup and ranks above it -> refused
+    g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+    ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0}, lambda c: (1, 1))
+    assert ch.changed and ch.chosen.goal == lacks and "lacks" in ch.note
+    # ranked below it, or less about the task than it, the reachable goal stands
+    g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+    ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 7.0, id(m[0]): 6.0}, lambda c: (1, 1))
+    assert not ch.changed and ch.chosen.goal == put
+    g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+    ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0})
+    assert not ch.changed and ch.chosen.goal == put  # about the cup and the shelf: 2 > 1
+    # with no goal in reach it is the refusal; a greedy refusal of its own stands
+    g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+    ch = choose([g, m], [UNREACHED, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): -6.0})
+    assert ch.changed and ch.chosen.goal == lacks
+    g, m = _cand(heavy, -1.0, None), _cand(lacks, -9.0, 5)
+    ch = choose([g, m], [INFEASIBLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0})
+    assert not ch.changed and ch.chosen.goal == heavy
+
+
+def test_missing_goals_are_written_in_the_tasks_own_words(tiny_llama):
+    """``_lacking``: goals saying a run of the task's words that names nothing of the world is
+    missing, scored as forms are, and only such runs."""
+    from agent.language.mentions import read_words
+
+    tok, model = tiny_llama.tokenizer, tiny_llama.model
+    w, s = world_and_skills("kitchen")
+    task = "bring the teapot over to the table"
+    said = read_words(task, w)
+    runs = said.unnamed()
+    assert runs and all("table" not in text for _, text in runs)
+    assert (2, "teapot") in runs and (2, "teapot over") in runs
+    tok, gtok, w, s, grammar, _ = _setup(tiny_llama)
+    prompt = tok.encode("Plan: " + task, add_special=False)  # short: the tiny model's context
+    head = _compact({**_head([{"object": "apple", "at": "table"}]), "task": task})[:-1]
+    gen = tok.encode(head + ',"steps":[', add_special=False)
+    chooser = GoalChooser(model, tok, gtok, model.new_cache, branches=0)
+    cands = chooser.candidates(prompt, gen, grammar, unnamed=runs)
+
+    def goal_of(c):
+        text = tok.decode(c.ids)
+        return json.loads(text[text.index('"goal":') + 7 : text.index(',"steps":[')])
+
+    lacking = [(goal_of(c), c) for c in cands[1:] if "missing" in tok.decode(c.ids[c.start :])]
+    said_runs = {text for _, text in runs}
+    assert lacking and all(len(g) == 1 and g[0]["missing"] in said_runs for g, _ in lacking)
+    # every run from the likeliest starts, one goal each, each scored
+    # every run from at most MISSING_STARTS of the task's words, and nothing else
+    texts = {g[0]["missing"] for g, _ in lacking}
+    starts = sorted({at for at, _ in runs})
+    assert any(
+        texts == {text for at, text in runs if at in pick}
+        for n in range(1, MISSING_STARTS + 1)
+        for pick in itertools.combinations(starts, n)
+    )
+    assert all(math.isfinite(c.logprob) and c.logprob < 0 for _, c in lacking)
+
+
 def test_the_choice_ranks_reachable_goals_first_and_keeps_a_refusal():
     a, b, c = (
         [{"object": "apple", "at": "table"}],
@@ -203,7 +287,7 @@ def test_a_likelier_reachable_goal_replaces_the_greedy_one(tiny_llama, monkeypat
     rt = _Runtime(tok, [greedy_text, steps], tiny_llama.model)
     pl = Planner(rt, tok, attempts=0, thinking=False, complete=solver, goal_choice=2)
 
-    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=(), unnamed=()):
         g, h = head_span(pl.gtok.token_bytes, gen_ids)
         alt = tok.encode(other_head, add_special=False)
         return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
@@ -235,7 +319,7 @@ def test_a_refusal_is_weighed_against_goals_about_as_much_of_the_task(tiny_llama
     # name): the pan on the table, too heavy, is what the task asks, and its refusal stands
     apple = _compact({**_head([{"object": "apple", "at": "table"}]), "task": task})[:-1]
 
-    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=(), unnamed=()):
         assert any(f.startswith('{"object":"cast_iron_pan"') for f in forms)
         g, h = head_span(pl.gtok.token_bytes, gen_ids)
         alt = tok.encode(apple + ',"steps":[', add_special=False)
@@ -499,11 +583,11 @@ def test_how_well_a_goal_explains_the_task_moves_its_rank(tiny_llama, monkeypatc
     )
     alt = tok.encode(other_head, add_special=False)
 
-    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=()):
+    def candidates(prompt_ids, gen_ids, grammar, start=0, forms=(), unnamed=()):
         g, h = head_span(pl.gtok.token_bytes, gen_ids)
         return [Candidate(list(gen_ids[:h]), -4.0, h - g, None), Candidate(alt, -1.0, 9, 12)]
 
-    def explain(task_text, world, cands, key):
+    def explain(task_text, world, cands, key, lacking=()):
         assert task_text == task and world is w
         for c in cands:
             c.explained = -10.0 if c.ids == alt else 0.0
