@@ -516,9 +516,10 @@ class GoalChooser:
         one is the task's own goal, so its refusal is chosen (the greedy goal's too).
 
         ``lacking``: goals that say a thing the task names in its own words is missing, each
-        about that thing (``ground``). The best of them is the task's refusal where it ranks
-        above every reachable goal: about as much of the task, and likelier after it (its
-        ``score``), or where no goal can be reached at all."""
+        about that thing (``ground``). The likeliest of them is the task's refusal where it
+        ranks above every reachable goal: about as much of the task, and likelier after it (its
+        ``score``). With none in reach, the refusals above decide (a goal out of reach is about
+        more of the task than words of it that name nothing here)."""
         score = score or (lambda c: c.logprob)
         for cand in cands:
             cand.tier, cand.goal = judge(cand)
@@ -539,9 +540,7 @@ class GoalChooser:
             # always less likely without the task, so it would always rank higher)
             best = max(absent, key=lambda c: c.logprob)
             rival = max((c for c in seen.values() if c.tier == REACHABLE), key=order, default=None)
-            if (rival is None and greedy.tier != INFEASIBLE) or (
-                rival is not None and order(best) > order(rival)
-            ):
+            if rival is not None and order(best) > order(rival):
                 return Choice(best, cands, True, note="the task names a thing this world lacks")
         if ground is None:
             if greedy.tier == INFEASIBLE:

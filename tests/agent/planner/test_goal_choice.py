@@ -171,10 +171,14 @@ def test_a_thing_the_task_names_and_the_world_lacks_is_refused_where_it_ranks_ab
     g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
     ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0})
     assert not ch.changed and ch.chosen.goal == put  # about the cup and the shelf: 2 > 1
-    # with no goal in reach it is the refusal; a greedy refusal of its own stands
-    g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
-    ch = choose([g, m], [UNREACHED, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): -6.0})
-    assert ch.changed and ch.chosen.goal == lacks
+    # with no goal in reach, a goal out of reach about more of the task is the refusal, and a
+    # greedy refusal of its own stands
+    g, m, h = _cand(put, -1.0, None), _cand(lacks, -9.0, 5), _cand(heavy, -3.0, 4)
+    scores = {id(g[0]): 2.0, id(m[0]): 6.0, id(h[0]): 1.0}
+    ch = choose(
+        [g, m, h], [UNREACHED, INFEASIBLE, INFEASIBLE], scores, lambda c: (1 + (c is h[0]), 1)
+    )
+    assert ch.changed and ch.chosen.goal == heavy
     g, m = _cand(heavy, -1.0, None), _cand(lacks, -9.0, 5)
     ch = choose([g, m], [INFEASIBLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0})
     assert not ch.changed and ch.chosen.goal == heavy
