@@ -16,8 +16,9 @@ from agent.files.loader import World
 from agent.files.names import name_words, unspaced, words
 from agent.language.lexicon import EMPTY, Lexicon, Phrase, cues
 
-# a word this long may carry an ending of up to _ENDING letters and still be the same word
-_STEM, _ENDING = 5, 3
+# a word this long may carry an ending of up to _ENDING letters and still be the same word, and
+# one of _SHORT letters one letter ("tree", "trees"; "Tasse", "Tassen")
+_STEM, _ENDING, _SHORT = 5, 3, 4
 # the longest run of a task's words ``TaskWords.unnamed`` offers as a thing's name
 UNNAMED_WORDS = 4
 
@@ -49,8 +50,8 @@ class TaskWords:
 
     def unnamed(self, longest: int = UNNAMED_WORDS) -> list[tuple[int, str]]:
         """Every run of one to ``longest`` of the task's words of which none says a thing of
-        this world (by a name, an alias, a type or a word of a name), and which is not only
-        digits, as (its first word, its text): what the task may name that the world lacks, in
+        this world (by a name, an alias, a type or a word of a name) and holds no number, as
+        (its first word, its text): what the task may name that the world lacks, in
         its own words. A script written without spaces is joined without them."""
         toks, out = self.toks, []
         for i in range(len(toks)):
@@ -58,8 +59,8 @@ class TaskWords:
                 run = toks[i : i + n]
                 if len(run) < n or any(i + k in self.covered for k in range(n)):
                     break
-                if all(w.isdigit() for w in run):
-                    continue
+                if any(w.isdigit() for w in run):
+                    break  # a number says how many or how much, not what
                 text = run[0]
                 for a, b in zip(run, run[1:]):
                     text += b if unspaced(a[-1]) and unspaced(b[0]) else " " + b
@@ -74,10 +75,13 @@ class TaskWords:
 def same_word(a: str, b: str) -> bool:
     if a == b:
         return True
-    if len(a) < _STEM or len(b) < _STEM or unspaced(a[0]) or unspaced(b[0]):
+    if not a or not b or unspaced(a[0]) or unspaced(b[0]):
         return False
     short, long_ = sorted((a, b), key=len)
-    return long_.startswith(short) and len(long_) - len(short) <= _ENDING
+    more = len(long_) - len(short)
+    return long_.startswith(short) and (
+        len(short) >= _STEM and more <= _ENDING or len(short) >= _SHORT and more <= 1
+    )
 
 
 def run_in(toks: list[str], phrase: Phrase) -> int | None:

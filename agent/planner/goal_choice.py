@@ -517,8 +517,9 @@ class GoalChooser:
 
         ``lacking``: goals that say a thing the task names in its own words is missing, each
         about that thing (``ground``). The likeliest of them is the task's refusal where it
-        ranks above every reachable goal: about as much of the task, and likelier after it (its
-        ``score``). With none in reach, the refusals above decide (a goal out of reach is about
+        ranks above every reachable goal (about as much of the task, and likelier after it: its
+        ``score``) and ``explain`` read the task back from it better than from any of them.
+        With none in reach, the refusals above decide (a goal out of reach is about
         more of the task than words of it that name nothing here)."""
         score = score or (lambda c: c.logprob)
         for cand in cands:
@@ -540,7 +541,10 @@ class GoalChooser:
             # always less likely without the task, so it would always rank higher)
             best = max(absent, key=lambda c: c.logprob)
             rival = max((c for c in seen.values() if c.tier == REACHABLE), key=order, default=None)
-            if rival is not None and order(best) > order(rival):
+            # and the task's words must follow from it more than from every reachable goal read
+            # back beside it: a run the task only mentions ("look for spider mites") reads back
+            # worse than the goal the task asks for
+            if rival is not None and order(best) > order(rival) and best.explained > 0:
                 return Choice(best, cands, True, note="the task names a thing this world lacks")
         if ground is None:
             if greedy.tier == INFEASIBLE:

@@ -160,10 +160,19 @@ def test_a_thing_the_task_names_and_the_world_lacks_is_refused_where_it_ranks_ab
         )
 
     # "put the milk jug next to the cup": the refusal is about as much of the task as the
-    # reachable goal about the cup and ranks above it -> refused
+    # reachable goal about the cup, ranks above it, and the task reads back better from it
     g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+    m[0].explained = 2.0
     ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0}, lambda c: (1, 1))
     assert ch.changed and ch.chosen.goal == lacks and "lacks" in ch.note
+    # read back worse than a reachable goal (or not read back), it is only a mention
+    for read_back in (-2.0, 0.0):
+        g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
+        m[0].explained = read_back
+        ch = choose(
+            [g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 2.0, id(m[0]): 6.0}, lambda c: (1, 1)
+        )
+        assert not ch.changed and ch.chosen.goal == put
     # ranked below it, or less about the task than it, the reachable goal stands
     g, m = _cand(put, -1.0, None), _cand(lacks, -9.0, 5)
     ch = choose([g, m], [REACHABLE, INFEASIBLE], {id(g[0]): 7.0, id(m[0]): 6.0}, lambda c: (1, 1))
