@@ -23,6 +23,10 @@ point, which is not the likeliest goal: "wait 10" can lose to "wait 10.5" at the
    likely after them (the pen inspected). The words are the task's in whatever language it
    came; the goal's things are shown with their aliases from the world file.
 
+A goal saying a thing is missing is offered only in the task's own words (a run of them that
+names nothing of the world, ``_lacking``), and is the refusal only where it ranks above every
+reachable goal and the task reads back from it better than from each (``choose``).
+
 A greedy goal infeasible from the goal alone is never replaced: that is the task's refusal for
 its stated reason, and a likelier goal about another thing would turn it into a wrong plan.
 Only a reachable candidate ever replaces the greedy goal.
