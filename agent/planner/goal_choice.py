@@ -260,8 +260,8 @@ class GoalChooser:
             )
             if cand is not None:
                 out_c.append(cand)
+        forms = tuple(forms) + self._lacking(cache, P, head, g, start, unnamed, grammar)
         out_c += self._opened(cache, P, head, g, start, lp[0], forms, grammar)
-        out_c += self._lacking(cache, P, head, g, start, lp[0], unnamed, grammar)
         for cand in out_c:
             cand.start = g
         return out_c
@@ -353,13 +353,9 @@ class GoalChooser:
         """One goal per form: its opening text written after the goal's bracket, then completed
         greedily. ``first``: the grammar-masked log-probabilities [V] of the goal's first token.
         A form the grammar does not allow here is left out."""
-        tb = self.gtok.token_bytes
-        text = b"".join(tb[t] for t in head[start:] if t < len(tb))
-        written = len(b"".join(tb[t] for t in head[start:g] if t < len(tb)))
-        open_end = text.find(GOAL_OPEN) + len(GOAL_OPEN)
         out = []
         for form in forms:
-            ids = self._spell(head[:g], text[written:open_end] + form.encode("utf-8"), grammar)
+            ids = self._spell(head[:g], self._to_bracket(head, g, start) + form.encode(), grammar)
             if not ids or not torch.isfinite(first[ids[0]]):
                 continue
             score = float(first[ids[0]])
@@ -381,31 +377,27 @@ class GoalChooser:
                 out.append(cand)
         return out
 
-    def _lacking(
-        self,
-        cache,
-        P: int,
-        head: list[int],
-        g: int,
-        start: int,
-        first: torch.Tensor,
-        unnamed: list[tuple[int, str]],
-        grammar,
-    ) -> list[Candidate]:
-        """Goals ``[{"missing": RUN}]`` where RUN is a run of the task's words that names nothing
-        of this world: after the opening ``{"missing":"``, the ``MISSING_STARTS`` words where a
-        run's first token is likeliest, and every run from each of them (one word, two, ...)
-        a goal of its own, scored as ``forms`` are. The name is then the task's own words, never
-        a thing the world has, in any language."""
-        if not unnamed:
-            return []
+    def _to_bracket(self, head: list[int], g: int, start: int) -> bytes:
+        """What is left to write after ``head[:g]`` up to and including the goal's bracket (the
+        bracket's token may also write the goal's first bytes: then nothing)."""
         tb = self.gtok.token_bytes
         text = b"".join(tb[t] for t in head[start:] if t < len(tb))
         written = len(b"".join(tb[t] for t in head[start:g] if t < len(tb)))
-        open_end = text.find(GOAL_OPEN) + len(GOAL_OPEN)
-        ids = self._spell(head[:g], text[written:open_end] + MISSING_OPEN, grammar)
-        if not ids or not torch.isfinite(first[ids[0]]):
-            return []
+        return text[written : text.find(GOAL_OPEN) + len(GOAL_OPEN)]
+
+    def _lacking(
+        self, cache, P: int, head: list[int], g: int, start: int, unnamed, grammar
+    ) -> tuple[str, ...]:
+        """The forms of goals ``[{"missing": RUN}]`` where RUN is a run of the task's words that
+        names nothing of this world (``unnamed``: (its first word, its text)): after the opening
+        ``{"missing":"``, the ``MISSING_STARTS`` words where a run's first token is likeliest,
+        and every run from each of them (one word, two, ...), for ``_opened`` to score. The
+        name is then the task's own words, never a thing the world has, in any language."""
+        if not unnamed:
+            return ()
+        ids = self._spell(head[:g], self._to_bracket(head, g, start) + MISSING_OPEN, grammar)
+        if not ids:
+            return ()
         cache.crop(P + g)
         c = grammar.constraint()
         for t in head[:g] + ids:
@@ -420,12 +412,11 @@ class GoalChooser:
                 t = self.tok.encode(run, add_special=False)
                 by_start[at] = float(lp[t[0]]) if t else float("-inf")
         starts = sorted(by_start, key=by_start.get, reverse=True)[:MISSING_STARTS]
-        forms = tuple(
+        return tuple(
             MISSING_OPEN.decode() + json.dumps(run, ensure_ascii=False)[1:] + "}]"
             for at, run in unnamed
             if at in starts and by_start[at] > float("-inf")
         )
-        return self._opened(cache, P, head, g, start, first, forms, grammar)
 
     def _spell(self, prefix: list[int], want: bytes, grammar) -> list[int]:
         """Tokens the grammar allows after ``prefix`` that write ``want`` (the last may write
