@@ -22,9 +22,8 @@ from __future__ import annotations
 import math
 
 from agent.files.loader import SkillSet, World
-from agent.files.names import name_words
 from agent.files.names import words as words_of
-from agent.language.mentions import Amount, TaskWords, run_in
+from agent.language.mentions import Amount, TaskWords, phrases, run_in
 from agent.symbolic.executor import ParsedGoal, parse_goal
 from agent.symbolic.findings import Finding
 
@@ -91,11 +90,7 @@ def task_findings(
 ) -> list[Finding]:
     """The findings above for a plan whose goal parses; [] when it has none to check."""
     raw = plan.get("goal") if isinstance(plan, dict) else None
-    missing = (
-        [d["missing"] for d in raw if isinstance(d, dict) and isinstance(d.get("missing"), str)]
-        if isinstance(raw, list)
-        else []
-    )
+    missing = missing_names(raw)
     if missing:  # (the executor reports the thing as not here: the refusal's own finding)
         return [
             Finding(
@@ -184,11 +179,19 @@ def absent(words: TaskWords, name: str, world: World) -> bool:
     said = tuple(words_of(name))
     if not said or not words.says(name):
         return False
-    for thing in (*world.objects, *world.places):
-        for phrase in (tuple(name_words(thing.name)), *(tuple(words_of(a)) for a in thing.aliases)):
-            if run_in(list(phrase), said) is not None or run_in(list(said), phrase) is not None:
-                return False
-    return True
+    return not any(
+        run_in(list(p), said) is not None or run_in(list(said), p) is not None
+        for thing in (*world.objects, *world.places)
+        for p in phrases(thing)
+    )
+
+
+def missing_names(goal) -> list[str]:
+    """The things a goal's items say are missing (``{"missing": NAME}``)."""
+    items = goal if isinstance(goal, list) else []
+    return [
+        d["missing"] for d in items if isinstance(d, dict) and isinstance(d.get("missing"), str)
+    ]
 
 
 def names_in(value, world: World, out: set[str]) -> None:

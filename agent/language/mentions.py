@@ -95,7 +95,9 @@ def run_in(toks: list[str], phrase: Phrase) -> int | None:
     return None
 
 
-def _phrases(thing, lex: Lexicon) -> list[Phrase]:
+def phrases(thing, lex: Lexicon = EMPTY) -> list[Phrase]:
+    """The words a thing is called by: its name's and each alias's, less those a lexicon
+    ignores (articles)."""
     out = [tuple(name_words(thing.name))] + [tuple(words(a)) for a in thing.aliases]
     out = [tuple(w for w in p if w not in lex.ignore) for p in out]
     return [p for p in dict.fromkeys(out) if p]
@@ -161,7 +163,7 @@ def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
     toks = words(task)
     spans = []  # (start, end, thing) of every name said
     for thing in list(world.objects) + list(world.places):
-        for p in _phrases(thing, lex):
+        for p in phrases(thing, lex):
             at = run_in(toks, p)
             if at is not None:
                 spans.append((at, at + len(p), thing.name))
@@ -188,11 +190,9 @@ def read_words(task: str, world: World, lex: Lexicon = EMPTY) -> TaskWords:
     loose: set[str] = set()
     for t in list(world.objects) + list(world.places):
         for w in name_words(t.name):
-            said = [
-                i
-                for i, x in enumerate(toks)
-                if len(w) >= 3 and w not in lex.ignore and same_word(x, w)
-            ]
+            if len(w) < 3 or w in lex.ignore:
+                continue
+            said = [i for i, x in enumerate(toks) if same_word(x, w)]
             if said:
                 loose.add(t.name)
                 covered |= set(said)

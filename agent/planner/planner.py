@@ -27,7 +27,13 @@ import time
 from dataclasses import replace
 
 from agent.files.loader import SkillSet, World
-from agent.language.checks import absent, grounding, takes_amounts, task_findings
+from agent.language.checks import (
+    absent,
+    grounding,
+    missing_names,
+    takes_amounts,
+    task_findings,
+)
 from agent.language.lexicon import SHIPPED
 from agent.planner.goal_choice import (
     EXPLAIN_NATS,
@@ -382,7 +388,7 @@ class Planner:
         # task checks hold that to the task's words), or where the task names nothing to weigh
         # another goal against; one for payload or reach is weighed against goals that can be
         # done (a small model may read "camera" as the 95 kg camera pedestal)
-        missing = any(isinstance(d, dict) and "missing" in d for d in greedy.get("goal") or [])
+        missing = bool(missing_names(greedy.get("goal")))
         if goal_reasons(greedy, world, skills) and (
             missing or said is None or not (said.named or said.typed)
         ):
@@ -543,7 +549,7 @@ class Planner:
         parsed = parse_goal(head, world, skills)
         reasons = goal_reasons(head, world, skills, parsed)
         if reasons:
-            missing = [d["missing"] for d in head["goal"] if isinstance(d, dict) and "missing" in d]
+            missing = missing_names(head["goal"])
             said = req.reading
             refusal = (
                 cand.branch is None
@@ -576,7 +582,7 @@ class Planner:
 
 def _lacks(goal) -> bool:
     """Whether a goal says only that things are missing."""
-    return bool(goal) and all(isinstance(d, dict) and "missing" in d for d in goal)
+    return bool(goal) and len(missing_names(goal)) == len(goal)
 
 
 # the findings a goal other than the greedy one may be refused for (``_judge``)
